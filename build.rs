@@ -1,0 +1,20 @@
+//! Build script: compiles the BPF program with clang and generates its libbpf-rs
+//! skeleton (libbpf-cargo), and generates the pprof message types from
+//! `proto/profile.proto` with prost.
+
+use std::env;
+use std::path::PathBuf;
+
+use libbpf_cargo::SkeletonBuilder;
+
+const BPF_SRC: &str = "src/bpf/profiler.bpf.c";
+
+fn main() {
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    SkeletonBuilder::new()
+        .source(BPF_SRC)
+        .clang_args(["-Isrc/bpf", "-Wall", "-Wno-unused-function"])
+        .build_and_generate(out.join("profiler.skel.rs"))
+        .expect("compiling the BPF program (is clang installed? see scripts/setup.sh)");
+    println!("cargo:rerun-if-changed=src/bpf");
+}

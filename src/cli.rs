@@ -1,0 +1,93 @@
+//! Command-line interface (clap). Parsing only: validation that needs the
+//! running system (privileges, kernel limits, pids) lives in [`crate::preflight`].
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+/// Output format of the written profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProfileFormat {
+    /// SVG flame graph (inferno). Default file name `flamegraph.svg`.
+    FlameGraph,
+    /// Folded stacks, `comm;root;..;leaf count` per line. Default file name `folded.txt`.
+    Folded,
+}
+
+impl ProfileFormat {
+    /// The file name used when `--profile-name` is not given.
+    pub fn default_file_name(self) -> &'static str {
+        match self {
+            ProfileFormat::FlameGraph => "flamegraph.svg",
+            ProfileFormat::Folded => "folded.txt",
+        }
+    }
+}
+
+/// Verbosity of the profiler's own log (stderr).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// Warnings and errors (default).
+    Warn,
+    /// Progress information.
+    Info,
+    /// Per-object and per-process detail.
+    Debug,
+}
+
+/// `lightswitch`: an eBPF CPU profiler. Samples every online CPU (or only the
+/// given processes), walks kernel and user stacks, and writes a symbolized
+/// profile when the run ends.
+#[derive(Debug, Parser)]
+#[command(name = "lightswitch", version, about, long_about = None)]
+pub struct Cli {
+    /// Only profile these processes (thread group ids). Comma-separated or repeated.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub pids: Vec<i32>,
+
+    /// Sampling frequency per CPU, in Hz (1 ..= kernel.perf_event_max_sample_rate).
+    #[arg(long, default_value_t = 99)]
+    pub sample_freq: u64,
+
+    /// Stop after this many seconds. Without it, run until Ctrl-C or SIGTERM.
+    #[arg(long)]
+    pub duration: Option<f64>,
+
+    /// Do not sample the profiler's own process.
+    #[arg(long)]
+    pub exclude_self: bool,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = ProfileFormat::FlameGraph)]
+    pub profile_format: ProfileFormat,
+
+    /// Directory the profile is written to (created if missing).
+    #[arg(long, default_value = ".")]
+    pub profile_path: PathBuf,
+
+    /// File name of the profile inside --profile-path (default depends on the format).
+    #[arg(long)]
+    pub profile_name: Option<String>,
+
+    /// Show libbpf's debug output, including the BPF verifier log.
+    #[arg(long)]
+    pub libbpf_debug: bool,
+
+    /// Log level of the profiler's own messages.
+    #[arg(long, value_enum, default_value_t = LogLevel::Warn)]
+    pub logging: LogLevel,
+}
+
+impl Cli {
+    /// Where the profile will be written: `--profile-path` joined with
+    /// `--profile-name` or the format's default file name.
+    pub fn output_file(&self) -> PathBuf {
+        let name = self
+            .profile_name
+            .clone()
+            .unwrap_or_else(|| self.profile_format.default_file_name().to_string());
+        self.profile_path.join(name)
+    }
+}

@@ -1,0 +1,4 @@
+//! Encoders: pure functions from a [`crate::profile::Profile`] to bytes. One file per format.
+
+pub mod flamegraph;
+pub mod folded;

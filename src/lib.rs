@@ -1,0 +1,18 @@
+//! lightswitch: a standalone eBPF CPU profiler for Linux.
+//!
+//! The pipeline (see `DESIGN.md`): [`sampler`] (BPF program on perf events,
+//! ring buffer of [`sampler::RawSample`]s) -> [`process`] (mappings and
+//! objects) -> [`profile::aggregate`] (exact stacks) -> [`symbolize`]
+//! (blazesym) -> [`profile::Profile`] -> [`format`] encoders -> [`sender`]s.
+//! [`run`] drives one profiling run; [`cli`] parses the command line.
+
+pub mod cli;
+pub mod format;
+pub mod preflight;
+pub mod process;
+pub mod profile;
+pub mod run;
+pub mod sampler;
+pub mod sender;
+mod skel;
+pub mod symbolize;

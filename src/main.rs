@@ -1,0 +1,25 @@
+//! The `lightswitch` binary: parses the command line and hands over to [`lightswitch::run`].
+
+use clap::Parser;
+use lightswitch::cli::{Cli, LogLevel};
+
+fn main() {
+    let cli = Cli::parse();
+    let level = match cli.logging {
+        LogLevel::Error => "error",
+        LogLevel::Warn => "warn",
+        LogLevel::Info => "info",
+        LogLevel::Debug => "debug",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(format!("lightswitch={level}")))
+        .with_writer(std::io::stderr)
+        .init();
+    match lightswitch::run::run(&cli) {
+        Ok(summary) => println!("{summary}"),
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::exit(1);
+        }
+    }
+}

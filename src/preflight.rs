@@ -1,0 +1,149 @@
+//! Checks that the run can succeed, done before anything is loaded, so that
+//! each problem gets its own clear error: a frequency out of range, a pid that
+//! does not exist, an unwritable output path, a kernel without BTF, missing
+//! privileges.
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+/// Where the kernel exports its own BTF (needed for CO-RE relocations).
+pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+/// The kernel's highest allowed perf sampling frequency, Hz.
+pub const MAX_SAMPLE_RATE_SYSCTL: &str = "/proc/sys/kernel/perf_event_max_sample_rate";
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// `kernel.perf_event_max_sample_rate`, Hz.
+pub fn max_sample_rate() -> Result<u64> {
+    let text = fs::read_to_string(MAX_SAMPLE_RATE_SYSCTL).with_context(|| format!("reading {MAX_SAMPLE_RATE_SYSCTL}"))?;
+    text.trim()
+        .parse()
+        .with_context(|| format!("parsing {MAX_SAMPLE_RATE_SYSCTL}: {text:?}"))
+}
+
+/// Error unless `freq_hz` is within 1 ..= `max_hz`.
+pub fn check_frequency(freq_hz: u64, max_hz: u64) -> Result<()> {
+    if freq_hz == 0 || freq_hz > max_hz {
+        bail!(
+            "sample frequency {freq_hz} Hz is out of range: it must be between 1 and {max_hz} Hz \
+             (kernel.perf_event_max_sample_rate)"
+        );
+    }
+    Ok(())
+}
+
+/// Error for the first pid with no `/proc/PID` (no such process).
+pub fn check_pids(pids: &[i32]) -> Result<()> {
+    for &pid in pids {
+        if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+            bail!("process {pid} does not exist (no /proc/{pid})");
+        }
+    }
+    Ok(())
+}
+
+/// Create `dir` if needed and make sure `file` can be written there.
+/// Nothing is left behind if `file` did not exist before.
+pub fn check_output(dir: &Path, file: &Path) -> Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("cannot create output directory {}", dir.display()))?;
+    if file.is_dir() {
+        bail!("output path {} is a directory", file.display());
+    }
+    let existed = file.exists();
+    fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)
+        .with_context(|| format!("output file {} is not writable", file.display()))?;
+    if !existed {
+        let _ = fs::remove_file(file);
+    }
+    Ok(())
+}
+
+/// Error if the kernel does not export BTF at [`KERNEL_BTF`].
+pub fn check_btf() -> Result<()> {
+    if !Path::new(KERNEL_BTF).exists() {
+        bail!(
+            "the kernel has no BTF ({KERNEL_BTF} is missing): lightswitch needs a kernel built with \
+             CONFIG_DEBUG_INFO_BTF=y"
+        );
+    }
+    Ok(())
+}
+
+/// The effective capability set of this process (`CapEff` in `/proc/self/status`).
+fn effective_capabilities() -> Result<u64> {
+    let status = fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .context("no CapEff line in /proc/self/status")?;
+    u64::from_str_radix(hex.trim(), 16).context("parsing CapEff")
+}
+
+/// Names of the capabilities missing from `caps` for loading BPF programs
+/// and opening system-wide perf events. CAP_SYS_ADMIN stands in for both.
+pub fn missing_capabilities(caps: u64) -> Vec<&'static str> {
+    let has = |cap: u32| caps & (1u64 << cap) != 0;
+    if has(CAP_SYS_ADMIN) {
+        return Vec::new();
+    }
+    let mut missing = Vec::new();
+    if !has(CAP_BPF) {
+        missing.push("CAP_BPF");
+    }
+    if !has(CAP_PERFMON) {
+        missing.push("CAP_PERFMON");
+    }
+    missing
+}
+
+/// Error naming each missing capability.
+pub fn check_privileges() -> Result<()> {
+    let missing = missing_capabilities(effective_capabilities()?);
+    if !missing.is_empty() {
+        bail!(
+            "missing privileges: {} (run as root, or grant CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)",
+            missing.join(" and ")
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frequency_bounds() {
+        assert!(check_frequency(1, 100).is_ok());
+        assert!(check_frequency(100, 100).is_ok());
+        let err = check_frequency(101, 100).unwrap_err().to_string();
+        assert!(err.contains("between 1 and 100"), "{err}");
+        assert!(check_frequency(0, 100).is_err());
+    }
+
+    #[test]
+    fn capability_names() {
+        assert_eq!(missing_capabilities(0), vec!["CAP_BPF", "CAP_PERFMON"]);
+        assert_eq!(missing_capabilities(1 << CAP_BPF), vec!["CAP_PERFMON"]);
+        assert!(missing_capabilities((1 << CAP_BPF) | (1 << CAP_PERFMON)).is_empty());
+        assert!(missing_capabilities(1 << CAP_SYS_ADMIN).is_empty());
+    }
+
+    #[test]
+    fn output_check_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("a/b");
+        let file = sub.join("out.svg");
+        check_output(&sub, &file).unwrap();
+        assert!(sub.is_dir());
+        assert!(!file.exists());
+        assert!(check_output(dir.path(), dir.path()).is_err());
+    }
+}

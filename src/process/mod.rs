@@ -1,0 +1,281 @@
+//! Process tracking: which objects each sampled process has mapped where.
+//!
+//! On a process's first sample its `/proc/PID/maps` is read and every
+//! executable file-backed mapping's object is opened through
+//! `/proc/PID/map_files/START-END` (falling back to `/proc/PID/root/PATH`),
+//! so objects inside containers and deleted binaries stay readable, and a
+//! process that exits keeps everything needed to symbolize its samples.
+//! Objects are shared by every process that maps them (keyed by device and inode).
+//! An address outside every known mapping (e.g. after `dlopen`) triggers a
+//! re-read of the maps, at most once per [`REFRESH_INTERVAL`] per process.
+
+pub mod maps;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tracing::debug;
+
+use maps::MapsEntry;
+
+/// Shortest time between two re-reads of one process's maps.
+pub const REFRESH_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Index of an object file in [`ProcessTracker::objects`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectId(pub u32);
+
+/// Index of a mapping in [`ProcessTracker::mappings`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MappingId(pub u32);
+
+/// An executable object file (executable, shared library) some process mapped.
+#[derive(Debug)]
+pub struct ObjectFile {
+    /// Path as the first process that mapped it saw it.
+    pub path: String,
+    /// A path that opens this exact file from the profiler (`/proc/self/fd/N`).
+    pub open_path: PathBuf,
+    /// GNU build ID (`.note.gnu.build-id`), if the object has one.
+    pub build_id: Option<Vec<u8>>,
+    _file: File,
+}
+
+/// An executable mapping of one process: `[start, end)` backed by `object`
+/// (or by nothing: anonymous/JIT memory, `[vdso]`) from `file_offset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    /// Process that has this mapping.
+    pub pid: u32,
+    /// First address (inclusive).
+    pub start: u64,
+    /// End address (exclusive).
+    pub end: u64,
+    /// File offset of `start`, bytes.
+    pub file_offset: u64,
+    /// Path or special name from `/proc/PID/maps` (`[vdso]`, `[anon]` for anonymous).
+    pub name: String,
+    /// The object backing it, if it is a file we could open.
+    pub object: Option<ObjectId>,
+}
+
+impl Mapping {
+    /// File offset of `addr`, an address inside this mapping.
+    pub fn file_offset_of(&self, addr: u64) -> u64 {
+        addr - self.start + self.file_offset
+    }
+}
+
+#[derive(Debug, Default)]
+struct ProcessMaps {
+    /// Sorted by start address.
+    mappings: Vec<MappingId>,
+    last_read: Option<Instant>,
+}
+
+/// Counters of what the tracker could not do.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TrackerStats {
+    /// Processes whose maps could not be read (usually: exited before the first read).
+    pub maps_unreadable: u64,
+    /// Executable file mappings whose object could not be opened.
+    pub objects_unopenable: u64,
+}
+
+/// Knows the executable mappings of every process seen in a sample.
+#[derive(Debug, Default)]
+pub struct ProcessTracker {
+    processes: HashMap<u32, ProcessMaps>,
+    mappings: Vec<Mapping>,
+    mapping_index: HashMap<(u32, u64, u64, u64), MappingId>,
+    objects: Vec<ObjectFile>,
+    object_index: HashMap<(u64, u64), ObjectId>,
+    stats: TrackerStats,
+}
+
+impl ProcessTracker {
+    /// An empty tracker.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// All objects opened so far, indexed by [`ObjectId`].
+    pub fn objects(&self) -> &[ObjectFile] {
+        &self.objects
+    }
+
+    /// One object.
+    pub fn object(&self, id: ObjectId) -> &ObjectFile {
+        &self.objects[id.0 as usize]
+    }
+
+    /// All mappings seen so far, indexed by [`MappingId`].
+    pub fn mappings(&self) -> &[Mapping] {
+        &self.mappings
+    }
+
+    /// One mapping.
+    pub fn mapping(&self, id: MappingId) -> &Mapping {
+        &self.mappings[id.0 as usize]
+    }
+
+    /// What could not be read or opened so far.
+    pub fn stats(&self) -> TrackerStats {
+        self.stats
+    }
+
+    /// Number of distinct processes seen.
+    pub fn process_count(&self) -> usize {
+        self.processes.len()
+    }
+
+    /// The mapping of `pid` containing `addr`. Reads the process's maps on
+    /// first use, and again (rate-limited) when `addr` is in no known mapping.
+    pub fn find_mapping(&mut self, pid: u32, addr: u64) -> Option<MappingId> {
+        if let Some(id) = self.lookup(pid, addr) {
+            return Some(id);
+        }
+        let due = match self.processes.get(&pid).and_then(|p| p.last_read) {
+            None => true,
+            Some(t) => t.elapsed() >= REFRESH_INTERVAL,
+        };
+        if due {
+            self.read_process(pid);
+            return self.lookup(pid, addr);
+        }
+        None
+    }
+
+    /// Make sure `pid`'s maps have been read once (no-op after the first time).
+    pub fn ensure_process(&mut self, pid: u32) {
+        if !self.processes.contains_key(&pid) {
+            self.read_process(pid);
+        }
+    }
+
+    fn lookup(&self, pid: u32, addr: u64) -> Option<MappingId> {
+        let process = self.processes.get(&pid)?;
+        let idx = process
+            .mappings
+            .partition_point(|m| self.mappings[m.0 as usize].start <= addr);
+        let candidate = *process.mappings.get(idx.checked_sub(1)?)?;
+        (addr < self.mappings[candidate.0 as usize].end).then_some(candidate)
+    }
+
+    fn read_process(&mut self, pid: u32) {
+        let entries = match maps::read_maps(pid) {
+            Ok(entries) => entries,
+            Err(err) => {
+                debug!("pid {pid}: {err:#}");
+                let process = self.processes.entry(pid).or_default();
+                if process.last_read.is_none() {
+                    self.stats.maps_unreadable += 1;
+                }
+                process.last_read = Some(Instant::now());
+                return;
+            }
+        };
+        let mut ids = Vec::new();
+        for entry in entries.iter().filter(|e| e.executable) {
+            ids.push(self.intern_mapping(pid, entry));
+        }
+        ids.sort_by_key(|id| self.mappings[id.0 as usize].start);
+        let process = self.processes.entry(pid).or_default();
+        process.mappings = ids;
+        process.last_read = Some(Instant::now());
+    }
+
+    fn intern_mapping(&mut self, pid: u32, entry: &MapsEntry) -> MappingId {
+        let key = (pid, entry.start, entry.end, entry.file_offset);
+        if let Some(&id) = self.mapping_index.get(&key) {
+            if self.mappings[id.0 as usize].name == entry.path {
+                return id;
+            }
+        }
+        let object = if entry.is_file_backed() {
+            self.intern_object(pid, entry)
+        } else {
+            None
+        };
+        let name = if entry.path.is_empty() {
+            "[anon]".to_string()
+        } else {
+            entry.path.clone()
+        };
+        let id = MappingId(self.mappings.len() as u32);
+        self.mappings.push(Mapping {
+            pid,
+            start: entry.start,
+            end: entry.end,
+            file_offset: entry.file_offset,
+            name,
+            object,
+        });
+        self.mapping_index.insert(key, id);
+        id
+    }
+
+    fn intern_object(&mut self, pid: u32, entry: &MapsEntry) -> Option<ObjectId> {
+        if let Some(&id) = self.object_index.get(&(entry.dev, entry.inode)) {
+            return Some(id);
+        }
+        let via_map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end);
+        let via_root = format!("/proc/{pid}/root{}", entry.path);
+        let file = match File::open(&via_map_files).or_else(|_| File::open(&via_root)) {
+            Ok(file) => file,
+            Err(err) => {
+                debug!("pid {pid}: cannot open {}: {err}", entry.path);
+                self.stats.objects_unopenable += 1;
+                return None;
+            }
+        };
+        let open_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let build_id = match blazesym::helper::read_elf_build_id(&open_path) {
+            Ok(id) => id.map(|b| b.to_vec()),
+            Err(err) => {
+                debug!("{}: no build ID: {err}", entry.path);
+                None
+            }
+        };
+        let id = ObjectId(self.objects.len() as u32);
+        self.objects.push(ObjectFile {
+            path: entry.path.clone(),
+            open_path,
+            build_id,
+            _file: file,
+        });
+        self.object_index.insert((entry.dev, entry.inode), id);
+        Some(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_own_code_mapping_and_object() {
+        let mut tracker = ProcessTracker::new();
+        let pid = std::process::id();
+        let addr = finds_own_code_mapping_and_object as usize as u64;
+        let id = tracker.find_mapping(pid, addr).expect("own code is mapped");
+        let mapping = tracker.mapping(id).clone();
+        assert!(mapping.start <= addr && addr < mapping.end);
+        let object = tracker.object(mapping.object.expect("test binary is a file"));
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        assert_eq!(object.path, exe.to_string_lossy());
+        assert!(object.open_path.exists());
+        assert_eq!(tracker.process_count(), 1);
+    }
+
+    #[test]
+    fn unknown_address_and_missing_process_are_none() {
+        let mut tracker = ProcessTracker::new();
+        assert_eq!(tracker.find_mapping(std::process::id(), 8), None);
+        assert_eq!(tracker.find_mapping(u32::MAX - 1, 0x400000), None);
+        assert_eq!(tracker.stats().maps_unreadable, 1);
+    }
+}

@@ -1,0 +1,159 @@
+//! Aggregation: counts exact stacks. Every distinct (process, thread, kernel
+//! stack, user stack, unwind result) is its own entry; nothing is merged by hash.
+//!
+//! User addresses are resolved to the mapping that contains them when the
+//! sample arrives (the process may be gone by the time the window ends).
+//! Return addresses (every frame but the leaf) are turned into call-site
+//! addresses (`return address - 1`) so that they symbolize to the calling
+//! line, as perf and pprof do.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::process::{MappingId, ProcessTracker};
+use crate::sampler::{RawSample, UnwindStatus};
+
+/// A user frame: an address, and the mapping it fell in (if any).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UserFrame {
+    /// The mapping containing `address`; `None` when no mapping of the process contains it.
+    pub mapping: Option<MappingId>,
+    /// Absolute address in the process (call site for non-leaf frames).
+    pub address: u64,
+}
+
+/// The identity of one aggregated stack.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StackKey {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Process name.
+    pub process_comm: Arc<str>,
+    /// Thread name.
+    pub thread_comm: Arc<str>,
+    /// Kernel addresses, leaf first (call sites for non-leaf frames).
+    pub kernel: Box<[u64]>,
+    /// User frames, leaf first.
+    pub user: Box<[UserFrame]>,
+    /// How the user-stack walk ended.
+    pub user_status: UnwindStatus,
+}
+
+/// Counts of exact stacks over one window.
+#[derive(Debug, Default)]
+pub struct Aggregator {
+    counts: HashMap<StackKey, u64>,
+    comms: HashMap<String, Arc<str>>,
+    total: u64,
+    status_counts: HashMap<UnwindStatus, u64>,
+}
+
+fn call_sites(stack: &[u64]) -> impl Iterator<Item = u64> + '_ {
+    stack
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| if i == 0 { a } else { a.saturating_sub(1) })
+}
+
+impl Aggregator {
+    /// An empty aggregator.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn intern(&mut self, comm: &str) -> Arc<str> {
+        if let Some(c) = self.comms.get(comm) {
+            return c.clone();
+        }
+        let c: Arc<str> = Arc::from(comm);
+        self.comms.insert(comm.to_string(), c.clone());
+        c
+    }
+
+    /// Add one sample, resolving its user addresses to mappings through `tracker`.
+    pub fn add(&mut self, sample: &RawSample, tracker: &mut ProcessTracker) {
+        let user: Box<[UserFrame]> = call_sites(&sample.user_stack)
+            .map(|address| UserFrame {
+                mapping: tracker.find_mapping(sample.pid, address),
+                address,
+            })
+            .collect();
+        let key = StackKey {
+            pid: sample.pid,
+            tid: sample.tid,
+            process_comm: self.intern(&sample.process_comm),
+            thread_comm: self.intern(&sample.thread_comm),
+            kernel: call_sites(&sample.kernel_stack).collect(),
+            user,
+            user_status: sample.user_status,
+        };
+        *self.counts.entry(key).or_default() += 1;
+        *self.status_counts.entry(sample.user_status).or_default() += 1;
+        self.total += 1;
+    }
+
+    /// Samples added so far.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Samples per unwind result.
+    pub fn status_counts(&self) -> &HashMap<UnwindStatus, u64> {
+        &self.status_counts
+    }
+
+    /// The distinct stacks and their sample counts.
+    pub fn stacks(&self) -> impl Iterator<Item = (&StackKey, u64)> {
+        self.counts.iter().map(|(k, &v)| (k, v))
+    }
+
+    /// Number of distinct processes with samples.
+    pub fn process_count(&self) -> usize {
+        let mut pids: Vec<u32> = self.counts.keys().map(|k| k.pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(pid: u32, user: Vec<u64>) -> RawSample {
+        RawSample {
+            timestamp_ns: 1,
+            pid,
+            tid: pid,
+            cpu: 0,
+            process_comm: "p".into(),
+            thread_comm: "p".into(),
+            kernel_thread: false,
+            kernel_stack: vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020],
+            user_stack: user,
+            user_status: UnwindStatus::Complete,
+        }
+    }
+
+    #[test]
+    fn identical_stacks_merge_and_different_stay_apart() {
+        let mut tracker = ProcessTracker::new();
+        let mut agg = Aggregator::new();
+        let pid = u32::MAX - 2; // no such process: frames stay unmapped
+        agg.add(&sample(pid, vec![0x10, 0x20]), &mut tracker);
+        agg.add(&sample(pid, vec![0x10, 0x20]), &mut tracker);
+        agg.add(&sample(pid, vec![0x10, 0x21]), &mut tracker);
+        assert_eq!(agg.total(), 3);
+        let mut counts: Vec<u64> = agg.stacks().map(|(_, c)| c).collect();
+        counts.sort();
+        assert_eq!(counts, vec![1, 2]);
+        assert_eq!(agg.process_count(), 1);
+        let (key, _) = agg.stacks().find(|(_, c)| *c == 2).unwrap();
+        // Non-leaf frames become call sites.
+        assert_eq!(key.user[0].address, 0x10);
+        assert_eq!(key.user[1].address, 0x1f);
+        assert_eq!(&key.kernel[..], &[0xffff_ffff_8100_0010, 0xffff_ffff_8100_001f]);
+    }
+}

@@ -1,0 +1,118 @@
+//! The format-neutral profile: symbolized stacks with counts and labels for
+//! one window. Every output format (folded, flame graph, pprof) is a pure
+//! function of a [`Profile`], so they all agree on every count.
+
+pub mod aggregate;
+
+use std::sync::Arc;
+
+use crate::sampler::UnwindStatus;
+
+/// One window's symbolized samples.
+#[derive(Debug, Clone, Default)]
+pub struct Profile {
+    /// Start of the window, ns since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// Length of the window, ns.
+    pub duration_ns: u64,
+    /// Sampling frequency per CPU, Hz (one sample stands for 1e9 / freq ns of CPU).
+    pub sample_freq_hz: u64,
+    /// Address ranges the frames belong to (objects of processes, and the kernel).
+    pub mappings: Vec<ProfileMapping>,
+    /// Distinct frames (locations), referenced by index from [`Sample::frames`].
+    pub frames: Vec<Frame>,
+    /// Distinct stacks with their counts.
+    pub samples: Vec<Sample>,
+}
+
+/// An address range backed by an object file (or the kernel image).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileMapping {
+    /// First address (inclusive).
+    pub start: u64,
+    /// End address (exclusive).
+    pub limit: u64,
+    /// File offset of `start`, bytes.
+    pub file_offset: u64,
+    /// Path as the process saw it, or `[kernel.kallsyms]`, `[vdso]`, `[anon]`.
+    pub filename: String,
+    /// GNU build ID in lower-case hex, when known.
+    pub build_id: Option<String>,
+}
+
+/// Where a frame comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    /// A kernel address.
+    Kernel,
+    /// A user-space address.
+    User,
+    /// Not an address: marks a stack whose user-space walk stopped early, and why.
+    UnwindMarker,
+}
+
+/// A source line a frame resolves to (one per inlining level).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Line {
+    /// Demangled function name, or `object+0xOFFSET` when unknown.
+    pub function: Arc<str>,
+    /// Function name as in the symbol table (mangled).
+    pub system_name: Arc<str>,
+    /// Source file, when debug info has it.
+    pub file: Option<Arc<str>>,
+    /// Line in `file`, when known.
+    pub line: Option<u32>,
+}
+
+/// One location: an address and the function(s) it resolves to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// Kernel, user, or an unwind marker.
+    pub kind: FrameKind,
+    /// Absolute address (call site for return addresses); 0 for markers.
+    pub address: u64,
+    /// Index into [`Profile::mappings`].
+    pub mapping: Option<usize>,
+    /// Innermost first: the inlined functions, then the function that contains them.
+    /// Never empty.
+    pub lines: Vec<Line>,
+    /// Whether `lines` came from a symbol table (false: the name is `object+0xOFFSET`).
+    pub symbolized: bool,
+}
+
+/// One distinct stack and how many times it was sampled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Process name.
+    pub process_comm: Arc<str>,
+    /// Thread name.
+    pub thread_comm: Arc<str>,
+    /// Indices into [`Profile::frames`], leaf first: kernel frames, user frames,
+    /// then (for an incomplete stack) its unwind marker.
+    pub frames: Vec<usize>,
+    /// How the user-stack walk ended.
+    pub unwind_status: UnwindStatus,
+    /// Number of samples with exactly this stack.
+    pub count: u64,
+}
+
+impl Profile {
+    /// Total samples.
+    pub fn total_samples(&self) -> u64 {
+        self.samples.iter().map(|s| s.count).sum()
+    }
+
+    /// CPU time one sample stands for, ns (1e9 / sampling frequency).
+    pub fn period_ns(&self) -> u64 {
+        1_000_000_000 / self.sample_freq_hz.max(1)
+    }
+}
+
+/// The frame name that marks a stack whose user walk ended with `status`.
+pub fn unwind_marker_name(status: UnwindStatus) -> String {
+    format!("[unwind: {}]", status.name())
+}

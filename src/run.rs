@@ -1,0 +1,161 @@
+//! One profiling run, start to finish: preflight checks, sampling until the
+//! duration ends or a signal arrives, symbolization, encoding and writing.
+//! Each step is delegated to the module that owns it (see DESIGN.md).
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::mem::MaybeUninit;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use tracing::{debug, info};
+
+use crate::cli::{Cli, ProfileFormat};
+use crate::format;
+use crate::preflight;
+use crate::process::ProcessTracker;
+use crate::profile::aggregate::Aggregator;
+use crate::profile::Profile;
+use crate::sampler::{self, Sampler, SamplerConfig};
+use crate::sender::disk;
+use crate::symbolize::{Symbolizer, Window};
+
+/// What a run produced, for the summary line.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// Where the profile was written.
+    pub output: std::path::PathBuf,
+    /// Samples in the profile.
+    pub samples: u64,
+    /// Distinct processes with samples.
+    pub processes: usize,
+    /// Samples lost (ring buffer full, or records that did not parse).
+    pub lost: u64,
+    /// Samples per unwind result (`complete`, `truncated`, ...).
+    pub unwind: BTreeMap<String, u64>,
+}
+
+impl std::fmt::Display for RunSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "profile written to {}: {} samples, {} processes, {} samples lost",
+            self.output.display(),
+            self.samples,
+            self.processes,
+            self.lost
+        )?;
+        let unwind: Vec<String> = self.unwind.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        write!(f, "\nuser stacks: {}", unwind.join(" "))
+    }
+}
+
+fn install_stop_handler() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    // With the "termination" feature this covers SIGINT, SIGTERM and SIGHUP.
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the SIGINT/SIGTERM handler")?;
+    Ok(stop)
+}
+
+fn setup_libbpf_logging(debug: bool) {
+    let level = if debug {
+        libbpf_rs::PrintLevel::Debug
+    } else {
+        libbpf_rs::PrintLevel::Warn
+    };
+    libbpf_rs::set_print(Some((level, |_level, msg: String| eprint!("libbpf: {msg}"))));
+}
+
+/// Run the profiler as `cli` says and write the profile. Errors are the
+/// preflight errors (each names its cause) or failures to load, attach,
+/// encode or write.
+pub fn run(cli: &Cli) -> Result<RunSummary> {
+    let output = cli.output_file();
+    preflight::check_frequency(cli.sample_freq, preflight::max_sample_rate()?)?;
+    preflight::check_pids(&cli.pids)?;
+    preflight::check_output(&cli.profile_path, &output)?;
+    preflight::check_btf()?;
+    preflight::check_privileges()?;
+    setup_libbpf_logging(cli.libbpf_debug);
+
+    let stop = install_stop_handler()?;
+    let config = SamplerConfig {
+        sample_freq_hz: cli.sample_freq,
+        pids: cli.pids.iter().map(|&p| p as u32).collect(),
+        exclude_pid: cli.exclude_self.then(std::process::id),
+        libbpf_debug: cli.libbpf_debug,
+    };
+    let mut object = MaybeUninit::uninit();
+    let sampler = Sampler::start(&config, &mut object)?;
+    let start_wall = SystemTime::now();
+    let start = Instant::now();
+    info!("sampling {} CPUs at {} Hz", sampler.attached_cpus(), cli.sample_freq);
+
+    let pending = Rc::new(RefCell::new(Vec::new()));
+    let malformed = Rc::new(RefCell::new(0u64));
+    let mut tracker = ProcessTracker::new();
+    let mut aggregator = Aggregator::new();
+    {
+        let ring = sampler.ring_buffer(pending.clone(), malformed.clone())?;
+        let deadline = cli.duration.map(|s| start + Duration::from_secs_f64(s.max(0.0)));
+        let drain = |tracker: &mut ProcessTracker, aggregator: &mut Aggregator| {
+            for sample in pending.borrow_mut().drain(..) {
+                aggregator.add(&sample, tracker);
+            }
+        };
+        loop {
+            if stop.load(Ordering::SeqCst) || deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            sampler::poll(&ring, Duration::from_millis(100))?;
+            drain(&mut tracker, &mut aggregator);
+        }
+        // Stop sampling, then take what is still in the ring buffer.
+        sampler.detach();
+        ring.consume().context("draining the samples ring buffer")?;
+        drain(&mut tracker, &mut aggregator);
+    }
+    let duration = start.elapsed();
+    let stats = sampler.stats()?;
+    let malformed = *malformed.borrow();
+    drop(sampler);
+    debug!("bpf stats: {stats:?}, tracker: {:?}", tracker.stats());
+
+    let window = Window {
+        start_unix_ns: start_wall.duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0),
+        duration_ns: duration.as_nanos() as u64,
+        sample_freq_hz: cli.sample_freq,
+    };
+    let profile = Symbolizer::new().build_profile(&aggregator, &tracker, window);
+    let bytes = encode(&profile, cli.profile_format)?;
+    disk::write_atomic(&output, &bytes)?;
+
+    Ok(RunSummary {
+        output,
+        samples: profile.total_samples(),
+        processes: aggregator.process_count(),
+        lost: stats.lost + malformed,
+        unwind: aggregator
+            .status_counts()
+            .iter()
+            .map(|(k, v)| (k.name(), *v))
+            .collect(),
+    })
+}
+
+/// Encode `profile` in `format`.
+pub fn encode(profile: &Profile, format: ProfileFormat) -> Result<Vec<u8>> {
+    match format {
+        ProfileFormat::FlameGraph => {
+            if profile.total_samples() == 0 {
+                anyhow::bail!("no samples were collected, so there is no flame graph to draw");
+            }
+            format::flamegraph::encode(profile, "lightswitch CPU profile")
+        }
+        ProfileFormat::Folded => Ok(format::folded::encode(profile).into_bytes()),
+    }
+}

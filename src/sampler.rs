@@ -1,0 +1,376 @@
+//! Sampling: loads the BPF program (`src/bpf/profiler.bpf.c`), opens one
+//! software `cpu-clock` perf event per online CPU in frequency mode, attaches
+//! the program to each, and turns the records the program writes to the
+//! `samples` ring buffer into [`RawSample`]s.
+//!
+//! Dropping the [`Sampler`] detaches every program and closes every perf event.
+
+use std::cell::RefCell;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::rc::Rc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
+use perf_event_open_sys as perf;
+
+use crate::skel::{ProfilerSkel, ProfilerSkelBuilder};
+
+/// Size of `struct sample_header` in `src/bpf/profiler.h`, bytes.
+const HEADER_SIZE: usize = 64;
+const TASK_COMM_LEN: usize = 16;
+const SAMPLE_FLAG_KERNEL_THREAD: u8 = 1;
+
+/// How the user-stack walk of one sample ended (`enum unwind_status` in
+/// `src/bpf/profiler.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnwindStatus {
+    /// The walk reached the outermost frame.
+    Complete,
+    /// The walk stopped at the frame limit; outer frames are missing.
+    Truncated,
+    /// Reading the user stack failed part-way.
+    ReadFault,
+    /// A kernel thread: there is no user stack.
+    NoUserStack,
+    /// A frame-pointer walk that stopped where the chain stopped (an
+    /// unreadable or non-increasing frame pointer); whether outer frames
+    /// exist is unknown.
+    FramePointer,
+    /// A PC fell outside every known mapping.
+    NoMapping,
+    /// The object's unwind table was not loaded yet.
+    NoTable,
+    /// A CFI rule the BPF program cannot evaluate.
+    UnsupportedRule,
+    /// A value this version does not know.
+    Unknown(u8),
+}
+
+impl UnwindStatus {
+    fn from_raw(raw: u8) -> Self {
+        match raw {
+            0 => Self::Complete,
+            1 => Self::Truncated,
+            2 => Self::ReadFault,
+            3 => Self::NoUserStack,
+            4 => Self::FramePointer,
+            5 => Self::NoMapping,
+            6 => Self::NoTable,
+            7 => Self::UnsupportedRule,
+            other => Self::Unknown(other),
+        }
+    }
+
+    /// Whether the user stack is known to be incomplete (outer frames missing).
+    pub fn is_incomplete(self) -> bool {
+        !matches!(
+            self,
+            Self::Complete | Self::NoUserStack | Self::FramePointer
+        )
+    }
+
+    /// Short name used in summaries, metrics and the frame that marks an
+    /// incomplete stack.
+    pub fn name(self) -> String {
+        match self {
+            Self::Complete => "complete".into(),
+            Self::Truncated => "truncated".into(),
+            Self::ReadFault => "read_fault".into(),
+            Self::NoUserStack => "no_user_stack".into(),
+            Self::FramePointer => "frame_pointer".into(),
+            Self::NoMapping => "no_mapping".into(),
+            Self::NoTable => "no_table".into(),
+            Self::UnsupportedRule => "unsupported_rule".into(),
+            Self::Unknown(raw) => format!("unknown_{raw}"),
+        }
+    }
+}
+
+/// One sample as the BPF program recorded it: who ran, and both raw stacks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawSample {
+    /// `bpf_ktime_get_ns()` at the sample: CLOCK_MONOTONIC, ns.
+    pub timestamp_ns: u64,
+    /// Process id (thread group id) in the initial pid namespace.
+    pub pid: u32,
+    /// Thread id in the initial pid namespace.
+    pub tid: u32,
+    /// CPU the sample was taken on.
+    pub cpu: u32,
+    /// The process's name (the thread group leader's comm).
+    pub process_comm: String,
+    /// The sampled thread's name (its comm).
+    pub thread_comm: String,
+    /// Whether the task is a kernel thread (no user stack).
+    pub kernel_thread: bool,
+    /// Kernel return addresses, leaf first (absolute kernel addresses).
+    pub kernel_stack: Vec<u64>,
+    /// User addresses, leaf first: the sampled PC, then return addresses.
+    pub user_stack: Vec<u64>,
+    /// How the user-stack walk ended.
+    pub user_status: UnwindStatus,
+}
+
+fn comm_from_bytes(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+fn u64_at(data: &[u8], offset: usize) -> u64 {
+    u64::from_ne_bytes(data[offset..offset + 8].try_into().expect("8-byte slice"))
+}
+
+fn u32_at(data: &[u8], offset: usize) -> u32 {
+    u32::from_ne_bytes(data[offset..offset + 4].try_into().expect("4-byte slice"))
+}
+
+fn u16_at(data: &[u8], offset: usize) -> u16 {
+    u16::from_ne_bytes(data[offset..offset + 2].try_into().expect("2-byte slice"))
+}
+
+impl RawSample {
+    /// Parse one ring-buffer record (`struct sample_header` followed by the
+    /// kernel, then the user frames). Errors if the record is shorter than
+    /// its header says.
+    pub fn parse(data: &[u8]) -> Result<Self> {
+        if data.len() < HEADER_SIZE {
+            bail!("sample record of {} bytes is shorter than its header", data.len());
+        }
+        let kernel_frames = u16_at(data, 20) as usize;
+        let user_frames = u16_at(data, 22) as usize;
+        let needed = HEADER_SIZE + 8 * (kernel_frames + user_frames);
+        if data.len() < needed {
+            bail!("sample record of {} bytes, header says {needed}", data.len());
+        }
+        let frames: Vec<u64> = (0..kernel_frames + user_frames)
+            .map(|i| u64_at(data, HEADER_SIZE + 8 * i))
+            .collect();
+        Ok(RawSample {
+            timestamp_ns: u64_at(data, 0),
+            pid: u32_at(data, 8),
+            tid: u32_at(data, 12),
+            cpu: u32_at(data, 16),
+            user_status: UnwindStatus::from_raw(data[24]),
+            kernel_thread: data[25] & SAMPLE_FLAG_KERNEL_THREAD != 0,
+            process_comm: comm_from_bytes(&data[32..32 + TASK_COMM_LEN]),
+            thread_comm: comm_from_bytes(&data[48..48 + TASK_COMM_LEN]),
+            kernel_stack: frames[..kernel_frames].to_vec(),
+            user_stack: frames[kernel_frames..].to_vec(),
+        })
+    }
+}
+
+/// What to sample.
+#[derive(Debug, Clone, Default)]
+pub struct SamplerConfig {
+    /// Samples per second per CPU, Hz.
+    pub sample_freq_hz: u64,
+    /// Only these processes (thread group ids); empty means every process.
+    pub pids: Vec<u32>,
+    /// A process never to sample (the profiler itself with --exclude-self).
+    pub exclude_pid: Option<u32>,
+    /// Print libbpf debug output and the verifier log.
+    pub libbpf_debug: bool,
+}
+
+/// Counters the BPF program keeps (per-CPU `stats` map, summed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BpfStats {
+    /// Samples of wanted tasks that reached the program.
+    pub samples: u64,
+    /// Samples the ring buffer had no room for (lost).
+    pub lost: u64,
+    /// Samples whose kernel stack could not be read.
+    pub kernel_stack_errors: u64,
+}
+
+/// The loaded and attached BPF program with its perf events.
+pub struct Sampler<'obj> {
+    skel: ProfilerSkel<'obj>,
+    // One link per perf event; dropping a link detaches the program and
+    // closes its perf event.
+    links: RefCell<Vec<Link>>,
+}
+
+/// Online CPUs, from `/sys/devices/system/cpu/online` (a range list such as `0-3,6`).
+pub fn online_cpus() -> Result<Vec<u32>> {
+    let path = "/sys/devices/system/cpu/online";
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    parse_cpu_list(text.trim()).with_context(|| format!("parsing {path}: {text:?}"))
+}
+
+fn parse_cpu_list(text: &str) -> Result<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<u32>()?..=b.parse::<u32>()?),
+            None => cpus.push(part.parse()?),
+        }
+    }
+    Ok(cpus)
+}
+
+fn open_cpu_clock_event(cpu: u32, freq_hz: u64) -> Result<OwnedFd> {
+    let mut attr = perf::bindings::perf_event_attr {
+        size: std::mem::size_of::<perf::bindings::perf_event_attr>() as u32,
+        type_: perf::bindings::PERF_TYPE_SOFTWARE,
+        config: perf::bindings::PERF_COUNT_SW_CPU_CLOCK as u64,
+        ..Default::default()
+    };
+    attr.__bindgen_anon_1.sample_freq = freq_hz;
+    attr.set_freq(1);
+    // SAFETY: attr is a valid, fully initialised perf_event_attr that outlives the call.
+    let fd = unsafe {
+        perf::perf_event_open(&mut attr, -1, cpu as i32, -1, perf::bindings::PERF_FLAG_FD_CLOEXEC as _)
+    };
+    if fd < 0 {
+        let err = std::io::Error::last_os_error();
+        return Err(anyhow!(err)).with_context(|| {
+            format!("perf_event_open(cpu-clock, cpu {cpu}, {freq_hz} Hz) failed (needs CAP_PERFMON or root)")
+        });
+    }
+    // SAFETY: the kernel just returned this fd and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl<'obj> Sampler<'obj> {
+    /// Load the BPF program with `config` baked in, open a cpu-clock perf event
+    /// on every online CPU and attach the program to each. Errors name the
+    /// step that failed (load/verifier, perf_event_open, attach).
+    pub fn start(config: &SamplerConfig, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Self> {
+        let mut builder = ProfilerSkelBuilder::default();
+        builder.obj_builder.debug(config.libbpf_debug);
+        let mut open = builder.open(object).context("opening the BPF object")?;
+        {
+            let rodata = open
+                .maps
+                .rodata_data
+                .as_deref_mut()
+                .ok_or_else(|| anyhow!("BPF object has no .rodata section"))?;
+            rodata.filter_pids = !config.pids.is_empty();
+            rodata.exclude_pid = config.exclude_pid.unwrap_or(0);
+        }
+        if config.libbpf_debug {
+            // Level 2: the verifier log of every instruction, even on success.
+            open.progs.on_cpu_sample.set_log_level(2);
+        }
+        let skel = open
+            .load()
+            .context("loading the BPF program (the verifier rejected it, or BTF/CAP_BPF is missing; rerun with --libbpf-debug)")?;
+        for pid in &config.pids {
+            skel.maps
+                .target_pids
+                .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+                .with_context(|| format!("adding pid {pid} to the target_pids map"))?;
+        }
+        let mut links = Vec::new();
+        for cpu in online_cpus()? {
+            let fd = open_cpu_clock_event(cpu, config.sample_freq_hz)?;
+            let link = skel
+                .progs
+                .on_cpu_sample
+                .attach_perf_event(fd.as_raw_fd())
+                .with_context(|| format!("attaching the BPF program to the perf event of cpu {cpu}"))?;
+            // libbpf's perf-event link closes the perf event fd when it is
+            // destroyed, so the link now owns it.
+            let _ = fd.into_raw_fd();
+            links.push(link);
+        }
+        Ok(Sampler {
+            skel,
+            links: RefCell::new(links),
+        })
+    }
+
+    /// Detach the program from every perf event: no new samples arrive after this.
+    pub fn detach(&self) {
+        self.links.borrow_mut().clear();
+    }
+
+    /// Number of perf events (one per online CPU) the program is attached to.
+    pub fn attached_cpus(&self) -> usize {
+        self.links.borrow().len()
+    }
+
+    /// Build a ring-buffer reader that parses each record into a [`RawSample`]
+    /// and appends it to `sink`. Records that do not parse are counted in
+    /// `malformed`.
+    pub fn ring_buffer(
+        &self,
+        sink: Rc<RefCell<Vec<RawSample>>>,
+        malformed: Rc<RefCell<u64>>,
+    ) -> Result<RingBuffer<'_>> {
+        let mut builder = RingBufferBuilder::new();
+        builder.add(&self.skel.maps.samples, move |data: &[u8]| {
+            match RawSample::parse(data) {
+                Ok(sample) => sink.borrow_mut().push(sample),
+                Err(_) => *malformed.borrow_mut() += 1,
+            }
+            0
+        })?;
+        Ok(builder.build()?)
+    }
+
+    /// Read and sum the per-CPU `stats` map.
+    pub fn stats(&self) -> Result<BpfStats> {
+        let read = |index: u32| -> Result<u64> {
+            let values = self
+                .skel
+                .maps
+                .stats
+                .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)?
+                .unwrap_or_default();
+            Ok(values.iter().map(|v| u64_at(v, 0)).sum())
+        };
+        Ok(BpfStats {
+            samples: read(0)?,
+            lost: read(1)?,
+            kernel_stack_errors: read(2)?,
+        })
+    }
+}
+
+/// Poll `ring` until it is empty or `timeout` passes.
+pub fn poll(ring: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
+    ring.poll(timeout).context("polling the samples ring buffer")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_list_parses_ranges_and_singles() {
+        assert_eq!(parse_cpu_list("0-3,6,8-9").unwrap(), vec![0, 1, 2, 3, 6, 8, 9]);
+        assert_eq!(parse_cpu_list("0").unwrap(), vec![0]);
+        assert!(parse_cpu_list("a-b").is_err());
+    }
+
+    #[test]
+    fn record_parses_frames_and_comms() {
+        let mut data = vec![0u8; HEADER_SIZE];
+        data[0..8].copy_from_slice(&123u64.to_ne_bytes());
+        data[8..12].copy_from_slice(&42u32.to_ne_bytes());
+        data[12..16].copy_from_slice(&43u32.to_ne_bytes());
+        data[16..20].copy_from_slice(&1u32.to_ne_bytes());
+        data[20..22].copy_from_slice(&1u16.to_ne_bytes());
+        data[22..24].copy_from_slice(&2u16.to_ne_bytes());
+        data[24] = 1;
+        data[32..35].copy_from_slice(b"app");
+        data[48..51].copy_from_slice(b"thr");
+        for addr in [0xffff_ffff_8100_0000u64, 0x401000, 0x402000] {
+            data.extend_from_slice(&addr.to_ne_bytes());
+        }
+        let s = RawSample::parse(&data).unwrap();
+        assert_eq!((s.timestamp_ns, s.pid, s.tid, s.cpu), (123, 42, 43, 1));
+        assert_eq!(s.process_comm, "app");
+        assert_eq!(s.thread_comm, "thr");
+        assert_eq!(s.kernel_stack, vec![0xffff_ffff_8100_0000]);
+        assert_eq!(s.user_stack, vec![0x401000, 0x402000]);
+        assert_eq!(s.user_status, UnwindStatus::Truncated);
+        assert!(RawSample::parse(&data[..data.len() - 1]).is_err());
+    }
+}

@@ -1,0 +1,3 @@
+//! Senders: where finished profiles go. One file per backend.
+
+pub mod disk;

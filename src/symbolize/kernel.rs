@@ -1,0 +1,59 @@
+//! Facts about the running kernel needed to describe kernel frames.
+
+use object::read::elf::NoteIterator;
+use object::{elf, LittleEndian};
+
+/// The running kernel's GNU build ID in hex, from the ELF notes the kernel
+/// exports at `/sys/kernel/notes`. `None` when the file is missing or has no
+/// build-ID note.
+pub fn kernel_build_id() -> Option<String> {
+    let notes = std::fs::read("/sys/kernel/notes").ok()?;
+    build_id_from_notes(&notes)
+}
+
+fn build_id_from_notes(notes: &[u8]) -> Option<String> {
+    let mut iter = NoteIterator::<elf::FileHeader64<LittleEndian>>::new(LittleEndian, 4, notes).ok()?;
+    while let Ok(Some(note)) = iter.next() {
+        if note.name() == b"GNU" && note.n_type(LittleEndian) == elf::NT_GNU_BUILD_ID {
+            return Some(hex(note.desc()));
+        }
+    }
+    None
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_build_id_note() {
+        let mut notes = Vec::new();
+        // An unrelated note first ("Xen", type 1, 4 bytes of desc).
+        notes.extend_from_slice(&4u32.to_le_bytes());
+        notes.extend_from_slice(&4u32.to_le_bytes());
+        notes.extend_from_slice(&1u32.to_le_bytes());
+        notes.extend_from_slice(b"Xen\0");
+        notes.extend_from_slice(&[9, 9, 9, 9]);
+        // The GNU build-ID note.
+        notes.extend_from_slice(&4u32.to_le_bytes());
+        notes.extend_from_slice(&3u32.to_le_bytes());
+        notes.extend_from_slice(&3u32.to_le_bytes());
+        notes.extend_from_slice(b"GNU\0");
+        notes.extend_from_slice(&[0xde, 0xad, 0x01, 0]);
+        assert_eq!(build_id_from_notes(&notes).as_deref(), Some("dead01"));
+        assert_eq!(build_id_from_notes(&notes[..20]), None);
+    }
+
+    #[test]
+    fn running_kernel_has_a_build_id() {
+        if std::path::Path::new("/sys/kernel/notes").exists() {
+            let id = kernel_build_id().expect("kernel notes carry a build ID");
+            assert!(id.len() >= 16 && id.chars().all(|c| c.is_ascii_hexdigit()));
+        }
+    }
+}

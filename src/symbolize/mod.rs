@@ -1,0 +1,340 @@
+//! Symbolization: turns the aggregated stacks of a window into a [`Profile`].
+//!
+//! User addresses are symbolized per object, in one batch per object, by file
+//! offset (blazesym's ELF source with DWARF: line info and inlined functions).
+//! Kernel addresses are symbolized in one batch from `/proc/kallsyms`.
+//! Names are demangled here (Rust, then C++ Itanium), keeping the mangled
+//! name as the frame's `system_name`. An address nobody can name becomes
+//! `object+0xFILE_OFFSET` (or `[kernel.kallsyms]+0xADDR`), never dropped.
+
+pub mod kernel;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer as BlazeSymbolizer};
+use blazesym::MaybeDefault;
+use tracing::debug;
+
+use crate::process::{MappingId, ObjectId, ProcessTracker};
+use crate::profile::aggregate::{Aggregator, UserFrame};
+use crate::profile::{unwind_marker_name, Frame, FrameKind, Line, Profile, ProfileMapping, Sample};
+
+/// Name of the mapping kernel frames belong to (as perf and pprof call it).
+pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
+
+/// The time span and settings a profile covers.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    /// Start, ns since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// Length, ns.
+    pub duration_ns: u64,
+    /// Sampling frequency, Hz.
+    pub sample_freq_hz: u64,
+}
+
+/// Demangle a Rust (legacy or v0) or C++ (Itanium) symbol name; other names
+/// are returned unchanged.
+pub fn demangle(name: &str) -> String {
+    if let Ok(d) = rustc_demangle::try_demangle(name) {
+        return format!("{d:#}");
+    }
+    if name.starts_with("_Z") {
+        if let Ok(symbol) = cpp_demangle::Symbol::new(name) {
+            if let Ok(d) = symbol.demangle() {
+                return d;
+            }
+        }
+    }
+    name.to_string()
+}
+
+type Lines = (Vec<Line>, bool);
+
+fn source_file(info: &CodeInfo<'_>) -> Arc<str> {
+    Arc::from(info.to_path().to_string_lossy().as_ref())
+}
+
+fn line_of(name: &str, info: Option<&CodeInfo<'_>>) -> Line {
+    Line {
+        function: Arc::from(demangle(name)),
+        system_name: Arc::from(name),
+        file: info.map(source_file),
+        line: info.and_then(|i| i.line),
+    }
+}
+
+fn unknown_line(name: String) -> Line {
+    let name: Arc<str> = Arc::from(name);
+    Line {
+        function: name.clone(),
+        system_name: name,
+        file: None,
+        line: None,
+    }
+}
+
+/// Lines for one symbolized address, innermost first.
+fn lines_of(sym: &Symbolized<'_>) -> Option<Vec<Line>> {
+    let Symbolized::Sym(sym) = sym else {
+        return None;
+    };
+    // blazesym reports `f` (the real function, with the code location of its
+    // call into the first inlined function) and then the inlined chain
+    // outermost first, each with its own location.
+    let mut lines = Vec::with_capacity(sym.inlined.len() + 1);
+    for inlined in sym.inlined.iter().rev() {
+        lines.push(line_of(&inlined.name, inlined.code_info.as_ref()));
+    }
+    lines.push(line_of(&sym.name, sym.code_info.as_deref()));
+    Some(lines)
+}
+
+fn file_name(path: &str) -> &str {
+    Path::new(path)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(path)
+}
+
+/// Symbolizes windows of samples. Keeps blazesym's parsed-object caches
+/// between windows.
+pub struct Symbolizer {
+    inner: BlazeSymbolizer,
+    kernel_build_id: Option<String>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    /// A symbolizer with line info and inlined functions enabled (names are
+    /// demangled by [`demangle`], not by blazesym).
+    pub fn new() -> Self {
+        let inner = BlazeSymbolizer::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(false)
+            .build();
+        Symbolizer {
+            inner,
+            kernel_build_id: kernel::kernel_build_id(),
+        }
+    }
+
+    fn symbolize_kernel(&self, addrs: &[u64]) -> HashMap<u64, Lines> {
+        let source = Source::Kernel(Kernel {
+            kallsyms: MaybeDefault::Default,
+            vmlinux: MaybeDefault::None,
+            kaslr_offset: Some(0),
+            debug_syms: false,
+            ..Default::default()
+        });
+        let results = match self.inner.symbolize(&source, Input::AbsAddr(addrs)) {
+            Ok(r) => r,
+            Err(err) => {
+                debug!("kernel symbolization failed: {err}");
+                Vec::new()
+            }
+        };
+        addrs
+            .iter()
+            .enumerate()
+            .map(|(i, &addr)| {
+                let lines = results.get(i).and_then(lines_of);
+                let entry = match lines {
+                    Some(lines) => (lines, true),
+                    None => (vec![unknown_line(format!("{KERNEL_MAPPING_NAME}+0x{addr:x}"))], false),
+                };
+                (addr, entry)
+            })
+            .collect()
+    }
+
+    fn symbolize_object(&self, tracker: &ProcessTracker, object: ObjectId, offsets: &[u64]) -> Vec<Option<Vec<Line>>> {
+        let file = tracker.object(object);
+        let mut elf = Elf::new(&file.open_path);
+        elf.debug_syms = true;
+        let source = Source::Elf(elf);
+        match self.inner.symbolize(&source, Input::FileOffset(offsets)) {
+            Ok(results) => results.iter().map(lines_of).collect(),
+            Err(err) => {
+                debug!("{}: symbolization failed: {err}", file.path);
+                vec![None; offsets.len()]
+            }
+        }
+    }
+
+    /// Symbolize every stack in `aggregator` and build the window's profile.
+    /// `tracker` must be the one the aggregator resolved mappings with.
+    pub fn build_profile(&self, aggregator: &Aggregator, tracker: &ProcessTracker, window: Window) -> Profile {
+        // 1. The unique addresses to symbolize.
+        let mut kernel_addrs = BTreeSet::new();
+        let mut object_offsets: HashMap<ObjectId, BTreeSet<u64>> = HashMap::new();
+        for (key, _) in aggregator.stacks() {
+            kernel_addrs.extend(key.kernel.iter().copied());
+            for frame in key.user.iter() {
+                if let Some(m) = frame.mapping {
+                    let mapping = tracker.mapping(m);
+                    if let Some(object) = mapping.object {
+                        object_offsets
+                            .entry(object)
+                            .or_default()
+                            .insert(mapping.file_offset_of(frame.address));
+                    }
+                }
+            }
+        }
+
+        // 2. Symbolize them in batches.
+        let kernel_addrs: Vec<u64> = kernel_addrs.into_iter().collect();
+        let kernel_lines = self.symbolize_kernel(&kernel_addrs);
+        let mut user_lines: HashMap<(ObjectId, u64), Lines> = HashMap::new();
+        for (object, offsets) in &object_offsets {
+            let offsets: Vec<u64> = offsets.iter().copied().collect();
+            let results = self.symbolize_object(tracker, *object, &offsets);
+            let name = file_name(&tracker.object(*object).path);
+            for (offset, lines) in offsets.iter().zip(results) {
+                let entry = match lines {
+                    Some(lines) => (lines, true),
+                    None => (vec![unknown_line(format!("{name}+0x{offset:x}"))], false),
+                };
+                user_lines.insert((*object, *offset), entry);
+            }
+        }
+
+        // 3. Assemble mappings, frames and samples.
+        let mut builder = ProfileAssembly::default();
+        let mut profile = Profile {
+            start_unix_ns: window.start_unix_ns,
+            duration_ns: window.duration_ns,
+            sample_freq_hz: window.sample_freq_hz,
+            ..Default::default()
+        };
+        if let (Some(&lo), Some(&hi)) = (kernel_addrs.first(), kernel_addrs.last()) {
+            builder.kernel_mapping = Some(profile.mappings.len());
+            profile.mappings.push(ProfileMapping {
+                start: lo,
+                limit: hi + 1,
+                file_offset: 0,
+                filename: KERNEL_MAPPING_NAME.to_string(),
+                build_id: self.kernel_build_id.clone(),
+            });
+        }
+        for (key, count) in aggregator.stacks() {
+            let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len() + 1);
+            for &addr in key.kernel.iter() {
+                let (lines, symbolized) = kernel_lines[&addr].clone();
+                frames.push(builder.frame(&mut profile, FrameKind::Kernel, addr, builder.kernel_mapping, lines, symbolized));
+            }
+            for frame in key.user.iter() {
+                let (mapping, lines, symbolized) = user_frame_lines(&mut builder, &mut profile, tracker, &user_lines, frame);
+                frames.push(builder.frame(&mut profile, FrameKind::User, frame.address, mapping, lines, symbolized));
+            }
+            if key.user_status.is_incomplete() {
+                let lines = vec![unknown_line(unwind_marker_name(key.user_status))];
+                frames.push(builder.frame(&mut profile, FrameKind::UnwindMarker, 0, None, lines, false));
+            }
+            profile.samples.push(Sample {
+                pid: key.pid,
+                tid: key.tid,
+                process_comm: key.process_comm.clone(),
+                thread_comm: key.thread_comm.clone(),
+                frames,
+                unwind_status: key.user_status,
+                count,
+            });
+        }
+        profile
+    }
+}
+
+fn user_frame_lines(
+    builder: &mut ProfileAssembly,
+    profile: &mut Profile,
+    tracker: &ProcessTracker,
+    user_lines: &HashMap<(ObjectId, u64), Lines>,
+    frame: &UserFrame,
+) -> (Option<usize>, Vec<Line>, bool) {
+    let Some(m) = frame.mapping else {
+        return (None, vec![unknown_line(format!("[unknown]+0x{:x}", frame.address))], false);
+    };
+    let mapping = tracker.mapping(m);
+    let index = builder.mapping(profile, tracker, m);
+    let offset = mapping.file_offset_of(frame.address);
+    match mapping.object.and_then(|o| user_lines.get(&(o, offset))) {
+        Some((lines, symbolized)) => (Some(index), lines.clone(), *symbolized),
+        None => (
+            Some(index),
+            vec![unknown_line(format!("{}+0x{offset:x}", file_name(&mapping.name)))],
+            false,
+        ),
+    }
+}
+
+/// Deduplication state while a profile is assembled.
+#[derive(Default)]
+struct ProfileAssembly {
+    kernel_mapping: Option<usize>,
+    mappings: HashMap<MappingId, usize>,
+    frames: HashMap<(FrameKind, Option<usize>, u64, Option<Arc<str>>), usize>,
+}
+
+impl ProfileAssembly {
+    fn mapping(&mut self, profile: &mut Profile, tracker: &ProcessTracker, id: MappingId) -> usize {
+        *self.mappings.entry(id).or_insert_with(|| {
+            let m = tracker.mapping(id);
+            profile.mappings.push(ProfileMapping {
+                start: m.start,
+                limit: m.end,
+                file_offset: m.file_offset,
+                filename: m.name.clone(),
+                build_id: m
+                    .object
+                    .and_then(|o| tracker.object(o).build_id.as_deref().map(kernel::hex)),
+            });
+            profile.mappings.len() - 1
+        })
+    }
+
+    fn frame(
+        &mut self,
+        profile: &mut Profile,
+        kind: FrameKind,
+        address: u64,
+        mapping: Option<usize>,
+        lines: Vec<Line>,
+        symbolized: bool,
+    ) -> usize {
+        // Markers have no address; they are told apart by their name.
+        let marker = (kind == FrameKind::UnwindMarker).then(|| lines[0].function.clone());
+        *self.frames.entry((kind, mapping, address, marker)).or_insert_with(|| {
+            profile.frames.push(Frame {
+                kind,
+                address,
+                mapping,
+                lines,
+                symbolized,
+            });
+            profile.frames.len() - 1
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demangles_rust_and_cpp_and_keeps_c() {
+        assert_eq!(demangle("_ZN3foo3bar17h0123456789abcdefE"), "foo::bar");
+        assert_eq!(demangle("_Z3addii"), "add(int, int)");
+        assert_eq!(demangle("main"), "main");
+    }
+}
