@@ -17,4 +17,9 @@ fn main() {
         .build_and_generate(out.join("profiler.skel.rs"))
         .expect("compiling the BPF program (is clang installed? see scripts/setup.sh)");
     println!("cargo:rerun-if-changed=src/bpf");
+
+    prost_build::Config::new()
+        .compile_protos(&["proto/profile.proto"], &["proto"])
+        .expect("generating the pprof types (is protoc installed? see scripts/setup.sh)");
+    println!("cargo:rerun-if-changed=proto/profile.proto");
 }

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
+pub use crate::format::pprof::Compression;
+
 /// Output format of the written profile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ProfileFormat {
@@ -12,6 +14,8 @@ pub enum ProfileFormat {
     FlameGraph,
     /// Folded stacks, `comm;root;..;leaf count` per line. Default file name `folded.txt`.
     Folded,
+    /// pprof protobuf (`go tool pprof`). Default file name `profile.pb`.
+    Pprof,
 }
 
 impl ProfileFormat {
@@ -20,6 +24,7 @@ impl ProfileFormat {
         match self {
             ProfileFormat::FlameGraph => "flamegraph.svg",
             ProfileFormat::Folded => "folded.txt",
+            ProfileFormat::Pprof => "profile.pb",
         }
     }
 }
@@ -70,6 +75,10 @@ pub struct Cli {
     /// File name of the profile inside --profile-path (default depends on the format).
     #[arg(long)]
     pub profile_name: Option<String>,
+
+    /// Compression of pprof output: `none` (raw protobuf) or `gzip`.
+    #[arg(long, value_enum, default_value_t = Compression::None)]
+    pub pprof_compression: Compression,
 
     /// Show libbpf's debug output, including the BPF verifier log.
     #[arg(long)]

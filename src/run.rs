@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use tracing::{debug, info};
 
-use crate::cli::{Cli, ProfileFormat};
+use crate::cli::{Cli, Compression, ProfileFormat};
 use crate::format;
 use crate::preflight;
 use crate::process::ProcessTracker;
@@ -131,7 +131,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         sample_freq_hz: cli.sample_freq,
     };
     let profile = Symbolizer::new().build_profile(&aggregator, &tracker, window);
-    let bytes = encode(&profile, cli.profile_format)?;
+    let bytes = encode(&profile, cli.profile_format, cli.pprof_compression)?;
     disk::write_atomic(&output, &bytes)?;
 
     Ok(RunSummary {
@@ -147,8 +147,8 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     })
 }
 
-/// Encode `profile` in `format`.
-pub fn encode(profile: &Profile, format: ProfileFormat) -> Result<Vec<u8>> {
+/// Encode `profile` in `format` (`compression` applies to pprof only).
+pub fn encode(profile: &Profile, format: ProfileFormat, compression: Compression) -> Result<Vec<u8>> {
     match format {
         ProfileFormat::FlameGraph => {
             if profile.total_samples() == 0 {
@@ -157,5 +157,6 @@ pub fn encode(profile: &Profile, format: ProfileFormat) -> Result<Vec<u8>> {
             format::flamegraph::encode(profile, "lightswitch CPU profile")
         }
         ProfileFormat::Folded => Ok(format::folded::encode(profile).into_bytes()),
+        ProfileFormat::Pprof => format::pprof::encode(profile, compression),
     }
 }

@@ -26,7 +26,7 @@ pub struct Profile {
 }
 
 /// An address range backed by an object file (or the kernel image).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ProfileMapping {
     /// First address (inclusive).
     pub start: u64,

@@ -217,6 +217,13 @@ impl Symbolizer {
             sample_freq_hz: window.sample_freq_hz,
             ..Default::default()
         };
+        // User mappings first: pprof readers present the first mapping as the
+        // profiled binary.
+        for (key, _) in aggregator.stacks() {
+            for m in key.user.iter().filter_map(|f| f.mapping) {
+                builder.mapping(&mut profile, tracker, m);
+            }
+        }
         if let (Some(&lo), Some(&hi)) = (kernel_addrs.first(), kernel_addrs.last()) {
             builder.kernel_mapping = Some(profile.mappings.len());
             profile.mappings.push(ProfileMapping {
@@ -283,24 +290,33 @@ fn user_frame_lines(
 struct ProfileAssembly {
     kernel_mapping: Option<usize>,
     mappings: HashMap<MappingId, usize>,
+    distinct_mappings: HashMap<ProfileMapping, usize>,
     frames: HashMap<(FrameKind, Option<usize>, u64, Option<Arc<str>>), usize>,
 }
 
 impl ProfileAssembly {
+    /// The profile mapping for tracker mapping `id`. Processes that map the
+    /// same object at the same range share one profile mapping.
     fn mapping(&mut self, profile: &mut Profile, tracker: &ProcessTracker, id: MappingId) -> usize {
-        *self.mappings.entry(id).or_insert_with(|| {
-            let m = tracker.mapping(id);
-            profile.mappings.push(ProfileMapping {
-                start: m.start,
-                limit: m.end,
-                file_offset: m.file_offset,
-                filename: m.name.clone(),
-                build_id: m
-                    .object
-                    .and_then(|o| tracker.object(o).build_id.as_deref().map(kernel::hex)),
-            });
+        if let Some(&index) = self.mappings.get(&id) {
+            return index;
+        }
+        let m = tracker.mapping(id);
+        let mapping = ProfileMapping {
+            start: m.start,
+            limit: m.end,
+            file_offset: m.file_offset,
+            filename: m.name.clone(),
+            build_id: m
+                .object
+                .and_then(|o| tracker.object(o).build_id.as_deref().map(kernel::hex)),
+        };
+        let index = *self.distinct_mappings.entry(mapping.clone()).or_insert_with(|| {
+            profile.mappings.push(mapping);
             profile.mappings.len() - 1
-        })
+        });
+        self.mappings.insert(id, index);
+        index
     }
 
     fn frame(

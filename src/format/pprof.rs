@@ -1,0 +1,342 @@
+//! pprof protobuf encoding (`proto/profile.proto`, generated with prost).
+//!
+//! Shape of what is written: sample types `samples/count` and
+//! `cpu/nanoseconds` (count × period); period type `cpu/nanoseconds` with
+//! period = 1e9 / sampling frequency; one Mapping per profile mapping
+//! (object and load range; the kernel is `[kernel.kallsyms]`); one Location
+//! per distinct frame (mapping, address), with inlined functions as several
+//! lines, innermost first; Functions deduplicated by (name, system name,
+//! file); labels `pid`, `tid` (numeric), `comm` and `thread_name` on every
+//! sample. Stacks whose walk stopped early end in a location named after the
+//! unwind result, as in the other formats.
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use flate2::write::GzEncoder;
+use prost::Message;
+
+use crate::profile::{FrameKind, Profile};
+
+/// Types generated from `proto/profile.proto` (package `perftools.profiles`).
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
+}
+
+/// Whether the written pprof is gzip-compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Compression {
+    /// Raw protobuf bytes.
+    #[default]
+    None,
+    /// gzip-compressed protobuf (what `go tool pprof` and HTTP receivers prefer).
+    Gzip,
+}
+
+/// The string table under construction: index 0 is always "".
+#[derive(Default)]
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Self {
+        let mut s = Strings::default();
+        s.get("");
+        s
+    }
+
+    fn get(&mut self, value: &str) -> i64 {
+        if let Some(&i) = self.index.get(value) {
+            return i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(value.to_string());
+        self.index.insert(value.to_string(), i);
+        i
+    }
+}
+
+/// Build the pprof message for `profile`.
+pub fn to_proto(profile: &Profile) -> proto::Profile {
+    let mut strings = Strings::new();
+    let period = profile.period_ns() as i64;
+    let value_type = |strings: &mut Strings, t: &str, u: &str| proto::ValueType {
+        r#type: strings.get(t),
+        unit: strings.get(u),
+    };
+    let sample_type = vec![
+        value_type(&mut strings, "samples", "count"),
+        value_type(&mut strings, "cpu", "nanoseconds"),
+    ];
+    let period_type = Some(value_type(&mut strings, "cpu", "nanoseconds"));
+
+    // Mappings, with has_* computed from the frames that fall in them.
+    let mut mappings: Vec<proto::Mapping> = profile
+        .mappings
+        .iter()
+        .enumerate()
+        .map(|(i, m)| proto::Mapping {
+            id: i as u64 + 1,
+            memory_start: m.start,
+            memory_limit: m.limit,
+            file_offset: m.file_offset,
+            filename: strings.get(&m.filename),
+            build_id: strings.get(m.build_id.as_deref().unwrap_or("")),
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            has_inline_frames: true,
+        })
+        .collect();
+    let mut used = vec![false; mappings.len()];
+    for frame in &profile.frames {
+        let Some(m) = frame.mapping else { continue };
+        used[m] = true;
+        let mapping = &mut mappings[m];
+        let files = frame.lines.iter().all(|l| l.file.is_some());
+        let lines = frame.lines.iter().all(|l| l.line.is_some());
+        mapping.has_functions &= frame.symbolized;
+        mapping.has_filenames &= frame.symbolized && files;
+        mapping.has_line_numbers &= frame.symbolized && lines;
+        // Inlined frames are expanded from DWARF, which is also where file
+        // names come from: without them, inlining is unknown.
+        mapping.has_inline_frames &= frame.symbolized && files;
+    }
+    for (mapping, used) in mappings.iter_mut().zip(used) {
+        if !used {
+            mapping.has_functions = false;
+            mapping.has_filenames = false;
+            mapping.has_line_numbers = false;
+            mapping.has_inline_frames = false;
+        }
+    }
+
+    // Functions and locations.
+    let mut functions: Vec<proto::Function> = Vec::new();
+    let mut function_ids: HashMap<(i64, i64, i64), u64> = HashMap::new();
+    let locations: Vec<proto::Location> = profile
+        .frames
+        .iter()
+        .enumerate()
+        .map(|(i, frame)| {
+            let line = frame
+                .lines
+                .iter()
+                .map(|l| {
+                    let key = (
+                        strings.get(&l.function),
+                        strings.get(&l.system_name),
+                        strings.get(l.file.as_deref().unwrap_or("")),
+                    );
+                    let id = *function_ids.entry(key).or_insert_with(|| {
+                        functions.push(proto::Function {
+                            id: functions.len() as u64 + 1,
+                            name: key.0,
+                            system_name: key.1,
+                            filename: key.2,
+                            start_line: 0,
+                        });
+                        functions.len() as u64
+                    });
+                    proto::Line {
+                        function_id: id,
+                        line: l.line.map_or(0, i64::from),
+                        column: 0,
+                    }
+                })
+                .collect();
+            proto::Location {
+                id: i as u64 + 1,
+                mapping_id: frame.mapping.map_or(0, |m| m as u64 + 1),
+                address: if frame.kind == FrameKind::UnwindMarker { 0 } else { frame.address },
+                line,
+                is_folded: false,
+            }
+        })
+        .collect();
+
+    let (pid, tid, comm, thread_name) = (
+        strings.get("pid"),
+        strings.get("tid"),
+        strings.get("comm"),
+        strings.get("thread_name"),
+    );
+    let samples = profile
+        .samples
+        .iter()
+        .map(|s| proto::Sample {
+            location_id: s.frames.iter().map(|&f| f as u64 + 1).collect(),
+            value: vec![s.count as i64, s.count as i64 * period],
+            label: vec![
+                proto::Label { key: pid, num: s.pid.into(), ..Default::default() },
+                proto::Label { key: tid, num: s.tid.into(), ..Default::default() },
+                proto::Label { key: comm, str: strings.get(&s.process_comm), ..Default::default() },
+                proto::Label { key: thread_name, str: strings.get(&s.thread_comm), ..Default::default() },
+            ],
+        })
+        .collect();
+
+    let default_sample_type = strings.get("cpu");
+    proto::Profile {
+        sample_type,
+        sample: samples,
+        mapping: mappings,
+        location: locations,
+        function: functions,
+        string_table: strings.table,
+        drop_frames: 0,
+        keep_frames: 0,
+        time_nanos: profile.start_unix_ns as i64,
+        duration_nanos: profile.duration_ns as i64,
+        period_type,
+        period,
+        comment: Vec::new(),
+        default_sample_type,
+    }
+}
+
+/// Encode `profile` as pprof bytes, gzip'd or not.
+pub fn encode(profile: &Profile, compression: Compression) -> Result<Vec<u8>> {
+    let bytes = to_proto(profile).encode_to_vec();
+    match compression {
+        Compression::None => Ok(bytes),
+        Compression::Gzip => {
+            let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
+            gz.write_all(&bytes).context("gzip-compressing the pprof profile")?;
+            gz.finish().context("gzip-compressing the pprof profile")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+    use crate::format::folded::tests::sample_profile;
+    use crate::profile::ProfileMapping;
+
+    fn decode(bytes: &[u8]) -> proto::Profile {
+        proto::Profile::decode(bytes).unwrap()
+    }
+
+    fn string(p: &proto::Profile, i: i64) -> &str {
+        &p.string_table[i as usize]
+    }
+
+    #[test]
+    fn header_fields_and_string_table() {
+        let p = decode(&encode(&sample_profile(), Compression::None).unwrap());
+        assert_eq!(p.string_table[0], "");
+        let mut seen = std::collections::HashSet::new();
+        assert!(p.string_table.iter().all(|s| seen.insert(s)), "strings are unique");
+        let types: Vec<(&str, &str)> = p
+            .sample_type
+            .iter()
+            .map(|t| (string(&p, t.r#type), string(&p, t.unit)))
+            .collect();
+        assert_eq!(types, vec![("samples", "count"), ("cpu", "nanoseconds")]);
+        let pt = p.period_type.as_ref().unwrap();
+        assert_eq!((string(&p, pt.r#type), string(&p, pt.unit)), ("cpu", "nanoseconds"));
+        assert_eq!(p.period, 10_000_000, "1e9 / 100 Hz");
+        assert_eq!(string(&p, p.default_sample_type), "cpu");
+        assert_eq!(p.time_nanos, 1_700_000_000_000_000_000);
+        assert_eq!(p.duration_nanos, 2_000_000_000);
+    }
+
+    #[test]
+    fn samples_values_labels_and_dedup() {
+        let profile = sample_profile();
+        let p = decode(&encode(&profile, Compression::None).unwrap());
+        assert_eq!(p.sample.len(), 3);
+        let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
+        let cpu: i64 = p.sample.iter().map(|s| s.value[1]).sum();
+        assert_eq!(total as u64, profile.total_samples());
+        assert_eq!(cpu, total * 10_000_000);
+        let s = &p.sample[0];
+        assert_eq!(s.location_id, vec![1, 2, 3, 4]);
+        let labels: Vec<(&str, String)> = s
+            .label
+            .iter()
+            .map(|l| {
+                let v = if l.str != 0 { string(&p, l.str).to_string() } else { l.num.to_string() };
+                (string(&p, l.key), v)
+            })
+            .collect();
+        assert_eq!(
+            labels,
+            vec![
+                ("pid", "7".to_string()),
+                ("tid", "7".to_string()),
+                ("comm", "app".to_string()),
+                ("thread_name", "worker;1".to_string())
+            ]
+        );
+        // Five frames -> five locations; six distinct functions; the frame
+        // with an inlined call has two lines, innermost first.
+        assert_eq!(p.location.len(), 5);
+        assert_eq!(p.function.len(), 6);
+        let inl = &p.location[2];
+        let names: Vec<&str> = inl
+            .line
+            .iter()
+            .map(|l| string(&p, p.function[l.function_id as usize - 1].name))
+            .collect();
+        assert_eq!(names, vec!["inner_inlined", "c"]);
+        // The truncated stack ends in the unwind marker.
+        let last = *p.sample[2].location_id.last().unwrap();
+        let marker = &p.location[last as usize - 1];
+        assert_eq!(string(&p, p.function[marker.line[0].function_id as usize - 1].name), "[unwind: truncated]");
+    }
+
+    #[test]
+    fn mapping_flags_follow_symbolization() {
+        let mut profile = sample_profile();
+        profile.mappings = vec![
+            ProfileMapping {
+                start: 0x1000,
+                limit: 0x3000,
+                file_offset: 0,
+                filename: "/bin/app".into(),
+                build_id: Some("abcd".into()),
+            },
+            ProfileMapping {
+                start: 0xffff_0000,
+                limit: 0xffff_1000,
+                file_offset: 0,
+                filename: "[kernel.kallsyms]".into(),
+                build_id: None,
+            },
+        ];
+        profile.frames[0].mapping = Some(1);
+        profile.frames[1].mapping = Some(1);
+        profile.frames[2].mapping = Some(0);
+        profile.frames[3].mapping = Some(0);
+        profile.frames[3].symbolized = false;
+        let p = decode(&encode(&profile, Compression::None).unwrap());
+        let app = &p.mapping[0];
+        assert_eq!(string(&p, app.filename), "/bin/app");
+        assert_eq!(string(&p, app.build_id), "abcd");
+        assert_eq!((app.memory_start, app.memory_limit), (0x1000, 0x3000));
+        assert!(!app.has_functions, "one of its frames is unsymbolized");
+        let kernel = &p.mapping[1];
+        assert!(kernel.has_functions);
+        assert!(!kernel.has_filenames && !kernel.has_line_numbers);
+        assert_eq!(p.location[2].mapping_id, 1);
+        assert_eq!(p.location[0].mapping_id, 2);
+    }
+
+    #[test]
+    fn gzip_round_trips() {
+        let raw = encode(&sample_profile(), Compression::None).unwrap();
+        let gz = encode(&sample_profile(), Compression::Gzip).unwrap();
+        assert_eq!(&gz[..2], &[0x1f, 0x8b]);
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut out).unwrap();
+        assert_eq!(out, raw);
+    }
+}
