@@ -11,7 +11,13 @@ const BPF_SRC: &str = "src/bpf/profiler.bpf.c";
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    SkeletonBuilder::new()
+    let mut builder = SkeletonBuilder::new();
+    // `CLANG` selects the compiler (the nix dev shell points it at an unwrapped clang).
+    if let Some(clang) = env::var_os("CLANG") {
+        builder.clang(clang);
+    }
+    println!("cargo:rerun-if-env-changed=CLANG");
+    builder
         .source(BPF_SRC)
         .clang_args(["-Isrc/bpf", "-Wall", "-Wno-unused-function"])
         .build_and_generate(out.join("profiler.skel.rs"))
