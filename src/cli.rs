@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 
 pub use crate::format::pprof::Compression;
 
@@ -46,8 +46,12 @@ pub enum LogLevel {
 /// given processes), walks kernel and user stacks, and writes a symbolized
 /// profile when the run ends.
 #[derive(Debug, Parser)]
-#[command(name = "lightswitch", version, about, long_about = None)]
+#[command(name = "lightswitch", version, about, long_about = None, args_conflicts_with_subcommands = true)]
 pub struct Cli {
+    /// A tool other than profiling; without one, lightswitch profiles.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// Only profile these processes (thread group ids). Comma-separated or repeated.
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     pub pids: Vec<i32>,
@@ -87,6 +91,17 @@ pub struct Cli {
     /// Log level of the profiler's own messages.
     #[arg(long, value_enum, default_value_t = LogLevel::Warn)]
     pub logging: LogLevel,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the unwind table lightswitch builds for an object file (its rows
+    /// and a summary: rows, pages, bytes, unsupported rules by kind).
+    ShowUnwind {
+        /// Path of an ELF executable or shared library.
+        path: PathBuf,
+    },
 }
 
 impl Cli {

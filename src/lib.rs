@@ -16,3 +16,4 @@ pub mod sampler;
 pub mod sender;
 mod skel;
 pub mod symbolize;
+pub mod unwind;

@@ -14,7 +14,12 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(format!("lightswitch={level}")))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if cli.command.is_some() {
+        eprintln!("error: show-unwind is not available in this build yet");
+        std::process::exit(2);
+    }
     match lightswitch::run::run(&cli) {
         Ok(summary) => println!("{summary}"),
         Err(err) => {

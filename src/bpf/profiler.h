@@ -62,4 +62,56 @@ struct stack_sample {
 	__u64 frames[MAX_KERNEL_FRAMES + MAX_USER_FRAMES];
 };
 
+/*
+ * ---- Unwind tables (format documented in docs/unwind-tables.md) ----
+ *
+ * An object's table covers its ELF virtual address space, split into pages
+ * of UNWIND_PAGE_SIZE bytes. Each page's rows are sorted by pc_low and the
+ * first row of a non-empty page starts at pc_low 0 (the builder repeats the
+ * rule in effect at the page boundary), so a lookup never leaves its page.
+ */
+#define UNWIND_PAGE_BITS 16
+#define UNWIND_PAGE_SIZE (1 << UNWIND_PAGE_BITS)
+
+/* How the CFA is computed (low 7 bits of unwind_row.cfa_type). */
+enum cfa_type {
+	CFA_END_OF_FUNCTION = 0, /* no FDE covers this pc: no unwind info */
+	CFA_RSP_OFFSET = 1,      /* CFA = rsp + offset */
+	CFA_RBP_OFFSET = 2,      /* CFA = rbp + offset */
+	CFA_PLT = 3,             /* CFA = rsp + 8 + ((rip & 15) >= cfa_offset ? 8 : 0) (PLT stubs) */
+	CFA_SIGNAL_FRAME = 4,    /* signal trampoline: registers come from the ucontext at rsp */
+	CFA_OUTERMOST = 5,       /* return address undefined: this is the outermost frame */
+	CFA_UNSUPPORTED = 6,     /* a rule BPF cannot evaluate; fp_offset holds the unsupported kind */
+};
+/* Set in unwind_row.cfa_type when cfa_offset is in units of 8 bytes. */
+#define CFA_OFFSET_SCALED 0x80
+
+/* How the caller's rbp is recovered. */
+enum fp_type {
+	FP_UNCHANGED = 0,        /* rbp keeps its value (same value / not saved) */
+	FP_AT_CFA_OFFSET = 1,    /* rbp = *(CFA + fp_offset * 8) */
+	FP_UNSUPPORTED = 2,      /* any other rule; the walk can continue while rbp is not needed */
+};
+
+/* One unwind row: the rule in effect from this pc up to the next row. 8 bytes. */
+struct unwind_row {
+	__u16 pc_low;     /* pc - page start, bytes */
+	__u8 cfa_type;    /* enum cfa_type | CFA_OFFSET_SCALED */
+	__u8 fp_type;     /* enum fp_type */
+	__u16 cfa_offset; /* bytes, or units of 8 bytes with CFA_OFFSET_SCALED; PLT: the threshold */
+	__s16 fp_offset;  /* units of 8 bytes (FP_AT_CFA_OFFSET); unsupported kind (CFA_UNSUPPORTED) */
+};
+
+/* Key of the unwind_pages map: one page of one object's table. */
+struct page_key {
+	__u32 object_id;
+	__u32 page;       /* vaddr >> UNWIND_PAGE_BITS */
+};
+
+/* Where a page's rows are in the unwind_rows array map. */
+struct page_value {
+	__u32 first_row;
+	__u32 row_count;
+};
+
 #endif

@@ -1,0 +1,115 @@
+//! The compact unwind row and page types shared with the BPF program
+//! (`struct unwind_row`, `struct page_key`, `struct page_value` in
+//! `src/bpf/profiler.h`; keep both in agreement).
+
+/// log2 of the page size: a page is 64 KiB of an object's virtual address space.
+pub const PAGE_BITS: u32 = 16;
+/// Page size, bytes.
+pub const PAGE_SIZE: u64 = 1 << PAGE_BITS;
+
+/// How the CFA is computed (`enum cfa_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum CfaType {
+    /// No FDE covers this pc.
+    EndOfFunction = 0,
+    /// CFA = rsp + offset.
+    RspOffset = 1,
+    /// CFA = rbp + offset.
+    RbpOffset = 2,
+    /// PLT stub: CFA = rsp + 8 + ((rip & 15) >= threshold ? 8 : 0).
+    Plt = 3,
+    /// Signal trampoline: registers are restored from the ucontext at rsp.
+    SignalFrame = 4,
+    /// The return address is undefined: outermost frame.
+    Outermost = 5,
+    /// A rule the BPF program cannot evaluate.
+    Unsupported = 6,
+}
+
+/// Flag in the raw `cfa_type` byte: `cfa_offset` is in units of 8 bytes.
+pub const CFA_OFFSET_SCALED: u8 = 0x80;
+
+/// How the caller's rbp is recovered (`enum fp_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum FpType {
+    /// rbp keeps its value.
+    Unchanged = 0,
+    /// rbp = *(CFA + fp_offset * 8).
+    AtCfaOffset = 1,
+    /// Any other rule.
+    Unsupported = 2,
+}
+
+/// One row as the BPF program reads it (`struct unwind_row`, 8 bytes,
+/// native endian).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(C)]
+pub struct RawRow {
+    /// pc - page start, bytes.
+    pub pc_low: u16,
+    /// [`CfaType`] | [`CFA_OFFSET_SCALED`].
+    pub cfa_type: u8,
+    /// [`FpType`].
+    pub fp_type: u8,
+    /// CFA offset in bytes (or units of 8 with [`CFA_OFFSET_SCALED`]); PLT threshold.
+    pub cfa_offset: u16,
+    /// Saved-rbp offset from the CFA in units of 8 bytes; unsupported kind for
+    /// [`CfaType::Unsupported`].
+    pub fp_offset: i16,
+}
+
+impl RawRow {
+    /// The row's 8 bytes as the BPF map stores them.
+    pub fn to_bytes(self) -> [u8; 8] {
+        let mut b = [0u8; 8];
+        b[0..2].copy_from_slice(&self.pc_low.to_ne_bytes());
+        b[2] = self.cfa_type;
+        b[3] = self.fp_type;
+        b[4..6].copy_from_slice(&self.cfa_offset.to_ne_bytes());
+        b[6..8].copy_from_slice(&self.fp_offset.to_ne_bytes());
+        b
+    }
+
+    /// Inverse of [`RawRow::to_bytes`].
+    pub fn from_bytes(b: [u8; 8]) -> Self {
+        RawRow {
+            pc_low: u16::from_ne_bytes([b[0], b[1]]),
+            cfa_type: b[2],
+            fp_type: b[3],
+            cfa_offset: u16::from_ne_bytes([b[4], b[5]]),
+            fp_offset: i16::from_ne_bytes([b[6], b[7]]),
+        }
+    }
+}
+
+/// Where one page's rows are in an object's row array (`struct page_value`,
+/// with the page number of `struct page_key`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Page {
+    /// vaddr >> [`PAGE_BITS`].
+    pub page: u32,
+    /// Index of the page's first row in the table's rows.
+    pub first_row: u32,
+    /// Number of rows in the page (at least 1).
+    pub row_count: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_is_eight_bytes_and_round_trips() {
+        assert_eq!(std::mem::size_of::<RawRow>(), 8);
+        let row = RawRow {
+            pc_low: 0x1234,
+            cfa_type: CfaType::RspOffset as u8 | CFA_OFFSET_SCALED,
+            fp_type: FpType::AtCfaOffset as u8,
+            cfa_offset: 12800,
+            fp_offset: -2,
+        };
+        assert_eq!(RawRow::from_bytes(row.to_bytes()), row);
+    }
+}
