@@ -84,6 +84,16 @@ pub struct Cli {
     #[arg(long, value_enum, default_value_t = Compression::None)]
     pub pprof_compression: Compression,
 
+    /// Memory budget for unwind tables in BPF maps, MiB (8-byte rows). When
+    /// full, the least recently sampled objects' tables are evicted.
+    #[arg(long, default_value_t = 64)]
+    pub max_unwind_info_mb: u32,
+
+    /// Directory where built unwind tables are cached between runs
+    /// (`none` disables the cache).
+    #[arg(long, default_value = "/var/cache/lightswitch/unwind")]
+    pub unwind_cache_dir: String,
+
     /// Show libbpf's debug output, including the BPF verifier log.
     #[arg(long)]
     pub libbpf_debug: bool,

@@ -17,3 +17,4 @@ pub mod sender;
 mod skel;
 pub mod symbolize;
 pub mod unwind;
+pub mod unwind_loader;

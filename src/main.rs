@@ -1,7 +1,7 @@
 //! The `lightswitch` binary: parses the command line and hands over to [`lightswitch::run`].
 
 use clap::Parser;
-use lightswitch::cli::{Cli, LogLevel};
+use lightswitch::cli::{Cli, Command, LogLevel};
 
 fn main() {
     let cli = Cli::parse();
@@ -12,13 +12,24 @@ fn main() {
         LogLevel::Debug => "debug",
     };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(format!("lightswitch={level}")))
+        .with_env_filter(tracing_subscriber::EnvFilter::new(format!(
+            "lightswitch={level}"
+        )))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    if cli.command.is_some() {
-        eprintln!("error: show-unwind is not available in this build yet");
-        std::process::exit(2);
+    if let Some(Command::ShowUnwind { path }) = &cli.command {
+        match lightswitch::unwind::show::show_unwind(path) {
+            Ok(text) => {
+                // A closed pipe (`| head`) is not an error worth reporting.
+                let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
+                return;
+            }
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                std::process::exit(1);
+            }
+        }
     }
     match lightswitch::run::run(&cli) {
         Ok(summary) => println!("{summary}"),

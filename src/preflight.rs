@@ -19,7 +19,8 @@ const CAP_BPF: u32 = 39;
 
 /// `kernel.perf_event_max_sample_rate`, Hz.
 pub fn max_sample_rate() -> Result<u64> {
-    let text = fs::read_to_string(MAX_SAMPLE_RATE_SYSCTL).with_context(|| format!("reading {MAX_SAMPLE_RATE_SYSCTL}"))?;
+    let text = fs::read_to_string(MAX_SAMPLE_RATE_SYSCTL)
+        .with_context(|| format!("reading {MAX_SAMPLE_RATE_SYSCTL}"))?;
     text.trim()
         .parse()
         .with_context(|| format!("parsing {MAX_SAMPLE_RATE_SYSCTL}: {text:?}"))
@@ -49,7 +50,8 @@ pub fn check_pids(pids: &[i32]) -> Result<()> {
 /// Create `dir` if needed and make sure `file` can be written there.
 /// Nothing is left behind if `file` did not exist before.
 pub fn check_output(dir: &Path, file: &Path) -> Result<()> {
-    fs::create_dir_all(dir).with_context(|| format!("cannot create output directory {}", dir.display()))?;
+    fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create output directory {}", dir.display()))?;
     if file.is_dir() {
         bail!("output path {} is a directory", file.display());
     }

@@ -22,6 +22,7 @@ use crate::profile::Profile;
 use crate::sampler::{self, Sampler, SamplerConfig};
 use crate::sender::disk;
 use crate::symbolize::{Symbolizer, Window};
+use crate::unwind_loader::UnwindLoader;
 
 /// What a run produced, for the summary line.
 #[derive(Debug, Clone)]
@@ -48,7 +49,11 @@ impl std::fmt::Display for RunSummary {
             self.processes,
             self.lost
         )?;
-        let unwind: Vec<String> = self.unwind.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let unwind: Vec<String> = self
+            .unwind
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         write!(f, "\nuser stacks: {}", unwind.join(" "))
     }
 }
@@ -57,7 +62,8 @@ fn install_stop_handler() -> Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     // With the "termination" feature this covers SIGINT, SIGTERM and SIGHUP.
-    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the SIGINT/SIGTERM handler")?;
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+        .context("installing the SIGINT/SIGTERM handler")?;
     Ok(stop)
 }
 
@@ -67,7 +73,9 @@ fn setup_libbpf_logging(debug: bool) {
     } else {
         libbpf_rs::PrintLevel::Warn
     };
-    libbpf_rs::set_print(Some((level, |_level, msg: String| eprint!("libbpf: {msg}"))));
+    libbpf_rs::set_print(Some((level, |_level, msg: String| {
+        eprint!("libbpf: {msg}")
+    })));
 }
 
 /// Run the profiler as `cli` says and write the profile. Errors are the
@@ -88,45 +96,84 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         pids: cli.pids.iter().map(|&p| p as u32).collect(),
         exclude_pid: cli.exclude_self.then(std::process::id),
         libbpf_debug: cli.libbpf_debug,
+        max_unwind_rows: unwind_rows_for_budget(cli.max_unwind_info_mb)?,
     };
     let mut object = MaybeUninit::uninit();
     let sampler = Sampler::start(&config, &mut object)?;
     let start_wall = SystemTime::now();
     let start = Instant::now();
-    info!("sampling {} CPUs at {} Hz", sampler.attached_cpus(), cli.sample_freq);
+    info!(
+        "sampling {} CPUs at {} Hz",
+        sampler.attached_cpus(),
+        cli.sample_freq
+    );
 
     let pending = Rc::new(RefCell::new(Vec::new()));
+    let events = Rc::new(RefCell::new(Vec::new()));
     let malformed = Rc::new(RefCell::new(0u64));
     let mut tracker = ProcessTracker::new();
     let mut aggregator = Aggregator::new();
+    let cache_dir =
+        (cli.unwind_cache_dir != "none").then(|| std::path::PathBuf::from(&cli.unwind_cache_dir));
+    let mut loader = UnwindLoader::new(config.max_unwind_rows, cache_dir)?;
+    loader.scan_processes(&config.pids, &mut tracker, &sampler);
     {
-        let ring = sampler.ring_buffer(pending.clone(), malformed.clone())?;
-        let deadline = cli.duration.map(|s| start + Duration::from_secs_f64(s.max(0.0)));
-        let drain = |tracker: &mut ProcessTracker, aggregator: &mut Aggregator| {
+        let ring = sampler.ring_buffer(pending.clone(), events.clone(), malformed.clone())?;
+        let deadline = cli
+            .duration
+            .map(|s| start + Duration::from_secs_f64(s.max(0.0)));
+        let drain = |tracker: &mut ProcessTracker,
+                     aggregator: &mut Aggregator,
+                     loader: &mut UnwindLoader| {
+            for event in events.borrow_mut().drain(..) {
+                loader.on_event(event, tracker, &sampler);
+            }
             for sample in pending.borrow_mut().drain(..) {
+                loader.on_sample(&sample, tracker, &sampler);
                 aggregator.add(&sample, tracker);
             }
+            loader.load_ready_tables(&sampler);
         };
         loop {
             if stop.load(Ordering::SeqCst) || deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
             }
             sampler::poll(&ring, Duration::from_millis(100))?;
-            drain(&mut tracker, &mut aggregator);
+            drain(&mut tracker, &mut aggregator, &mut loader);
         }
         // Stop sampling, then take what is still in the ring buffer.
         sampler.detach();
         ring.consume().context("draining the samples ring buffer")?;
-        drain(&mut tracker, &mut aggregator);
+        drain(&mut tracker, &mut aggregator, &mut loader);
     }
     let duration = start.elapsed();
     let stats = sampler.stats()?;
     let malformed = *malformed.borrow();
     drop(sampler);
-    debug!("bpf stats: {stats:?}, tracker: {:?}", tracker.stats());
+    debug!(
+        "bpf stats: {stats:?}, tracker: {:?}, unwind tables: {:?}",
+        tracker.stats(),
+        loader.stats()
+    );
+    let unsupported: Vec<String> = stats
+        .unsupported
+        .iter()
+        .enumerate()
+        .filter(|(_, &n)| n > 0)
+        .map(|(kind, n)| format!("{}={n}", crate::unwind::unsupported_kind_name(kind as u16)))
+        .collect();
+    if !unsupported.is_empty() {
+        info!(
+            "walks stopped by unsupported CFI rules: {}",
+            unsupported.join(" ")
+        );
+    }
 
     let window = Window {
-        start_unix_ns: start_wall.duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0),
+        start_unix_ns: start_wall
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
         duration_ns: duration.as_nanos() as u64,
         sample_freq_hz: cli.sample_freq,
     };
@@ -147,8 +194,21 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     })
 }
 
+/// Rows of the `unwind_rows` map that fit in `mb` MiB (8 bytes a row).
+fn unwind_rows_for_budget(mb: u32) -> Result<u32> {
+    let rows = u64::from(mb) * 1024 * 1024 / 8;
+    if rows == 0 || rows > u64::from(u32::MAX) {
+        anyhow::bail!("--max-unwind-info-mb must be between 1 and 32767 MiB");
+    }
+    Ok(rows as u32)
+}
+
 /// Encode `profile` in `format` (`compression` applies to pprof only).
-pub fn encode(profile: &Profile, format: ProfileFormat, compression: Compression) -> Result<Vec<u8>> {
+pub fn encode(
+    profile: &Profile,
+    format: ProfileFormat,
+    compression: Compression,
+) -> Result<Vec<u8>> {
     match format {
         ProfileFormat::FlameGraph => {
             if profile.total_samples() == 0 {

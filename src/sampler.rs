@@ -7,7 +7,7 @@
 
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuild
 use perf_event_open_sys as perf;
 
 use crate::skel::{ProfilerSkel, ProfilerSkelBuilder};
+use crate::unwind::row::{Page, RawRow};
 
 /// Size of `struct sample_header` in `src/bpf/profiler.h`, bytes.
 const HEADER_SIZE: usize = 64;
@@ -137,13 +138,19 @@ impl RawSample {
     /// its header says.
     pub fn parse(data: &[u8]) -> Result<Self> {
         if data.len() < HEADER_SIZE {
-            bail!("sample record of {} bytes is shorter than its header", data.len());
+            bail!(
+                "sample record of {} bytes is shorter than its header",
+                data.len()
+            );
         }
         let kernel_frames = u16_at(data, 20) as usize;
         let user_frames = u16_at(data, 22) as usize;
         let needed = HEADER_SIZE + 8 * (kernel_frames + user_frames);
         if data.len() < needed {
-            bail!("sample record of {} bytes, header says {needed}", data.len());
+            bail!(
+                "sample record of {} bytes, header says {needed}",
+                data.len()
+            );
         }
         let frames: Vec<u64> = (0..kernel_frames + user_frames)
             .map(|i| u64_at(data, HEADER_SIZE + 8 * i))
@@ -174,7 +181,71 @@ pub struct SamplerConfig {
     pub exclude_pid: Option<u32>,
     /// Print libbpf debug output and the verifier log.
     pub libbpf_debug: bool,
+    /// Capacity of the `unwind_rows` map, rows (8 bytes each): the unwind-table memory budget.
+    pub max_unwind_rows: u32,
 }
+
+/// A notification from the BPF programs about a process (`struct process_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessEvent {
+    /// The process called exec: its mappings are new.
+    Exec {
+        /// Process id.
+        pid: u32,
+    },
+    /// The process exited.
+    Exit {
+        /// Process id.
+        pid: u32,
+    },
+    /// The walker met a pc in no mapping it knows (e.g. code loaded with dlopen).
+    UnknownMapping {
+        /// Process id.
+        pid: u32,
+        /// The pc.
+        address: u64,
+    },
+}
+
+impl ProcessEvent {
+    /// Parse one `struct process_event` record; `None` for an unknown type or short record.
+    pub fn parse(data: &[u8]) -> Option<Self> {
+        if data.len() < 16 {
+            return None;
+        }
+        let pid = u32_at(data, 4);
+        match u32_at(data, 0) {
+            1 => Some(Self::Exec { pid }),
+            2 => Some(Self::Exit { pid }),
+            3 => Some(Self::UnknownMapping {
+                pid,
+                address: u64_at(data, 8),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// One executable mapping as the BPF walker sees it (`struct exec_mapping`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecMapping {
+    /// First address (inclusive).
+    pub start: u64,
+    /// End address (exclusive).
+    pub end: u64,
+    /// Load bias: object vaddr = pc - bias.
+    pub bias: u64,
+    /// Object id of the table to use (`page_key.object_id`).
+    pub object_id: u32,
+    /// Walk this mapping by frame pointers (no table: JIT or anonymous code).
+    pub frame_pointers: bool,
+}
+
+/// Most executable mappings per process the walker holds (`MAX_PROCESS_MAPPINGS`).
+pub const MAX_PROCESS_MAPPINGS: usize = 256;
+/// Unsupported-rule kinds the BPF program counts (`MAX_UNSUPPORTED_KINDS`).
+pub const MAX_UNSUPPORTED_KINDS: usize = 16;
+const STAT_UNSUPPORTED_BASE: u32 = 4;
 
 /// Counters the BPF program keeps (per-CPU `stats` map, summed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -185,6 +256,10 @@ pub struct BpfStats {
     pub lost: u64,
     /// Samples whose kernel stack could not be read.
     pub kernel_stack_errors: u64,
+    /// Process events the events ring buffer had no room for.
+    pub events_lost: u64,
+    /// Walks stopped by an unsupported CFI rule, by kind (docs/unwind-tables.md).
+    pub unsupported: [u64; MAX_UNSUPPORTED_KINDS],
 }
 
 /// The loaded and attached BPF program with its perf events.
@@ -224,7 +299,13 @@ fn open_cpu_clock_event(cpu: u32, freq_hz: u64) -> Result<OwnedFd> {
     attr.set_freq(1);
     // SAFETY: attr is a valid, fully initialised perf_event_attr that outlives the call.
     let fd = unsafe {
-        perf::perf_event_open(&mut attr, -1, cpu as i32, -1, perf::bindings::PERF_FLAG_FD_CLOEXEC as _)
+        perf::perf_event_open(
+            &mut attr,
+            -1,
+            cpu as i32,
+            -1,
+            perf::bindings::PERF_FLAG_FD_CLOEXEC as _,
+        )
     };
     if fd < 0 {
         let err = std::io::Error::last_os_error();
@@ -240,7 +321,13 @@ impl<'obj> Sampler<'obj> {
     /// Load the BPF program with `config` baked in, open a cpu-clock perf event
     /// on every online CPU and attach the program to each. Errors name the
     /// step that failed (load/verifier, perf_event_open, attach).
-    pub fn start(config: &SamplerConfig, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Self> {
+    pub fn start(
+        config: &SamplerConfig,
+        object: &'obj mut MaybeUninit<OpenObject>,
+    ) -> Result<Self> {
+        if config.max_unwind_rows == 0 {
+            bail!("the unwind-table budget must hold at least one row");
+        }
         let mut builder = ProfilerSkelBuilder::default();
         builder.obj_builder.debug(config.libbpf_debug);
         let mut open = builder.open(object).context("opening the BPF object")?;
@@ -253,9 +340,14 @@ impl<'obj> Sampler<'obj> {
             rodata.filter_pids = !config.pids.is_empty();
             rodata.exclude_pid = config.exclude_pid.unwrap_or(0);
         }
+        open.maps
+            .unwind_rows
+            .set_max_entries(config.max_unwind_rows)
+            .context("sizing the unwind_rows map")?;
         if config.libbpf_debug {
             // Level 2: the verifier log of every instruction, even on success.
             open.progs.on_cpu_sample.set_log_level(2);
+            open.progs.walk_user_stack.set_log_level(2);
         }
         let skel = open
             .load()
@@ -266,14 +358,30 @@ impl<'obj> Sampler<'obj> {
                 .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
                 .with_context(|| format!("adding pid {pid} to the target_pids map"))?;
         }
-        let mut links = Vec::new();
+        let walker_fd = skel.progs.walk_user_stack.as_fd().as_raw_fd();
+        skel.maps
+            .walker_programs
+            .update(&0u32.to_ne_bytes(), &walker_fd.to_ne_bytes(), MapFlags::ANY)
+            .context("installing the stack walker for tail calls")?;
+        let mut links = vec![
+            skel.progs
+                .on_exec
+                .attach()
+                .context("attaching to tp_btf/sched_process_exec")?,
+            skel.progs
+                .on_exit
+                .attach()
+                .context("attaching to tp_btf/sched_process_exit")?,
+        ];
         for cpu in online_cpus()? {
             let fd = open_cpu_clock_event(cpu, config.sample_freq_hz)?;
             let link = skel
                 .progs
                 .on_cpu_sample
                 .attach_perf_event(fd.as_raw_fd())
-                .with_context(|| format!("attaching the BPF program to the perf event of cpu {cpu}"))?;
+                .with_context(|| {
+                    format!("attaching the BPF program to the perf event of cpu {cpu}")
+                })?;
             // libbpf's perf-event link closes the perf event fd when it is
             // destroyed, so the link now owns it.
             let _ = fd.into_raw_fd();
@@ -295,23 +403,124 @@ impl<'obj> Sampler<'obj> {
         self.links.borrow().len()
     }
 
-    /// Build a ring-buffer reader that parses each record into a [`RawSample`]
-    /// and appends it to `sink`. Records that do not parse are counted in
-    /// `malformed`.
+    /// Build a reader of both ring buffers: each sample record is parsed into
+    /// a [`RawSample`] and appended to `samples` (records that do not parse
+    /// are counted in `malformed`); each process event is appended to `events`.
     pub fn ring_buffer(
         &self,
-        sink: Rc<RefCell<Vec<RawSample>>>,
+        samples: Rc<RefCell<Vec<RawSample>>>,
+        events: Rc<RefCell<Vec<ProcessEvent>>>,
         malformed: Rc<RefCell<u64>>,
     ) -> Result<RingBuffer<'_>> {
         let mut builder = RingBufferBuilder::new();
         builder.add(&self.skel.maps.samples, move |data: &[u8]| {
             match RawSample::parse(data) {
-                Ok(sample) => sink.borrow_mut().push(sample),
+                Ok(sample) => samples.borrow_mut().push(sample),
                 Err(_) => *malformed.borrow_mut() += 1,
             }
             0
         })?;
+        builder.add(&self.skel.maps.events, move |data: &[u8]| {
+            if let Some(event) = ProcessEvent::parse(data) {
+                events.borrow_mut().push(event);
+            }
+            0
+        })?;
         Ok(builder.build()?)
+    }
+
+    /// Describe `pid`'s executable mappings (sorted by start; at most
+    /// [`MAX_PROCESS_MAPPINGS`], the rest are dropped) to the walker.
+    pub fn set_process(&self, pid: u32, mappings: &[ExecMapping]) -> Result<()> {
+        let count = mappings.len().min(MAX_PROCESS_MAPPINGS);
+        let mut value = vec![0u8; 8 + 32 * MAX_PROCESS_MAPPINGS];
+        value[0..4].copy_from_slice(&(count as u32).to_ne_bytes());
+        for (i, m) in mappings.iter().take(count).enumerate() {
+            let at = 8 + 32 * i;
+            value[at..at + 8].copy_from_slice(&m.start.to_ne_bytes());
+            value[at + 8..at + 16].copy_from_slice(&m.end.to_ne_bytes());
+            value[at + 16..at + 24].copy_from_slice(&m.bias.to_ne_bytes());
+            value[at + 24..at + 28].copy_from_slice(&m.object_id.to_ne_bytes());
+            value[at + 28..at + 32].copy_from_slice(&u32::from(m.frame_pointers).to_ne_bytes());
+        }
+        self.skel
+            .maps
+            .process_mappings
+            .update(&pid.to_ne_bytes(), &value, MapFlags::ANY)
+            .with_context(|| format!("describing pid {pid} to the walker"))
+    }
+
+    /// Forget `pid` in the walker (it exited or exec'd). Missing pids are fine.
+    pub fn remove_process(&self, pid: u32) {
+        let _ = self.skel.maps.process_mappings.delete(&pid.to_ne_bytes());
+    }
+
+    /// Write `rows` into the `unwind_rows` map starting at index `first`.
+    pub fn write_rows(&self, first: u32, rows: &[RawRow]) -> Result<()> {
+        const BATCH: usize = 8192;
+        for (n, chunk) in rows.chunks(BATCH).enumerate() {
+            let base = first + (n * BATCH) as u32;
+            let keys: Vec<u8> = (0..chunk.len() as u32)
+                .flat_map(|i| (base + i).to_ne_bytes())
+                .collect();
+            let values: Vec<u8> = chunk.iter().flat_map(|r| r.to_bytes()).collect();
+            self.skel
+                .maps
+                .unwind_rows
+                .update_batch(
+                    &keys,
+                    &values,
+                    chunk.len() as u32,
+                    MapFlags::ANY,
+                    MapFlags::ANY,
+                )
+                .context("writing unwind rows")?;
+        }
+        Ok(())
+    }
+
+    /// Make `pages` of `object_id` visible to the walker; their rows start
+    /// at `base_row` in `unwind_rows` (page.first_row is relative to it).
+    pub fn insert_pages(&self, object_id: u32, pages: &[Page], base_row: u32) -> Result<()> {
+        for page in pages {
+            let mut key = [0u8; 8];
+            key[0..4].copy_from_slice(&object_id.to_ne_bytes());
+            key[4..8].copy_from_slice(&page.page.to_ne_bytes());
+            let mut value = [0u8; 8];
+            value[0..4].copy_from_slice(&(base_row + page.first_row).to_ne_bytes());
+            value[4..8].copy_from_slice(&page.row_count.to_ne_bytes());
+            self.skel
+                .maps
+                .unwind_pages
+                .update(&key, &value, MapFlags::ANY)
+                .context("inserting an unwind page (too many pages loaded?)")?;
+        }
+        Ok(())
+    }
+
+    /// Remove `pages` of `object_id` from the walker's view.
+    pub fn remove_pages(&self, object_id: u32, pages: &[Page]) {
+        for page in pages {
+            let mut key = [0u8; 8];
+            key[0..4].copy_from_slice(&object_id.to_ne_bytes());
+            key[4..8].copy_from_slice(&page.page.to_ne_bytes());
+            let _ = self.skel.maps.unwind_pages.delete(&key);
+        }
+    }
+
+    /// Mark `object_id`'s table as complete (or no longer present) for the walker.
+    pub fn set_object_loaded(&self, object_id: u32, loaded: bool) -> Result<()> {
+        let key = object_id.to_ne_bytes();
+        if loaded {
+            self.skel
+                .maps
+                .loaded_objects
+                .update(&key, &[1u8], MapFlags::ANY)
+                .context("marking an unwind table loaded")
+        } else {
+            let _ = self.skel.maps.loaded_objects.delete(&key);
+            Ok(())
+        }
     }
 
     /// Read and sum the per-CPU `stats` map.
@@ -325,17 +534,24 @@ impl<'obj> Sampler<'obj> {
                 .unwrap_or_default();
             Ok(values.iter().map(|v| u64_at(v, 0)).sum())
         };
+        let mut unsupported = [0u64; MAX_UNSUPPORTED_KINDS];
+        for (kind, slot) in unsupported.iter_mut().enumerate() {
+            *slot = read(STAT_UNSUPPORTED_BASE + kind as u32)?;
+        }
         Ok(BpfStats {
             samples: read(0)?,
             lost: read(1)?,
             kernel_stack_errors: read(2)?,
+            events_lost: read(3)?,
+            unsupported,
         })
     }
 }
 
 /// Poll `ring` until it is empty or `timeout` passes.
 pub fn poll(ring: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
-    ring.poll(timeout).context("polling the samples ring buffer")
+    ring.poll(timeout)
+        .context("polling the samples ring buffer")
 }
 
 #[cfg(test)]
@@ -344,7 +560,10 @@ mod tests {
 
     #[test]
     fn cpu_list_parses_ranges_and_singles() {
-        assert_eq!(parse_cpu_list("0-3,6,8-9").unwrap(), vec![0, 1, 2, 3, 6, 8, 9]);
+        assert_eq!(
+            parse_cpu_list("0-3,6,8-9").unwrap(),
+            vec![0, 1, 2, 3, 6, 8, 9]
+        );
         assert_eq!(parse_cpu_list("0").unwrap(), vec![0]);
         assert!(parse_cpu_list("a-b").is_err());
     }

@@ -1,13 +1,18 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * lightswitch's sampling program. Attached to one cpu-clock perf event per
- * online CPU; on each sample it records who was running, the kernel stack and
- * the user stack, and sends one variable-length record to user space through
- * the `samples` ring buffer. Record layout: profiler.h.
+ * online CPU; on each sample it records who was running, the kernel stack
+ * and the user stack, and sends one variable-length record to user space
+ * through the `samples` ring buffer. Record and table layouts: profiler.h.
  *
- * The user-stack walk lives in walk_user_stack(); today it follows frame
- * pointers. The DWARF (CFI table) walk replaces that function and keeps the
- * record and the unwind_status contract.
+ * User stacks are walked from DWARF CFI compiled by user space into compact
+ * unwind rows (docs/unwind-tables.md): for each frame the walker finds the
+ * mapping of the pc in the process's sorted mapping list, the page of the
+ * object's table, binary-searches the row, computes the CFA, reads the
+ * return address at CFA - 8 and recovers rbp. FRAMES_PER_PROGRAM frames are
+ * walked per program run (bpf_loop); the walk continues in the same program
+ * through tail calls up to MAX_USER_FRAMES. Mappings without CFI fall back to
+ * frame pointers. Every sample records how its walk ended.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -16,6 +21,13 @@
 #include "profiler.h"
 
 #define PF_KTHREAD 0x00200000
+/* Shortest interval between two unknown-mapping notifications for one pid, ns. */
+#define NOTIFY_INTERVAL_NS (200 * 1000 * 1000ULL)
+/* Offsets in the ucontext a signal trampoline's rsp points at
+ * (struct ucontext: uc_mcontext at 40; struct sigcontext: rbp 80, rsp 120, rip 128). */
+#define UCONTEXT_RBP (40 + 80)
+#define UCONTEXT_RSP (40 + 120)
+#define UCONTEXT_RIP (40 + 128)
 
 /* Set by user space before load (read-only data section). */
 const volatile bool filter_pids = false; /* only sample pids in target_pids */
@@ -29,11 +41,17 @@ struct {
 	__type(value, __u8);
 } target_pids SEC(".maps");
 
-/* One record per sample; 16 MiB holds ~8k full-depth records. */
+/* One record per sample. */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 16 * 1024 * 1024);
+	__uint(max_entries, 32 * 1024 * 1024);
 } samples SEC(".maps");
+
+/* Process events for user space (struct process_event). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} events SEC(".maps");
 
 /* Per-CPU counters, indexed by enum stat_index. */
 struct {
@@ -43,12 +61,86 @@ struct {
 	__type(value, __u64);
 } stats SEC(".maps");
 
-/* Per-CPU scratch space where a record is assembled before it is copied out. */
+/* Executable mappings of the processes user space has described: pid -> info. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct process_info);
+} process_mappings SEC(".maps");
+
+/* Objects whose table is fully loaded: object_id -> unused. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u8);
+} loaded_objects SEC(".maps");
+
+/* Where each page's rows are in unwind_rows. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct page_key);
+	__type(value, struct page_value);
+} unwind_pages SEC(".maps");
+
+/* Every loaded row of every object; user space sizes it (--max-unwind-info-mb)
+ * and allocates a contiguous range per object. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unwind_row);
+} unwind_rows SEC(".maps");
+
+/* Last unknown-mapping notification per pid, ns (rate limit). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u64);
+} last_notified SEC(".maps");
+
+/* The walker itself, for tail calls (slot 0). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} walker_programs SEC(".maps");
+
+/* State of one user-stack walk, carried across tail calls. */
+struct walk_state {
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+	__u32 kernel_frames;
+	__u32 user_frames;
+	__u32 tail_calls;
+	__u8 status;        /* enum unwind_status, valid once done */
+	__u8 done;
+	__u8 exact_ip;      /* ip is not a return address (leaf, or after a signal frame) */
+	__u8 used_fp;       /* a frame was walked by frame pointers */
+	/* Binary-search bounds. They live in map memory, not registers, so the
+	 * verifier does not track every (lo, hi) pair as a separate state. */
+	__u32 search_lo;
+	__u32 search_hi;
+};
+
+struct scratch_space {
+	struct walk_state state;
+	struct stack_sample sample;
+};
+
+/* Per-CPU space where a record is assembled before it is copied out. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct stack_sample);
+	__type(value, struct scratch_space);
 } scratch SEC(".maps");
 
 static __always_inline void count(__u32 index)
@@ -58,58 +150,299 @@ static __always_inline void count(__u32 index)
 		*value += 1;
 }
 
-/* The registers a user-stack walk starts from. */
-struct user_regs {
-	__u64 ip;
-	__u64 sp;
-	__u64 bp;
-};
-
-/*
- * Walk the user stack by frame pointers: frame i's saved frame pointer is at
- * [bp] and its return address at [bp + 8]. Writes up to MAX_USER_FRAMES
- * addresses (leaf first) at frames[0..] and returns how the walk ended:
- * UNWIND_COMPLETE when the chain ends with a zero frame pointer or return
- * address (the ABI's outermost-frame convention), UNWIND_TRUNCATED at the
- * frame limit, and UNWIND_FRAME_POINTER when the chain simply stops (an
- * unreadable or non-increasing frame pointer, as happens when an outer
- * frame was built without frame pointers): a frame-pointer walk cannot tell
- * that apart from the real end of the stack.
- */
-static __always_inline enum unwind_status walk_user_stack(struct user_regs *regs, __u64 *frames,
-							   __u16 *frame_count)
+static __always_inline struct scratch_space *get_scratch(void)
 {
-	__u64 bp = regs->bp;
-	__u16 n = 1;
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&scratch, &zero);
+}
 
-	frames[0] = regs->ip;
-	for (int i = 1; i < MAX_USER_FRAMES; i++) {
-		__u64 saved[2];
+static __always_inline void send_event(__u32 type, __u32 pid, __u64 address)
+{
+	struct process_event event = { .type = type, .pid = pid, .address = address };
+	if (bpf_ringbuf_output(&events, &event, sizeof(event), 0) != 0)
+		count(STAT_EVENTS_LOST);
+}
 
-		if (bp == 0) {
-			*frame_count = n;
-			return UNWIND_COMPLETE;
-		}
-		if (bpf_probe_read_user(saved, sizeof(saved), (void *)bp) != 0) {
-			*frame_count = n;
-			return UNWIND_FRAME_POINTER;
-		}
-		if (saved[1] == 0) {
-			*frame_count = n;
-			return UNWIND_COMPLETE;
-		}
-		frames[i] = saved[1];
-		n = i + 1;
-		/* The stack grows down, so each caller's frame is above its
-		 * callee's; anything else is not a frame chain (and could loop). */
-		if (saved[0] != 0 && saved[0] <= bp) {
-			*frame_count = n;
-			return UNWIND_FRAME_POINTER;
-		}
-		bp = saved[0];
+static __always_inline void notify_unknown_mapping(__u32 pid, __u64 address)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u64 *last = bpf_map_lookup_elem(&last_notified, &pid);
+	if (last && now - *last < NOTIFY_INTERVAL_NS)
+		return;
+	bpf_map_update_elem(&last_notified, &pid, &now, BPF_ANY);
+	send_event(EVENT_UNKNOWN_MAPPING, pid, address);
+}
+
+/* The mapping containing pc, by binary search over the sorted list. */
+static __always_inline struct exec_mapping *find_mapping(struct walk_state *st, struct process_info *proc,
+							 __u64 pc)
+{
+	st->search_lo = 0;
+	st->search_hi = proc->mapping_count;
+	/* Invariant: the answer, if any, is in [lo, hi). 9 halvings cover 256. */
+	for (int i = 0; i < 10; i++) {
+		__u32 lo = st->search_lo, hi = st->search_hi;
+		if (hi > MAX_PROCESS_MAPPINGS)
+			hi = MAX_PROCESS_MAPPINGS;
+		if (hi <= lo + 1)
+			break;
+		__u32 mid = lo + (hi - lo) / 2;
+		if (proc->mappings[mid & (MAX_PROCESS_MAPPINGS - 1)].start <= pc)
+			st->search_lo = mid;
+		else
+			st->search_hi = mid;
 	}
-	*frame_count = n;
-	return bp == 0 ? UNWIND_COMPLETE : UNWIND_TRUNCATED;
+	__u32 lo = st->search_lo;
+	if (lo >= proc->mapping_count)
+		return NULL;
+	struct exec_mapping *m = &proc->mappings[lo & (MAX_PROCESS_MAPPINGS - 1)];
+	if (pc < m->start || pc >= m->end)
+		return NULL;
+	return m;
+}
+
+/* The last row of the page whose pc_low <= pc_low. */
+static __always_inline struct unwind_row *find_row(struct walk_state *st, struct page_value *page,
+						   __u16 pc_low)
+{
+	__u32 first = page->first_row;
+	st->search_lo = 0;
+	st->search_hi = page->row_count;
+	/* A page holds at most 65536 rows: 16 halvings. */
+	for (int i = 0; i < 17; i++) {
+		__u32 lo = st->search_lo, hi = st->search_hi;
+		if (hi <= lo + 1)
+			break;
+		__u32 mid = lo + (hi - lo) / 2;
+		__u32 index = first + mid;
+		struct unwind_row *row = bpf_map_lookup_elem(&unwind_rows, &index);
+		if (!row)
+			return NULL;
+		if (row->pc_low <= pc_low)
+			st->search_lo = mid;
+		else
+			st->search_hi = mid;
+	}
+	__u32 index = first + st->search_lo;
+	return bpf_map_lookup_elem(&unwind_rows, &index);
+}
+
+static __always_inline void finish(struct walk_state *st, __u8 status)
+{
+	st->status = status;
+	st->done = 1;
+}
+
+/* One frame-pointer step: the caller's rbp is at [bp], its return address at [bp + 8]. */
+static __always_inline void frame_pointer_step(struct walk_state *st)
+{
+	__u64 saved[2];
+
+	st->used_fp = 1;
+	if (st->bp == 0) {
+		finish(st, UNWIND_FRAME_POINTER);
+		return;
+	}
+	if (bpf_probe_read_user(saved, sizeof(saved), (void *)st->bp) != 0 || saved[1] == 0 ||
+	    (saved[0] != 0 && saved[0] <= st->bp)) {
+		/* The chain stops here: zero, unreadable or not moving up the stack. */
+		finish(st, UNWIND_FRAME_POINTER);
+		return;
+	}
+	st->sp = st->bp + 16;
+	st->bp = saved[0];
+	st->ip = saved[1];
+	st->exact_ip = 0;
+}
+
+/* Walk one frame: record st->ip, then compute the caller's registers. Returns 1 to stop. */
+static long unwind_step(__u64 index, void *unused)
+{
+	struct scratch_space *sc = get_scratch();
+	if (!sc)
+		return 1;
+	struct walk_state *st = &sc->state;
+	struct stack_sample *s = &sc->sample;
+
+	if (st->done)
+		return 1;
+	__u32 slot = st->kernel_frames + st->user_frames;
+	if (st->user_frames >= MAX_USER_FRAMES || slot >= MAX_KERNEL_FRAMES + MAX_USER_FRAMES) {
+		finish(st, UNWIND_TRUNCATED);
+		return 1;
+	}
+	s->frames[slot] = st->ip;
+	st->user_frames++;
+
+	__u32 pid = s->header.pid;
+	struct process_info *proc = bpf_map_lookup_elem(&process_mappings, &pid);
+	if (!proc) {
+		finish(st, UNWIND_NO_TABLE);
+		return 1;
+	}
+	struct exec_mapping *m = find_mapping(st, proc, st->ip);
+	if (!m) {
+		notify_unknown_mapping(pid, st->ip);
+		finish(st, UNWIND_NO_MAPPING);
+		return 1;
+	}
+	if (m->kind == MAPPING_FRAME_POINTERS) {
+		frame_pointer_step(st);
+		return st->done ? 1 : 0;
+	}
+
+	__u32 object_id = m->object_id;
+	if (!bpf_map_lookup_elem(&loaded_objects, &object_id)) {
+		finish(st, UNWIND_NO_TABLE);
+		return 1;
+	}
+	/* A return address may be one past the end of its function (a call to a
+	 * noreturn function): look up the call instruction instead. */
+	__u64 vaddr = st->ip - m->bias - (st->exact_ip ? 0 : 1);
+	struct page_key key = { .object_id = object_id, .page = vaddr >> UNWIND_PAGE_BITS };
+	struct page_value *page = bpf_map_lookup_elem(&unwind_pages, &key);
+	struct unwind_row *row = page ? find_row(st, page, vaddr & (UNWIND_PAGE_SIZE - 1)) : NULL;
+	__u8 cfa_type = row ? row->cfa_type & 0x7f : CFA_END_OF_FUNCTION;
+	if (cfa_type == CFA_END_OF_FUNCTION) {
+		/* No CFI covers this pc. */
+		frame_pointer_step(st);
+		return st->done ? 1 : 0;
+	}
+
+	__u64 cfa_offset = row->cfa_offset;
+	if (row->cfa_type & CFA_OFFSET_SCALED)
+		cfa_offset *= 8;
+	__u64 cfa;
+	switch (cfa_type) {
+	case CFA_RSP_OFFSET:
+		cfa = st->sp + cfa_offset;
+		break;
+	case CFA_RBP_OFFSET:
+		cfa = st->bp + cfa_offset;
+		break;
+	case CFA_PLT:
+		cfa = st->sp + 8 + (((st->ip & 15) >= row->cfa_offset) ? 8 : 0);
+		break;
+	case CFA_OUTERMOST:
+		finish(st, st->used_fp ? UNWIND_FRAME_POINTER : UNWIND_COMPLETE);
+		return 1;
+	case CFA_SIGNAL_FRAME: {
+		/* rsp points at the ucontext the kernel saved for the handler. */
+		__u64 regs[3];
+		if (bpf_probe_read_user(&regs[0], 8, (void *)(st->sp + UCONTEXT_RBP)) ||
+		    bpf_probe_read_user(&regs[1], 8, (void *)(st->sp + UCONTEXT_RSP)) ||
+		    bpf_probe_read_user(&regs[2], 8, (void *)(st->sp + UCONTEXT_RIP))) {
+			finish(st, UNWIND_READ_FAULT);
+			return 1;
+		}
+		st->bp = regs[0];
+		st->sp = regs[1];
+		st->ip = regs[2];
+		st->exact_ip = 1;
+		return 0;
+	}
+	case CFA_UNSUPPORTED:
+	default: {
+		__u32 kind = (__u16)row->fp_offset;
+		if (kind >= MAX_UNSUPPORTED_KINDS)
+			kind = MAX_UNSUPPORTED_KINDS - 1;
+		count(STAT_UNSUPPORTED_BASE + kind);
+		finish(st, UNWIND_UNSUPPORTED_RULE);
+		return 1;
+	}
+	}
+
+	__u64 ra;
+	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)) != 0) {
+		finish(st, UNWIND_READ_FAULT);
+		return 1;
+	}
+	if (row->fp_type == FP_AT_CFA_OFFSET) {
+		__u64 bp;
+		if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + (__s64)row->fp_offset * 8)) != 0) {
+			finish(st, UNWIND_READ_FAULT);
+			return 1;
+		}
+		st->bp = bp;
+	}
+	/* FP_UNSUPPORTED: rbp is unknown from here on; it only matters if a
+	 * caller's CFA is rbp-based, which then reads from a wrong address and
+	 * ends as a read fault rather than a wrong stack in most cases. */
+	if (ra == 0) {
+		finish(st, st->used_fp ? UNWIND_FRAME_POINTER : UNWIND_COMPLETE);
+		return 1;
+	}
+	st->sp = cfa;
+	st->ip = ra;
+	st->exact_ip = 0;
+	return 0;
+}
+
+/* Copy the finished record out to user space. */
+static __always_inline void send_sample(struct scratch_space *sc)
+{
+	struct stack_sample *s = &sc->sample;
+	__u32 kframes = sc->state.kernel_frames;
+	__u32 uframes = sc->state.user_frames;
+
+	if (kframes > MAX_KERNEL_FRAMES)
+		kframes = MAX_KERNEL_FRAMES;
+	if (uframes > MAX_USER_FRAMES)
+		uframes = MAX_USER_FRAMES;
+	s->header.kernel_frames = kframes;
+	s->header.user_frames = uframes;
+	s->header.user_status = sc->state.status;
+	__u64 size = sizeof(struct sample_header) + (kframes + uframes) * sizeof(__u64);
+	if (size > sizeof(struct stack_sample))
+		size = sizeof(struct stack_sample);
+	if (bpf_ringbuf_output(&samples, s, size, 0) != 0)
+		count(STAT_LOST_RINGBUF);
+}
+
+/* Walk up to FRAMES_PER_PROGRAM frames, then either send the record or go
+ * on in a fresh run of this program. */
+static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct scratch_space *sc)
+{
+	bpf_loop(FRAMES_PER_PROGRAM, unwind_step, NULL, 0);
+	if (!sc->state.done) {
+		if (sc->state.user_frames >= MAX_USER_FRAMES) {
+			finish(&sc->state, UNWIND_TRUNCATED);
+		} else {
+			sc->state.tail_calls++;
+			bpf_tail_call(ctx, &walker_programs, 0);
+			/* Only reached if the tail call failed. */
+			finish(&sc->state, UNWIND_TRUNCATED);
+		}
+	}
+	send_sample(sc);
+	return 0;
+}
+
+SEC("perf_event")
+int walk_user_stack(struct bpf_perf_event_data *ctx)
+{
+	struct scratch_space *sc = get_scratch();
+	if (!sc)
+		return 0;
+	return continue_walk(ctx, sc);
+}
+
+/* One step of the frame-pointer walk of a process user space has not described yet. */
+static long frame_pointer_only_step(__u64 index, void *unused)
+{
+	struct scratch_space *sc = get_scratch();
+	if (!sc)
+		return 1;
+	struct walk_state *st = &sc->state;
+	__u32 slot = st->kernel_frames + st->user_frames;
+	if (st->user_frames >= MAX_USER_FRAMES || slot >= MAX_KERNEL_FRAMES + MAX_USER_FRAMES) {
+		finish(st, UNWIND_TRUNCATED);
+		return 1;
+	}
+	sc->sample.frames[slot] = st->ip;
+	st->user_frames++;
+	frame_pointer_step(st);
+	return st->done ? 1 : 0;
 }
 
 SEC("perf_event")
@@ -118,7 +451,6 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
 	__u32 tid = (__u32)id;
-	__u32 zero = 0;
 
 	/* The idle task (pid 0, one per CPU) is not sampled. */
 	if (tid == 0)
@@ -130,12 +462,15 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 
 	count(STAT_SAMPLES);
 
-	struct stack_sample *s = bpf_map_lookup_elem(&scratch, &zero);
-	if (!s)
+	struct scratch_space *sc = get_scratch();
+	if (!sc)
 		return 0;
-
+	struct stack_sample *s = &sc->sample;
+	struct walk_state *st = &sc->state;
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct sample_header *h = &s->header;
+
+	__builtin_memset(st, 0, sizeof(*st));
 	h->timestamp_ns = bpf_ktime_get_ns();
 	h->pid = pid;
 	h->tid = tid;
@@ -148,45 +483,68 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 
 	/* Kernel stack, leaf first, from the kernel's own unwinder. */
 	long kbytes = bpf_get_stack(ctx, s->frames, MAX_KERNEL_FRAMES * sizeof(__u64), 0);
-	__u32 kframes = 0;
 	if (kbytes < 0)
 		count(STAT_KERNEL_STACK_ERROR);
 	else
-		kframes = kbytes / sizeof(__u64);
-	if (kframes > MAX_KERNEL_FRAMES)
-		kframes = MAX_KERNEL_FRAMES;
-	h->kernel_frames = kframes;
+		st->kernel_frames = kbytes / sizeof(__u64);
+	if (st->kernel_frames > MAX_KERNEL_FRAMES)
+		st->kernel_frames = MAX_KERNEL_FRAMES;
 
-	/* User stack. */
-	__u16 uframes = 0;
 	if (task->flags & PF_KTHREAD) {
 		h->flags |= SAMPLE_FLAG_KERNEL_THREAD;
-		h->user_status = UNWIND_NO_USER_STACK;
-	} else {
-		struct user_regs regs;
-		struct pt_regs pregs;
-
-		bpf_probe_read_kernel(&pregs, sizeof(pregs), &ctx->regs);
-		if ((pregs.cs & 3) != 3) {
-			/* Interrupted in the kernel: the user registers are the
-			 * ones saved at kernel entry. */
-			struct pt_regs *uregs = (struct pt_regs *)bpf_task_pt_regs(task);
-			bpf_probe_read_kernel(&pregs, sizeof(pregs), uregs);
-		}
-		regs.ip = pregs.ip;
-		regs.sp = pregs.sp;
-		regs.bp = pregs.bp;
-		h->user_status = walk_user_stack(&regs, &s->frames[kframes], &uframes);
+		finish(st, UNWIND_NO_USER_STACK);
+		send_sample(sc);
+		return 0;
 	}
-	if (uframes > MAX_USER_FRAMES)
-		uframes = MAX_USER_FRAMES;
-	h->user_frames = uframes;
 
-	__u64 size = sizeof(struct sample_header) + (kframes + uframes) * sizeof(__u64);
-	if (size > sizeof(struct stack_sample))
-		size = sizeof(struct stack_sample);
-	if (bpf_ringbuf_output(&samples, s, size, 0) != 0)
-		count(STAT_LOST_RINGBUF);
+	struct pt_regs regs;
+	bpf_probe_read_kernel(&regs, sizeof(regs), &ctx->regs);
+	if ((regs.cs & 3) != 3) {
+		/* Interrupted in the kernel: the user registers are the ones
+		 * saved at kernel entry. */
+		struct pt_regs *uregs = (struct pt_regs *)bpf_task_pt_regs(task);
+		bpf_probe_read_kernel(&regs, sizeof(regs), uregs);
+	}
+	st->ip = regs.ip;
+	st->sp = regs.sp;
+	st->bp = regs.bp;
+	st->exact_ip = 1;
+
+	if (!bpf_map_lookup_elem(&process_mappings, &pid)) {
+		/* Unknown to user space yet: the record itself tells it about the
+		 * process. Meanwhile, frame pointers give a best-effort stack. */
+		bpf_loop(MAX_USER_FRAMES, frame_pointer_only_step, NULL, 0);
+		if (!st->done)
+			finish(st, UNWIND_TRUNCATED);
+		if (st->status != UNWIND_TRUNCATED)
+			st->status = UNWIND_NO_TABLE;
+		send_sample(sc);
+		return 0;
+	}
+	return continue_walk(ctx, sc);
+}
+
+/* A wanted process replaced its image: its mappings are new. */
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+{
+	__u32 pid = p->tgid;
+	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
+		return 0;
+	if (bpf_map_lookup_elem(&process_mappings, &pid))
+		send_event(EVENT_EXEC, pid, 0);
+	return 0;
+}
+
+/* A process user space described has exited (its last thread, the leader, is gone). */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit, struct task_struct *p)
+{
+	__u32 pid = p->tgid;
+	if (p->pid != p->tgid)
+		return 0;
+	if (bpf_map_lookup_elem(&process_mappings, &pid))
+		send_event(EVENT_EXIT, pid, 0);
 	return 0;
 }
 

@@ -10,7 +10,14 @@
  * kernel.perf_event_max_stack (default 127). */
 #define MAX_KERNEL_FRAMES 127
 /* Most user frames one sample carries. */
-#define MAX_USER_FRAMES 127
+#define MAX_USER_FRAMES 1024
+/* User frames one program invocation walks (one bpf_loop); the walk goes on
+ * in the same program through tail calls, up to MAX_USER_FRAMES. */
+#define FRAMES_PER_PROGRAM 128
+/* Executable mappings per process the BPF walker knows about. */
+#define MAX_PROCESS_MAPPINGS 256
+/* Unsupported-rule kinds counted separately (see docs/unwind-tables.md). */
+#define MAX_UNSUPPORTED_KINDS 16
 #define TASK_COMM_LEN 16
 
 /* How the user-stack walk of one sample ended. Stored in sample_header.user_status. */
@@ -19,7 +26,8 @@ enum unwind_status {
 	UNWIND_TRUNCATED = 1,       /* stopped at MAX_USER_FRAMES */
 	UNWIND_READ_FAULT = 2,      /* reading the user stack failed */
 	UNWIND_NO_USER_STACK = 3,   /* kernel thread: no user stack exists */
-	UNWIND_FRAME_POINTER = 4,   /* walked with frame pointers (no CFI table used) */
+	UNWIND_FRAME_POINTER = 4,   /* some frames were walked with frame pointers (no CFI
+	                             * for them); the walk ended where that chain ended */
 	UNWIND_NO_MAPPING = 5,      /* a PC fell outside every known mapping */
 	UNWIND_NO_TABLE = 6,        /* the object's unwind table is not loaded yet */
 	UNWIND_UNSUPPORTED_RULE = 7,/* the CFI rule cannot be evaluated in BPF */
@@ -30,7 +38,9 @@ enum stat_index {
 	STAT_SAMPLES = 0,           /* perf events that reached the program for a wanted task */
 	STAT_LOST_RINGBUF = 1,      /* records the ring buffer had no room for */
 	STAT_KERNEL_STACK_ERROR = 2,/* bpf_get_stack failed for the kernel stack */
-	STAT_MAX = 3,
+	STAT_EVENTS_LOST = 3,       /* process events the events ring buffer had no room for */
+	STAT_UNSUPPORTED_BASE = 4,  /* + kind: walks stopped by an unsupported rule of that kind */
+	STAT_MAX = STAT_UNSUPPORTED_BASE + MAX_UNSUPPORTED_KINDS,
 };
 
 /* Flags in sample_header.flags */
@@ -112,6 +122,42 @@ struct page_key {
 struct page_value {
 	__u32 first_row;
 	__u32 row_count;
+};
+
+/* How the walker handles a mapping. */
+enum mapping_kind {
+	MAPPING_TABLE = 0,          /* the object has CFI: look its rows up */
+	MAPPING_FRAME_POINTERS = 1, /* no CFI (JIT code, objects without unwind info): frame pointers */
+};
+
+/* One executable mapping of a process, as the walker sees it. */
+struct exec_mapping {
+	__u64 start;                /* first address (inclusive) */
+	__u64 end;                  /* end address (exclusive) */
+	__u64 bias;                 /* object vaddr = pc - bias */
+	__u32 object_id;            /* key of the object's table (page_key.object_id) */
+	__u32 kind;                 /* enum mapping_kind */
+};
+
+/* The executable mappings of one process, sorted by start. Value of the
+ * process_mappings map (key: pid). */
+struct process_info {
+	__u32 mapping_count;
+	__u32 padding;
+	struct exec_mapping mappings[MAX_PROCESS_MAPPINGS];
+};
+
+/* Notifications for user space, sent through the `events` ring buffer. */
+enum event_type {
+	EVENT_EXEC = 1,             /* a wanted process called exec: its mappings changed */
+	EVENT_EXIT = 2,             /* a known process exited */
+	EVENT_UNKNOWN_MAPPING = 3,  /* a pc in no known mapping (e.g. after dlopen); rate-limited per pid */
+};
+
+struct process_event {
+	__u32 type;                 /* enum event_type */
+	__u32 pid;
+	__u64 address;              /* EVENT_UNKNOWN_MAPPING: the pc */
 };
 
 #endif

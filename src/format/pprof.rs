@@ -152,7 +152,11 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
             proto::Location {
                 id: i as u64 + 1,
                 mapping_id: frame.mapping.map_or(0, |m| m as u64 + 1),
-                address: if frame.kind == FrameKind::UnwindMarker { 0 } else { frame.address },
+                address: if frame.kind == FrameKind::UnwindMarker {
+                    0
+                } else {
+                    frame.address
+                },
                 line,
                 is_folded: false,
             }
@@ -172,10 +176,26 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
             location_id: s.frames.iter().map(|&f| f as u64 + 1).collect(),
             value: vec![s.count as i64, s.count as i64 * period],
             label: vec![
-                proto::Label { key: pid, num: s.pid.into(), ..Default::default() },
-                proto::Label { key: tid, num: s.tid.into(), ..Default::default() },
-                proto::Label { key: comm, str: strings.get(&s.process_comm), ..Default::default() },
-                proto::Label { key: thread_name, str: strings.get(&s.thread_comm), ..Default::default() },
+                proto::Label {
+                    key: pid,
+                    num: s.pid.into(),
+                    ..Default::default()
+                },
+                proto::Label {
+                    key: tid,
+                    num: s.tid.into(),
+                    ..Default::default()
+                },
+                proto::Label {
+                    key: comm,
+                    str: strings.get(&s.process_comm),
+                    ..Default::default()
+                },
+                proto::Label {
+                    key: thread_name,
+                    str: strings.get(&s.thread_comm),
+                    ..Default::default()
+                },
             ],
         })
         .collect();
@@ -206,7 +226,8 @@ pub fn encode(profile: &Profile, compression: Compression) -> Result<Vec<u8>> {
         Compression::None => Ok(bytes),
         Compression::Gzip => {
             let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
-            gz.write_all(&bytes).context("gzip-compressing the pprof profile")?;
+            gz.write_all(&bytes)
+                .context("gzip-compressing the pprof profile")?;
             gz.finish().context("gzip-compressing the pprof profile")
         }
     }
@@ -233,7 +254,10 @@ mod tests {
         let p = decode(&encode(&sample_profile(), Compression::None).unwrap());
         assert_eq!(p.string_table[0], "");
         let mut seen = std::collections::HashSet::new();
-        assert!(p.string_table.iter().all(|s| seen.insert(s)), "strings are unique");
+        assert!(
+            p.string_table.iter().all(|s| seen.insert(s)),
+            "strings are unique"
+        );
         let types: Vec<(&str, &str)> = p
             .sample_type
             .iter()
@@ -241,7 +265,10 @@ mod tests {
             .collect();
         assert_eq!(types, vec![("samples", "count"), ("cpu", "nanoseconds")]);
         let pt = p.period_type.as_ref().unwrap();
-        assert_eq!((string(&p, pt.r#type), string(&p, pt.unit)), ("cpu", "nanoseconds"));
+        assert_eq!(
+            (string(&p, pt.r#type), string(&p, pt.unit)),
+            ("cpu", "nanoseconds")
+        );
         assert_eq!(p.period, 10_000_000, "1e9 / 100 Hz");
         assert_eq!(string(&p, p.default_sample_type), "cpu");
         assert_eq!(p.time_nanos, 1_700_000_000_000_000_000);
@@ -263,7 +290,11 @@ mod tests {
             .label
             .iter()
             .map(|l| {
-                let v = if l.str != 0 { string(&p, l.str).to_string() } else { l.num.to_string() };
+                let v = if l.str != 0 {
+                    string(&p, l.str).to_string()
+                } else {
+                    l.num.to_string()
+                };
                 (string(&p, l.key), v)
             })
             .collect();
@@ -290,7 +321,10 @@ mod tests {
         // The truncated stack ends in the unwind marker.
         let last = *p.sample[2].location_id.last().unwrap();
         let marker = &p.location[last as usize - 1];
-        assert_eq!(string(&p, p.function[marker.line[0].function_id as usize - 1].name), "[unwind: truncated]");
+        assert_eq!(
+            string(&p, p.function[marker.line[0].function_id as usize - 1].name),
+            "[unwind: truncated]"
+        );
     }
 
     #[test]
@@ -336,7 +370,9 @@ mod tests {
         let gz = encode(&sample_profile(), Compression::Gzip).unwrap();
         assert_eq!(&gz[..2], &[0x1f, 0x8b]);
         let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut out).unwrap();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut out)
+            .unwrap();
         assert_eq!(out, raw);
     }
 }

@@ -38,7 +38,11 @@ fn hex(field: &str) -> Result<u64> {
 /// Parse one line of `/proc/PID/maps`.
 pub fn parse_line(line: &str) -> Result<MapsEntry> {
     let mut fields = line.splitn(6, ' ');
-    let mut next = |what: &str| fields.next().ok_or_else(|| anyhow!("missing {what} in {line:?}"));
+    let mut next = |what: &str| {
+        fields
+            .next()
+            .ok_or_else(|| anyhow!("missing {what} in {line:?}"))
+    };
     let range = next("range")?;
     let perms = next("permissions")?;
     let offset = next("offset")?;
@@ -61,7 +65,9 @@ pub fn parse_line(line: &str) -> Result<MapsEntry> {
         executable: perms.as_bytes().get(2) == Some(&b'x'),
         file_offset: hex(offset)?,
         dev: (hex(major)? << 32) | hex(minor)?,
-        inode: inode.parse().with_context(|| format!("bad inode in {line:?}"))?,
+        inode: inode
+            .parse()
+            .with_context(|| format!("bad inode in {line:?}"))?,
         path: path.to_string(),
         deleted,
     })
@@ -71,7 +77,10 @@ pub fn parse_line(line: &str) -> Result<MapsEntry> {
 pub fn read_maps(pid: u32) -> Result<Vec<MapsEntry>> {
     let path = format!("/proc/{pid}/maps");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    text.lines().filter(|l| !l.is_empty()).map(parse_line).collect()
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(parse_line)
+        .collect()
 }
 
 #[cfg(test)]
@@ -99,10 +108,13 @@ mod tests {
         let anon = parse_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0 ").unwrap();
         assert_eq!(anon.path, "");
         assert!(!anon.executable && !anon.is_file_backed());
-        let vdso = parse_line("7ffd1000-7ffd3000 r-xp 00000000 00:00 0                          [vdso]").unwrap();
+        let vdso =
+            parse_line("7ffd1000-7ffd3000 r-xp 00000000 00:00 0                          [vdso]")
+                .unwrap();
         assert_eq!(vdso.path, "[vdso]");
         assert!(vdso.executable && !vdso.is_file_backed());
-        let del = parse_line("400000-401000 r-xp 00001000 08:02 77 /tmp/my prog (deleted)").unwrap();
+        let del =
+            parse_line("400000-401000 r-xp 00001000 08:02 77 /tmp/my prog (deleted)").unwrap();
         assert_eq!(del.path, "/tmp/my prog");
         assert!(del.deleted);
     }

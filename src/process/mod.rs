@@ -41,7 +41,39 @@ pub struct ObjectFile {
     pub open_path: PathBuf,
     /// GNU build ID (`.note.gnu.build-id`), if the object has one.
     pub build_id: Option<Vec<u8>>,
-    _file: File,
+    /// `PT_LOAD` segments as `(p_offset, p_vaddr, p_filesz)`, from the ELF
+    /// program headers; empty when the file is not a readable ELF.
+    pub load_segments: Vec<(u64, u64, u64)>,
+    /// The open file (keeps deleted and container objects readable).
+    pub file: File,
+}
+
+impl ObjectFile {
+    /// The object's virtual address (as in its ELF headers and CFI) for file
+    /// offset `offset`, through the `PT_LOAD` segment containing it. Without
+    /// a containing segment, vaddr = offset (the usual layout of text).
+    pub fn vaddr_of_offset(&self, offset: u64) -> u64 {
+        self.load_segments
+            .iter()
+            .find(|(off, _, size)| *off <= offset && offset < off + size)
+            .map_or(offset, |(off, vaddr, _)| offset - off + vaddr)
+    }
+}
+
+/// `PT_LOAD` program headers of an ELF file, as `(p_offset, p_vaddr, p_filesz)`.
+/// Reads only the headers, not the whole file.
+pub fn load_segments(file: &File) -> object::read::Result<Vec<(u64, u64, u64)>> {
+    use object::read::elf::{ElfFile64, ProgramHeader};
+    use object::read::ReadCache;
+    let cache = ReadCache::new(file);
+    let elf = ElfFile64::<object::Endianness, _>::parse(&cache)?;
+    let endian = elf.endian();
+    Ok(elf
+        .elf_program_headers()
+        .iter()
+        .filter(|ph| ph.p_type(endian) == object::elf::PT_LOAD)
+        .map(|ph| (ph.p_offset(endian), ph.p_vaddr(endian), ph.p_filesz(endian)))
+        .collect())
 }
 
 /// An executable mapping of one process: `[start, end)` backed by `object`
@@ -66,6 +98,44 @@ impl Mapping {
     /// File offset of `addr`, an address inside this mapping.
     pub fn file_offset_of(&self, addr: u64) -> u64 {
         addr - self.start + self.file_offset
+    }
+}
+
+impl ProcessTracker {
+    /// The load bias of mapping `id`: object vaddr = address - bias
+    /// (wrapping). For mappings without an object, the mapping's start.
+    pub fn load_bias(&self, id: MappingId) -> u64 {
+        let m = self.mapping(id);
+        match m.object {
+            Some(o) => m
+                .start
+                .wrapping_sub(self.object(o).vaddr_of_offset(m.file_offset)),
+            None => m.start,
+        }
+    }
+
+    /// Executable mappings of `pid` known so far, sorted by start address.
+    pub fn process_mappings(&self, pid: u32) -> &[MappingId] {
+        self.processes.get(&pid).map_or(&[], |p| &p.mappings)
+    }
+
+    /// Forget `pid`'s mapping list (after exec); the next lookup re-reads
+    /// `/proc/PID/maps`. Mappings already seen stay valid for symbolization.
+    pub fn forget_process(&mut self, pid: u32) {
+        self.processes.remove(&pid);
+    }
+
+    /// Re-read `pid`'s maps now (a new mapping was reported), unless they
+    /// were read within [`REFRESH_INTERVAL`].
+    pub fn refresh_process(&mut self, pid: u32) {
+        let due = self
+            .processes
+            .get(&pid)
+            .and_then(|p| p.last_read)
+            .is_none_or(|t| t.elapsed() >= REFRESH_INTERVAL);
+        if due {
+            self.read_process(pid);
+        }
     }
 }
 
@@ -240,12 +310,17 @@ impl ProcessTracker {
                 None
             }
         };
+        let load_segments = load_segments(&file).unwrap_or_else(|err| {
+            debug!("{}: no ELF program headers: {err}", entry.path);
+            Vec::new()
+        });
         let id = ObjectId(self.objects.len() as u32);
         self.objects.push(ObjectFile {
             path: entry.path.clone(),
             open_path,
             build_id,
-            _file: file,
+            load_segments,
+            file,
         });
         self.object_index.insert((entry.dev, entry.inode), id);
         Some(id)
@@ -268,6 +343,10 @@ mod tests {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         assert_eq!(object.path, exe.to_string_lossy());
         assert!(object.open_path.exists());
+        // Our own function's vaddr, through the load bias, is in the symbol table.
+        let vaddr = addr.wrapping_sub(tracker.load_bias(id));
+        assert!(vaddr < addr, "a PIE test binary is loaded above its vaddrs");
+        assert!(!object.load_segments.is_empty());
         assert_eq!(tracker.process_count(), 1);
     }
 

@@ -154,6 +154,9 @@ mod tests {
         // Non-leaf frames become call sites.
         assert_eq!(key.user[0].address, 0x10);
         assert_eq!(key.user[1].address, 0x1f);
-        assert_eq!(&key.kernel[..], &[0xffff_ffff_8100_0010, 0xffff_ffff_8100_001f]);
+        assert_eq!(
+            &key.kernel[..],
+            &[0xffff_ffff_8100_0010, 0xffff_ffff_8100_001f]
+        );
     }
 }

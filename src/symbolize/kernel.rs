@@ -12,7 +12,8 @@ pub fn kernel_build_id() -> Option<String> {
 }
 
 fn build_id_from_notes(notes: &[u8]) -> Option<String> {
-    let mut iter = NoteIterator::<elf::FileHeader64<LittleEndian>>::new(LittleEndian, 4, notes).ok()?;
+    let mut iter =
+        NoteIterator::<elf::FileHeader64<LittleEndian>>::new(LittleEndian, 4, notes).ok()?;
     while let Ok(Some(note)) = iter.next() {
         if note.name() == b"GNU" && note.n_type(LittleEndian) == elf::NT_GNU_BUILD_ID {
             return Some(hex(note.desc()));

@@ -150,14 +150,22 @@ impl Symbolizer {
                 let lines = results.get(i).and_then(lines_of);
                 let entry = match lines {
                     Some(lines) => (lines, true),
-                    None => (vec![unknown_line(format!("{KERNEL_MAPPING_NAME}+0x{addr:x}"))], false),
+                    None => (
+                        vec![unknown_line(format!("{KERNEL_MAPPING_NAME}+0x{addr:x}"))],
+                        false,
+                    ),
                 };
                 (addr, entry)
             })
             .collect()
     }
 
-    fn symbolize_object(&self, tracker: &ProcessTracker, object: ObjectId, offsets: &[u64]) -> Vec<Option<Vec<Line>>> {
+    fn symbolize_object(
+        &self,
+        tracker: &ProcessTracker,
+        object: ObjectId,
+        offsets: &[u64],
+    ) -> Vec<Option<Vec<Line>>> {
         let file = tracker.object(object);
         let mut elf = Elf::new(&file.open_path);
         elf.debug_syms = true;
@@ -173,7 +181,12 @@ impl Symbolizer {
 
     /// Symbolize every stack in `aggregator` and build the window's profile.
     /// `tracker` must be the one the aggregator resolved mappings with.
-    pub fn build_profile(&self, aggregator: &Aggregator, tracker: &ProcessTracker, window: Window) -> Profile {
+    pub fn build_profile(
+        &self,
+        aggregator: &Aggregator,
+        tracker: &ProcessTracker,
+        window: Window,
+    ) -> Profile {
         // 1. The unique addresses to symbolize.
         let mut kernel_addrs = BTreeSet::new();
         let mut object_offsets: HashMap<ObjectId, BTreeSet<u64>> = HashMap::new();
@@ -238,15 +251,37 @@ impl Symbolizer {
             let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len() + 1);
             for &addr in key.kernel.iter() {
                 let (lines, symbolized) = kernel_lines[&addr].clone();
-                frames.push(builder.frame(&mut profile, FrameKind::Kernel, addr, builder.kernel_mapping, lines, symbolized));
+                frames.push(builder.frame(
+                    &mut profile,
+                    FrameKind::Kernel,
+                    addr,
+                    builder.kernel_mapping,
+                    lines,
+                    symbolized,
+                ));
             }
             for frame in key.user.iter() {
-                let (mapping, lines, symbolized) = user_frame_lines(&mut builder, &mut profile, tracker, &user_lines, frame);
-                frames.push(builder.frame(&mut profile, FrameKind::User, frame.address, mapping, lines, symbolized));
+                let (mapping, lines, symbolized) =
+                    user_frame_lines(&mut builder, &mut profile, tracker, &user_lines, frame);
+                frames.push(builder.frame(
+                    &mut profile,
+                    FrameKind::User,
+                    frame.address,
+                    mapping,
+                    lines,
+                    symbolized,
+                ));
             }
             if key.user_status.is_incomplete() {
                 let lines = vec![unknown_line(unwind_marker_name(key.user_status))];
-                frames.push(builder.frame(&mut profile, FrameKind::UnwindMarker, 0, None, lines, false));
+                frames.push(builder.frame(
+                    &mut profile,
+                    FrameKind::UnwindMarker,
+                    0,
+                    None,
+                    lines,
+                    false,
+                ));
             }
             profile.samples.push(Sample {
                 pid: key.pid,
@@ -270,7 +305,11 @@ fn user_frame_lines(
     frame: &UserFrame,
 ) -> (Option<usize>, Vec<Line>, bool) {
     let Some(m) = frame.mapping else {
-        return (None, vec![unknown_line(format!("[unknown]+0x{:x}", frame.address))], false);
+        return (
+            None,
+            vec![unknown_line(format!("[unknown]+0x{:x}", frame.address))],
+            false,
+        );
     };
     let mapping = tracker.mapping(m);
     let index = builder.mapping(profile, tracker, m);
@@ -279,7 +318,10 @@ fn user_frame_lines(
         Some((lines, symbolized)) => (Some(index), lines.clone(), *symbolized),
         None => (
             Some(index),
-            vec![unknown_line(format!("{}+0x{offset:x}", file_name(&mapping.name)))],
+            vec![unknown_line(format!(
+                "{}+0x{offset:x}",
+                file_name(&mapping.name)
+            ))],
             false,
         ),
     }
@@ -311,10 +353,13 @@ impl ProfileAssembly {
                 .object
                 .and_then(|o| tracker.object(o).build_id.as_deref().map(kernel::hex)),
         };
-        let index = *self.distinct_mappings.entry(mapping.clone()).or_insert_with(|| {
-            profile.mappings.push(mapping);
-            profile.mappings.len() - 1
-        });
+        let index = *self
+            .distinct_mappings
+            .entry(mapping.clone())
+            .or_insert_with(|| {
+                profile.mappings.push(mapping);
+                profile.mappings.len() - 1
+            });
         self.mappings.insert(id, index);
         index
     }
@@ -330,16 +375,19 @@ impl ProfileAssembly {
     ) -> usize {
         // Markers have no address; they are told apart by their name.
         let marker = (kind == FrameKind::UnwindMarker).then(|| lines[0].function.clone());
-        *self.frames.entry((kind, mapping, address, marker)).or_insert_with(|| {
-            profile.frames.push(Frame {
-                kind,
-                address,
-                mapping,
-                lines,
-                symbolized,
-            });
-            profile.frames.len() - 1
-        })
+        *self
+            .frames
+            .entry((kind, mapping, address, marker))
+            .or_insert_with(|| {
+                profile.frames.push(Frame {
+                    kind,
+                    address,
+                    mapping,
+                    lines,
+                    symbolized,
+                });
+                profile.frames.len() - 1
+            })
     }
 }
 

@@ -1,5 +1,64 @@
 //! Unwind tables: each object's DWARF CFI (`.eh_frame`, else `.debug_frame`)
 //! compiled into compact rows the BPF program can search (format:
 //! `docs/unwind-tables.md`, C layout in `src/bpf/profiler.h`).
+//!
+//! [`builder`] evaluates the CFI with gimli into [`rule::Rule`]s, which
+//! [`table`] splits into pages ([`UnwindTable`]); [`identity`] keys objects
+//! (build ID, else content hash) and finds separate debug files; [`cache`]
+//! keeps built tables on disk; [`show`] renders a table for
+//! `lightswitch show-unwind`.
 
+use std::path::Path;
+
+use tracing::debug;
+
+pub mod builder;
+pub mod cache;
+pub mod identity;
+#[cfg(test)]
+mod reference_tests;
 pub mod row;
+pub mod rule;
+pub mod show;
+pub mod table;
+
+pub use builder::{
+    build_table, build_table_at, build_table_from_path, build_table_with_debug_file,
+    first_load_vaddr, BuildError,
+};
+pub use identity::ObjectKey;
+pub use rule::{unsupported_kind_name, Rule, UnsupportedKind};
+pub use table::{CfiSource, TableRow, TableStats, UnwindTable};
+
+/// The table of the object whose bytes are `elf_bytes`: read from the disk
+/// cache in `cache_dir` (keyed by [`ObjectKey::for_object`]) when it holds a
+/// valid entry, else built with [`build_table`] and stored there. Without a
+/// cache directory the table is just built.
+pub fn cached_table(cache_dir: Option<&Path>, elf_bytes: &[u8]) -> anyhow::Result<UnwindTable> {
+    cached(cache_dir, elf_bytes, || build_table(elf_bytes))
+}
+
+/// Like [`cached_table`], building with [`build_table_at`]: an object
+/// without CFI gets its `.debug_frame` from its separate debug file (found by
+/// build ID, or by `.gnu_debuglink` next to `path`).
+pub fn cached_table_at(
+    cache_dir: Option<&Path>,
+    path: &Path,
+    elf_bytes: &[u8],
+) -> anyhow::Result<UnwindTable> {
+    cached(cache_dir, elf_bytes, || build_table_at(path, elf_bytes))
+}
+
+fn cached(
+    cache_dir: Option<&Path>,
+    elf_bytes: &[u8],
+    build: impl FnOnce() -> Result<UnwindTable, BuildError>,
+) -> anyhow::Result<UnwindTable> {
+    let Some(dir) = cache_dir else {
+        return Ok(build()?);
+    };
+    let key = ObjectKey::for_object(elf_bytes);
+    let (table, outcome) = cache::get_or_build(dir, &key, build)?;
+    debug!("unwind table {key}: {outcome:?}");
+    Ok(table)
+}

@@ -1,0 +1,98 @@
+//! Unwind-table build time (`cargo bench --bench unwind_table`): libc and the
+//! largest shared object on a Rust machine, the toolchain's
+//! `librustc_driver-*.so`. Before measuring, prints each table's size: CFI
+//! bytes, FDEs, rows, pages, BPF map bytes, most rows in a page, unsupported
+//! rules, and one build's time per row and per MB of CFI.
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use lightswitch::unwind::build_table;
+use object::{Object, ObjectSection};
+
+/// (name, path) of the objects to measure that exist on this machine.
+fn objects() -> Vec<(&'static str, PathBuf)> {
+    let mut found = Vec::new();
+    let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists());
+    found.extend(libc.map(|p| ("libc", p)));
+    let sysroot = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok());
+    if let Some(sysroot) = sysroot {
+        let lib = PathBuf::from(sysroot.trim()).join("lib");
+        let driver = std::fs::read_dir(lib)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                name.starts_with("librustc_driver-") && name.ends_with(".so")
+            });
+        found.extend(driver.map(|e| ("librustc_driver", e.path())));
+    }
+    found
+}
+
+/// Size of the object's CFI section (`.eh_frame`, else `.debug_frame`).
+fn cfi_bytes(bytes: &[u8]) -> u64 {
+    let Ok(file) = object::File::parse(bytes) else {
+        return 0;
+    };
+    [".eh_frame", ".debug_frame"]
+        .iter()
+        .find_map(|name| file.section_by_name(name).map(|s| s.size()))
+        .unwrap_or(0)
+}
+
+fn build(c: &mut Criterion) {
+    let mut group = c.benchmark_group("build_table");
+    group.sample_size(10);
+    for (name, path) in objects() {
+        let Ok(bytes) = std::fs::read(&path) else {
+            eprintln!("{name}: cannot read {}", path.display());
+            continue;
+        };
+        let started = Instant::now();
+        let table = match build_table(&bytes) {
+            Ok(table) => table,
+            Err(e) => {
+                eprintln!("{name}: {e}");
+                continue;
+            }
+        };
+        let elapsed = started.elapsed();
+        let s = table.stats();
+        let cfi = cfi_bytes(&bytes);
+        println!(
+            "{name} ({}): file {} MB, {} {cfi} bytes, {} FDEs -> {} rows, {} pages, {} bytes \
+             (max {} rows in a page), unsupported {:?}; one build {:.1} ms = {:.0} ns/row, \
+             {:.1} ms per MB of CFI",
+            path.display(),
+            bytes.len() / 1_000_000,
+            s.source,
+            s.fdes,
+            s.rows,
+            s.pages,
+            s.bytes,
+            s.max_page_rows,
+            s.unsupported,
+            elapsed.as_secs_f64() * 1e3,
+            elapsed.as_nanos() as f64 / s.rows.max(1) as f64,
+            elapsed.as_secs_f64() * 1e3 / (cfi.max(1) as f64 / 1e6),
+        );
+        group.bench_function(name, |b| b.iter(|| build_table(black_box(&bytes))));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, build);
+criterion_main!(benches);

@@ -1,0 +1,570 @@
+//! Builds an [`UnwindTable`] from an x86-64 ELF object's CFI: `.eh_frame`,
+//! else `.debug_frame` (of the object, else of its separate debug file).
+//!
+//! gimli parses and evaluates every FDE; each row of gimli's unwind table is
+//! translated into a [`Rule`] (unrepresentable rules become
+//! [`Rule::Unsupported`] and are counted by kind). FDE ranges are overlaid
+//! (an FDE with a later start wins where ranges overlap; on equal starts the
+//! later one in the section), gaps get [`Rule::EndOfFunction`], identical
+//! consecutive rules are merged, and the stream is split into pages.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, LittleEndian, Register, RegisterRule,
+    UnwindContext, UnwindSection, UnwindTableRow,
+};
+use object::elf;
+use object::read::elf::{ElfFile64, FileHeader, ProgramHeader};
+use object::{CompressionFormat, Endianness, Object, ObjectSection};
+
+use super::identity::find_debug_file;
+use super::rule::{CfaOffset, Fp, Rule, UnsupportedKind};
+use super::table::{CfiSource, InvalidTable, RuleAt, UnwindTable, MAX_ADDRESS};
+
+/// x86-64 DWARF register numbers (System V ABI, figure 3.36).
+const RBP: Register = Register(6);
+const RSP: Register = Register(7);
+const RA: Register = Register(16);
+
+/// Largest decompressed `.debug_frame` accepted, bytes.
+const MAX_SECTION_SIZE: u64 = 1 << 32;
+
+/// Why no table could be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// Reading the object failed.
+    #[error("cannot read {}", path.display())]
+    Io {
+        /// The object's path.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The bytes are not a well-formed ELF file.
+    #[error("malformed ELF file")]
+    Elf(#[from] object::Error),
+    /// A valid object this builder does not handle (not 64-bit little-endian
+    /// x86-64, or relocatable).
+    #[error("unsupported object: {0}")]
+    Unsupported(String),
+    /// Neither `.eh_frame` nor `.debug_frame` exists (the caller should fall
+    /// back to frame pointers).
+    #[error("no call frame information (.eh_frame or .debug_frame)")]
+    NoCfi,
+    /// The CFI section is malformed.
+    #[error("malformed {section}: {error}")]
+    Cfi {
+        /// `.eh_frame` or `.debug_frame`.
+        section: CfiSource,
+        /// gimli's error.
+        error: gimli::Error,
+    },
+    /// A compressed `.debug_frame` that could not be decompressed.
+    #[error("cannot decompress {section}: {reason}")]
+    Compression {
+        /// The section name.
+        section: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The rows do not form a valid table (too many rows or pages).
+    #[error(transparent)]
+    Table(#[from] InvalidTable),
+}
+
+/// Builds the table of an x86-64 ELF object from its own CFI.
+pub fn build_table(elf_bytes: &[u8]) -> Result<UnwindTable, BuildError> {
+    build_table_with_debug_file(elf_bytes, None)
+}
+
+/// Reads the object at `path` and builds its table with
+/// [`build_table_at`].
+pub fn build_table_from_path(path: &Path) -> Result<UnwindTable, BuildError> {
+    build_table_at(path, &read(path)?)
+}
+
+/// Builds the table of the object whose bytes are `elf_bytes`, read from
+/// `path`: when the object has no CFI, its separate debug file (found by
+/// [`find_debug_file`] from `path` and the object's build ID or
+/// `.gnu_debuglink`) supplies `.debug_frame`.
+pub fn build_table_at(path: &Path, elf_bytes: &[u8]) -> Result<UnwindTable, BuildError> {
+    match build_table(elf_bytes) {
+        Err(BuildError::NoCfi) => match find_debug_file(path, elf_bytes) {
+            Some(debug_path) => build_table_with_debug_file(elf_bytes, Some(&read(&debug_path)?)),
+            None => Err(BuildError::NoCfi),
+        },
+        result => result,
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, BuildError> {
+    std::fs::read(path).map_err(|source| BuildError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Builds the table of an x86-64 ELF object: its `.eh_frame`, else its
+/// `.debug_frame`, else the `.debug_frame` of `debug_file` (the bytes of its
+/// separate debug file, whose section addresses are the object's). A section
+/// without any FDE counts as absent; [`BuildError::NoCfi`] when all are.
+pub fn build_table_with_debug_file(
+    elf_bytes: &[u8],
+    debug_file: Option<&[u8]>,
+) -> Result<UnwindTable, BuildError> {
+    let file = parse_x86_64(elf_bytes)?;
+    if let Some(section) = file.section_by_name(".eh_frame") {
+        if let Some(data) = section_data(&section, ".eh_frame")? {
+            let mut eh_frame = EhFrame::new(&data, LittleEndian);
+            eh_frame.set_address_size(8);
+            let address_of = |name| file.section_by_name(name).map_or(0, |s| s.address());
+            let bases = BaseAddresses::default()
+                .set_eh_frame(section.address())
+                .set_eh_frame_hdr(address_of(".eh_frame_hdr"))
+                .set_text(address_of(".text"))
+                .set_got(address_of(".got"));
+            let table = build_from_section(&eh_frame, &bases, CfiSource::EhFrame)?;
+            if table.stats().fdes > 0 {
+                return Ok(table);
+            }
+        }
+    }
+    let debug = debug_file.map(parse_x86_64).transpose()?;
+    for f in std::iter::once(&file).chain(debug.as_ref()) {
+        if let Some(section) = f.section_by_name(".debug_frame") {
+            if let Some(data) = section_data(&section, ".debug_frame")? {
+                let mut debug_frame = DebugFrame::new(&data, LittleEndian);
+                debug_frame.set_address_size(8);
+                let bases = BaseAddresses::default();
+                let table = build_from_section(&debug_frame, &bases, CfiSource::DebugFrame)?;
+                if table.stats().fdes > 0 {
+                    return Ok(table);
+                }
+            }
+        }
+    }
+    Err(BuildError::NoCfi)
+}
+
+/// The lowest `p_vaddr` of the object's `PT_LOAD` segments: the virtual
+/// address of its first mapped byte (for an in-memory image such as the
+/// vDSO, the address its first byte corresponds to).
+pub fn first_load_vaddr(elf_bytes: &[u8]) -> Result<u64, BuildError> {
+    let file = parse_x86_64(elf_bytes)?;
+    let endian = file.endian();
+    file.elf_program_headers()
+        .iter()
+        .filter(|ph| ph.p_type(endian) == elf::PT_LOAD)
+        .map(|ph| ph.p_vaddr(endian))
+        .min()
+        .ok_or_else(|| BuildError::Unsupported("no PT_LOAD segment".into()))
+}
+
+/// Parses a 64-bit little-endian x86-64 ELF executable or shared object.
+fn parse_x86_64(bytes: &[u8]) -> Result<ElfFile64<'_, Endianness>, BuildError> {
+    match object::FileKind::parse(bytes)? {
+        object::FileKind::Elf64 => {}
+        object::FileKind::Elf32 => return Err(BuildError::Unsupported("32-bit ELF".into())),
+        other => return Err(BuildError::Unsupported(format!("not ELF ({other:?})"))),
+    }
+    let file = ElfFile64::<Endianness>::parse(bytes)?;
+    let header = file.elf_header();
+    let endian = file.endian();
+    let machine = header.e_machine(endian);
+    if machine != elf::EM_X86_64 {
+        return Err(BuildError::Unsupported(format!(
+            "ELF machine {machine} is not x86-64 ({})",
+            elf::EM_X86_64
+        )));
+    }
+    if endian != Endianness::Little {
+        return Err(BuildError::Unsupported("big-endian ELF".into()));
+    }
+    if header.e_type(endian) == elf::ET_REL {
+        return Err(BuildError::Unsupported(
+            "relocatable object (not linked)".into(),
+        ));
+    }
+    Ok(file)
+}
+
+/// A section's contents (decompressed), or `None` when it has none in the
+/// file (`SHT_NOBITS` in debug files, or empty).
+fn section_data<'d>(
+    section: &object::read::elf::ElfSection64<'d, '_, Endianness>,
+    name: &'static str,
+) -> Result<Option<Cow<'d, [u8]>>, BuildError> {
+    let compressed = section.compressed_data()?;
+    let data = match compressed.format {
+        CompressionFormat::None => Cow::Borrowed(compressed.data),
+        CompressionFormat::Zlib => {
+            let err = |reason: String| BuildError::Compression {
+                section: name,
+                reason,
+            };
+            let size = compressed.uncompressed_size;
+            if size > MAX_SECTION_SIZE {
+                return Err(err(format!("{size} bytes uncompressed")));
+            }
+            let mut out = Vec::with_capacity(size as usize);
+            flate2::read::ZlibDecoder::new(compressed.data)
+                .take(size)
+                .read_to_end(&mut out)
+                .map_err(|e| err(e.to_string()))?;
+            if out.len() as u64 != size {
+                return Err(err(format!("{} of {size} bytes", out.len())));
+            }
+            Cow::Owned(out)
+        }
+        other => {
+            return Err(BuildError::Compression {
+                section: name,
+                reason: format!("{other:?} compression is not supported"),
+            })
+        }
+    };
+    Ok((!data.is_empty()).then_some(data))
+}
+
+type Slice<'d> = gimli::EndianSlice<'d, LittleEndian>;
+
+/// One rule over an address range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    start: u64,
+    end: u64,
+    rule: Rule,
+}
+
+/// An FDE's range and where its spans are in the span buffer.
+struct FdeSpans {
+    start: u64,
+    end: u64,
+    spans: std::ops::Range<usize>,
+}
+
+/// Evaluates every FDE of `section` and assembles the table.
+fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
+    section: &S,
+    bases: &BaseAddresses,
+    source: CfiSource,
+) -> Result<UnwindTable, BuildError> {
+    let cfi_err = |error| BuildError::Cfi {
+        section: source,
+        error,
+    };
+    let mut unsupported = BTreeMap::new();
+    let mut count = |kind| *unsupported.entry(kind).or_insert(0u64) += 1;
+    let mut cies = HashMap::new();
+    let mut ctx = Box::new(UnwindContext::new());
+    let mut spans = Vec::new();
+    let mut fdes = Vec::new();
+    let mut fde_count = 0u64;
+    let mut entries = section.entries(bases);
+    while let Some(entry) = entries.next().map_err(cfi_err)? {
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        fde_count += 1;
+        let parsed = partial.parse(|section, bases, offset| {
+            let key: usize = gimli::UnwindOffset::into(offset);
+            if let Some(cie) = cies.get(&key) {
+                return Ok(Clone::clone(cie));
+            }
+            let cie = section.cie_from_offset(bases, offset)?;
+            cies.insert(key, cie.clone());
+            Ok(cie)
+        });
+        let Ok(fde) = parsed else {
+            count(UnsupportedKind::InvalidCfi);
+            continue;
+        };
+        let start = fde.initial_address();
+        let Some(end) = start.checked_add(fde.len()).filter(|e| *e <= MAX_ADDRESS) else {
+            count(UnsupportedKind::AddressRange);
+            continue;
+        };
+        if start == end {
+            continue;
+        }
+        let first = spans.len();
+        let signal = fde.is_signal_trampoline();
+        let evaluated = (|| -> gimli::Result<()> {
+            let mut rows = fde.rows(section, bases, &mut ctx)?;
+            while let Some(row) = rows.next_row()? {
+                // Clamped to the FDE so that spans stay within the range it claims.
+                let (row_start, row_end) =
+                    (row.start_address().max(start), row.end_address().min(end));
+                if row_start < row_end {
+                    let rule = if signal {
+                        Rule::SignalFrame
+                    } else {
+                        let (rule, kind) = translate(row, section);
+                        kind.into_iter().for_each(&mut count);
+                        rule
+                    };
+                    spans.push(Span {
+                        start: row_start,
+                        end: row_end,
+                        rule,
+                    });
+                }
+            }
+            Ok(())
+        })();
+        if evaluated.is_err() {
+            spans.truncate(first);
+            spans.push(Span {
+                start,
+                end,
+                rule: Rule::Unsupported(UnsupportedKind::InvalidCfi),
+            });
+            count(UnsupportedKind::InvalidCfi);
+        }
+        fdes.push(FdeSpans {
+            start,
+            end,
+            spans: first..spans.len(),
+        });
+    }
+    // Stable: equal starts keep section order, so the later FDE is laid last.
+    fdes.sort_by_key(|f| f.start);
+    let mut laid = Vec::with_capacity(spans.len());
+    for fde in &fdes {
+        overlay(&mut laid, &spans[fde.spans.clone()], fde.start, fde.end);
+    }
+    let rules = merged_rules(&laid);
+    Ok(UnwindTable::from_rules(
+        &rules,
+        fde_count,
+        unsupported,
+        source,
+    )?)
+}
+
+/// Lays the spans of an FDE covering `[start, end)` over `laid` (sorted,
+/// disjoint spans of FDEs with earlier or equal starts): they replace
+/// whatever `laid` had in that range.
+fn overlay(laid: &mut Vec<Span>, new: &[Span], start: u64, end: u64) {
+    if laid.last().is_none_or(|last| last.end <= start) {
+        laid.extend_from_slice(new);
+        return;
+    }
+    // Disjoint sorted spans have increasing ends: the overlapped ones are a suffix.
+    let tail = laid.split_off(laid.partition_point(|s| s.end <= start));
+    laid.extend(
+        tail.iter()
+            .filter(|s| s.start < start)
+            .map(|s| Span { end: start, ..*s }),
+    );
+    laid.extend_from_slice(new);
+    laid.extend(tail.iter().filter(|s| s.end > end).map(|s| Span {
+        start: s.start.max(end),
+        ..*s
+    }));
+}
+
+/// The row stream of sorted disjoint spans: end-of-function rows in gaps
+/// and after the last span, identical consecutive rules merged (the first
+/// kept).
+fn merged_rules(spans: &[Span]) -> Vec<RuleAt> {
+    let mut rules: Vec<RuleAt> = Vec::with_capacity(spans.len() / 2 + 1);
+    let mut push = |addr, rule| {
+        if rules.last().is_none_or(|&(_, last)| last != rule) {
+            rules.push((addr, rule));
+        }
+    };
+    let mut previous_end = None;
+    for span in spans {
+        if previous_end.is_some_and(|end| end < span.start) {
+            push(previous_end.unwrap_or_default(), Rule::EndOfFunction);
+        }
+        push(span.start, span.rule);
+        previous_end = Some(span.end);
+    }
+    if let Some(end) = previous_end {
+        push(end, Rule::EndOfFunction);
+    }
+    rules
+}
+
+/// Translates one gimli row into a rule, with the unsupported kind to count
+/// (for [`UnsupportedKind::RbpRule`] the rule stays usable).
+fn translate<'d, S: UnwindSection<Slice<'d>>>(
+    row: &UnwindTableRow<usize>,
+    section: &S,
+) -> (Rule, Option<UnsupportedKind>) {
+    let unsupported = |kind| (Rule::Unsupported(kind), Some(kind));
+    let ra = row.register(RA);
+    if ra == Some(RegisterRule::Undefined) {
+        return (Rule::Outermost, None);
+    }
+    let cfa = match *row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } if register == RSP || register == RBP => {
+            match CfaOffset::new(offset) {
+                Some(cfa) => Ok((register, cfa)),
+                None => return unsupported(UnsupportedKind::CfaOffset),
+            }
+        }
+        CfaRule::RegisterAndOffset { .. } => return unsupported(UnsupportedKind::CfaRegister),
+        CfaRule::Expression(expression) => match expression.get(section) {
+            Ok(e) => match plt_threshold(e.0.slice()) {
+                Some(threshold) => Err(threshold),
+                None => return unsupported(UnsupportedKind::CfaExpression),
+            },
+            Err(_) => return unsupported(UnsupportedKind::InvalidCfi),
+        },
+    };
+    if ra != Some(RegisterRule::Offset(-8)) {
+        return unsupported(UnsupportedKind::ReturnAddress);
+    }
+    let fp = match row.register(RBP) {
+        None | Some(RegisterRule::Undefined | RegisterRule::SameValue) => Some(Fp::Unchanged),
+        Some(RegisterRule::Offset(n)) if n % 8 == 0 => {
+            i16::try_from(n / 8).ok().map(Fp::AtCfaOffset)
+        }
+        Some(_) => None,
+    };
+    let kind = fp.is_none().then_some(UnsupportedKind::RbpRule);
+    let fp = fp.unwrap_or(Fp::Unsupported);
+    let rule = match cfa {
+        Ok((RSP, cfa)) => Rule::RspOffset { cfa, fp },
+        Ok((_, cfa)) => Rule::RbpOffset { cfa, fp },
+        Err(threshold) => Rule::Plt { threshold, fp },
+    };
+    (rule, kind)
+}
+
+/// The threshold of the PLT CFA expressions glibc's and binutils' linkers
+/// emit for `.plt`: `DW_OP_breg7 (rsp) 8; DW_OP_breg16 (rip) 0; DW_OP_lit15;
+/// DW_OP_and; DW_OP_lit11 (or lit10); DW_OP_ge; DW_OP_lit3; DW_OP_shl;
+/// DW_OP_plus`, i.e. CFA = rsp + 8 + ((rip & 15) >= threshold) << 3.
+fn plt_threshold(expression: &[u8]) -> Option<u8> {
+    use gimli::constants::*;
+    let lit = |n: u8| DW_OP_lit0.0 + n;
+    let prefix = [DW_OP_breg7.0, 8, DW_OP_breg16.0, 0, lit(15), DW_OP_and.0];
+    let suffix = [DW_OP_ge.0, lit(3), DW_OP_shl.0, DW_OP_plus.0];
+    let rest = expression.strip_prefix(&prefix[..])?;
+    let (&threshold_op, rest) = rest.split_first()?;
+    if rest != suffix {
+        return None;
+    }
+    [10, 11].into_iter().find(|&t| threshold_op == lit(t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rsp(off: i64) -> Rule {
+        Rule::RspOffset {
+            cfa: CfaOffset::new(off).expect("fits"),
+            fp: Fp::Unchanged,
+        }
+    }
+
+    fn span(start: u64, end: u64, rule: Rule) -> Span {
+        Span { start, end, rule }
+    }
+
+    #[test]
+    fn later_fde_start_wins_and_earlier_fde_resumes_after_it() {
+        let mut laid = Vec::new();
+        overlay(
+            &mut laid,
+            &[span(0, 50, rsp(8)), span(50, 100, rsp(16))],
+            0,
+            100,
+        );
+        overlay(&mut laid, &[span(40, 60, rsp(24))], 40, 60);
+        overlay(&mut laid, &[span(60, 70, rsp(32))], 60, 70);
+        // Same start as the previous FDE: the later one replaces it.
+        overlay(&mut laid, &[span(60, 65, rsp(40))], 60, 65);
+        overlay(&mut laid, &[span(200, 210, rsp(8))], 200, 210);
+        assert_eq!(
+            laid,
+            [
+                span(0, 40, rsp(8)),
+                span(40, 60, rsp(24)),
+                span(60, 65, rsp(40)),
+                span(65, 70, rsp(32)),
+                span(70, 100, rsp(16)),
+                span(200, 210, rsp(8)),
+            ]
+        );
+        assert_eq!(
+            merged_rules(&laid),
+            [
+                (0, rsp(8)),
+                (40, rsp(24)),
+                (60, rsp(40)),
+                (65, rsp(32)),
+                (70, rsp(16)),
+                (100, Rule::EndOfFunction),
+                (200, rsp(8)),
+                (210, Rule::EndOfFunction),
+            ]
+        );
+    }
+
+    #[test]
+    fn adjacent_identical_rules_merge_and_gaps_end_functions() {
+        let spans = [
+            span(0x10, 0x20, rsp(8)),
+            span(0x20, 0x30, rsp(8)),
+            span(0x30, 0x40, rsp(16)),
+            span(0x40, 0x48, rsp(8)),
+            span(0x50, 0x58, rsp(8)),
+        ];
+        assert_eq!(
+            merged_rules(&spans),
+            [
+                (0x10, rsp(8)),
+                (0x30, rsp(16)),
+                (0x40, rsp(8)),
+                (0x48, Rule::EndOfFunction),
+                (0x50, rsp(8)),
+                (0x58, Rule::EndOfFunction),
+            ]
+        );
+    }
+
+    #[test]
+    fn only_the_two_plt_expressions_match() {
+        let plt11 = [0x77, 8, 0x80, 0, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22];
+        assert_eq!(plt_threshold(&plt11), Some(11));
+        let mut plt10 = plt11;
+        plt10[6] = 0x3a;
+        assert_eq!(plt_threshold(&plt10), Some(10));
+        let mut plt12 = plt11;
+        plt12[6] = 0x3c;
+        assert_eq!(plt_threshold(&plt12), None);
+        assert_eq!(plt_threshold(&plt11[..10]), None);
+        assert_eq!(plt_threshold(&[0x77, 8]), None);
+    }
+
+    #[test]
+    fn corrupt_and_foreign_objects_are_errors() {
+        assert!(matches!(
+            build_table(b"\x7fELF garbage"),
+            Err(BuildError::Elf(_) | BuildError::Unsupported(_))
+        ));
+        assert!(build_table(&[]).is_err());
+        if let Ok(libc) = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6") {
+            // Every truncation is an error or a (partial) table, never a panic.
+            for len in (0..libc.len()).step_by(libc.len() / 97) {
+                let _ = build_table(&libc[..len]);
+            }
+            let mut wrong_machine = libc.clone();
+            wrong_machine[18] = 183; // EM_AARCH64
+            assert!(matches!(
+                build_table(&wrong_machine),
+                Err(BuildError::Unsupported(_))
+            ));
+        }
+    }
+}

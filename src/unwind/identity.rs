@@ -1,0 +1,127 @@
+//! Object identity (the key tables are shared and cached by) and separate
+//! debug-file lookup.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use object::read::elf::ElfFile64;
+use object::{Endianness, Object};
+
+/// Where distributions install separate debug files.
+pub const DEFAULT_DEBUG_ROOT: &str = "/usr/lib/debug";
+
+/// Longest build ID used as a key, bytes (real ones are 8 to 20 bytes).
+pub const MAX_BUILD_ID_LEN: usize = 64;
+
+/// The identity of an object file: every process mapping the same object
+/// shares one table, and the disk cache is keyed by it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ObjectKey {
+    /// The GNU build ID (`.note.gnu.build-id`), raw bytes.
+    BuildId(Vec<u8>),
+    /// XXH3-128 of the whole file, for objects without a build ID. Stable
+    /// across runs, machines and versions of this program (the algorithm is
+    /// fixed), but not collision-resistant against crafted files.
+    ContentHash(u128),
+}
+
+impl ObjectKey {
+    /// The key of an object file's bytes: its build ID when it is an ELF file
+    /// with one (of 1 to [`MAX_BUILD_ID_LEN`] bytes), else the hash of the
+    /// bytes. Never fails: unparsable files are keyed by content too.
+    pub fn for_object(bytes: &[u8]) -> ObjectKey {
+        match build_id(bytes) {
+            Ok(Some(id)) if (1..=MAX_BUILD_ID_LEN).contains(&id.len()) => ObjectKey::BuildId(id),
+            _ => ObjectKey::ContentHash(xxhash_rust::xxh3::xxh3_128(bytes)),
+        }
+    }
+}
+
+/// `buildid-<hex>` or `xxh3-<32 hex digits>`: usable as a file name.
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ObjectKey::BuildId(id) => write!(f, "buildid-{}", hex(id)),
+            ObjectKey::ContentHash(h) => write!(f, "xxh3-{h:032x}"),
+        }
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The GNU build ID of a 64-bit ELF file (`Ok(None)` when it has none).
+pub fn build_id(elf: &[u8]) -> Result<Option<Vec<u8>>, object::Error> {
+    let file = ElfFile64::<Endianness>::parse(elf)?;
+    Ok(file.build_id()?.map(<[u8]>::to_vec))
+}
+
+/// Finds the separate debug file of the object at `path` (whose bytes are
+/// `elf`) under [`DEFAULT_DEBUG_ROOT`]; see [`find_debug_file_in`].
+pub fn find_debug_file(path: &Path, elf: &[u8]) -> Option<PathBuf> {
+    find_debug_file_in(path, elf, Path::new(DEFAULT_DEBUG_ROOT))
+}
+
+/// Finds the separate debug file of the object at `path`, the way gdb does:
+/// `ROOT/.build-id/xx/yyyy.debug` for build ID `xxyyyy` (its build ID must
+/// match), then the `.gnu_debuglink` name in the object's directory, its
+/// `.debug/` subdirectory and `ROOT/<object's directory>` (its CRC32 must
+/// match the link's).
+pub fn find_debug_file_in(path: &Path, elf: &[u8], debug_root: &Path) -> Option<PathBuf> {
+    let file = ElfFile64::<Endianness>::parse(elf).ok()?;
+    if let Ok(Some(id)) = file.build_id() {
+        if id.len() >= 2 {
+            let candidate = debug_root
+                .join(".build-id")
+                .join(hex(&id[..1]))
+                .join(format!("{}.debug", hex(&id[1..])));
+            let matches = std::fs::read(&candidate)
+                .ok()
+                .and_then(|bytes| build_id(&bytes).ok().flatten())
+                .is_some_and(|other| other == id);
+            if matches {
+                return Some(candidate);
+            }
+        }
+    }
+    let (name, crc) = file.gnu_debuglink().ok().flatten()?;
+    let name = Path::new(std::str::from_utf8(name).ok()?);
+    let dir = path.parent()?;
+    let relative_dir = dir.strip_prefix("/").unwrap_or(dir);
+    [
+        dir.join(name),
+        dir.join(".debug").join(name),
+        debug_root.join(relative_dir).join(name),
+    ]
+    .into_iter()
+    .find(|candidate| {
+        candidate != path
+            && std::fs::read(candidate).is_ok_and(|bytes| crc32fast::hash(&bytes) == crc)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libc_is_keyed_by_build_id_and_garbage_by_content() {
+        let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        let Ok(bytes) = std::fs::read(libc) else {
+            eprintln!("skipped: {} is absent", libc.display());
+            return;
+        };
+        let key = ObjectKey::for_object(&bytes);
+        let ObjectKey::BuildId(id) = &key else {
+            panic!("libc has a build ID, got {key}");
+        };
+        assert!(key.to_string().starts_with("buildid-"));
+        assert_eq!(key.to_string().len(), "buildid-".len() + 2 * id.len());
+        let garbage = ObjectKey::for_object(b"not an ELF file");
+        assert_eq!(garbage, ObjectKey::for_object(b"not an ELF file"));
+        assert_ne!(garbage, ObjectKey::for_object(b"not an ELF file!"));
+        assert_eq!(garbage.to_string().len(), "xxh3-".len() + 32);
+    }
+}

@@ -1,0 +1,426 @@
+//! Decoded unwind rules: what one [`RawRow`] means, as a Rust value.
+//!
+//! [`Rule`] is the builder's output before encoding and what
+//! [`crate::unwind::UnwindTable::lookup`] answers. Only representable rules
+//! can be built (offsets are range-checked by [`CfaOffset::new`]), so encoding
+//! never fails; decoding a raw row checks every field.
+
+use std::fmt;
+
+use super::row::{CfaType, FpType, RawRow, CFA_OFFSET_SCALED};
+
+/// Largest CFA offset a row can hold, bytes: `u16::MAX` units of 8 bytes.
+pub const MAX_CFA_OFFSET: u32 = u16::MAX as u32 * 8;
+
+/// Why a CFI rule could not be turned into a row the BPF program evaluates.
+///
+/// The number ([`UnsupportedKind::code`]) is stored in `fp_offset` of a
+/// [`CfaType::Unsupported`] row and indexes the BPF side's per-kind counters
+/// (`STAT_UNSUPPORTED_BASE + kind`); it is part of the table format
+/// (`docs/unwind-tables.md`): never renumber, only append (below 16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u16)]
+pub enum UnsupportedKind {
+    /// `DW_CFA_def_cfa_expression` other than the two PLT expressions.
+    CfaExpression = 1,
+    /// CFA computed from a register other than rsp or rbp.
+    CfaRegister = 2,
+    /// CFA offset negative, above [`MAX_CFA_OFFSET`], or above 65535 and not a
+    /// multiple of 8.
+    CfaOffset = 3,
+    /// Return-address (DWARF register 16) rule other than "saved at CFA-8" or
+    /// "undefined".
+    ReturnAddress = 4,
+    /// rbp rule other than unchanged or "saved at CFA + 8*k" (k fits i16).
+    /// Counted only: the row stays usable with [`FpType::Unsupported`], so this
+    /// kind never appears in an unsupported row.
+    RbpRule = 5,
+    /// gimli could not evaluate the FDE's CFI program; its whole range becomes
+    /// one unsupported row.
+    InvalidCfi = 6,
+    /// FDE whose range overflows or lies above 2^48 (page numbers are u32);
+    /// the FDE is left out of the table (counted, not in any row).
+    AddressRange = 7,
+}
+
+impl UnsupportedKind {
+    /// Every kind, in numbering order.
+    pub const ALL: [UnsupportedKind; 7] = [
+        UnsupportedKind::CfaExpression,
+        UnsupportedKind::CfaRegister,
+        UnsupportedKind::CfaOffset,
+        UnsupportedKind::ReturnAddress,
+        UnsupportedKind::RbpRule,
+        UnsupportedKind::InvalidCfi,
+        UnsupportedKind::AddressRange,
+    ];
+
+    /// The kind's number (1..=7) as stored in rows and cache files.
+    pub fn code(self) -> u16 {
+        self as u16
+    }
+
+    /// Inverse of [`UnsupportedKind::code`].
+    pub fn from_code(code: u16) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.code() == code)
+    }
+
+    /// Short name used in `show-unwind` output and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnsupportedKind::CfaExpression => "cfa-expression",
+            UnsupportedKind::CfaRegister => "cfa-register",
+            UnsupportedKind::CfaOffset => "cfa-offset",
+            UnsupportedKind::ReturnAddress => "return-address-rule",
+            UnsupportedKind::RbpRule => "rbp-rule",
+            UnsupportedKind::InvalidCfi => "invalid-cfi",
+            UnsupportedKind::AddressRange => "address-range",
+        }
+    }
+}
+
+impl fmt::Display for UnsupportedKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The name of unsupported-kind number `code` (as rows and the BPF
+/// program's counters carry it), `"unknown"` for numbers not assigned.
+pub fn unsupported_kind_name(code: u16) -> &'static str {
+    UnsupportedKind::from_code(code).map_or("unknown", UnsupportedKind::name)
+}
+
+/// A CFA offset, in bytes, that a row can represent: any value up to 65535,
+/// or a multiple of 8 up to [`MAX_CFA_OFFSET`] (stored scaled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CfaOffset(u32);
+
+impl CfaOffset {
+    /// `bytes` if a row can hold it, else `None`.
+    pub fn new(bytes: i64) -> Option<Self> {
+        let b = u32::try_from(bytes).ok()?;
+        (b <= u32::from(u16::MAX) || (b % 8 == 0 && b <= MAX_CFA_OFFSET)).then_some(CfaOffset(b))
+    }
+
+    /// The offset in bytes.
+    pub fn bytes(self) -> u32 {
+        self.0
+    }
+
+    /// (`cfa_offset` field, scaled flag).
+    fn encode(self) -> (u16, bool) {
+        match u16::try_from(self.0) {
+            Ok(v) => (v, false),
+            // Checked by `new`: a multiple of 8 whose quotient fits.
+            Err(_) => ((self.0 / 8) as u16, true),
+        }
+    }
+}
+
+/// How the caller's rbp is recovered (for rules that compute a CFA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp {
+    /// rbp keeps its value (DWARF: not set, undefined or same value).
+    Unchanged,
+    /// rbp = *(CFA + 8 * slots).
+    AtCfaOffset(i16),
+    /// Any other rbp rule: the walk continues, but a later rbp-based CFA is
+    /// unknown.
+    Unsupported,
+}
+
+/// The unwind rule in effect at a pc: one decoded row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// No FDE covers the pc.
+    EndOfFunction,
+    /// CFA = rsp + offset; the return address is at CFA - 8.
+    RspOffset {
+        /// Offset added to rsp.
+        cfa: CfaOffset,
+        /// Caller's rbp.
+        fp: Fp,
+    },
+    /// CFA = rbp + offset; the return address is at CFA - 8.
+    RbpOffset {
+        /// Offset added to rbp.
+        cfa: CfaOffset,
+        /// Caller's rbp.
+        fp: Fp,
+    },
+    /// PLT stub: CFA = rsp + 8 + ((rip & 15) >= threshold ? 8 : 0).
+    Plt {
+        /// 11 for `.plt` entries, 10 for the binutils variant with lit10.
+        threshold: u8,
+        /// Caller's rbp.
+        fp: Fp,
+    },
+    /// Signal trampoline: the interrupted registers are in the ucontext at rsp.
+    SignalFrame,
+    /// The return address is undefined: the outermost frame.
+    Outermost,
+    /// A rule the BPF program cannot evaluate.
+    Unsupported(UnsupportedKind),
+}
+
+/// A raw row whose fields do not decode to a [`Rule`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid unwind row {0:?}")]
+pub struct InvalidRow(pub RawRow);
+
+impl Rule {
+    /// The rule as a row starting `pc_low` bytes into its page.
+    pub fn to_raw(self, pc_low: u16) -> RawRow {
+        let mut raw = RawRow {
+            pc_low,
+            ..RawRow::default()
+        };
+        let set_fp = |fp: Fp, raw: &mut RawRow| match fp {
+            Fp::Unchanged => raw.fp_type = FpType::Unchanged as u8,
+            Fp::AtCfaOffset(slots) => {
+                raw.fp_type = FpType::AtCfaOffset as u8;
+                raw.fp_offset = slots;
+            }
+            Fp::Unsupported => raw.fp_type = FpType::Unsupported as u8,
+        };
+        match self {
+            Rule::EndOfFunction => raw.cfa_type = CfaType::EndOfFunction as u8,
+            Rule::RspOffset { cfa, fp } | Rule::RbpOffset { cfa, fp } => {
+                let kind = if matches!(self, Rule::RspOffset { .. }) {
+                    CfaType::RspOffset
+                } else {
+                    CfaType::RbpOffset
+                };
+                let (offset, scaled) = cfa.encode();
+                raw.cfa_type = kind as u8 | if scaled { CFA_OFFSET_SCALED } else { 0 };
+                raw.cfa_offset = offset;
+                set_fp(fp, &mut raw);
+            }
+            Rule::Plt { threshold, fp } => {
+                raw.cfa_type = CfaType::Plt as u8;
+                raw.cfa_offset = u16::from(threshold);
+                set_fp(fp, &mut raw);
+            }
+            Rule::SignalFrame => raw.cfa_type = CfaType::SignalFrame as u8,
+            Rule::Outermost => raw.cfa_type = CfaType::Outermost as u8,
+            Rule::Unsupported(kind) => {
+                raw.cfa_type = CfaType::Unsupported as u8;
+                raw.fp_offset = kind.code() as i16;
+            }
+        }
+        raw
+    }
+
+    /// Decodes a row's rule (its `pc_low` is ignored). Fields a rule does not
+    /// use must be zero.
+    pub fn from_raw(raw: RawRow) -> Result<Rule, InvalidRow> {
+        let bad = || InvalidRow(raw);
+        let scaled = raw.cfa_type & CFA_OFFSET_SCALED != 0;
+        let fp = || match raw.fp_type {
+            t if t == FpType::Unchanged as u8 && raw.fp_offset == 0 => Ok(Fp::Unchanged),
+            t if t == FpType::AtCfaOffset as u8 => Ok(Fp::AtCfaOffset(raw.fp_offset)),
+            t if t == FpType::Unsupported as u8 && raw.fp_offset == 0 => Ok(Fp::Unsupported),
+            _ => Err(bad()),
+        };
+        let no_fields = raw.fp_type == 0 && raw.cfa_offset == 0 && raw.fp_offset == 0;
+        let cfa = |raw_offset: u16| {
+            let bytes = if scaled {
+                u32::from(raw_offset) * 8
+            } else {
+                u32::from(raw_offset)
+            };
+            CfaOffset::new(i64::from(bytes)).ok_or_else(bad)
+        };
+        let kind = raw.cfa_type & !CFA_OFFSET_SCALED;
+        let rule = match kind {
+            k if k == CfaType::RspOffset as u8 => Rule::RspOffset {
+                cfa: cfa(raw.cfa_offset)?,
+                fp: fp()?,
+            },
+            k if k == CfaType::RbpOffset as u8 => Rule::RbpOffset {
+                cfa: cfa(raw.cfa_offset)?,
+                fp: fp()?,
+            },
+            _ if scaled => return Err(bad()),
+            k if k == CfaType::Plt as u8 => Rule::Plt {
+                threshold: u8::try_from(raw.cfa_offset)
+                    .ok()
+                    .filter(|t| *t <= 16)
+                    .ok_or_else(bad)?,
+                fp: fp()?,
+            },
+            k if k == CfaType::EndOfFunction as u8 && no_fields => Rule::EndOfFunction,
+            k if k == CfaType::SignalFrame as u8 && no_fields => Rule::SignalFrame,
+            k if k == CfaType::Outermost as u8 && no_fields => Rule::Outermost,
+            k if k == CfaType::Unsupported as u8 && raw.fp_type == 0 && raw.cfa_offset == 0 => {
+                let code = u16::try_from(raw.fp_offset).map_err(|_| bad())?;
+                Rule::Unsupported(UnsupportedKind::from_code(code).ok_or_else(bad)?)
+            }
+            _ => return Err(bad()),
+        };
+        Ok(rule)
+    }
+
+    /// The rbp rule, for rules that compute a CFA from a register.
+    pub fn fp(self) -> Option<Fp> {
+        match self {
+            Rule::RspOffset { fp, .. } | Rule::RbpOffset { fp, .. } | Rule::Plt { fp, .. } => {
+                Some(fp)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The CFA part of a rule as `show-unwind` prints it: `rsp+8`, `rbp+16`,
+/// `plt(11)`, `signal-frame`, `end-of-function`, `outermost`,
+/// `unsupported(kind)`.
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rule::EndOfFunction => f.write_str("end-of-function"),
+            Rule::RspOffset { cfa, .. } => write!(f, "rsp+{}", cfa.bytes()),
+            Rule::RbpOffset { cfa, .. } => write!(f, "rbp+{}", cfa.bytes()),
+            Rule::Plt { threshold, .. } => write!(f, "plt({threshold})"),
+            Rule::SignalFrame => f.write_str("signal-frame"),
+            Rule::Outermost => f.write_str("outermost"),
+            Rule::Unsupported(kind) => write!(f, "unsupported({kind})"),
+        }
+    }
+}
+
+/// `rbp=unchanged`, `rbp=*(cfa-16)`, `rbp=unsupported`.
+impl fmt::Display for Fp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fp::Unchanged => f.write_str("rbp=unchanged"),
+            Fp::AtCfaOffset(slots) => {
+                let bytes = i32::from(*slots) * 8;
+                if bytes < 0 {
+                    write!(f, "rbp=*(cfa-{})", -bytes)
+                } else {
+                    write!(f, "rbp=*(cfa+{bytes})")
+                }
+            }
+            Fp::Unsupported => f.write_str("rbp=unsupported"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_rules() -> Vec<Rule> {
+        let fps = [
+            Fp::Unchanged,
+            Fp::AtCfaOffset(-2),
+            Fp::AtCfaOffset(i16::MIN),
+            Fp::Unsupported,
+        ];
+        let mut rules = vec![Rule::EndOfFunction, Rule::SignalFrame, Rule::Outermost];
+        rules.extend(UnsupportedKind::ALL.map(Rule::Unsupported));
+        for fp in fps {
+            for bytes in [0, 8, 16, 65535, 65536, 102416, i64::from(MAX_CFA_OFFSET)] {
+                let cfa = CfaOffset::new(bytes).expect("representable");
+                rules.push(Rule::RspOffset { cfa, fp });
+                rules.push(Rule::RbpOffset { cfa, fp });
+            }
+            rules.push(Rule::Plt { threshold: 11, fp });
+            rules.push(Rule::Plt { threshold: 10, fp });
+        }
+        rules
+    }
+
+    #[test]
+    fn every_rule_round_trips_through_a_raw_row() {
+        for rule in all_rules() {
+            let raw = rule.to_raw(0x1234);
+            assert_eq!(raw.pc_low, 0x1234);
+            assert_eq!(Rule::from_raw(raw), Ok(rule), "{raw:?}");
+            assert_eq!(RawRow::from_bytes(raw.to_bytes()), raw);
+        }
+    }
+
+    #[test]
+    fn cfa_offsets_are_bytes_when_small_and_scaled_when_large() {
+        let raw = Rule::RspOffset {
+            cfa: CfaOffset::new(102416).expect("100 KiB frame fits"),
+            fp: Fp::Unchanged,
+        }
+        .to_raw(0);
+        assert_eq!(raw.cfa_type, CfaType::RspOffset as u8 | CFA_OFFSET_SCALED);
+        assert_eq!(u32::from(raw.cfa_offset) * 8, 102416);
+        let raw = Rule::RbpOffset {
+            cfa: CfaOffset::new(65535).expect("fits"),
+            fp: Fp::Unchanged,
+        }
+        .to_raw(0);
+        assert_eq!(
+            (raw.cfa_type, raw.cfa_offset),
+            (CfaType::RbpOffset as u8, 65535)
+        );
+        for bad in [-8, 65537, i64::from(MAX_CFA_OFFSET) + 8, i64::MAX] {
+            assert_eq!(CfaOffset::new(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn malformed_rows_do_not_decode() {
+        let bad = [
+            RawRow {
+                cfa_type: 7,
+                ..RawRow::default()
+            },
+            RawRow {
+                cfa_type: CfaType::Plt as u8 | CFA_OFFSET_SCALED,
+                ..RawRow::default()
+            },
+            RawRow {
+                cfa_type: CfaType::Outermost as u8,
+                cfa_offset: 3,
+                ..RawRow::default()
+            },
+            RawRow {
+                cfa_type: CfaType::Unsupported as u8,
+                fp_offset: 99,
+                ..RawRow::default()
+            },
+            RawRow {
+                cfa_type: CfaType::RspOffset as u8,
+                fp_type: 3,
+                ..RawRow::default()
+            },
+        ];
+        for raw in bad {
+            assert!(Rule::from_raw(raw).is_err(), "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn rules_print_as_in_show_unwind() {
+        let cfa = CfaOffset::new(16).expect("fits");
+        let rule = Rule::RbpOffset {
+            cfa,
+            fp: Fp::AtCfaOffset(-2),
+        };
+        assert_eq!(rule.to_string(), "rbp+16");
+        assert_eq!(
+            rule.fp().map(|f| f.to_string()).as_deref(),
+            Some("rbp=*(cfa-16)")
+        );
+        assert_eq!(
+            Rule::Plt {
+                threshold: 11,
+                fp: Fp::Unchanged
+            }
+            .to_string(),
+            "plt(11)"
+        );
+        assert_eq!(
+            Rule::Unsupported(UnsupportedKind::CfaRegister).to_string(),
+            "unsupported(cfa-register)"
+        );
+    }
+}

@@ -1,0 +1,495 @@
+//! Keeps the BPF walker supplied: describes each sampled process's
+//! executable mappings to it (`process_mappings` map) and loads the unwind
+//! tables of the objects they map (`unwind_rows`, `unwind_pages`,
+//! `loaded_objects`), built on a background thread so sampling never waits.
+//!
+//! Tables are keyed by object and shared by every process mapping it. Their
+//! rows live in one array map sized by the memory budget
+//! (`--max-unwind-info-mb`); each object gets a contiguous range. When a
+//! table does not fit, the least recently sampled objects are evicted (and
+//! counted) until it does. Process events from BPF (exec, exit, a pc in an
+//! unknown mapping) keep the descriptions current without rescanning /proc.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread;
+
+use anyhow::{Context, Result};
+use tracing::{debug, warn};
+
+use crate::process::{MappingId, ObjectId, ProcessTracker};
+use crate::sampler::{ExecMapping, ProcessEvent, RawSample, Sampler};
+use crate::unwind::row::Page;
+use crate::unwind::UnwindTable;
+
+/// Object id of the vDSO's table (the same image for every process of a kernel).
+pub const VDSO_OBJECT_ID: u32 = u32::MAX - 1;
+
+/// Where a table's CFI comes from.
+enum TableSource {
+    /// An object file, opened through the tracker (`/proc/self/fd/N`).
+    File(PathBuf),
+    /// An in-memory ELF image (the vDSO, read from a process's memory).
+    Bytes(Vec<u8>),
+}
+
+struct BuildRequest {
+    object_id: u32,
+    name: String,
+    source: TableSource,
+}
+
+struct BuildResult {
+    object_id: u32,
+    name: String,
+    table: Result<UnwindTable>,
+}
+
+enum TableState {
+    Building,
+    Loaded {
+        base: u32,
+        rows: u32,
+        pages: Vec<Page>,
+    },
+    /// Removed to make room; rebuilt when sampled again.
+    Evicted,
+    /// Could not be built or loaded; the walker falls back to frame pointers.
+    Failed,
+}
+
+struct ObjectTable {
+    state: TableState,
+    last_used: u64,
+}
+
+/// Counters of the table manager.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct UnwindLoaderStats {
+    /// Tables built (or read from the disk cache) and loaded.
+    pub tables_loaded: u64,
+    /// Tables that could not be built (no CFI is not a failure: that table is empty).
+    pub build_failures: u64,
+    /// Tables evicted to stay within the budget.
+    pub evictions: u64,
+    /// Rows currently loaded.
+    pub rows_loaded: u64,
+    /// Processes currently described to the walker.
+    pub processes: u64,
+}
+
+/// First-fit allocator of row ranges in the `unwind_rows` map.
+#[derive(Debug)]
+struct RowAllocator {
+    /// Free ranges `(start, len)`, sorted by start, never adjacent.
+    free: Vec<(u32, u32)>,
+}
+
+impl RowAllocator {
+    fn new(capacity: u32) -> Self {
+        RowAllocator {
+            free: vec![(0, capacity)],
+        }
+    }
+
+    fn allocate(&mut self, len: u32) -> Option<u32> {
+        let i = self.free.iter().position(|&(_, l)| l >= len)?;
+        let (start, l) = self.free[i];
+        if l == len {
+            self.free.remove(i);
+        } else {
+            self.free[i] = (start + len, l - len);
+        }
+        Some(start)
+    }
+
+    fn release(&mut self, start: u32, len: u32) {
+        let i = self.free.partition_point(|&(s, _)| s < start);
+        self.free.insert(i, (start, len));
+        // Merge with the next, then the previous range.
+        if i + 1 < self.free.len() && self.free[i].0 + self.free[i].1 == self.free[i + 1].0 {
+            self.free[i].1 += self.free[i + 1].1;
+            self.free.remove(i + 1);
+        }
+        if i > 0 && self.free[i - 1].0 + self.free[i - 1].1 == self.free[i].0 {
+            self.free[i - 1].1 += self.free[i].1;
+            self.free.remove(i);
+        }
+    }
+}
+
+/// Supplies the BPF walker with process descriptions and unwind tables.
+pub struct UnwindLoader {
+    capacity_rows: u32,
+    allocator: RowAllocator,
+    tables: HashMap<u32, ObjectTable>,
+    described: HashSet<u32>,
+    clock: u64,
+    requests: Sender<BuildRequest>,
+    results: Receiver<BuildResult>,
+    stats: UnwindLoaderStats,
+}
+
+fn build_worker(
+    requests: Receiver<BuildRequest>,
+    results: Sender<BuildResult>,
+    cache_dir: Option<PathBuf>,
+) {
+    for request in requests {
+        let table = match request.source {
+            TableSource::File(path) => std::fs::read(&path)
+                .with_context(|| format!("reading {}", path.display()))
+                .and_then(|bytes| crate::unwind::cached_table(cache_dir.as_deref(), &bytes)),
+            TableSource::Bytes(bytes) => crate::unwind::cached_table(cache_dir.as_deref(), &bytes),
+        };
+        let result = BuildResult {
+            object_id: request.object_id,
+            name: request.name,
+            table,
+        };
+        if results.send(result).is_err() {
+            return;
+        }
+    }
+}
+
+impl UnwindLoader {
+    /// A loader for a walker whose `unwind_rows` map holds `capacity_rows`
+    /// rows. Tables are cached on disk under `cache_dir` when given.
+    /// Starts the background build thread.
+    pub fn new(capacity_rows: u32, cache_dir: Option<PathBuf>) -> Result<Self> {
+        let (request_tx, request_rx) = mpsc::channel();
+        let (result_tx, result_rx) = mpsc::channel();
+        thread::Builder::new()
+            .name("unwind-tables".into())
+            .spawn(move || build_worker(request_rx, result_tx, cache_dir))
+            .context("starting the unwind-table thread")?;
+        Ok(UnwindLoader {
+            capacity_rows,
+            allocator: RowAllocator::new(capacity_rows),
+            tables: HashMap::new(),
+            described: HashSet::new(),
+            clock: 0,
+            requests: request_tx,
+            results: result_rx,
+            stats: UnwindLoaderStats::default(),
+        })
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> UnwindLoaderStats {
+        UnwindLoaderStats {
+            processes: self.described.len() as u64,
+            ..self.stats
+        }
+    }
+
+    /// Describe every process in `/proc` (or only `pids`, when not empty) to
+    /// the walker and queue their tables: the start-up scan.
+    pub fn scan_processes(
+        &mut self,
+        pids: &[u32],
+        tracker: &mut ProcessTracker,
+        sampler: &Sampler<'_>,
+    ) {
+        let all: Vec<u32> = if pids.is_empty() {
+            std::fs::read_dir("/proc")
+                .map(|dir| {
+                    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        } else {
+            pids.to_vec()
+        };
+        for pid in all {
+            if pid as i64 == i64::from(std::process::id()) {
+                continue;
+            }
+            self.describe(pid, tracker, sampler);
+        }
+    }
+
+    /// Account for one sample: describe its process if new, and mark the
+    /// objects on its stack as recently used (re-queuing evicted tables).
+    pub fn on_sample(
+        &mut self,
+        sample: &RawSample,
+        tracker: &mut ProcessTracker,
+        sampler: &Sampler<'_>,
+    ) {
+        if sample.kernel_thread {
+            return;
+        }
+        if !self.described.contains(&sample.pid) {
+            self.describe(sample.pid, tracker, sampler);
+        }
+        self.clock += 1;
+        for &pc in &sample.user_stack {
+            let Some(m) = tracker.find_mapping(sample.pid, pc) else {
+                continue;
+            };
+            let Some(object) = tracker.mapping(m).object else {
+                continue;
+            };
+            let now = self.clock;
+            match self.tables.get_mut(&object.0) {
+                Some(t) => {
+                    t.last_used = now;
+                    if matches!(t.state, TableState::Evicted) {
+                        self.request(
+                            object.0,
+                            tracker,
+                            TableSource::File(tracker.object(object).open_path.clone()),
+                        );
+                    }
+                }
+                None => self.request(
+                    object.0,
+                    tracker,
+                    TableSource::File(tracker.object(object).open_path.clone()),
+                ),
+            }
+        }
+    }
+
+    /// React to a process event from BPF.
+    pub fn on_event(
+        &mut self,
+        event: ProcessEvent,
+        tracker: &mut ProcessTracker,
+        sampler: &Sampler<'_>,
+    ) {
+        match event {
+            ProcessEvent::Exit { pid } => {
+                sampler.remove_process(pid);
+                self.described.remove(&pid);
+            }
+            ProcessEvent::Exec { pid } => {
+                sampler.remove_process(pid);
+                self.described.remove(&pid);
+                tracker.forget_process(pid);
+                self.describe(pid, tracker, sampler);
+            }
+            ProcessEvent::UnknownMapping { pid, address } => {
+                debug!("pid {pid}: pc {address:#x} in no known mapping, re-reading its maps");
+                tracker.refresh_process(pid);
+                self.describe(pid, tracker, sampler);
+            }
+        }
+    }
+
+    fn request(&mut self, object_id: u32, tracker: &ProcessTracker, source: TableSource) {
+        let name = if object_id == VDSO_OBJECT_ID {
+            "[vdso]".to_string()
+        } else {
+            tracker.object(ObjectId(object_id)).path.clone()
+        };
+        self.tables.insert(
+            object_id,
+            ObjectTable {
+                state: TableState::Building,
+                last_used: self.clock,
+            },
+        );
+        let _ = self.requests.send(BuildRequest {
+            object_id,
+            name,
+            source,
+        });
+    }
+
+    fn exec_mapping(&mut self, pid: u32, id: MappingId, tracker: &ProcessTracker) -> ExecMapping {
+        let m = tracker.mapping(id);
+        let frame_pointers = ExecMapping {
+            start: m.start,
+            end: m.end,
+            bias: m.start,
+            object_id: 0,
+            frame_pointers: true,
+        };
+        if let Some(object) = m.object {
+            if !self.tables.contains_key(&object.0) {
+                self.request(
+                    object.0,
+                    tracker,
+                    TableSource::File(tracker.object(object).open_path.clone()),
+                );
+            }
+            return ExecMapping {
+                start: m.start,
+                end: m.end,
+                bias: tracker.load_bias(id),
+                object_id: object.0,
+                frame_pointers: false,
+            };
+        }
+        if m.name == "[vdso]" {
+            match read_vdso(pid, m.start, m.end) {
+                Ok((bytes, first_vaddr)) => {
+                    if !self.tables.contains_key(&VDSO_OBJECT_ID) {
+                        self.request(VDSO_OBJECT_ID, tracker, TableSource::Bytes(bytes));
+                    }
+                    return ExecMapping {
+                        start: m.start,
+                        end: m.end,
+                        bias: m.start.wrapping_sub(first_vaddr),
+                        object_id: VDSO_OBJECT_ID,
+                        frame_pointers: false,
+                    };
+                }
+                Err(err) => debug!("pid {pid}: cannot read the vDSO: {err:#}"),
+            }
+        }
+        frame_pointers
+    }
+
+    /// Tell the walker about `pid`'s executable mappings, queuing tables for
+    /// objects not seen before.
+    fn describe(&mut self, pid: u32, tracker: &mut ProcessTracker, sampler: &Sampler<'_>) {
+        tracker.ensure_process(pid);
+        let ids: Vec<MappingId> = tracker.process_mappings(pid).to_vec();
+        if ids.is_empty() {
+            return;
+        }
+        let mappings: Vec<ExecMapping> = ids
+            .iter()
+            .map(|&id| self.exec_mapping(pid, id, tracker))
+            .collect();
+        match sampler.set_process(pid, &mappings) {
+            Ok(()) => {
+                self.described.insert(pid);
+            }
+            Err(err) => warn!("{err:#}"),
+        }
+    }
+
+    /// Load the tables the background thread has finished. Call often.
+    pub fn load_ready_tables(&mut self, sampler: &Sampler<'_>) {
+        while let Ok(result) = self.results.try_recv() {
+            match result.table {
+                Ok(table) => {
+                    if let Err(err) = self.load(result.object_id, &result.name, &table, sampler) {
+                        warn!("{}: cannot load its unwind table: {err:#}", result.name);
+                        self.set_state(result.object_id, TableState::Failed);
+                    }
+                }
+                Err(err) => {
+                    debug!("{}: no unwind table: {err:#}", result.name);
+                    self.stats.build_failures += 1;
+                    self.set_state(result.object_id, TableState::Failed);
+                }
+            }
+        }
+    }
+
+    fn set_state(&mut self, object_id: u32, state: TableState) {
+        if let Some(t) = self.tables.get_mut(&object_id) {
+            t.state = state;
+        }
+    }
+
+    fn load(
+        &mut self,
+        object_id: u32,
+        name: &str,
+        table: &UnwindTable,
+        sampler: &Sampler<'_>,
+    ) -> Result<()> {
+        let rows = table.rows().len() as u32;
+        if rows > self.capacity_rows {
+            anyhow::bail!(
+                "its {rows} rows exceed the whole unwind-table budget of {} rows (raise --max-unwind-info-mb)",
+                self.capacity_rows
+            );
+        }
+        let base = loop {
+            if rows == 0 {
+                break 0;
+            }
+            if let Some(base) = self.allocator.allocate(rows) {
+                break base;
+            }
+            if !self.evict_least_recently_used(object_id, sampler) {
+                anyhow::bail!("no room for {rows} rows even after eviction");
+            }
+        };
+        sampler.write_rows(base, table.rows())?;
+        sampler.insert_pages(object_id, table.pages(), base)?;
+        sampler.set_object_loaded(object_id, true)?;
+        debug!(
+            "{name}: loaded {rows} rows in {} pages at row {base}",
+            table.pages().len()
+        );
+        self.stats.tables_loaded += 1;
+        self.stats.rows_loaded += u64::from(rows);
+        self.set_state(
+            object_id,
+            TableState::Loaded {
+                base,
+                rows,
+                pages: table.pages().to_vec(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Evict the least recently used loaded table other than `keep`. False if none.
+    fn evict_least_recently_used(&mut self, keep: u32, sampler: &Sampler<'_>) -> bool {
+        let victim = self
+            .tables
+            .iter()
+            .filter(|(&id, t)| id != keep && matches!(t.state, TableState::Loaded { .. }))
+            .min_by_key(|(_, t)| t.last_used)
+            .map(|(&id, _)| id);
+        let Some(id) = victim else { return false };
+        let Some(table) = self.tables.get_mut(&id) else {
+            return false;
+        };
+        if let TableState::Loaded { base, rows, pages } =
+            std::mem::replace(&mut table.state, TableState::Evicted)
+        {
+            let _ = sampler.set_object_loaded(id, false);
+            sampler.remove_pages(id, &pages);
+            if rows > 0 {
+                self.allocator.release(base, rows);
+            }
+            self.stats.rows_loaded -= u64::from(rows);
+        }
+        self.stats.evictions += 1;
+        true
+    }
+}
+
+/// Read the vDSO image of `pid` (`/proc/PID/mem` at its mapping) and the
+/// vaddr its first byte corresponds to.
+fn read_vdso(pid: u32, start: u64, end: u64) -> Result<(Vec<u8>, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem"))?;
+    mem.seek(SeekFrom::Start(start))?;
+    let mut bytes = vec![0u8; (end - start) as usize];
+    mem.read_exact(&mut bytes)?;
+    let first_vaddr = crate::unwind::first_load_vaddr(&bytes)?;
+    Ok((bytes, first_vaddr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocator_first_fit_and_coalescing() {
+        let mut a = RowAllocator::new(100);
+        assert_eq!(a.allocate(40), Some(0));
+        assert_eq!(a.allocate(40), Some(40));
+        assert_eq!(a.allocate(40), None);
+        a.release(0, 40);
+        assert_eq!(a.allocate(30), Some(0));
+        a.release(40, 40);
+        // Free: [30, 100) after merging [30,40) + [40,80) + [80,100).
+        assert_eq!(a.free, vec![(30, 70)]);
+        a.release(0, 30);
+        assert_eq!(a.free, vec![(0, 100)]);
+    }
+}

@@ -1,0 +1,224 @@
+//! Each problem the profiler can detect before it starts gets a non-zero
+//! exit and a message naming the problem. Every run is given `--duration 1`,
+//! so a missing check shows up as a run that succeeds, not as a hang.
+//! Needs root and util-linux (`setpriv`, `unshare`).
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A run that writes folded output into `out_dir` plus `extra` args.
+fn args_with(out_dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--duration",
+        "1",
+        "--profile-format",
+        "folded",
+        "--profile-path",
+        s(out_dir),
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+/// Assert that no profile was written into `dir`.
+fn assert_empty(dir: &Path) {
+    let entries: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        entries.is_empty(),
+        "a failed run left files behind: {entries:?}"
+    );
+}
+
+fn max_sample_rate() -> u64 {
+    fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn sample_freq_zero() {
+    let dir = tempdir();
+    let out = run(&args_with(dir.path(), &["--sample-freq", "0"]), TIMEOUT);
+    let max = max_sample_rate().to_string();
+    out.assert_error(&["perf_event_max_sample_rate", &max]);
+    assert_empty(dir.path());
+}
+
+#[test]
+fn sample_freq_above_kernel_max() {
+    let dir = tempdir();
+    let max = max_sample_rate();
+    let too_high = (max + 1).to_string();
+    let out = run(
+        &args_with(dir.path(), &["--sample-freq", &too_high]),
+        TIMEOUT,
+    );
+    out.assert_error(&["perf_event_max_sample_rate", &too_high, &max.to_string()]);
+    assert_empty(dir.path());
+}
+
+#[test]
+fn pid_that_does_not_exist() {
+    let dir = tempdir();
+    // Above any possible pid_max (at most 2^22).
+    let out = run(&args_with(dir.path(), &["--pids", "999999999"]), TIMEOUT);
+    out.assert_error(&["999999999", "does not exist"]);
+    assert_empty(dir.path());
+}
+
+#[test]
+fn output_directory_under_a_regular_file() {
+    let dir = tempdir();
+    let file = dir.path().join("plain-file");
+    fs::write(&file, "not a directory").unwrap();
+    let target = file.join("sub");
+    let out = run(&args_with(&target, &[]), TIMEOUT);
+    out.assert_error(&[s(&target)]);
+    assert_eq!(fs::read_to_string(&file).unwrap(), "not a directory");
+}
+
+#[test]
+fn output_directory_not_writable() {
+    // Even root cannot create files in /proc/sys.
+    let out = run(&args_with(Path::new("/proc/sys"), &[]), TIMEOUT);
+    out.assert_error(&["/proc/sys/folded.txt"]);
+}
+
+#[test]
+fn output_file_is_a_directory() {
+    let dir = tempdir();
+    fs::create_dir(dir.path().join("taken")).unwrap();
+    let out = run(
+        &args_with(dir.path(), &["--profile-name", "taken"]),
+        TIMEOUT,
+    );
+    out.assert_error(&["taken", "directory"]);
+}
+
+/// The capability names in the error, with parenthesized hints removed (the
+/// hint says which capabilities would do; the rest says which are missing).
+fn named_missing(stderr: &str) -> String {
+    let mut text = String::new();
+    let mut depth = 0usize;
+    for c in stderr.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            _ if depth == 0 => text.push(c),
+            _ => {}
+        }
+    }
+    text
+}
+
+fn require(tool: &str) {
+    let found = Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(found, "{tool} (util-linux) is required by this test");
+}
+
+/// Run the profiler as `nobody` (no capabilities at all).
+#[test]
+fn unprivileged_user() {
+    require("setpriv");
+    // The binary and the output directory must be reachable by nobody,
+    // wherever the target directory is.
+    let bin_dir = tempdir();
+    chmod(bin_dir.path(), 0o755);
+    let bin = bin_dir.path().join("lightswitch");
+    fs::copy(BIN, &bin).unwrap();
+    chmod(&bin, 0o755);
+    let out_dir = tempdir();
+    chmod(out_dir.path(), 0o777);
+
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&bin)
+        .args(args_with(out_dir.path(), &[]))
+        .current_dir(out_dir.path());
+    let out = run_command(cmd, TIMEOUT);
+    out.assert_error(&["CAP_BPF", "CAP_PERFMON"]);
+    let missing = named_missing(&out.stderr);
+    assert!(
+        missing.contains("CAP_BPF") && missing.contains("CAP_PERFMON"),
+        "both capabilities should be named as missing:\n{out}"
+    );
+    assert_empty(out_dir.path());
+}
+
+/// Root whose capabilities lack `dropped` (CAP_SYS_ADMIN is always dropped
+/// too, as it stands in for both): the error names exactly what is missing.
+fn root_without(dropped: &str, missing: &str, present: &str) {
+    require("setpriv");
+    let out_dir = tempdir();
+    let caps = format!("-{dropped},-sys_admin");
+    let mut cmd = Command::new("setpriv");
+    // As root, the capabilities after exec are the bounding set plus the
+    // inheritable set: drop them from both.
+    cmd.arg(format!("--bounding-set={caps}"))
+        .arg(format!("--inh-caps={caps}"))
+        .arg(BIN)
+        .args(args_with(out_dir.path(), &[]));
+    let out = run_command(cmd, TIMEOUT);
+    out.assert_error(&[missing]);
+    let named = named_missing(&out.stderr);
+    assert!(
+        named.contains(missing) && !named.contains(present),
+        "only {missing} should be named as missing (outside the hint in parentheses):\n{out}"
+    );
+    assert_empty(out_dir.path());
+}
+
+#[test]
+fn root_without_cap_bpf() {
+    root_without("bpf", "CAP_BPF", "CAP_PERFMON");
+}
+
+#[test]
+fn root_without_cap_perfmon() {
+    root_without("perfmon", "CAP_PERFMON", "CAP_BPF");
+}
+
+/// A kernel without BTF (simulated by hiding /sys/kernel/btf in a private
+/// mount namespace).
+#[test]
+fn kernel_without_btf() {
+    require("unshare");
+    let out_dir = tempdir();
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        r#"mount -t tmpfs none /sys/kernel/btf || { echo "MOUNT FAILED" >&2; exit 99; }; exec "$0" "$@""#,
+        BIN,
+    ])
+    .args(args_with(out_dir.path(), &[]));
+    let out = run_command(cmd, TIMEOUT);
+    assert_ne!(
+        out.status.code(),
+        Some(99),
+        "could not hide /sys/kernel/btf:\n{out}"
+    );
+    out.assert_error(&["BTF"]);
+    assert_empty(out_dir.path());
+}

@@ -1,0 +1,646 @@
+//! Shared helpers for the integration tests: compile small C programs, run
+//! them as workloads (killed on drop), run the `lightswitch` binary with a
+//! timeout, and parse its summary line and folded-stack output.
+//!
+//! The tests need root (BPF, perf events), `gcc` and util-linux (`setpriv`,
+//! `unshare`).
+
+// Each test crate uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// The profiler binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_lightswitch");
+
+/// Compiler flags for programs that keep frame pointers.
+pub const FP_FLAGS: &[&str] = &["-O2", "-g", "-fno-omit-frame-pointer"];
+
+/// Kernel frames in folded output carry this suffix.
+pub const KERNEL_SUFFIX: &str = "_[k]";
+
+/// Frames libc puts below `main`.
+pub const LIBC_START_FRAMES: &[&str] = &[
+    "_start",
+    "__libc_start_main",
+    "__libc_start_main_impl",
+    "__libc_start_main_alias_2",
+    "__libc_start_call_main",
+];
+
+/// Makes a workload die with the test that spawned it, even if the test
+/// process is killed before the guard's `Drop` runs.
+pub const DIE_WITH_PARENT: &str = r#"
+#include <signal.h>
+#include <sys/prctl.h>
+__attribute__((constructor)) static void die_with_parent(void) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+}
+"#;
+
+/// The call chain `main -> chain_a -> chain_b -> chain_c -> chain_hot`, no
+/// inlining, no tail calls (each caller does work after the call), and a
+/// leaf that keeps its counter on the stack so GCC gives it a frame.
+/// `main` is left to the including program.
+pub const CHAIN_FUNCTIONS: &str = r#"
+volatile unsigned long sink;
+__attribute__((noinline)) void chain_hot(void) {
+    for (volatile int i = 0; i < 1000000; i++) sink += i;
+}
+__attribute__((noinline)) void chain_c(void) { chain_hot(); sink++; }
+__attribute__((noinline)) void chain_b(void) { chain_c(); sink++; }
+__attribute__((noinline)) void chain_a(void) { chain_b(); sink++; }
+"#;
+
+/// The chain, root to leaf, as it must appear in folded user frames.
+pub const CHAIN: &[&str] = &["main", "chain_a", "chain_b", "chain_c", "chain_hot"];
+
+/// A program that runs the chain forever.
+pub fn chain_forever_source() -> String {
+    format!("{DIE_WITH_PARENT}{CHAIN_FUNCTIONS}\nint main(void) {{ for (;;) {{ chain_a(); sink++; }} }}\n")
+}
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Tests that sample the machine hold this so that, even when the harness
+/// runs tests in parallel, two profiling runs never compete for the CPUs.
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A C program compiled into its own temporary directory.
+pub struct Program {
+    dir: tempfile::TempDir,
+    /// The executable.
+    pub path: PathBuf,
+    /// Its file name, which is also its `comm` (if at most 15 bytes).
+    pub name: String,
+}
+
+/// Compile `source` with `gcc flags` into an executable called `name`.
+pub fn compile(name: &str, source: &str, flags: &[&str]) -> Program {
+    assert!(name.len() <= 15, "{name} would be truncated in comm");
+    let dir = tempfile::Builder::new()
+        .prefix("lsw-test-")
+        .tempdir()
+        .expect("tempdir");
+    let src = dir.path().join(format!("{name}.c"));
+    fs::write(&src, source).expect("writing C source");
+    let path = dir.path().join(name);
+    let out = Command::new("gcc")
+        .args(flags)
+        .arg("-o")
+        .arg(&path)
+        .arg(&src)
+        .output()
+        .expect("running gcc (is it installed?)");
+    assert!(
+        out.status.success(),
+        "gcc failed for {name}:\n{}\nsource:\n{source}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Program {
+        dir,
+        path,
+        name: name.to_string(),
+    }
+}
+
+impl Program {
+    /// The directory holding the program (removed when `self` drops).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// A running workload; killed and reaped on drop.
+pub struct Workload {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: Option<ChildStdout>,
+    name: String,
+    exited: Option<ExitStatus>,
+}
+
+impl Workload {
+    /// Start `program` with pipes on stdin and stdout, and wait until it
+    /// has exec'd.
+    pub fn spawn(program: &Program) -> Self {
+        let mut child = Command::new(&program.path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {}: {e}", program.path.display()));
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+        let workload = Workload {
+            child,
+            stdin,
+            stdout,
+            name: program.name.clone(),
+            exited: None,
+        };
+        workload.wait_for_exec();
+        workload
+    }
+
+    /// The workload's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The pid as a command-line argument.
+    pub fn pid_arg(&self) -> String {
+        self.pid().to_string()
+    }
+
+    /// Wait until `/proc/PID/comm` shows the program's name, so that no
+    /// sample is taken between fork and exec (with the test's own comm).
+    fn wait_for_exec(&self) {
+        let path = format!("/proc/{}/comm", self.pid());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if fs::read_to_string(&path).is_ok_and(|c| c.trim_end() == self.name) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exec within 10 s",
+                self.name
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Write one byte to the workload's stdin (programs that wait for a
+    /// start signal read it).
+    pub fn release(&mut self) {
+        let stdin = self.stdin.as_mut().expect("stdin already closed");
+        stdin
+            .write_all(b"g")
+            .expect("writing to the workload's stdin");
+        stdin.flush().expect("flushing the workload's stdin");
+    }
+
+    /// User plus system CPU time the workload has used so far.
+    pub fn cpu_time(&self) -> Duration {
+        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid()))
+            .expect("reading /proc/PID/stat");
+        // Fields after "(comm) ": state is field 3, utime 14, stime 15.
+        let rest = &stat[stat.rfind(')').expect("comm in stat") + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        Duration::from_secs_f64(ticks as f64 / hz as f64)
+    }
+
+    /// Everything the workload wrote to stdout (blocks until it closes it:
+    /// call after the workload exited).
+    pub fn stdout_text(&mut self) -> String {
+        let mut text = String::new();
+        if let Some(mut stdout) = self.stdout.take() {
+            stdout
+                .read_to_string(&mut text)
+                .expect("reading the workload's stdout");
+        }
+        text
+    }
+
+    /// Wait (reaping it) until the workload exits, at most `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for the workload") {
+                self.exited = Some(status);
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        if self.exited.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// What a finished `lightswitch` run printed.
+#[derive(Debug)]
+pub struct Output {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    /// Panic unless the run exited 0.
+    pub fn assert_success(&self) -> &Self {
+        assert_eq!(self.status.code(), Some(0), "lightswitch failed:\n{self}");
+        self
+    }
+
+    /// Panic unless the run exited with a non-zero code (not by a signal)
+    /// and its stderr contains every one of `needles`.
+    pub fn assert_error(&self, needles: &[&str]) -> &Self {
+        let code = self.status.code();
+        assert!(
+            code.is_some_and(|c| c != 0),
+            "expected lightswitch to fail with an error, got {:?}:\n{self}",
+            self.status
+        );
+        for needle in needles {
+            assert!(
+                self.stderr.contains(needle),
+                "stderr does not mention {needle:?}:\n{self}"
+            );
+        }
+        self
+    }
+
+    /// The parsed summary line (panics if missing).
+    pub fn summary(&self) -> Summary {
+        Summary::parse(&self.stdout).unwrap_or_else(|| panic!("no summary line in stdout:\n{self}"))
+    }
+}
+
+impl std::fmt::Display for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "status: {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// The line `profile written to PATH: N samples, P processes, L samples lost`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    pub path: PathBuf,
+    pub samples: u64,
+    pub processes: u64,
+    pub lost: u64,
+}
+
+impl Summary {
+    /// Find and parse the summary line in `stdout`.
+    pub fn parse(stdout: &str) -> Option<Summary> {
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("profile written to "))?;
+        let (path, counts) = line.rsplit_once(": ")?;
+        let mut numbers = counts.split(", ").map(|part| {
+            let (n, what) = part.split_once(' ')?;
+            Some((n.parse::<u64>().ok()?, what))
+        });
+        let (samples, w1) = numbers.next()??;
+        let (processes, w2) = numbers.next()??;
+        let (lost, w3) = numbers.next()??;
+        if (w1, w2, w3) != ("samples", "processes", "samples lost") {
+            return None;
+        }
+        Some(Summary {
+            path: PathBuf::from(path),
+            samples,
+            processes,
+            lost,
+        })
+    }
+}
+
+/// A running `lightswitch`; killed and reaped on drop.
+pub struct Lightswitch {
+    child: Child,
+    stdout: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<String>>,
+    done: bool,
+}
+
+fn collect<R: Read + Send + 'static>(mut reader: R) -> JoinHandle<String> {
+    thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = reader.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
+
+impl Lightswitch {
+    /// Start the profiler with `args`.
+    pub fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Self {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args);
+        Self::spawn_command(cmd)
+    }
+
+    /// Start `cmd` (the profiler, possibly behind a wrapper like `setpriv`).
+    pub fn spawn_command(mut cmd: Command) -> Self {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+        let stdout = collect(child.stdout.take().unwrap());
+        let stderr = collect(child.stderr.take().unwrap());
+        Lightswitch {
+            child,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+            done: false,
+        }
+    }
+
+    /// The profiler's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// Wait until the profiler holds perf event file descriptors, that is,
+    /// it is starting to sample (its signal handler is installed before;
+    /// the BPF program is attached to the events right after, so callers
+    /// that need samples flowing wait a little longer). Returns false if it
+    /// exited or `timeout` passed first.
+    pub fn wait_sampling(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let fd_dir = format!("/proc/{}/fd", self.pid());
+        while Instant::now() < deadline {
+            if !self.is_running() {
+                return false;
+            }
+            let perf_fds = fs::read_dir(&fd_dir)
+                .map(|dir| {
+                    dir.filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+                        .filter(|target| target.to_string_lossy().contains("[perf_event]"))
+                        .count()
+                })
+                .unwrap_or(0);
+            if perf_fds > 0 {
+                return true;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    /// Send `signal` to the profiler.
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: plain kill(2) on our own child.
+        let rc = unsafe { libc::kill(self.pid() as libc::pid_t, signal) };
+        assert_eq!(rc, 0, "kill({}, {signal}) failed", self.pid());
+    }
+
+    /// Panic (with the profiler's output) unless it starts sampling
+    /// within 30 s.
+    pub fn expect_sampling(&mut self) {
+        if !self.wait_sampling(Duration::from_secs(30)) {
+            let out = self.finish(Duration::from_secs(5));
+            panic!("lightswitch did not start sampling:\n{out}");
+        }
+    }
+
+    /// Wait for the profiler to exit; panic (after killing it) if it runs
+    /// longer than `timeout`.
+    pub fn wait(mut self, timeout: Duration) -> Output {
+        let deadline = Instant::now() + timeout;
+        let output = self.finish(timeout);
+        assert!(
+            Instant::now() < deadline,
+            "lightswitch did not exit within {timeout:?} (killed):\n{output}"
+        );
+        output
+    }
+
+    /// Wait at most `timeout` for the profiler to exit, then kill it, and
+    /// collect what it printed.
+    fn finish(&mut self, timeout: Duration) -> Output {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                break self.child.wait().expect("wait");
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        self.done = true;
+        Output {
+            status,
+            stdout: self.stdout.take().unwrap().join().unwrap(),
+            stderr: self.stderr.take().unwrap().join().unwrap(),
+        }
+    }
+}
+
+impl Drop for Lightswitch {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A profiler run on a busy workload, with the CPU time the workload used.
+pub struct Profiled {
+    pub out: Output,
+    /// Workload CPU time from just before the profiler started to its exit.
+    pub cpu_total: Duration,
+    /// Workload CPU time from when the profiler opened its perf events to
+    /// its exit (includes the profiler's post-processing).
+    pub cpu_sampling: Duration,
+}
+
+impl Profiled {
+    /// Assert that `samples` of the workload is plausible for a run of
+    /// `window` seconds at `freq` Hz given the CPU time the workload used:
+    /// well below twice what that CPU time allows (nothing counted twice),
+    /// and at least half of what it used while sampled. Robust on a loaded
+    /// machine, where the workload gets less CPU and so fewer samples, and
+    /// where which task a CPU-wide timer tick lands on is statistical.
+    pub fn assert_plausible(&self, samples: u64, freq: f64, window: f64) {
+        let upper = self.cpu_total.as_secs_f64() * freq * 1.5 + 20.0;
+        let lower = 0.5 * freq * self.cpu_sampling.as_secs_f64().min(window);
+        let n = samples as f64;
+        assert!(
+            n <= upper && n >= lower,
+            "{samples} samples is implausible for a workload that used {:?} of CPU ({:?} while \
+             sampled) at {freq} Hz over {window} s: expected {lower:.0} ..= {upper:.0}\n{}",
+            self.cpu_total,
+            self.cpu_sampling,
+            self.out
+        );
+    }
+}
+
+/// Run the profiler with `args` (which should profile `workload` for a
+/// fixed duration) and measure the workload's CPU time meanwhile.
+pub fn profile_workload<S: AsRef<std::ffi::OsStr>>(workload: &Workload, args: &[S]) -> Profiled {
+    let cpu_start = workload.cpu_time();
+    let mut profiler = Lightswitch::spawn(args);
+    profiler.expect_sampling();
+    let cpu_sampling_start = workload.cpu_time();
+    let out = profiler.wait(Duration::from_secs(60));
+    let cpu_end = workload.cpu_time();
+    Profiled {
+        out,
+        cpu_total: cpu_end - cpu_start,
+        cpu_sampling: cpu_end - cpu_sampling_start,
+    }
+}
+
+/// Run the profiler with `args` to completion (at most `timeout`).
+pub fn run<S: AsRef<std::ffi::OsStr>>(args: &[S], timeout: Duration) -> Output {
+    Lightswitch::spawn(args).wait(timeout)
+}
+
+/// Run `cmd` (the profiler behind a wrapper) to completion.
+pub fn run_command(cmd: Command, timeout: Duration) -> Output {
+    Lightswitch::spawn_command(cmd).wait(timeout)
+}
+
+/// One folded line: frames (the first is the process name) and its count.
+pub type Stack = (Vec<String>, u64);
+
+/// Parse folded-stack text; panics on a malformed line.
+pub fn parse_folded(text: &str) -> Vec<Stack> {
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(|line| {
+            let (stack, count) = line
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("folded line without a count: {line:?}"));
+            let count = count
+                .parse::<u64>()
+                .unwrap_or_else(|_| panic!("bad count in folded line: {line:?}"));
+            let frames: Vec<String> = stack.split(';').map(str::to_string).collect();
+            assert!(
+                frames.iter().all(|f| !f.is_empty()),
+                "empty frame in folded line: {line:?}"
+            );
+            (frames, count)
+        })
+        .collect()
+}
+
+/// Read and parse a folded profile.
+pub fn read_folded(path: &Path) -> Vec<Stack> {
+    let text =
+        fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    parse_folded(&text)
+}
+
+/// Whether a folded frame is a kernel frame.
+pub fn is_kernel(frame: &str) -> bool {
+    frame.ends_with(KERNEL_SUFFIX)
+}
+
+/// The process name (first frame) of a folded stack.
+pub fn comm(frames: &[String]) -> &str {
+    &frames[0]
+}
+
+/// The user frames of a folded stack, root to leaf: the process name and
+/// kernel frames removed.
+pub fn user_frames(frames: &[String]) -> Vec<&str> {
+    frames[1..]
+        .iter()
+        .map(String::as_str)
+        .filter(|f| !is_kernel(f))
+        .collect()
+}
+
+/// The kernel frames of a folded stack, root to leaf, suffix removed.
+pub fn kernel_frames(frames: &[String]) -> Vec<&str> {
+    frames[1..]
+        .iter()
+        .filter_map(|f| f.strip_suffix(KERNEL_SUFFIX))
+        .collect()
+}
+
+/// Sum of the counts.
+pub fn total(stacks: &[Stack]) -> u64 {
+    stacks.iter().map(|(_, n)| n).sum()
+}
+
+/// The stacks whose process name is `name`.
+pub fn of_process<'a>(stacks: &'a [Stack], name: &str) -> Vec<&'a Stack> {
+    stacks.iter().filter(|(f, _)| comm(f) == name).collect()
+}
+
+/// Whether `user` (root to leaf) ends with `chain` and has nothing but libc
+/// start-up frames before it.
+pub fn ends_with_chain(user: &[&str], chain: &[&str]) -> bool {
+    user.len() >= chain.len()
+        && user[user.len() - chain.len()..] == *chain
+        && user[..user.len() - chain.len()]
+            .iter()
+            .all(|f| LIBC_START_FRAMES.contains(f))
+}
+
+/// The stacks as text, most frequent first, for assertion messages.
+pub fn show(stacks: &[&Stack]) -> String {
+    let mut sorted: Vec<&&Stack> = stacks.iter().collect();
+    sorted.sort_by_key(|stack| std::cmp::Reverse(stack.1));
+    let mut text = String::new();
+    for (frames, count) in sorted.iter().take(25) {
+        let mut line = frames.join(";");
+        if line.len() > 400 {
+            let cut = (0..=200)
+                .rev()
+                .find(|&i| line.is_char_boundary(i))
+                .unwrap_or(0);
+            let tail = (line.len() - 200..line.len())
+                .find(|&i| line.is_char_boundary(i))
+                .unwrap();
+            line = format!("{} ... {}", &line[..cut], &line[tail..]);
+        }
+        text.push_str(&format!("{line} {count}\n"));
+    }
+    if sorted.len() > 25 {
+        text.push_str(&format!("... and {} more lines\n", sorted.len() - 25));
+    }
+    text
+}
+
+/// Make `path` accessible to everyone (`mode` e.g. 0o755 or 0o777).
+pub fn chmod(path: &Path, mode: u32) {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
+}
+
+/// A fresh temporary directory.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("lsw-test-")
+        .tempdir()
+        .expect("tempdir")
+}
+
+/// `path` as a `&str` (test paths are UTF-8).
+pub fn s(path: &Path) -> &str {
+    path.to_str().expect("UTF-8 path")
+}
