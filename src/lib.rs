@@ -17,4 +17,3 @@ pub mod sender;
 mod skel;
 pub mod symbolize;
 pub mod unwind;
-pub mod unwind_loader;

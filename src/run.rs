@@ -22,7 +22,7 @@ use crate::profile::Profile;
 use crate::sampler::{self, Sampler, SamplerConfig};
 use crate::sender::disk;
 use crate::symbolize::{Symbolizer, Window};
-use crate::unwind_loader::UnwindLoader;
+use crate::unwind::loader::UnwindLoader;
 
 /// What a run produced, for the summary line.
 #[derive(Debug, Clone)]

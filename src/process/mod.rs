@@ -335,7 +335,7 @@ mod tests {
     fn finds_own_code_mapping_and_object() {
         let mut tracker = ProcessTracker::new();
         let pid = std::process::id();
-        let addr = finds_own_code_mapping_and_object as usize as u64;
+        let addr = finds_own_code_mapping_and_object as *const () as usize as u64;
         let id = tracker.find_mapping(pid, addr).expect("own code is mapped");
         let mapping = tracker.mapping(id).clone();
         assert!(mapping.start <= addr && addr < mapping.end);

@@ -327,13 +327,17 @@ fn user_frame_lines(
     }
 }
 
+/// What makes two frames the same location: kind, profile mapping, address,
+/// and (for unwind markers, which have no address) the marker's name.
+type FrameKey = (FrameKind, Option<usize>, u64, Option<Arc<str>>);
+
 /// Deduplication state while a profile is assembled.
 #[derive(Default)]
 struct ProfileAssembly {
     kernel_mapping: Option<usize>,
     mappings: HashMap<MappingId, usize>,
     distinct_mappings: HashMap<ProfileMapping, usize>,
-    frames: HashMap<(FrameKind, Option<usize>, u64, Option<Arc<str>>), usize>,
+    frames: HashMap<FrameKey, usize>,
 }
 
 impl ProfileAssembly {

@@ -2,6 +2,7 @@
 //! compiled into compact rows the BPF program can search (format:
 //! `docs/unwind-tables.md`, C layout in `src/bpf/profiler.h`).
 //!
+//! [`loader`] keeps the BPF walker supplied with process descriptions and tables.
 //! [`builder`] evaluates the CFI with gimli into [`rule::Rule`]s, which
 //! [`table`] splits into pages ([`UnwindTable`]); [`identity`] keys objects
 //! (build ID, else content hash) and finds separate debug files; [`cache`]
@@ -15,6 +16,7 @@ use tracing::debug;
 pub mod builder;
 pub mod cache;
 pub mod identity;
+pub mod loader;
 #[cfg(test)]
 mod reference_tests;
 pub mod row;
@@ -61,4 +63,28 @@ fn cached(
     let (table, outcome) = cache::get_or_build(dir, &key, build)?;
     debug!("unwind table {key}: {outcome:?}");
     Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cached_table_builds_once_then_reads_the_cache() {
+        let path = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        let Ok(bytes) = std::fs::read(path) else {
+            eprintln!("skipped: {} is absent", path.display());
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let built = cached_table_at(Some(dir.path()), path, &bytes).expect("built");
+        let entry = cache::entry_path(dir.path(), &ObjectKey::for_object(&bytes));
+        assert!(entry.exists());
+        assert_eq!(
+            cache::load(dir.path(), &ObjectKey::for_object(&bytes)).ok(),
+            Some(built.clone())
+        );
+        assert_eq!(cached_table(Some(dir.path()), &bytes).expect("hit"), built);
+        assert_eq!(cached_table(None, &bytes).expect("uncached"), built);
+    }
 }

@@ -28,8 +28,9 @@ pub const VDSO_OBJECT_ID: u32 = u32::MAX - 1;
 
 /// Where a table's CFI comes from.
 enum TableSource {
-    /// An object file, opened through the tracker (`/proc/self/fd/N`).
-    File(PathBuf),
+    /// An object file: `open` reads it (`/proc/self/fd/N`), `path` is where
+    /// the process saw it (to find its separate debug file).
+    File { open: PathBuf, path: PathBuf },
     /// An in-memory ELF image (the vDSO, read from a process's memory).
     Bytes(Vec<u8>),
 }
@@ -138,9 +139,11 @@ fn build_worker(
 ) {
     for request in requests {
         let table = match request.source {
-            TableSource::File(path) => std::fs::read(&path)
+            TableSource::File { open, path } => std::fs::read(&open)
                 .with_context(|| format!("reading {}", path.display()))
-                .and_then(|bytes| crate::unwind::cached_table(cache_dir.as_deref(), &bytes)),
+                .and_then(|bytes| {
+                    crate::unwind::cached_table_at(cache_dir.as_deref(), &path, &bytes)
+                }),
             TableSource::Bytes(bytes) => crate::unwind::cached_table(cache_dir.as_deref(), &bytes),
         };
         let result = BuildResult {
@@ -238,18 +241,10 @@ impl UnwindLoader {
                 Some(t) => {
                     t.last_used = now;
                     if matches!(t.state, TableState::Evicted) {
-                        self.request(
-                            object.0,
-                            tracker,
-                            TableSource::File(tracker.object(object).open_path.clone()),
-                        );
+                        self.request(object.0, tracker, file_source(tracker, object));
                     }
                 }
-                None => self.request(
-                    object.0,
-                    tracker,
-                    TableSource::File(tracker.object(object).open_path.clone()),
-                ),
+                None => self.request(object.0, tracker, file_source(tracker, object)),
             }
         }
     }
@@ -311,11 +306,7 @@ impl UnwindLoader {
         };
         if let Some(object) = m.object {
             if !self.tables.contains_key(&object.0) {
-                self.request(
-                    object.0,
-                    tracker,
-                    TableSource::File(tracker.object(object).open_path.clone()),
-                );
+                self.request(object.0, tracker, file_source(tracker, object));
             }
             return ExecMapping {
                 start: m.start,
@@ -459,6 +450,14 @@ impl UnwindLoader {
         }
         self.stats.evictions += 1;
         true
+    }
+}
+
+fn file_source(tracker: &ProcessTracker, object: ObjectId) -> TableSource {
+    let file = tracker.object(object);
+    TableSource::File {
+        open: file.open_path.clone(),
+        path: PathBuf::from(&file.path),
     }
 }
 
