@@ -37,6 +37,8 @@ pub struct RunSummary {
     pub lost: u64,
     /// Samples per unwind result (`complete`, `truncated`, ...).
     pub unwind: BTreeMap<String, u64>,
+    /// Walks stopped by an unsupported CFI rule, per rule kind.
+    pub unsupported: BTreeMap<String, u64>,
 }
 
 impl std::fmt::Display for RunSummary {
@@ -54,7 +56,16 @@ impl std::fmt::Display for RunSummary {
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        write!(f, "\nuser stacks: {}", unwind.join(" "))
+        write!(f, "\nuser stacks: {}", unwind.join(" "))?;
+        if !self.unsupported.is_empty() {
+            let kinds: Vec<String> = self
+                .unsupported
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            write!(f, "\nunsupported CFI rules: {}", kinds.join(" "))?;
+        }
+        Ok(())
     }
 }
 
@@ -155,19 +166,27 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         tracker.stats(),
         loader.stats()
     );
-    let unsupported: Vec<String> = stats
+    let unsupported: BTreeMap<String, u64> = stats
         .unsupported
         .iter()
         .enumerate()
         .filter(|(_, &n)| n > 0)
-        .map(|(kind, n)| format!("{}={n}", crate::unwind::unsupported_kind_name(kind as u16)))
+        .map(|(kind, &n)| {
+            (
+                crate::unwind::unsupported_kind_name(kind as u16).to_string(),
+                n,
+            )
+        })
         .collect();
-    if !unsupported.is_empty() {
-        info!(
-            "walks stopped by unsupported CFI rules: {}",
-            unsupported.join(" ")
-        );
-    }
+    let tables = loader.stats();
+    info!(
+        "unwind tables: {} loaded, {} rows ({:.1} MiB), {} evicted, {} failed",
+        tables.tables_loaded,
+        tables.rows_loaded,
+        tables.rows_loaded as f64 * 8.0 / (1024.0 * 1024.0),
+        tables.evictions,
+        tables.build_failures
+    );
 
     let window = Window {
         start_unix_ns: start_wall
@@ -191,6 +210,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
             .iter()
             .map(|(k, v)| (k.name(), *v))
             .collect(),
+        unsupported,
     })
 }
 

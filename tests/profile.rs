@@ -98,8 +98,6 @@ fn fp_chain() {
 /// The same chain built without frame pointers: user stacks must come from
 /// the CFI (.eh_frame) unwinder, with the same exact chain.
 #[test]
-#[ignore = "needs DWARF (.eh_frame) user unwinding, not implemented yet (README): the \
-            frame-pointer walk stops after the leaf"]
 fn no_frame_pointer_chain() {
     let _serial = serial();
     let flags = [
@@ -252,12 +250,10 @@ fn syscall_kernel_frames() {
 }
 
 /// Same program: the caller of libc's `read` wrapper must be in the stack.
-/// The wrapper has no frame of its own, so a frame-pointer walk that starts
-/// in it returns straight to `main` and loses `zero_reader`; the CFI-based
-/// unwinder described in DESIGN.md gets it right.
+/// The wrapper sets up no frame of its own, so a frame-pointer walk that
+/// starts in it returns straight to `main` and loses `zero_reader`; the
+/// CFI (.eh_frame) unwinder gets it right.
 #[test]
-#[ignore = "needs DWARF (.eh_frame) user unwinding, not implemented yet (README): the \
-            frame-pointer walk from libc's frameless read() drops its caller zero_reader"]
 fn syscall_keeps_caller_of_libc_wrapper() {
     let _serial = serial();
     let stacks = profile_reader();
