@@ -255,11 +255,19 @@ static __always_inline void frame_pointer_step(struct walk_state *st)
 	st->exact_ip = 0;
 }
 
+/* What every step of one program run's walk needs, looked up once. */
+struct walk_context {
+	struct scratch_space *sc;
+	struct process_info *proc;
+};
+
 /* Walk one frame: record st->ip, then compute the caller's registers. Returns 1 to stop. */
-static long unwind_step(__u64 index, void *unused)
+static long unwind_step(__u64 index, void *data)
 {
-	struct scratch_space *sc = get_scratch();
-	if (!sc)
+	struct walk_context *wc = data;
+	struct scratch_space *sc = wc->sc;
+	struct process_info *proc = wc->proc;
+	if (!sc || !proc)
 		return 1;
 	struct walk_state *st = &sc->state;
 	struct stack_sample *s = &sc->sample;
@@ -274,15 +282,9 @@ static long unwind_step(__u64 index, void *unused)
 	s->frames[slot] = st->ip;
 	st->user_frames++;
 
-	__u32 pid = s->header.pid;
-	struct process_info *proc = bpf_map_lookup_elem(&process_mappings, &pid);
-	if (!proc) {
-		finish(st, UNWIND_NO_TABLE);
-		return 1;
-	}
 	struct exec_mapping *m = find_mapping(st, proc, st->ip);
 	if (!m) {
-		notify_unknown_mapping(pid, st->ip);
+		notify_unknown_mapping(s->header.pid, st->ip);
 		finish(st, UNWIND_NO_MAPPING);
 		return 1;
 	}
@@ -292,17 +294,17 @@ static long unwind_step(__u64 index, void *unused)
 	}
 
 	__u32 object_id = m->object_id;
-	if (!bpf_map_lookup_elem(&loaded_objects, &object_id)) {
-		finish(st, UNWIND_NO_TABLE);
-		return 1;
-	}
 	/* A return address may be one past the end of its function (a call to a
 	 * noreturn function): look up the call instruction instead. */
 	__u64 vaddr = st->ip - m->bias - (st->exact_ip ? 0 : 1);
 	struct page_key key = { .object_id = object_id, .page = vaddr >> UNWIND_PAGE_BITS };
 	struct page_value *page = bpf_map_lookup_elem(&unwind_pages, &key);
+	if (!page && !bpf_map_lookup_elem(&loaded_objects, &object_id)) {
+		finish(st, UNWIND_NO_TABLE);
+		return 1;
+	}
 	struct unwind_row *row = page ? find_row(st, page, vaddr & (UNWIND_PAGE_SIZE - 1)) : NULL;
-	__u8 cfa_type = row ? row->cfa_type & 0x7f : CFA_END_OF_FUNCTION;
+	__u8 cfa_type = row ? row->cfa_type & CFA_TYPE_MASK : CFA_END_OF_FUNCTION;
 	if (cfa_type == CFA_END_OF_FUNCTION) {
 		/* No CFI covers this pc. */
 		frame_pointer_step(st);
@@ -311,7 +313,8 @@ static long unwind_step(__u64 index, void *unused)
 
 	__u64 cfa_offset = row->cfa_offset;
 	if (row->cfa_type & CFA_OFFSET_SCALED)
-		cfa_offset *= 8;
+		cfa_offset = (cfa_offset | (__u64)((row->cfa_type >> CFA_OFFSET_HIGH_SHIFT) & CFA_OFFSET_HIGH_MASK)
+						   << 16) * 8;
 	__u64 cfa;
 	switch (cfa_type) {
 	case CFA_RSP_OFFSET:
@@ -403,7 +406,12 @@ static __always_inline void send_sample(struct scratch_space *sc)
  * on in a fresh run of this program. */
 static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct scratch_space *sc)
 {
-	bpf_loop(FRAMES_PER_PROGRAM, unwind_step, NULL, 0);
+	__u32 pid = sc->sample.header.pid;
+	struct walk_context wc = { .sc = sc, .proc = bpf_map_lookup_elem(&process_mappings, &pid) };
+	if (!wc.proc)
+		finish(&sc->state, UNWIND_NO_TABLE);
+	else
+		bpf_loop(FRAMES_PER_PROGRAM, unwind_step, &wc, 0);
 	if (!sc->state.done) {
 		if (sc->state.user_frames >= MAX_USER_FRAMES) {
 			finish(&sc->state, UNWIND_TRUNCATED);

@@ -83,7 +83,7 @@ struct stack_sample {
 #define UNWIND_PAGE_BITS 16
 #define UNWIND_PAGE_SIZE (1 << UNWIND_PAGE_BITS)
 
-/* How the CFA is computed (low 7 bits of unwind_row.cfa_type). */
+/* How the CFA is computed (bits 0-2 of unwind_row.cfa_type). */
 enum cfa_type {
 	CFA_END_OF_FUNCTION = 0, /* no FDE covers this pc: no unwind info */
 	CFA_RSP_OFFSET = 1,      /* CFA = rsp + offset */
@@ -93,8 +93,12 @@ enum cfa_type {
 	CFA_OUTERMOST = 5,       /* return address undefined: this is the outermost frame */
 	CFA_UNSUPPORTED = 6,     /* a rule BPF cannot evaluate; fp_offset holds the unsupported kind */
 };
-/* Set in unwind_row.cfa_type when cfa_offset is in units of 8 bytes. */
+#define CFA_TYPE_MASK 0x07
+/* Set in unwind_row.cfa_type when the CFA offset is in units of 8 bytes;
+ * bits 3-6 then hold bits 16-19 of the scaled offset (up to 8 MiB - 8). */
 #define CFA_OFFSET_SCALED 0x80
+#define CFA_OFFSET_HIGH_SHIFT 3
+#define CFA_OFFSET_HIGH_MASK 0x0f
 
 /* How the caller's rbp is recovered. */
 enum fp_type {
@@ -106,7 +110,7 @@ enum fp_type {
 /* One unwind row: the rule in effect from this pc up to the next row. 8 bytes. */
 struct unwind_row {
 	__u16 pc_low;     /* pc - page start, bytes */
-	__u8 cfa_type;    /* enum cfa_type | CFA_OFFSET_SCALED */
+	__u8 cfa_type;    /* enum cfa_type | high offset bits << 3 | CFA_OFFSET_SCALED */
 	__u8 fp_type;     /* enum fp_type */
 	__u16 cfa_offset; /* bytes, or units of 8 bytes with CFA_OFFSET_SCALED; PLT: the threshold */
 	__s16 fp_offset;  /* units of 8 bytes (FP_AT_CFA_OFFSET); unsupported kind (CFA_UNSUPPORTED) */

@@ -27,8 +27,13 @@ pub enum CfaType {
     Unsupported = 6,
 }
 
-/// Flag in the raw `cfa_type` byte: `cfa_offset` is in units of 8 bytes.
+/// Bits of the raw `cfa_type` byte that hold the [`CfaType`].
+pub const CFA_TYPE_MASK: u8 = 0x07;
+/// Flag in the raw `cfa_type` byte: the CFA offset is in units of 8 bytes,
+/// and bits 3-6 hold bits 16-19 of that scaled offset.
 pub const CFA_OFFSET_SCALED: u8 = 0x80;
+/// Shift of the high scaled-offset bits in the raw `cfa_type` byte.
+pub const CFA_OFFSET_HIGH_SHIFT: u8 = 3;
 
 /// How the caller's rbp is recovered (`enum fp_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -49,7 +54,7 @@ pub enum FpType {
 pub struct RawRow {
     /// pc - page start, bytes.
     pub pc_low: u16,
-    /// [`CfaType`] | [`CFA_OFFSET_SCALED`].
+    /// [`CfaType`] | high offset bits << [`CFA_OFFSET_HIGH_SHIFT`] | [`CFA_OFFSET_SCALED`].
     pub cfa_type: u8,
     /// [`FpType`].
     pub fp_type: u8,

@@ -7,10 +7,12 @@
 
 use std::fmt;
 
-use super::row::{CfaType, FpType, RawRow, CFA_OFFSET_SCALED};
+use super::row::{
+    CfaType, FpType, RawRow, CFA_OFFSET_HIGH_SHIFT, CFA_OFFSET_SCALED, CFA_TYPE_MASK,
+};
 
 /// Largest CFA offset a row can hold, bytes: `u16::MAX` units of 8 bytes.
-pub const MAX_CFA_OFFSET: u32 = u16::MAX as u32 * 8;
+pub const MAX_CFA_OFFSET: u32 = ((1 << 20) - 1) * 8;
 
 /// Why a CFI rule could not be turned into a row the BPF program evaluates.
 ///
@@ -108,12 +110,17 @@ impl CfaOffset {
         self.0
     }
 
-    /// (`cfa_offset` field, scaled flag).
-    fn encode(self) -> (u16, bool) {
+    /// (`cfa_offset` field, bits to OR into `cfa_type`: the scaled flag
+    /// and the scaled offset's bits 16-19).
+    fn encode(self) -> (u16, u8) {
         match u16::try_from(self.0) {
-            Ok(v) => (v, false),
-            // Checked by `new`: a multiple of 8 whose quotient fits.
-            Err(_) => ((self.0 / 8) as u16, true),
+            Ok(v) => (v, 0),
+            // Checked by `new`: a multiple of 8 whose quotient fits in 20 bits.
+            Err(_) => {
+                let scaled = self.0 / 8;
+                let high = ((scaled >> 16) as u8) << CFA_OFFSET_HIGH_SHIFT;
+                (scaled as u16, CFA_OFFSET_SCALED | high)
+            }
         }
     }
 }
@@ -192,8 +199,8 @@ impl Rule {
                 } else {
                     CfaType::RbpOffset
                 };
-                let (offset, scaled) = cfa.encode();
-                raw.cfa_type = kind as u8 | if scaled { CFA_OFFSET_SCALED } else { 0 };
+                let (offset, flags) = cfa.encode();
+                raw.cfa_type = kind as u8 | flags;
                 raw.cfa_offset = offset;
                 set_fp(fp, &mut raw);
             }
@@ -224,15 +231,19 @@ impl Rule {
             _ => Err(bad()),
         };
         let no_fields = raw.fp_type == 0 && raw.cfa_offset == 0 && raw.fp_offset == 0;
+        let high = u32::from((raw.cfa_type & !CFA_OFFSET_SCALED) >> CFA_OFFSET_HIGH_SHIFT);
+        if high != 0 && !scaled {
+            return Err(bad());
+        }
         let cfa = |raw_offset: u16| {
             let bytes = if scaled {
-                u32::from(raw_offset) * 8
+                ((high << 16) | u32::from(raw_offset)) * 8
             } else {
                 u32::from(raw_offset)
             };
             CfaOffset::new(i64::from(bytes)).ok_or_else(bad)
         };
-        let kind = raw.cfa_type & !CFA_OFFSET_SCALED;
+        let kind = raw.cfa_type & CFA_TYPE_MASK;
         let rule = match kind {
             k if k == CfaType::RspOffset as u8 => Rule::RspOffset {
                 cfa: cfa(raw.cfa_offset)?,
