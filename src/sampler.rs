@@ -268,6 +268,66 @@ pub struct Sampler<'obj> {
     // One link per perf event; dropping a link detaches the program and
     // closes its perf event.
     links: RefCell<Vec<Link>>,
+    cpus: usize,
+    /// The `unwind_rows` array, mapped into this process (BPF_F_MMAPABLE).
+    rows: MappedRows,
+}
+
+/// The memory of the `unwind_rows` map, shared with the kernel: rows
+/// written here are what the BPF walker reads.
+struct MappedRows {
+    base: *mut u8,
+    len: usize,
+}
+
+impl MappedRows {
+    fn map(fd: std::os::fd::BorrowedFd<'_>, rows: u32) -> Result<Self> {
+        let page = 4096usize;
+        let len = (rows as usize * 8).div_ceil(page) * page;
+        // SAFETY: mapping a BPF array map created with BPF_F_MMAPABLE; the
+        // kernel checks fd, length and flags, and the mapping is released in Drop.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(anyhow!(std::io::Error::last_os_error()))
+                .context("mapping the unwind_rows map");
+        }
+        Ok(MappedRows {
+            base: base.cast(),
+            len,
+        })
+    }
+
+    fn write(&self, first: u32, rows: &[RawRow]) -> Result<()> {
+        let start = first as usize * 8;
+        let end = start + rows.len() * 8;
+        if end > self.len {
+            bail!(
+                "rows {first}..{} exceed the unwind_rows map",
+                first as usize + rows.len()
+            );
+        }
+        let bytes: Vec<u8> = rows.iter().flat_map(|r| r.to_bytes()).collect();
+        // SAFETY: [start, end) lies inside the live mapping (checked above),
+        // and `bytes` is a separate allocation of exactly end - start bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(start), bytes.len()) };
+        Ok(())
+    }
+}
+
+impl Drop for MappedRows {
+    fn drop(&mut self) {
+        // SAFETY: base/len are exactly what mmap returned and nothing uses them after this.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
 }
 
 /// Online CPUs, from `/sys/devices/system/cpu/online` (a range list such as `0-3,6`).
@@ -387,8 +447,11 @@ impl<'obj> Sampler<'obj> {
             let _ = fd.into_raw_fd();
             links.push(link);
         }
+        let rows = MappedRows::map(skel.maps.unwind_rows.as_fd(), config.max_unwind_rows)?;
         Ok(Sampler {
             skel,
+            cpus: links.len() - 2,
+            rows,
             links: RefCell::new(links),
         })
     }
@@ -400,7 +463,7 @@ impl<'obj> Sampler<'obj> {
 
     /// Number of perf events (one per online CPU) the program is attached to.
     pub fn attached_cpus(&self) -> usize {
-        self.links.borrow().len()
+        self.cpus
     }
 
     /// Build a reader of both ring buffers: each sample record is parsed into
@@ -455,28 +518,10 @@ impl<'obj> Sampler<'obj> {
         let _ = self.skel.maps.process_mappings.delete(&pid.to_ne_bytes());
     }
 
-    /// Write `rows` into the `unwind_rows` map starting at index `first`.
+    /// Write `rows` into the `unwind_rows` map starting at index `first`
+    /// (a copy into the map's shared memory). Errors if they do not fit.
     pub fn write_rows(&self, first: u32, rows: &[RawRow]) -> Result<()> {
-        const BATCH: usize = 8192;
-        for (n, chunk) in rows.chunks(BATCH).enumerate() {
-            let base = first + (n * BATCH) as u32;
-            let keys: Vec<u8> = (0..chunk.len() as u32)
-                .flat_map(|i| (base + i).to_ne_bytes())
-                .collect();
-            let values: Vec<u8> = chunk.iter().flat_map(|r| r.to_bytes()).collect();
-            self.skel
-                .maps
-                .unwind_rows
-                .update_batch(
-                    &keys,
-                    &values,
-                    chunk.len() as u32,
-                    MapFlags::ANY,
-                    MapFlags::ANY,
-                )
-                .context("writing unwind rows")?;
-        }
-        Ok(())
+        self.rows.write(first, rows)
     }
 
     /// Make `pages` of `object_id` visible to the walker; their rows start

@@ -88,10 +88,11 @@ struct {
 } unwind_pages SEC(".maps");
 
 /* Every loaded row of every object; user space sizes it (--max-unwind-info-mb)
- * and allocates a contiguous range per object. */
+ * and allocates a contiguous range per object, writing rows through mmap. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, struct unwind_row);
 } unwind_rows SEC(".maps");

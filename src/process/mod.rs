@@ -41,8 +41,8 @@ pub struct ObjectFile {
     pub open_path: PathBuf,
     /// GNU build ID (`.note.gnu.build-id`), if the object has one.
     pub build_id: Option<Vec<u8>>,
-    /// `PT_LOAD` segments as `(p_offset, p_vaddr, p_filesz)`, from the ELF
-    /// program headers; empty when the file is not a readable ELF.
+    /// Executable `PT_LOAD` segments as `(p_offset, p_vaddr, p_filesz)`,
+    /// from the ELF program headers; empty when the file is not a readable ELF.
     pub load_segments: Vec<(u64, u64, u64)>,
     /// The open file (keeps deleted and container objects readable).
     pub file: File,
@@ -50,18 +50,25 @@ pub struct ObjectFile {
 
 impl ObjectFile {
     /// The object's virtual address (as in its ELF headers and CFI) for file
-    /// offset `offset`, through the `PT_LOAD` segment containing it. Without
-    /// a containing segment, vaddr = offset (the usual layout of text).
+    /// offset `offset` of an executable mapping, through the executable
+    /// `PT_LOAD` segment that mapping comes from. A mapping starts at the
+    /// segment's offset rounded down to a page, which may lie in the file
+    /// range of the previous segment (lld's layout), so the segment's range
+    /// is taken from its page-aligned start. Without a matching segment,
+    /// vaddr = offset (the usual layout of text).
     pub fn vaddr_of_offset(&self, offset: u64) -> u64 {
+        const PAGE: u64 = 4096;
         self.load_segments
             .iter()
-            .find(|(off, _, size)| *off <= offset && offset < off + size)
-            .map_or(offset, |(off, vaddr, _)| offset - off + vaddr)
+            .find(|(off, _, size)| off & !(PAGE - 1) <= offset && offset < off + size)
+            .map_or(offset, |(off, vaddr, _)| {
+                offset.wrapping_sub(*off).wrapping_add(*vaddr)
+            })
     }
 }
 
-/// `PT_LOAD` program headers of an ELF file, as `(p_offset, p_vaddr, p_filesz)`.
-/// Reads only the headers, not the whole file.
+/// Executable `PT_LOAD` program headers of an ELF file, as
+/// `(p_offset, p_vaddr, p_filesz)`. Reads only the headers, not the whole file.
 pub fn load_segments(file: &File) -> object::read::Result<Vec<(u64, u64, u64)>> {
     use object::read::elf::{ElfFile64, ProgramHeader};
     use object::read::ReadCache;
@@ -71,7 +78,10 @@ pub fn load_segments(file: &File) -> object::read::Result<Vec<(u64, u64, u64)>> 
     Ok(elf
         .elf_program_headers()
         .iter()
-        .filter(|ph| ph.p_type(endian) == object::elf::PT_LOAD)
+        .filter(|ph| {
+            ph.p_type(endian) == object::elf::PT_LOAD
+                && ph.p_flags(endian).0 & object::elf::PF_X.0 != 0
+        })
         .map(|ph| (ph.p_offset(endian), ph.p_vaddr(endian), ph.p_filesz(endian)))
         .collect())
 }

@@ -13,6 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 
 use anyhow::{Context, Result};
@@ -127,17 +128,83 @@ pub struct UnwindLoader {
     tables: HashMap<u32, ObjectTable>,
     described: HashSet<u32>,
     clock: u64,
-    requests: Sender<BuildRequest>,
+    queue: Arc<BuildQueue>,
     results: Receiver<BuildResult>,
     stats: UnwindLoaderStats,
 }
 
-fn build_worker(
-    requests: Receiver<BuildRequest>,
-    results: Sender<BuildResult>,
-    cache_dir: Option<PathBuf>,
-) {
-    for request in requests {
+/// Tables waiting to be built, most wanted first: the priority of a
+/// request grows with every sample that needed its table before it loaded.
+#[derive(Default)]
+struct BuildQueue {
+    pending: Mutex<PendingBuilds>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct PendingBuilds {
+    /// object id -> (priority, arrival order, request)
+    requests: HashMap<u32, (u64, u64, BuildRequest)>,
+    arrivals: u64,
+    closed: bool,
+}
+
+impl BuildQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PendingBuilds> {
+        // A panic while holding the lock leaves plain data behind: keep going.
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, request: BuildRequest, priority: u64) {
+        let mut pending = self.lock();
+        pending.arrivals += 1;
+        let order = pending.arrivals;
+        pending
+            .requests
+            .insert(request.object_id, (priority, order, request));
+        self.ready.notify_one();
+    }
+
+    /// Raise the priority of `object_id`'s request, if it is still waiting.
+    fn bump(&self, object_id: u32) {
+        if let Some(entry) = self.lock().requests.get_mut(&object_id) {
+            entry.0 += 1;
+        }
+    }
+
+    /// The most wanted request (highest priority, then oldest); `None` once closed.
+    fn pop(&self) -> Option<BuildRequest> {
+        let mut pending = self.lock();
+        loop {
+            if pending.closed {
+                return None;
+            }
+            let best = pending
+                .requests
+                .iter()
+                .max_by_key(|(_, (priority, order, _))| (*priority, std::cmp::Reverse(*order)))
+                .map(|(&id, _)| id);
+            if let Some(id) = best {
+                return pending.requests.remove(&id).map(|(_, _, r)| r);
+            }
+            pending = self.ready.wait(pending).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_all();
+    }
+}
+
+impl Drop for UnwindLoader {
+    fn drop(&mut self) {
+        self.queue.close();
+    }
+}
+
+fn build_worker(queue: Arc<BuildQueue>, results: Sender<BuildResult>, cache_dir: Option<PathBuf>) {
+    while let Some(request) = queue.pop() {
         let table = match request.source {
             TableSource::File { open, path } => std::fs::read(&open)
                 .with_context(|| format!("reading {}", path.display()))
@@ -162,11 +229,12 @@ impl UnwindLoader {
     /// rows. Tables are cached on disk under `cache_dir` when given.
     /// Starts the background build thread.
     pub fn new(capacity_rows: u32, cache_dir: Option<PathBuf>) -> Result<Self> {
-        let (request_tx, request_rx) = mpsc::channel();
+        let queue = Arc::new(BuildQueue::default());
         let (result_tx, result_rx) = mpsc::channel();
+        let worker_queue = queue.clone();
         thread::Builder::new()
             .name("unwind-tables".into())
-            .spawn(move || build_worker(request_rx, result_tx, cache_dir))
+            .spawn(move || build_worker(worker_queue, result_tx, cache_dir))
             .context("starting the unwind-table thread")?;
         Ok(UnwindLoader {
             capacity_rows,
@@ -174,7 +242,7 @@ impl UnwindLoader {
             tables: HashMap::new(),
             described: HashSet::new(),
             clock: 0,
-            requests: request_tx,
+            queue,
             results: result_rx,
             stats: UnwindLoaderStats::default(),
         })
@@ -207,9 +275,6 @@ impl UnwindLoader {
             pids.to_vec()
         };
         for pid in all {
-            if pid as i64 == i64::from(std::process::id()) {
-                continue;
-            }
             self.describe(pid, tracker, sampler);
         }
     }
@@ -240,11 +305,15 @@ impl UnwindLoader {
             match self.tables.get_mut(&object.0) {
                 Some(t) => {
                     t.last_used = now;
-                    if matches!(t.state, TableState::Evicted) {
-                        self.request(object.0, tracker, file_source(tracker, object));
+                    match t.state {
+                        TableState::Building => self.queue.bump(object.0),
+                        TableState::Evicted => {
+                            self.request(object.0, tracker, file_source(tracker, object), 1)
+                        }
+                        TableState::Loaded { .. } | TableState::Failed => {}
                     }
                 }
-                None => self.request(object.0, tracker, file_source(tracker, object)),
+                None => self.request(object.0, tracker, file_source(tracker, object), 1),
             }
         }
     }
@@ -275,7 +344,15 @@ impl UnwindLoader {
         }
     }
 
-    fn request(&mut self, object_id: u32, tracker: &ProcessTracker, source: TableSource) {
+    /// Queue a build of `object_id`'s table with a starting `priority`
+    /// (0: found by a scan, 1: needed by a sample).
+    fn request(
+        &mut self,
+        object_id: u32,
+        tracker: &ProcessTracker,
+        source: TableSource,
+        priority: u64,
+    ) {
         let name = if object_id == VDSO_OBJECT_ID {
             "[vdso]".to_string()
         } else {
@@ -288,11 +365,14 @@ impl UnwindLoader {
                 last_used: self.clock,
             },
         );
-        let _ = self.requests.send(BuildRequest {
-            object_id,
-            name,
-            source,
-        });
+        self.queue.push(
+            BuildRequest {
+                object_id,
+                name,
+                source,
+            },
+            priority,
+        );
     }
 
     fn exec_mapping(&mut self, pid: u32, id: MappingId, tracker: &ProcessTracker) -> ExecMapping {
@@ -306,7 +386,7 @@ impl UnwindLoader {
         };
         if let Some(object) = m.object {
             if !self.tables.contains_key(&object.0) {
-                self.request(object.0, tracker, file_source(tracker, object));
+                self.request(object.0, tracker, file_source(tracker, object), 0);
             }
             return ExecMapping {
                 start: m.start,
@@ -320,7 +400,7 @@ impl UnwindLoader {
             match read_vdso(pid, m.start, m.end) {
                 Ok((bytes, first_vaddr)) => {
                     if !self.tables.contains_key(&VDSO_OBJECT_ID) {
-                        self.request(VDSO_OBJECT_ID, tracker, TableSource::Bytes(bytes));
+                        self.request(VDSO_OBJECT_ID, tracker, TableSource::Bytes(bytes), 0);
                     }
                     return ExecMapping {
                         start: m.start,
@@ -367,8 +447,16 @@ impl UnwindLoader {
                     }
                 }
                 Err(err) => {
-                    debug!("{}: no unwind table: {err:#}", result.name);
+                    // Walks through this object fall back to frame pointers:
+                    // an object marked loaded without pages has no CFI rows.
+                    debug!(
+                        "{}: no unwind table, frame pointers will be used: {err:#}",
+                        result.name
+                    );
                     self.stats.build_failures += 1;
+                    if let Err(err) = sampler.set_object_loaded(result.object_id, true) {
+                        warn!("{err:#}");
+                    }
                     self.set_state(result.object_id, TableState::Failed);
                 }
             }
