@@ -140,11 +140,7 @@ fn unprivileged_user() {
     require("setpriv");
     // The binary and the output directory must be reachable by nobody,
     // wherever the target directory is.
-    let bin_dir = tempdir();
-    chmod(bin_dir.path(), 0o755);
-    let bin = bin_dir.path().join("lightswitch");
-    fs::copy(BIN, &bin).unwrap();
-    chmod(&bin, 0o755);
+    let (_bin_dir, bin) = copy_binary("lightswitch");
     let out_dir = tempdir();
     chmod(out_dir.path(), 0o777);
 

@@ -1,9 +1,10 @@
 //! User-stack unwinding from DWARF CFI, end to end: small programs compiled
 //! here (C and C++ without frame pointers, a Rust release binary, Go) are
 //! profiled by pid and their exact call chains, root to leaf, are checked in
-//! the folded output. Also: deep recursion, a 100 KiB stack frame, a library
-//! `dlopen`ed while profiling, a signal handler frame, a deleted binary, a
-//! process in its own pid namespace, the frame limit, and `show-unwind`.
+//! the folded output. Also: deep recursion, 100 KiB and 600 KiB stack frames,
+//! a library `dlopen`ed while profiling, a signal handler frame, a deleted
+//! binary, a process in its own pid namespace, the frame limit, and
+//! `show-unwind`.
 //!
 //! Needs root (BPF), gcc, g++, rustc and util-linux; the Go test needs `go`.
 //!
@@ -321,8 +322,8 @@ fn assert_share(p: &Profiled, comm_name: &str, what: &str, share: f64, t: Tally)
     );
 }
 
-/// Profile `target` and require the exact user stack `expected` on 95% of
-/// its samples.
+/// Require the exact user stack `expected` on 95% of `comm`'s samples
+/// (see [`assert_share`]).
 fn assert_chain(p: &Profiled, comm_name: &str, what: &str, expected: impl Fn(&[&str]) -> bool) {
     let t = tally(&p.stacks, comm_name, expected);
     assert_share(p, comm_name, what, 0.95, t);
@@ -392,12 +393,15 @@ fn c_no_frame_pointers_chain() {
     let program = compile("lsw_uw_chain", &c_chain_source(), NO_FP);
     let target = Target::run(&program.path);
     let p = profile(&target, "2");
-    assert_chain(&p, &program.name, &describe(C_CHAIN), |u| {
-        complete_chain(u, C_CHAIN)
-    });
+    let t = tally(&p.stacks, &program.name, |u| complete_chain(u, C_CHAIN));
+    assert_share(&p, &program.name, &describe(C_CHAIN), 0.95, t);
+    // Frame pointers cannot have produced these stacks: the summary counts
+    // them as complete CFI walks.
+    let complete = p.unwind.get("complete").copied().unwrap_or(0);
     assert!(
-        p.unwind.get("complete").copied().unwrap_or(0) > 0,
-        "the summary counts no complete walk:\n{}",
+        complete as f64 >= 0.95 * (t.total - t.no_table) as f64,
+        "only {complete} of {} walks are counted complete:\n{}",
+        t.total - t.no_table,
         p.out
     );
 }
@@ -539,7 +543,10 @@ fn rust_chain(user: &[&str], leaf: &[&str], name: impl Fn(&str) -> String) -> bo
             .iter()
             .all(|f| LIBC_START_FRAMES.contains(&f.as_str()))
         && u.len() >= main_at + 1 + leaf.len()
-        && u[u.len() - leaf.len()..] == *leaf
+        && u[u.len() - leaf.len()..]
+            .iter()
+            .zip(leaf)
+            .all(|(f, l)| *f == name(l))
 }
 
 /// The Rust chain, its functions' paths as the binary's symbol table has them.
@@ -572,10 +579,6 @@ fn rust_release_chain() {
 
 /// The same Rust chain with full paths: `unwind_test::a`, not `a`.
 #[test]
-#[ignore = "bug: with line-tables-only DWARF (as cargo's release profile \
-            `debug = \"line-tables-only\"`) the symbolizer names Rust functions by their \
-            DWARF name (`a`, `b`, `hot`) instead of the path the symbol table has \
-            (`unwind_test::a`)"]
 fn rust_release_names_qualified() {
     let _serial = serial();
     let p = profile_rust_release();
@@ -731,16 +734,18 @@ int main(void) {{
         show(&mine),
         p.out
     );
-    // Before the dlopen the program spins in main: those stacks are
-    // complete too, so nearly all samples are one of the two chains.
-    let before = ["main", "spin"];
+    // Before the dlopen the program spins in `spin` (and the vDSO's
+    // clock_gettime, and ld.so while loading): those stacks are complete
+    // from `_start` through `main` too.
     let t = tally(&p.stacks, &program.name, |u| {
-        complete_chain(u, &chain) || complete_chain(u, &before)
+        u.iter()
+            .position(|&f| f == "main")
+            .is_some_and(|m| m + 1 < u.len() && complete_chain(&u[..=m], &["main"]))
     });
     assert_share(
         &p,
         &program.name,
-        &format!("{} or {}", describe(&before), describe(&chain)),
+        "complete from _start through main",
         0.95,
         t,
     );

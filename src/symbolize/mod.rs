@@ -160,6 +160,11 @@ impl Symbolizer {
             .collect()
     }
 
+    /// Lines for each of `offsets` in `object`. Two passes: DWARF gives
+    /// source lines, inlined functions and names; the symbol table supplies
+    /// the full path where DWARF built with line tables only (Rust's
+    /// `line-tables-only`) names a function without its module, and names
+    /// functions that have no DWARF at all.
     fn symbolize_object(
         &self,
         tracker: &ProcessTracker,
@@ -167,16 +172,49 @@ impl Symbolizer {
         offsets: &[u64],
     ) -> Vec<Option<Vec<Line>>> {
         let file = tracker.object(object);
-        let mut elf = Elf::new(&file.open_path);
-        elf.debug_syms = true;
-        let source = Source::Elf(elf);
-        match self.inner.symbolize(&source, Input::FileOffset(offsets)) {
-            Ok(results) => results.iter().map(lines_of).collect(),
-            Err(err) => {
-                debug!("{}: symbolization failed: {err}", file.path);
-                vec![None; offsets.len()]
+        let pass = |debug_syms: bool| {
+            let mut elf = Elf::new(&file.open_path);
+            elf.debug_syms = debug_syms;
+            match self
+                .inner
+                .symbolize(&Source::Elf(elf), Input::FileOffset(offsets))
+            {
+                Ok(results) => results,
+                Err(err) => {
+                    debug!(
+                        "{}: symbolization (debug info: {debug_syms}) failed: {err}",
+                        file.path
+                    );
+                    Vec::new()
+                }
             }
-        }
+        };
+        let symbols = pass(false);
+        let debug = pass(true);
+        (0..offsets.len())
+            .map(|i| {
+                let symbol = symbols.get(i).and_then(|s| s.as_sym());
+                let mut lines = debug.get(i).and_then(lines_of);
+                match (&mut lines, symbol) {
+                    (Some(lines), Some(symbol)) => {
+                        // Only where DWARF's name is the short form of the
+                        // same function (`hot` for `unwind_test::hot`): other
+                        // toolchains' symbol names carry their own decorations
+                        // (Go's `.abi0`) that DWARF rightly leaves out.
+                        let full = demangle(&symbol.name);
+                        if let Some(outer) = lines.last_mut() {
+                            if full.ends_with(&format!("::{}", outer.function)) {
+                                outer.function = Arc::from(full);
+                                outer.system_name = Arc::from(symbol.name.as_ref());
+                            }
+                        }
+                    }
+                    (None, Some(symbol)) => lines = Some(vec![line_of(&symbol.name, None)]),
+                    _ => {}
+                }
+                lines
+            })
+            .collect()
     }
 
     /// Symbolize every stack in `aggregator` and build the window's profile.

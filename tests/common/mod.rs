@@ -469,46 +469,52 @@ pub struct Profiled {
     pub out: Output,
     /// Workload CPU time from just before the profiler started to its exit.
     pub cpu_total: Duration,
-    /// Workload CPU time from when the profiler opened its perf events to
-    /// its exit (includes the profiler's post-processing).
-    pub cpu_sampling: Duration,
+    /// Workload CPU time in the first `window` seconds after the profiler
+    /// opened its perf events (it samples at least that long).
+    pub cpu_window: Duration,
 }
 
 impl Profiled {
-    /// Assert that `samples` of the workload is plausible for a run of
-    /// `window` seconds at `freq` Hz given the CPU time the workload used:
-    /// well below twice what that CPU time allows (nothing counted twice),
-    /// and at least half of what it used while sampled. Robust on a loaded
-    /// machine, where the workload gets less CPU and so fewer samples, and
-    /// where which task a CPU-wide timer tick lands on is statistical.
-    pub fn assert_plausible(&self, samples: u64, freq: f64, window: f64) {
+    /// Assert that `samples` of the workload is plausible at `freq` Hz given
+    /// the CPU time the workload used: well below twice what its CPU time
+    /// allows (nothing counted twice), and at least half of what it used
+    /// while certainly sampled. Robust on a loaded machine, where the
+    /// workload gets less CPU and so fewer samples, and where which task a
+    /// CPU-wide timer tick lands on is statistical.
+    pub fn assert_plausible(&self, samples: u64, freq: f64) {
         let upper = self.cpu_total.as_secs_f64() * freq * 1.5 + 20.0;
-        let lower = 0.5 * freq * self.cpu_sampling.as_secs_f64().min(window);
+        let lower = 0.5 * freq * self.cpu_window.as_secs_f64();
         let n = samples as f64;
         assert!(
             n <= upper && n >= lower,
             "{samples} samples is implausible for a workload that used {:?} of CPU ({:?} while \
-             sampled) at {freq} Hz over {window} s: expected {lower:.0} ..= {upper:.0}\n{}",
+             certainly sampled) at {freq} Hz: expected {lower:.0} ..= {upper:.0}\n{}",
             self.cpu_total,
-            self.cpu_sampling,
+            self.cpu_window,
             self.out
         );
     }
 }
 
-/// Run the profiler with `args` (which should profile `workload` for a
-/// fixed duration) and measure the workload's CPU time meanwhile.
-pub fn profile_workload<S: AsRef<std::ffi::OsStr>>(workload: &Workload, args: &[S]) -> Profiled {
+/// Run the profiler with `args`, which profile `workload` with
+/// `--duration window`, and measure the workload's CPU time meanwhile.
+pub fn profile_workload<S: AsRef<std::ffi::OsStr>>(
+    workload: &Workload,
+    args: &[S],
+    window: f64,
+) -> Profiled {
     let cpu_start = workload.cpu_time();
     let mut profiler = Lightswitch::spawn(args);
     profiler.expect_sampling();
-    let cpu_sampling_start = workload.cpu_time();
+    let cpu_window_start = workload.cpu_time();
+    thread::sleep(Duration::from_secs_f64(window));
+    let cpu_window = workload.cpu_time() - cpu_window_start;
     let out = profiler.wait(Duration::from_secs(60));
     let cpu_end = workload.cpu_time();
     Profiled {
         out,
         cpu_total: cpu_end - cpu_start,
-        cpu_sampling: cpu_end - cpu_sampling_start,
+        cpu_window,
     }
 }
 
@@ -630,6 +636,18 @@ pub fn show(stacks: &[&Stack]) -> String {
 pub fn chmod(path: &Path, mode: u32) {
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
+}
+
+/// A copy of the profiler binary called `name` (so its processes have
+/// their own `comm`), readable and executable by every user; the directory
+/// is removed when the returned guard drops.
+pub fn copy_binary(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempdir();
+    chmod(dir.path(), 0o755);
+    let bin = dir.path().join(name);
+    fs::copy(BIN, &bin).unwrap_or_else(|e| panic!("copying {BIN}: {e}"));
+    chmod(&bin, 0o755);
+    (dir, bin)
 }
 
 /// A fresh temporary directory.
