@@ -68,15 +68,17 @@ pub struct Cli {
     #[arg(long)]
     pub exclude_self: bool,
 
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = ProfileFormat::FlameGraph)]
-    pub profile_format: ProfileFormat,
+    /// Output format(s): several (comma-separated or repeated) write one
+    /// file each, from the same samples.
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 1.., default_values_t = [ProfileFormat::FlameGraph])]
+    pub profile_format: Vec<ProfileFormat>,
 
     /// Directory the profile is written to (created if missing).
     #[arg(long, default_value = ".")]
     pub profile_path: PathBuf,
 
-    /// File name of the profile inside --profile-path (default depends on the format).
+    /// File name of the profile inside --profile-path (default depends on
+    /// the format; only with a single format).
     #[arg(long)]
     pub profile_name: Option<String>,
 
@@ -115,13 +117,29 @@ pub enum Command {
 }
 
 impl Cli {
-    /// Where the profile will be written: `--profile-path` joined with
-    /// `--profile-name` or the format's default file name.
-    pub fn output_file(&self) -> PathBuf {
-        let name = self
-            .profile_name
-            .clone()
-            .unwrap_or_else(|| self.profile_format.default_file_name().to_string());
-        self.profile_path.join(name)
+    /// Each output format (duplicates removed, in the given order) with the
+    /// file it is written to: `--profile-path` joined with `--profile-name`
+    /// or the format's default file name. Errors when `--profile-name` is
+    /// given with several formats.
+    pub fn outputs(&self) -> anyhow::Result<Vec<(ProfileFormat, PathBuf)>> {
+        let mut formats: Vec<ProfileFormat> = Vec::new();
+        for format in &self.profile_format {
+            if !formats.contains(format) {
+                formats.push(*format);
+            }
+        }
+        if formats.len() > 1 && self.profile_name.is_some() {
+            anyhow::bail!("--profile-name names one file: with several --profile-format values each gets its default name");
+        }
+        Ok(formats
+            .into_iter()
+            .map(|f| {
+                let name = self
+                    .profile_name
+                    .clone()
+                    .unwrap_or_else(|| f.default_file_name().to_string());
+                (f, self.profile_path.join(name))
+            })
+            .collect())
     }
 }

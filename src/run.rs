@@ -27,8 +27,8 @@ use crate::unwind::loader::UnwindLoader;
 /// What a run produced, for the summary line.
 #[derive(Debug, Clone)]
 pub struct RunSummary {
-    /// Where the profile was written.
-    pub output: std::path::PathBuf,
+    /// Where the profile was written (one file per format).
+    pub outputs: Vec<std::path::PathBuf>,
     /// Samples in the profile.
     pub samples: u64,
     /// Distinct processes with samples.
@@ -46,7 +46,11 @@ impl std::fmt::Display for RunSummary {
         write!(
             f,
             "profile written to {}: {} samples, {} processes, {} samples lost",
-            self.output.display(),
+            self.outputs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
             self.samples,
             self.processes,
             self.lost
@@ -93,10 +97,12 @@ fn setup_libbpf_logging(debug: bool) {
 /// preflight errors (each names its cause) or failures to load, attach,
 /// encode or write.
 pub fn run(cli: &Cli) -> Result<RunSummary> {
-    let output = cli.output_file();
+    let outputs = cli.outputs()?;
     preflight::check_frequency(cli.sample_freq, preflight::max_sample_rate()?)?;
     preflight::check_pids(&cli.pids)?;
-    preflight::check_output(&cli.profile_path, &output)?;
+    for (_, output) in &outputs {
+        preflight::check_output(&cli.profile_path, output)?;
+    }
     preflight::check_btf()?;
     preflight::check_privileges()?;
     setup_libbpf_logging(cli.libbpf_debug);
@@ -197,11 +203,13 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         sample_freq_hz: cli.sample_freq,
     };
     let profile = Symbolizer::new().build_profile(&aggregator, &tracker, window);
-    let bytes = encode(&profile, cli.profile_format, cli.pprof_compression)?;
-    disk::write_atomic(&output, &bytes)?;
+    for (format, output) in &outputs {
+        let bytes = encode(&profile, *format, cli.pprof_compression)?;
+        disk::write_atomic(output, &bytes)?;
+    }
 
     Ok(RunSummary {
-        output,
+        outputs: outputs.into_iter().map(|(_, path)| path).collect(),
         samples: profile.total_samples(),
         processes: aggregator.process_count(),
         lost: stats.lost + malformed,
