@@ -594,9 +594,13 @@ impl<'obj> Sampler<'obj> {
 }
 
 /// Poll `ring` until it is empty or `timeout` passes.
+/// A signal arriving during the wait (e.g. the SIGINT that stops the run)
+/// is not an error: the caller checks its stop flag after every poll.
 pub fn poll(ring: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
-    ring.poll(timeout)
-        .context("polling the samples ring buffer")
+    match ring.poll(timeout) {
+        Err(err) if err.kind() == libbpf_rs::ErrorKind::Interrupted => Ok(()),
+        other => other.context("polling the samples ring buffer"),
+    }
 }
 
 #[cfg(test)]

@@ -307,16 +307,17 @@ fn profile_whole_machine(name: &str) -> (Profiled, String) {
 #[test]
 fn whole_machine() {
     let _serial = serial();
-    let (run, text) = profile_whole_machine("lsw_wholebox");
+    let name = unique_name("lsw_wm");
+    let (run, text) = profile_whole_machine(&name);
     let stacks = parse_folded(&text);
     let all: Vec<&Stack> = stacks.iter().collect();
     assert!(
         text.lines()
-            .any(|l| l.starts_with("lsw_wholebox;") && l.contains(";chain_hot")),
-        "no lsw_wholebox;...;chain_hot line:\n{}",
+            .any(|l| l.starts_with(&format!("{name};")) && l.contains(";chain_hot")),
+        "no {name};...;chain_hot line:\n{}",
         show(&all)
     );
-    let mine = of_process(&stacks, "lsw_wholebox");
+    let mine = of_process(&stacks, &name);
     let mine_total: u64 = mine.iter().map(|(_, n)| n).sum();
     // One busy thread is sampled once per tick of the CPU it runs on, never
     // once per CPU.
@@ -327,18 +328,17 @@ fn whole_machine() {
 /// (built with frame pointers) gets complete stacks, also before its unwind
 /// tables are loaded (frame pointers are the fallback).
 #[test]
-#[ignore = "bug: while a known process's unwind table is not loaded yet, the BPF walk ends with \
-            [unwind: no_table] after the leaf frame instead of falling back to frame pointers"]
 fn whole_machine_full_stacks() {
     let _serial = serial();
-    let (run, text) = profile_whole_machine("lsw_wholefull");
+    let name = unique_name("lsw_wf");
+    let (run, text) = profile_whole_machine(&name);
     let stacks = parse_folded(&text);
-    let mine = of_process(&stacks, "lsw_wholefull");
+    let mine = of_process(&stacks, &name);
     let mine_total: u64 = mine.iter().map(|(_, n)| n).sum();
     let chained = chain_samples(&mine);
     assert!(
         chained as f64 >= 0.8 * mine_total as f64,
-        "only {chained} of {mine_total} lsw_wholefull samples have the full chain:\n{}\n{}",
+        "only {chained} of {mine_total} {name} samples have the full chain:\n{}\n{}",
         show(&mine),
         run.out
     );
@@ -584,15 +584,11 @@ fn stops_on(signal: libc::c_int, name: &str) {
 }
 
 #[test]
-#[ignore = "bug: a signal that interrupts the ring-buffer poll (epoll_wait -> EINTR) ends the run \
-            with 'error: polling the samples ring buffer: Interrupted system call' and no profile"]
 fn sigint_stops_and_writes_profile() {
     stops_on(libc::SIGINT, "lsw_sigint");
 }
 
 #[test]
-#[ignore = "bug: a signal that interrupts the ring-buffer poll (epoll_wait -> EINTR) ends the run \
-            with 'error: polling the samples ring buffer: Interrupted system call' and no profile"]
 fn sigterm_stops_and_writes_profile() {
     stops_on(libc::SIGTERM, "lsw_sigterm");
 }
@@ -604,9 +600,11 @@ fn sigterm_stops_and_writes_profile() {
 #[test]
 fn exclude_self() {
     let _serial = serial();
-    let program = compile("lsw_exclself", &chain_forever_source(), FP_FLAGS);
+    let workload_name = unique_name("lsw_xw");
+    let program = compile(&workload_name, &chain_forever_source(), FP_FLAGS);
     let _workload = Workload::spawn(&program);
-    let (_bin_dir, bin) = copy_binary("lsw_selfcheck");
+    let self_name = unique_name("lsw_xs");
+    let (_bin_dir, bin) = copy_binary(&self_name);
     let out_dir = tempdir();
     let mut cmd = std::process::Command::new(&bin);
     cmd.args(folded_args(
@@ -620,12 +618,12 @@ fn exclude_self() {
     let stacks = parse_folded(&text);
     assert_eq!(total(&stacks), out.summary().samples, "{out}");
     assert!(
-        !of_process(&stacks, "lsw_exclself").is_empty(),
+        !of_process(&stacks, &workload_name).is_empty(),
         "the busy workload is missing from a whole-machine profile:\n{text}"
     );
     let own: Vec<&str> = text
         .lines()
-        .filter(|l| l.starts_with("lsw_selfcheck;"))
+        .filter(|l| l.starts_with(&format!("{self_name};")))
         .collect();
     assert!(
         own.is_empty(),

@@ -125,6 +125,7 @@ struct walk_state {
 	__u8 done;
 	__u8 exact_ip;      /* ip is not a return address (leaf, or after a signal frame) */
 	__u8 used_fp;       /* a frame was walked by frame pointers */
+	__u8 missing_table; /* a frame's object had no table loaded yet (walked by frame pointers) */
 	/* Binary-search bounds. They live in map memory, not registers, so the
 	 * verifier does not track every (lo, hi) pair as a separate state. */
 	__u32 search_lo;
@@ -228,8 +229,12 @@ static __always_inline struct unwind_row *find_row(struct walk_state *st, struct
 	return bpf_map_lookup_elem(&unwind_rows, &index);
 }
 
+/* End the walk. A walk that needed a table not loaded yet reports
+ * UNWIND_NO_TABLE even if its frame-pointer fallback reached an end. */
 static __always_inline void finish(struct walk_state *st, __u8 status)
 {
+	if (st->missing_table && (status == UNWIND_COMPLETE || status == UNWIND_FRAME_POINTER))
+		status = UNWIND_NO_TABLE;
 	st->status = status;
 	st->done = 1;
 }
@@ -301,8 +306,10 @@ static long unwind_step(__u64 index, void *data)
 	struct page_key key = { .object_id = object_id, .page = vaddr >> UNWIND_PAGE_BITS };
 	struct page_value *page = bpf_map_lookup_elem(&unwind_pages, &key);
 	if (!page && !bpf_map_lookup_elem(&loaded_objects, &object_id)) {
-		finish(st, UNWIND_NO_TABLE);
-		return 1;
+		/* The table is still being built: frame pointers meanwhile. */
+		st->missing_table = 1;
+		frame_pointer_step(st);
+		return st->done ? 1 : 0;
 	}
 	struct unwind_row *row = page ? find_row(st, page, vaddr & (UNWIND_PAGE_SIZE - 1)) : NULL;
 	__u8 cfa_type = row ? row->cfa_type & CFA_TYPE_MASK : CFA_END_OF_FUNCTION;
