@@ -16,4 +16,5 @@ pub mod sampler;
 pub mod sender;
 mod skel;
 pub mod symbolize;
+pub mod timefmt;
 pub mod unwind;

@@ -3,6 +3,7 @@
 //! function of a [`Profile`], so they all agree on every count.
 
 pub mod aggregate;
+pub mod window;
 
 use std::sync::Arc;
 

@@ -8,6 +8,7 @@
 //! `object+0xFILE_OFFSET` (or `[kernel.kallsyms]+0xADDR`), never dropped.
 
 pub mod kernel;
+pub mod source;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -18,9 +19,10 @@ use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer as BlazeSymbol
 use blazesym::MaybeDefault;
 use tracing::debug;
 
-use crate::process::{MappingId, ObjectId, ProcessTracker};
+use crate::process::{MappingId, ObjectId};
 use crate::profile::aggregate::{Aggregator, UserFrame};
 use crate::profile::{unwind_marker_name, Frame, FrameKind, Line, Profile, ProfileMapping, Sample};
+pub use source::MappingSource;
 
 /// Name of the mapping kernel frames belong to (as perf and pprof call it).
 pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
@@ -165,15 +167,14 @@ impl Symbolizer {
     /// the full path where DWARF built with line tables only (Rust's
     /// `line-tables-only`) names a function without its module, and names
     /// functions that have no DWARF at all.
-    fn symbolize_object(
+    fn symbolize_object<S: MappingSource + ?Sized>(
         &self,
-        tracker: &ProcessTracker,
+        tracker: &S,
         object: ObjectId,
         offsets: &[u64],
     ) -> Vec<Option<Vec<Line>>> {
-        let file = tracker.object(object);
         let pass = |debug_syms: bool| {
-            let mut elf = Elf::new(&file.open_path);
+            let mut elf = Elf::new(tracker.object_open_path(object));
             elf.debug_syms = debug_syms;
             match self
                 .inner
@@ -183,7 +184,7 @@ impl Symbolizer {
                 Err(err) => {
                     debug!(
                         "{}: symbolization (debug info: {debug_syms}) failed: {err}",
-                        file.path
+                        tracker.object_path(object)
                     );
                     Vec::new()
                 }
@@ -218,11 +219,12 @@ impl Symbolizer {
     }
 
     /// Symbolize every stack in `aggregator` and build the window's profile.
-    /// `tracker` must be the one the aggregator resolved mappings with.
-    pub fn build_profile(
+    /// `tracker` must be the one the aggregator resolved mappings with (or a
+    /// [`source::TrackerSnapshot`] of it taken for this aggregator).
+    pub fn build_profile<S: MappingSource + ?Sized>(
         &self,
         aggregator: &Aggregator,
-        tracker: &ProcessTracker,
+        tracker: &S,
         window: Window,
     ) -> Profile {
         // 1. The unique addresses to symbolize.
@@ -250,7 +252,7 @@ impl Symbolizer {
         for (object, offsets) in &object_offsets {
             let offsets: Vec<u64> = offsets.iter().copied().collect();
             let results = self.symbolize_object(tracker, *object, &offsets);
-            let name = file_name(&tracker.object(*object).path);
+            let name = file_name(tracker.object_path(*object));
             for (offset, lines) in offsets.iter().zip(results) {
                 let entry = match lines {
                     Some(lines) => (lines, true),
@@ -335,10 +337,10 @@ impl Symbolizer {
     }
 }
 
-fn user_frame_lines(
+fn user_frame_lines<S: MappingSource + ?Sized>(
     builder: &mut ProfileAssembly,
     profile: &mut Profile,
-    tracker: &ProcessTracker,
+    tracker: &S,
     user_lines: &HashMap<(ObjectId, u64), Lines>,
     frame: &UserFrame,
 ) -> (Option<usize>, Vec<Line>, bool) {
@@ -381,7 +383,12 @@ struct ProfileAssembly {
 impl ProfileAssembly {
     /// The profile mapping for tracker mapping `id`. Processes that map the
     /// same object at the same range share one profile mapping.
-    fn mapping(&mut self, profile: &mut Profile, tracker: &ProcessTracker, id: MappingId) -> usize {
+    fn mapping<S: MappingSource + ?Sized>(
+        &mut self,
+        profile: &mut Profile,
+        tracker: &S,
+        id: MappingId,
+    ) -> usize {
         if let Some(&index) = self.mappings.get(&id) {
             return index;
         }
@@ -393,7 +400,7 @@ impl ProfileAssembly {
             filename: m.name.clone(),
             build_id: m
                 .object
-                .and_then(|o| tracker.object(o).build_id.as_deref().map(kernel::hex)),
+                .and_then(|o| tracker.object_build_id(o).map(kernel::hex)),
         };
         let index = *self
             .distinct_mappings

@@ -1,0 +1,131 @@
+//! What symbolization reads about mappings and objects, behind one trait, so
+//! that a window can be symbolized either straight from the live
+//! [`ProcessTracker`] (single-profile runs) or, on a worker thread while
+//! sampling goes on, from a [`TrackerSnapshot`] of just the mappings and
+//! objects the window's stacks use.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tracing::debug;
+
+use crate::process::{Mapping, MappingId, ObjectId, ProcessTracker};
+use crate::profile::aggregate::Aggregator;
+
+/// Mappings and objects by id, as [`crate::symbolize::Symbolizer::build_profile`] needs them.
+pub trait MappingSource {
+    /// The mapping `id` (panics if the source does not know it: a bug).
+    fn mapping(&self, id: MappingId) -> &Mapping;
+    /// Path of object `id` as the process saw it (for names and messages).
+    fn object_path(&self, id: ObjectId) -> &str;
+    /// A path that opens exactly object `id` from the profiler (`/proc/self/fd/N`).
+    fn object_open_path(&self, id: ObjectId) -> &Path;
+    /// GNU build ID of object `id`, if it has one.
+    fn object_build_id(&self, id: ObjectId) -> Option<&[u8]>;
+}
+
+impl MappingSource for ProcessTracker {
+    fn mapping(&self, id: MappingId) -> &Mapping {
+        ProcessTracker::mapping(self, id)
+    }
+    fn object_path(&self, id: ObjectId) -> &str {
+        &self.object(id).path
+    }
+    fn object_open_path(&self, id: ObjectId) -> &Path {
+        &self.object(id).open_path
+    }
+    fn object_build_id(&self, id: ObjectId) -> Option<&[u8]> {
+        self.object(id).build_id.as_deref()
+    }
+}
+
+/// An object kept readable for symbolization on another thread: its own
+/// duplicate of the tracker's file descriptor, so it stays open (and its
+/// `/proc/self/fd/N` path stays the same, which keeps blazesym's per-path
+/// caches warm from window to window) whatever the tracker does meanwhile.
+#[derive(Debug)]
+pub struct SnapshotObject {
+    path: String,
+    open_path: PathBuf,
+    build_id: Option<Vec<u8>>,
+    _file: Option<File>,
+}
+
+/// Objects already duplicated for earlier windows, by id. Kept by the run
+/// loop for the whole run (one descriptor per object sampled).
+pub type ObjectCache = HashMap<ObjectId, Arc<SnapshotObject>>;
+
+/// The mappings and objects one window's stacks refer to, copied out of the
+/// tracker so that the window can be symbolized on another thread.
+#[derive(Debug, Default)]
+pub struct TrackerSnapshot {
+    mappings: HashMap<MappingId, Mapping>,
+    objects: HashMap<ObjectId, Arc<SnapshotObject>>,
+}
+
+impl TrackerSnapshot {
+    /// Copy what `aggregator`'s stacks need from `tracker`. Objects are
+    /// taken from `cache` or duplicated into it (if duplicating a descriptor
+    /// fails, the tracker's own path is used).
+    pub fn capture(
+        aggregator: &Aggregator,
+        tracker: &ProcessTracker,
+        cache: &mut ObjectCache,
+    ) -> Self {
+        let mut snapshot = TrackerSnapshot::default();
+        for (key, _) in aggregator.stacks() {
+            for id in key.user.iter().filter_map(|f| f.mapping) {
+                if snapshot.mappings.contains_key(&id) {
+                    continue;
+                }
+                let mapping = tracker.mapping(id).clone();
+                if let Some(object) = mapping.object {
+                    let entry = cache
+                        .entry(object)
+                        .or_insert_with(|| Arc::new(duplicate(tracker, object)));
+                    snapshot.objects.insert(object, entry.clone());
+                }
+                snapshot.mappings.insert(id, mapping);
+            }
+        }
+        snapshot
+    }
+}
+
+fn duplicate(tracker: &ProcessTracker, id: ObjectId) -> SnapshotObject {
+    let object = tracker.object(id);
+    let (open_path, file) = match object.file.try_clone() {
+        Ok(file) => (
+            PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
+            Some(file),
+        ),
+        Err(err) => {
+            debug!("{}: cannot duplicate its descriptor: {err}", object.path);
+            (object.open_path.clone(), None)
+        }
+    };
+    SnapshotObject {
+        path: object.path.clone(),
+        open_path,
+        build_id: object.build_id.clone(),
+        _file: file,
+    }
+}
+
+impl MappingSource for TrackerSnapshot {
+    fn mapping(&self, id: MappingId) -> &Mapping {
+        &self.mappings[&id]
+    }
+    fn object_path(&self, id: ObjectId) -> &str {
+        &self.objects[&id].path
+    }
+    fn object_open_path(&self, id: ObjectId) -> &Path {
+        &self.objects[&id].open_path
+    }
+    fn object_build_id(&self, id: ObjectId) -> Option<&[u8]> {
+        self.objects[&id].build_id.as_deref()
+    }
+}
