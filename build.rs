@@ -1,6 +1,7 @@
 //! Build script: compiles the BPF program with clang and generates its libbpf-rs
 //! skeleton (libbpf-cargo), and generates the pprof message types from
-//! `proto/profile.proto` with prost.
+//! `proto/profile.proto` and Pyroscope's push API types from
+//! `proto/pyroscope/` with prost.
 
 use std::env;
 use std::path::PathBuf;
@@ -24,8 +25,13 @@ fn main() {
         .expect("compiling the BPF program (is clang installed? see scripts/setup.sh)");
     println!("cargo:rerun-if-changed=src/bpf");
 
+    // pprof (`perftools.profiles`), and Pyroscope's push API (`push.v1`,
+    // `types.v1`; its imports are relative to `proto/pyroscope`).
     prost_build::Config::new()
-        .compile_protos(&["proto/profile.proto"], &["proto"])
-        .expect("generating the pprof types (is protoc installed? see scripts/setup.sh)");
-    println!("cargo:rerun-if-changed=proto/profile.proto");
+        .compile_protos(
+            &["proto/profile.proto", "proto/pyroscope/push/v1/push.proto"],
+            &["proto", "proto/pyroscope"],
+        )
+        .expect("generating the protobuf types (is protoc installed? see scripts/setup.sh)");
+    println!("cargo:rerun-if-changed=proto");
 }

@@ -103,6 +103,97 @@ pub struct Cli {
     /// Log level of the profiler's own messages.
     #[arg(long, value_enum, default_value_t = LogLevel::Warn)]
     pub logging: LogLevel,
+
+    /// Continuous mode: emit one profile per window of this many seconds
+    /// (default 10 when continuous). Given explicitly, or with a sender other
+    /// than `disk`, the run is continuous; otherwise one profile covers the run.
+    #[arg(long)]
+    pub profile_interval: Option<f64>,
+
+    /// Continuous mode with the disk sender: keep only the newest N window
+    /// files per format in --profile-path (older ones are deleted).
+    #[arg(long)]
+    pub max_profiles: Option<usize>,
+
+    /// Where profiles go: `disk` (files in --profile-path), `remote` (HTTP
+    /// POST of gzip'd pprof to --server-url, e.g. a `lightswitch collector`)
+    /// or `pyroscope` (Grafana Pyroscope's push API at --server-url).
+    #[arg(long, value_enum, default_value_t = SenderKind::Disk)]
+    pub sender: SenderKind,
+
+    /// Server URL. `remote`: the endpoint profiles are POSTed to (default
+    /// http://127.0.0.1:4567/v1/profiles). `pyroscope`: the server's base URL
+    /// (default http://127.0.0.1:4040; `/push.v1.PusherService/Push` is
+    /// appended); `user:password@` in it is sent as basic auth.
+    #[arg(long)]
+    pub server_url: Option<String>,
+
+    /// Bearer token for the server (`Authorization: Bearer`). Prefer the
+    /// environment variable: a command-line argument is visible to every
+    /// user in the process list.
+    #[arg(long, env = "LIGHTSWITCH_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+
+    /// Pyroscope: the `service_name` label of the pushed profiles.
+    #[arg(long, default_value = "lightswitch")]
+    pub pyroscope_app_name: String,
+
+    /// Pyroscope: tenant id, sent as the `X-Scope-OrgID` header (multi-tenant servers).
+    #[arg(long)]
+    pub pyroscope_tenant_id: Option<String>,
+
+    /// Pyroscope: an extra label `KEY=VALUE` on every pushed profile
+    /// (repeatable). Keys are `[a-zA-Z_][a-zA-Z0-9_]*`.
+    #[arg(long = "label", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+
+    /// Remote senders: budget of the send queue, bytes of encoded profiles.
+    /// When full, the oldest queued profile is dropped (and counted).
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub send_queue_bytes: usize,
+
+    /// Remote senders: timeout of one HTTP request, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub send_timeout: f64,
+
+    /// Remote senders: at shutdown, how long pending profiles may still be
+    /// sent, seconds (what is left after that is dropped and counted).
+    #[arg(long, default_value_t = 5.0)]
+    pub flush_timeout: f64,
+}
+
+/// Where profiles are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SenderKind {
+    /// Files in --profile-path.
+    Disk,
+    /// HTTP POST of gzip'd pprof (e.g. to `lightswitch collector`).
+    Remote,
+    /// Grafana Pyroscope's push API.
+    Pyroscope,
+}
+
+/// Parse `KEY=VALUE` for `--label`: the key must be a valid label name.
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))?;
+    let mut chars = key.chars();
+    let valid = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(format!(
+            "label name {key:?} must match [a-zA-Z_][a-zA-Z0-9_]*"
+        ));
+    }
+    if ["__name__", "service_name", "host"].contains(&key) {
+        return Err(format!(
+            "label {key:?} is set by lightswitch (use --pyroscope-app-name for service_name)"
+        ));
+    }
+    Ok((key.to_string(), value.to_string()))
 }
 
 /// Subcommands.

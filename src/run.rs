@@ -1,9 +1,15 @@
 //! One profiling run, start to finish: preflight checks, sampling until the
 //! duration ends or a signal arrives, symbolization, encoding and writing.
 //! Each step is delegated to the module that owns it (see DESIGN.md).
+//!
+//! Continuous mode (`--profile-interval`, or a sender other than `disk`):
+//! samples are cut into windows by their timestamps
+//! ([`crate::profile::window`]); each closed window is handed to the
+//! [`WindowWorker`], which symbolizes, encodes and sends it on its own thread
+//! while sampling goes on.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::mem::MaybeUninit;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,15 +19,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use tracing::{debug, info};
 
-use crate::cli::{Cli, Compression, ProfileFormat};
+use crate::cli::{Cli, Compression, ProfileFormat, SenderKind};
 use crate::format;
 use crate::preflight;
 use crate::process::ProcessTracker;
-use crate::profile::aggregate::Aggregator;
+use crate::profile::window::{ClosedWindow, Windows};
 use crate::profile::Profile;
-use crate::sampler::{self, Sampler, SamplerConfig};
+use crate::sampler::{self, Sampler, SamplerConfig, UnwindStatus};
 use crate::sender::disk;
-use crate::symbolize::{Symbolizer, Window};
+use crate::sender::worker::{WindowWorker, WorkerReport};
+use crate::symbolize::Symbolizer;
+use crate::timefmt;
 use crate::unwind::loader::UnwindLoader;
 
 /// What a run produced, for the summary line.
@@ -39,22 +47,60 @@ pub struct RunSummary {
     pub unwind: BTreeMap<String, u64>,
     /// Walks stopped by an unsupported CFI rule, per rule kind.
     pub unsupported: BTreeMap<String, u64>,
+    /// Continuous mode only: windows and delivery.
+    pub continuous: Option<ContinuousSummary>,
+}
+
+/// What a continuous run emitted.
+#[derive(Debug, Clone)]
+pub struct ContinuousSummary {
+    /// Windows closed over the run.
+    pub windows: u64,
+    /// Samples that arrived after their window had closed (counted in the next).
+    pub late_samples: u64,
+    /// What the window worker and the sender did.
+    pub report: WorkerReport,
 }
 
 impl std::fmt::Display for RunSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "profile written to {}: {} samples, {} processes, {} samples lost",
-            self.outputs
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            self.samples,
-            self.processes,
-            self.lost
-        )?;
+        if let Some(c) = &self.continuous {
+            let verb = if c.report.sender.delivery.is_some() {
+                "sent to"
+            } else {
+                "written to"
+            };
+            write!(
+                f,
+                "{} profiles {verb} {}: {} samples, {} processes, {} samples lost",
+                c.windows, c.report.sender.destination, self.samples, self.processes, self.lost
+            )?;
+            write!(
+                f,
+                "\nwindows: closed={} handed_over={} dropped={} failed={} late_samples={}",
+                c.windows,
+                c.report.windows_sent,
+                c.report.windows_dropped,
+                c.report.windows_failed,
+                c.late_samples
+            )?;
+            if let Some(delivery) = &c.report.sender.delivery {
+                write!(f, "\ndelivery: {delivery}")?;
+            }
+        } else {
+            write!(
+                f,
+                "profile written to {}: {} samples, {} processes, {} samples lost",
+                self.outputs
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                self.samples,
+                self.processes,
+                self.lost
+            )?;
+        }
         let unwind: Vec<String> = self
             .unwind
             .iter()
@@ -98,16 +144,35 @@ fn setup_libbpf_logging(debug: bool) {
 /// encode or write.
 pub fn run(cli: &Cli) -> Result<RunSummary> {
     let outputs = cli.outputs()?;
+    let continuous = cli.profile_interval.is_some() || cli.sender != SenderKind::Disk;
+    let interval = continuous
+        .then(|| crate::sender::seconds("--profile-interval", cli.profile_interval.unwrap_or(10.0)))
+        .transpose()?;
+    if cli.max_profiles == Some(0) {
+        anyhow::bail!("--max-profiles must be at least 1");
+    }
+    if cli.max_profiles.is_some() && !(continuous && cli.sender == SenderKind::Disk) {
+        anyhow::bail!("--max-profiles applies to continuous mode with the disk sender (give --profile-interval)");
+    }
     preflight::check_frequency(cli.sample_freq, preflight::max_sample_rate()?)?;
     preflight::check_pids(&cli.pids)?;
-    for (_, output) in &outputs {
-        preflight::check_output(&cli.profile_path, output)?;
+    if cli.sender == SenderKind::Disk {
+        for (_, output) in &outputs {
+            preflight::check_output(&cli.profile_path, output)?;
+        }
     }
     preflight::check_btf()?;
     preflight::check_privileges()?;
     setup_libbpf_logging(cli.libbpf_debug);
 
     let stop = install_stop_handler()?;
+    // Continuous mode: the sender (and its thread) starts before sampling,
+    // so that a bad URL fails the run before anything is loaded.
+    let mut worker = if continuous {
+        Some(WindowWorker::start(crate::sender::start(cli)?)?)
+    } else {
+        None
+    };
     let config = SamplerConfig {
         sample_freq_hz: cli.sample_freq,
         pids: cli.pids.iter().map(|&p| p as u32).collect(),
@@ -119,6 +184,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     let sampler = Sampler::start(&config, &mut object)?;
     let start_wall = SystemTime::now();
     let start = Instant::now();
+    let start_mono = timefmt::monotonic_ns();
     info!(
         "sampling {} CPUs at {} Hz",
         sampler.attached_cpus(),
@@ -129,7 +195,17 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     let events = Rc::new(RefCell::new(Vec::new()));
     let malformed = Rc::new(RefCell::new(0u64));
     let mut tracker = ProcessTracker::new();
-    let mut aggregator = Aggregator::new();
+    let mut windows = Windows::new(
+        start_mono,
+        start_wall
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+        interval.map(|i| i.as_nanos() as u64),
+        cli.duration.map(|s| (s.max(0.0) * 1e9) as u64),
+        cli.sample_freq,
+    );
+    let mut totals = Totals::default();
     let cache_dir =
         (cli.unwind_cache_dir != "none").then(|| std::path::PathBuf::from(&cli.unwind_cache_dir));
     let mut loader = UnwindLoader::new(config.max_unwind_rows, cache_dir)?;
@@ -139,31 +215,49 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         let deadline = cli
             .duration
             .map(|s| start + Duration::from_secs_f64(s.max(0.0)));
-        let drain = |tracker: &mut ProcessTracker,
-                     aggregator: &mut Aggregator,
-                     loader: &mut UnwindLoader| {
-            for event in events.borrow_mut().drain(..) {
-                loader.on_event(event, tracker, &sampler);
-            }
-            for sample in pending.borrow_mut().drain(..) {
-                loader.on_sample(&sample, tracker, &sampler);
-                aggregator.add(&sample, tracker);
-            }
-            loader.load_ready_tables(&sampler);
-        };
+        let drain =
+            |tracker: &mut ProcessTracker, windows: &mut Windows, loader: &mut UnwindLoader| {
+                for event in events.borrow_mut().drain(..) {
+                    loader.on_event(event, tracker, &sampler);
+                }
+                for sample in pending.borrow_mut().drain(..) {
+                    loader.on_sample(&sample, tracker, &sampler);
+                    windows.add(&sample, tracker);
+                }
+                loader.load_ready_tables(&sampler);
+            };
         loop {
             if stop.load(Ordering::SeqCst) || deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
             }
-            sampler::poll(&ring, Duration::from_millis(100))?;
-            drain(&mut tracker, &mut aggregator, &mut loader);
+            // Wake up for the next window end, if it comes before the usual poll period.
+            let poll = windows.next_close_ns().map_or(POLL_PERIOD, |due| {
+                Duration::from_nanos(due.saturating_sub(timefmt::monotonic_ns())).min(POLL_PERIOD)
+            });
+            sampler::poll(&ring, poll)?;
+            drain(&mut tracker, &mut windows, &mut loader);
+            if windows
+                .next_close_ns()
+                .is_some_and(|due| timefmt::monotonic_ns() >= due)
+            {
+                // Read the clock, then everything submitted before it.
+                let now = timefmt::monotonic_ns();
+                ring.consume().context("draining the samples ring buffer")?;
+                drain(&mut tracker, &mut windows, &mut loader);
+                for closed in windows.close_due(now) {
+                    totals.account(&closed);
+                    if let Some(worker) = worker.as_mut() {
+                        worker.submit(closed, &tracker);
+                    }
+                }
+            }
         }
         // Stop sampling, then take what is still in the ring buffer.
         sampler.detach();
         ring.consume().context("draining the samples ring buffer")?;
-        drain(&mut tracker, &mut aggregator, &mut loader);
+        drain(&mut tracker, &mut windows, &mut loader);
     }
-    let duration = start.elapsed();
+    let mut last = windows.finish(timefmt::monotonic_ns());
     let stats = sampler.stats()?;
     let malformed = *malformed.borrow();
     drop(sampler);
@@ -194,14 +288,33 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         tables.build_failures
     );
 
-    let window = Window {
-        start_unix_ns: start_wall
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-        duration_ns: duration.as_nanos() as u64,
-        sample_freq_hz: cli.sample_freq,
-    };
+    if let Some(mut worker) = worker {
+        for closed in last {
+            totals.account(&closed);
+            worker.submit(closed, &tracker);
+        }
+        let flush = crate::sender::seconds("--flush-timeout", cli.flush_timeout)
+            .unwrap_or(Duration::from_secs(5));
+        let report = worker.finish(flush);
+        return Ok(RunSummary {
+            outputs: report.sender.files.clone(),
+            samples: windows.total(),
+            processes: totals.pids.len(),
+            lost: stats.lost + malformed,
+            unwind: totals.status.iter().map(|(k, v)| (k.name(), *v)).collect(),
+            unsupported,
+            continuous: Some(ContinuousSummary {
+                windows: totals.windows,
+                late_samples: windows.late(),
+                report,
+            }),
+        });
+    }
+
+    // One profile for the whole run.
+    let ClosedWindow {
+        aggregator, window, ..
+    } = last.pop().context("a run has one window")?;
     let profile = Symbolizer::new().build_profile(&aggregator, &tracker, window);
     for (format, output) in &outputs {
         let bytes = encode(&profile, *format, cli.pprof_compression)?;
@@ -219,7 +332,31 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
             .map(|(k, v)| (k.name(), *v))
             .collect(),
         unsupported,
+        continuous: None,
     })
+}
+
+/// How often the loop checks for a stop when no window ends sooner.
+const POLL_PERIOD: Duration = Duration::from_millis(100);
+
+/// Counts over all windows of a continuous run (each window's aggregator
+/// leaves the loop with it).
+#[derive(Debug, Default)]
+struct Totals {
+    windows: u64,
+    pids: HashSet<u32>,
+    status: HashMap<UnwindStatus, u64>,
+}
+
+impl Totals {
+    fn account(&mut self, closed: &ClosedWindow) {
+        self.windows += 1;
+        self.pids
+            .extend(closed.aggregator.stacks().map(|(key, _)| key.pid));
+        for (status, n) in closed.aggregator.status_counts() {
+            *self.status.entry(*status).or_default() += n;
+        }
+    }
 }
 
 /// Rows of the `unwind_rows` map that fit in `mb` MiB (8 bytes a row).

@@ -1,12 +1,23 @@
 //! The local-disk sender: writes a profile's bytes to a file atomically
 //! (temporary file in the same directory, then rename), so a reader never
 //! sees a half-written profile.
+//!
+//! In continuous mode ([`WindowFiles`]) each window gets its own file per
+//! format, named after the window's start (UTC): `--profile-name`
+//! `profile.pb` becomes `profile-20240501T120000.000Z.pb`; with
+//! `--max-profiles N` only the newest N such files per format are kept.
 
 use std::fs;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
+use tracing::{debug, info, warn};
+
+use super::{Sender, SenderReport};
+use crate::cli::{Compression, ProfileFormat};
+use crate::profile::Profile;
 
 /// Write `bytes` to `path` atomically. Errors name the path.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -28,6 +39,137 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The file a window starting at `start_unix_ns` is written to, for the
+/// single-profile path `base`: the window's UTC start is inserted before the
+/// extension (`dir/profile.pb` -> `dir/profile-20240501T120000.000Z.pb`).
+pub fn window_path(base: &Path, start_unix_ns: u64) -> PathBuf {
+    let (stem, ext) = split_name(base);
+    let name = format!("{stem}-{}{ext}", crate::timefmt::compact(start_unix_ns));
+    base.with_file_name(name)
+}
+
+/// `profile.pb` -> (`profile`, `.pb`); a name without extension has `""`.
+fn split_name(base: &Path) -> (String, String) {
+    let name = base
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match name.rfind('.') {
+        Some(dot) if dot > 0 => (name[..dot].to_string(), name[dot..].to_string()),
+        _ => (name, String::new()),
+    }
+}
+
+/// Whether `name` is a window file of `base` (`stem-YYYYMMDDTHHMMSS.mmmZext`).
+fn is_window_file(name: &str, stem: &str, ext: &str) -> bool {
+    let Some(middle) = name
+        .strip_prefix(stem)
+        .and_then(|r| r.strip_prefix('-'))
+        .and_then(|r| r.strip_suffix(ext))
+    else {
+        return false;
+    };
+    let b = middle.as_bytes();
+    b.len() == 20
+        && b[8] == b'T'
+        && b[15] == b'.'
+        && b[19] == b'Z'
+        && b.iter()
+            .enumerate()
+            .all(|(i, c)| matches!(i, 8 | 15 | 19) || c.is_ascii_digit())
+}
+
+/// Delete all but the newest `keep` window files of `base` (their names
+/// sort by time). Returns the files deleted.
+pub fn prune_windows(base: &Path, keep: usize) -> Result<Vec<PathBuf>> {
+    let dir = base
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let (stem, ext) = split_name(base);
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| is_window_file(n, &stem, &ext))
+        .collect();
+    names.sort();
+    let excess = names.len().saturating_sub(keep);
+    let mut deleted = Vec::new();
+    for name in names.into_iter().take(excess) {
+        let path = dir.join(name);
+        match fs::remove_file(&path) {
+            Ok(()) => deleted.push(path),
+            Err(err) => warn!("cannot delete old profile {}: {err}", path.display()),
+        }
+    }
+    Ok(deleted)
+}
+
+/// The continuous-mode disk sender: one file per window and format.
+pub struct WindowFiles {
+    outputs: Vec<(ProfileFormat, PathBuf)>,
+    compression: Compression,
+    max_profiles: Option<usize>,
+    written: Vec<PathBuf>,
+    count: u64,
+}
+
+impl WindowFiles {
+    /// Write each window in every `(format, base path)` of `outputs`,
+    /// keeping the newest `max_profiles` files per format if given.
+    pub fn new(
+        outputs: Vec<(ProfileFormat, PathBuf)>,
+        compression: Compression,
+        max_profiles: Option<usize>,
+    ) -> Self {
+        WindowFiles {
+            outputs,
+            compression,
+            max_profiles,
+            written: Vec::new(),
+            count: 0,
+        }
+    }
+}
+
+impl Sender for WindowFiles {
+    fn send(&mut self, profile: &Profile) -> Result<()> {
+        for (format, base) in &self.outputs {
+            if *format == ProfileFormat::FlameGraph && profile.total_samples() == 0 {
+                info!(
+                    "no samples in the window starting {}: no flame graph written",
+                    crate::timefmt::rfc3339(profile.start_unix_ns)
+                );
+                continue;
+            }
+            let bytes = crate::run::encode(profile, *format, self.compression)?;
+            let path = window_path(base, profile.start_unix_ns);
+            write_atomic(&path, &bytes)?;
+            debug!("profile written to {}", path.display());
+            self.count += 1;
+            self.written.push(path);
+            if let Some(keep) = self.max_profiles {
+                let deleted = prune_windows(base, keep)?;
+                self.written.retain(|p| !deleted.contains(p));
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>, _deadline: Instant) -> SenderReport {
+        let destination = self
+            .outputs
+            .first()
+            .and_then(|(_, p)| p.parent())
+            .map_or_else(|| ".".to_string(), |p| p.display().to_string());
+        SenderReport {
+            destination,
+            files: self.written,
+            delivery: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -40,5 +182,38 @@ mod tests {
         write_atomic(&path, b"two").unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"two");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn window_files_are_named_by_start_and_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("profile.pb");
+        let second = 1_000_000_000u64;
+        let t = 1_714_564_800 * second; // 2024-05-01T12:00:00Z
+        assert_eq!(
+            window_path(&base, t).file_name().unwrap(),
+            "profile-20240501T120000.000Z.pb"
+        );
+        for i in 0..5 {
+            write_atomic(&window_path(&base, t + i * second), b"x").unwrap();
+        }
+        fs::write(dir.path().join("profile.pb"), b"keep").unwrap();
+        fs::write(dir.path().join("profile-other.pb"), b"keep").unwrap();
+        let deleted = prune_windows(&base, 2).unwrap();
+        assert_eq!(deleted.len(), 3);
+        let mut left: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            vec![
+                "profile-20240501T120003.000Z.pb",
+                "profile-20240501T120004.000Z.pb",
+                "profile-other.pb",
+                "profile.pb"
+            ]
+        );
     }
 }

@@ -1,0 +1,535 @@
+//! Delivery between the profiler and the network: a queue bounded by bytes
+//! and one sender thread that drains it with retries.
+//!
+//! The producer ([`Queue::push`]) never waits: when the queue is over its
+//! byte budget, the oldest profiles that are not being sent right now are
+//! dropped (and counted) to make room; a profile is always accepted, so the
+//! queue may exceed the budget by the one profile in flight. The sender
+//! thread sends the oldest profile first. Outcomes of one attempt
+//! ([`Attempt`]): delivered; retryable (no response: connection refused or
+//! reset, timeout; or a 5xx, 408 or 429 answer), retried after an
+//! exponential backoff with jitter ([`Backoff`]) for as long as the profile
+//! stays in the queue; or rejected (any other 4xx, or an answer the sender
+//! cannot use), logged with the server's message and not retried.
+//!
+//! On shutdown ([`Queue::close`]) the thread keeps sending until the queue
+//! is empty or the flush deadline passes; every request's timeout is cut to
+//! the time left, and what is still queued at the deadline is counted as
+//! dropped.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+
+/// One profile waiting to be sent.
+#[derive(Debug, Clone)]
+pub struct Item {
+    /// The request body.
+    pub body: Vec<u8>,
+    /// Extra request headers (name, value) for this profile.
+    pub headers: Vec<(String, String)>,
+    /// What the profile is, for log lines (e.g. its window).
+    pub description: String,
+}
+
+/// The result of one attempt to deliver an [`Item`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// The server took it.
+    Delivered,
+    /// A transient failure (no response, timeout, 5xx, 408, 429): try again later.
+    Retry(String),
+    /// The server refused it for good (other 4xx): do not retry.
+    Rejected(String),
+}
+
+/// Sends one item (an HTTP POST in practice). `timeout` bounds the whole attempt.
+pub trait Transport: Send + 'static {
+    /// Try to deliver `item` once, within `timeout`.
+    fn send(&mut self, item: &Item, timeout: Duration) -> Attempt;
+    /// Where items go (for log lines and the summary; no credentials).
+    fn destination(&self) -> String;
+}
+
+/// Delivery counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeliveryStats {
+    /// Profiles handed to the queue.
+    pub queued: u64,
+    /// Profiles the server accepted.
+    pub sent: u64,
+    /// Attempts that failed transiently and were (or would have been) retried.
+    pub retried: u64,
+    /// Profiles dropped unsent: evicted by newer ones when the queue was
+    /// full, or still queued when the flush deadline passed.
+    pub dropped: u64,
+    /// Profiles the server refused (4xx other than 408/429): not retried.
+    pub rejected: u64,
+    /// Body bytes of the profiles the server accepted.
+    pub bytes: u64,
+}
+
+impl std::fmt::Display for DeliveryStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "sent={} retried={} dropped={} rejected={} bytes={}",
+            self.sent, self.retried, self.dropped, self.rejected, self.bytes
+        )
+    }
+}
+
+/// Exponential backoff with jitter: the n-th wait is drawn uniformly from
+/// `[d/2, d]` with `d = min(initial · 2^n, max)`.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    /// First delay's upper bound.
+    pub initial: Duration,
+    /// Cap on the delay.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: Duration::from_millis(250),
+            max: Duration::from_secs(8),
+        }
+    }
+}
+
+impl Backoff {
+    /// The wait before retry number `failures` (1 for the first retry),
+    /// with `random` a uniform value in `[0, 1)`.
+    pub fn delay(&self, failures: u32, random: f64) -> Duration {
+        let exp = 2u32.saturating_pow(failures.saturating_sub(1).min(20));
+        let ceiling = self.initial.saturating_mul(exp).min(self.max);
+        ceiling.mul_f64(0.5 + random.clamp(0.0, 1.0) * 0.5)
+    }
+}
+
+/// A small xorshift generator for jitter (not for anything secret).
+#[derive(Debug)]
+pub struct Jitter(u64);
+
+impl Jitter {
+    /// Seeded from the clock and the pid.
+    pub fn new() -> Self {
+        let seed = crate::timefmt::now_unix_ns() ^ (u64::from(std::process::id()) << 32);
+        Jitter(seed | 1)
+    }
+
+    /// A uniform value in `[0, 1)`.
+    pub fn next_f64(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.next_f64();
+        self.0
+    }
+}
+
+impl Default for Jitter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+struct Entry {
+    seq: u64,
+    item: Item,
+}
+
+struct State {
+    entries: VecDeque<Entry>,
+    bytes: usize,
+    next_seq: u64,
+    in_flight: Option<u64>,
+    closed: bool,
+    deadline: Option<Instant>,
+    stats: DeliveryStats,
+}
+
+/// The bounded queue shared by the producer and the sender thread.
+pub struct Queue {
+    state: Mutex<State>,
+    wake: Condvar,
+    max_bytes: usize,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent counters behind.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Add `item`, dropping the oldest queued profiles (not the one being
+    /// sent) while the queue would exceed its byte budget. Never blocks for
+    /// longer than it takes to take the lock.
+    pub fn push(&self, item: Item) {
+        let mut state = self.lock();
+        let size = item.body.len();
+        while state.bytes + size > self.max_bytes {
+            let in_flight = state.in_flight;
+            let Some(pos) = state.entries.iter().position(|e| Some(e.seq) != in_flight) else {
+                break;
+            };
+            let Some(old) = state.entries.remove(pos) else {
+                break;
+            };
+            state.bytes -= old.item.body.len();
+            state.stats.dropped += 1;
+            warn!(
+                "send queue full ({} bytes): dropped the profile of {}",
+                self.max_bytes, old.item.description
+            );
+        }
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        state.bytes += size;
+        state.stats.queued += 1;
+        state.entries.push_back(Entry { seq, item });
+        drop(state);
+        self.wake.notify_all();
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> DeliveryStats {
+        self.lock().stats
+    }
+
+    /// Profiles waiting (including one being sent).
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// Whether nothing is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Stop accepting work after what is queued: the sender thread flushes
+    /// until the queue is empty or `deadline` passes.
+    pub fn close(&self, deadline: Instant) {
+        let mut state = self.lock();
+        state.closed = true;
+        state.deadline = Some(deadline);
+        drop(state);
+        self.wake.notify_all();
+    }
+}
+
+/// The queue plus the thread that drains it.
+pub struct Delivery {
+    queue: Arc<Queue>,
+    thread: Option<JoinHandle<()>>,
+    destination: String,
+}
+
+impl Delivery {
+    /// Start a sender thread that delivers through `transport`, with a
+    /// queue of at most `max_bytes` body bytes and per-attempt `timeout`.
+    pub fn start<T: Transport>(
+        mut transport: T,
+        max_bytes: usize,
+        timeout: Duration,
+        backoff: Backoff,
+    ) -> std::io::Result<Self> {
+        let queue = Arc::new(Queue {
+            state: Mutex::new(State {
+                entries: VecDeque::new(),
+                bytes: 0,
+                next_seq: 0,
+                in_flight: None,
+                closed: false,
+                deadline: None,
+                stats: DeliveryStats::default(),
+            }),
+            wake: Condvar::new(),
+            max_bytes,
+        });
+        let destination = transport.destination();
+        let shared = queue.clone();
+        let thread = std::thread::Builder::new()
+            .name("lsw-sender".into())
+            .spawn(move || worker(&shared, &mut transport, timeout, backoff))?;
+        Ok(Delivery {
+            queue,
+            thread: Some(thread),
+            destination,
+        })
+    }
+
+    /// The queue (to push profiles into).
+    pub fn queue(&self) -> &Queue {
+        &self.queue
+    }
+
+    /// Where profiles go.
+    pub fn destination(&self) -> &str {
+        &self.destination
+    }
+
+    /// Flush until the queue is empty or `deadline`, stop the thread and
+    /// return the final counters. Waits at most until shortly after
+    /// `deadline` (a thread stuck past it is left behind).
+    pub fn finish(mut self, deadline: Instant) -> DeliveryStats {
+        self.queue.close(deadline);
+        if let Some(thread) = self.thread.take() {
+            let give_up = deadline + Duration::from_secs(2);
+            while !thread.is_finished() && Instant::now() < give_up {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            } else {
+                warn!("the sender thread did not stop by the flush deadline");
+            }
+        }
+        let mut state = self.queue.lock();
+        // Whatever is left was not delivered in time.
+        let left = state.entries.len() as u64;
+        if left > 0 {
+            warn!(
+                "{left} profile(s) not delivered to {} before the flush deadline",
+                self.destination
+            );
+        }
+        state.stats.dropped += left;
+        state.entries.clear();
+        state.bytes = 0;
+        state.stats
+    }
+}
+
+/// Sleep until `until` unless the queue is closed with a deadline before
+/// it; returns false if the deadline passed.
+fn wait_until(queue: &Queue, until: Instant) -> bool {
+    let mut state = queue.lock();
+    loop {
+        let now = Instant::now();
+        if let Some(deadline) = state.deadline {
+            if now >= deadline {
+                return false;
+            }
+        }
+        if now >= until {
+            return true;
+        }
+        let limit = state.deadline.map_or(until, |d| d.min(until));
+        let (s, _) = queue
+            .wake
+            .wait_timeout(state, limit.saturating_duration_since(now))
+            .unwrap_or_else(|p| p.into_inner());
+        state = s;
+    }
+}
+
+fn worker<T: Transport>(queue: &Queue, transport: &mut T, timeout: Duration, backoff: Backoff) {
+    let mut jitter = Jitter::new();
+    let mut failures: u32 = 0;
+    loop {
+        // Take (a copy of) the oldest item, or stop.
+        let (seq, item, attempt_timeout) = {
+            let mut state = queue.lock();
+            loop {
+                let past_deadline = state.deadline.is_some_and(|d| Instant::now() >= d);
+                if past_deadline || (state.closed && state.entries.is_empty()) {
+                    return;
+                }
+                if let Some(front) = state.entries.front() {
+                    let seq = front.seq;
+                    let item = front.item.clone();
+                    state.in_flight = Some(seq);
+                    let left = state
+                        .deadline
+                        .map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+                    break (seq, item, timeout.min(left).max(Duration::from_millis(1)));
+                }
+                let (s, _) = queue
+                    .wake
+                    .wait_timeout(state, Duration::from_millis(200))
+                    .unwrap_or_else(|p| p.into_inner());
+                state = s;
+            }
+        };
+        let outcome = transport.send(&item, attempt_timeout);
+        let mut state = queue.lock();
+        state.in_flight = None;
+        let retry = match &outcome {
+            Attempt::Delivered => {
+                state.stats.sent += 1;
+                state.stats.bytes += item.body.len() as u64;
+                debug!("delivered the profile of {}", item.description);
+                false
+            }
+            Attempt::Rejected(message) => {
+                state.stats.rejected += 1;
+                warn!(
+                    "{} rejected the profile of {} (not retried): {message}",
+                    transport.destination(),
+                    item.description
+                );
+                false
+            }
+            Attempt::Retry(message) => {
+                state.stats.retried += 1;
+                failures += 1;
+                warn!(
+                    "sending the profile of {} to {} failed (attempt {failures}), will retry: {message}",
+                    item.description,
+                    transport.destination()
+                );
+                true
+            }
+        };
+        if !retry {
+            failures = 0;
+            // The in-flight entry is never evicted, so it is still the front.
+            if state.entries.front().is_some_and(|e| e.seq == seq) {
+                if let Some(done) = state.entries.pop_front() {
+                    state.bytes -= done.item.body.len();
+                }
+            }
+            continue;
+        }
+        drop(state);
+        let delay = backoff.delay(failures, jitter.next_f64());
+        if !wait_until(queue, Instant::now() + delay) {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Script {
+        outcomes: Arc<Mutex<VecDeque<Attempt>>>,
+        seen: Arc<Mutex<Vec<String>>>,
+        delay: Duration,
+    }
+
+    impl Transport for Script {
+        fn send(&mut self, item: &Item, timeout: Duration) -> Attempt {
+            std::thread::sleep(self.delay.min(timeout));
+            self.seen.lock().unwrap().push(item.description.clone());
+            self.outcomes
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Attempt::Delivered)
+        }
+        fn destination(&self) -> String {
+            "script".into()
+        }
+    }
+
+    fn item(name: &str, size: usize) -> Item {
+        Item {
+            body: vec![0; size],
+            headers: Vec::new(),
+            description: name.into(),
+        }
+    }
+
+    fn fast() -> Backoff {
+        Backoff {
+            initial: Duration::from_millis(5),
+            max: Duration::from_millis(20),
+        }
+    }
+
+    fn script(outcomes: Vec<Attempt>, delay: Duration) -> (Script, Arc<Mutex<Vec<String>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        (
+            Script {
+                outcomes: Arc::new(Mutex::new(outcomes.into())),
+                seen: seen.clone(),
+                delay,
+            },
+            seen,
+        )
+    }
+
+    #[test]
+    fn retries_transient_failures_then_delivers_once() {
+        let (t, seen) = script(
+            vec![Attempt::Retry("500".into()), Attempt::Retry("500".into())],
+            Duration::ZERO,
+        );
+        let d = Delivery::start(t, 1 << 20, Duration::from_secs(1), fast()).unwrap();
+        d.queue().push(item("w1", 10));
+        let stats = d.finish(Instant::now() + Duration::from_secs(5));
+        assert_eq!(stats.sent, 1);
+        assert_eq!(stats.retried, 2);
+        assert_eq!(stats.bytes, 10);
+        assert_eq!(stats.dropped, 0);
+        assert_eq!(*seen.lock().unwrap(), vec!["w1", "w1", "w1"]);
+    }
+
+    #[test]
+    fn rejected_is_not_retried_and_the_next_goes_on() {
+        let (t, seen) = script(vec![Attempt::Rejected("401".into())], Duration::ZERO);
+        let d = Delivery::start(t, 1 << 20, Duration::from_secs(1), fast()).unwrap();
+        d.queue().push(item("w1", 10));
+        d.queue().push(item("w2", 10));
+        let stats = d.finish(Instant::now() + Duration::from_secs(5));
+        assert_eq!((stats.sent, stats.rejected, stats.retried), (1, 1, 0));
+        assert_eq!(*seen.lock().unwrap(), vec!["w1", "w2"]);
+    }
+
+    #[test]
+    fn full_queue_drops_oldest_but_not_the_one_in_flight() {
+        let (t, seen) = script(vec![], Duration::from_millis(200));
+        let d = Delivery::start(t, 25, Duration::from_secs(1), fast()).unwrap();
+        d.queue().push(item("w1", 10));
+        std::thread::sleep(Duration::from_millis(50)); // w1 is in flight
+        d.queue().push(item("w2", 10));
+        d.queue().push(item("w3", 10)); // 30 > 25: w2 goes, w1 is in flight
+        assert_eq!(d.queue().stats().dropped, 1);
+        let stats = d.finish(Instant::now() + Duration::from_secs(5));
+        assert_eq!((stats.sent, stats.dropped, stats.queued), (2, 1, 3));
+        assert_eq!(*seen.lock().unwrap(), vec!["w1", "w3"]);
+    }
+
+    #[test]
+    fn flush_deadline_bounds_shutdown() {
+        let outcomes = vec![Attempt::Retry("down".into()); 1000];
+        let (t, _) = script(outcomes, Duration::from_millis(1));
+        let d = Delivery::start(t, 1 << 20, Duration::from_secs(1), fast()).unwrap();
+        d.queue().push(item("w1", 10));
+        d.queue().push(item("w2", 10));
+        let start = Instant::now();
+        let stats = d.finish(Instant::now() + Duration::from_millis(300));
+        assert!(start.elapsed() < Duration::from_secs(2));
+        assert_eq!((stats.sent, stats.dropped), (0, 2));
+        assert!(stats.retried >= 2);
+    }
+
+    #[test]
+    fn backoff_grows_to_its_cap_with_jitter() {
+        let b = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_millis(1000),
+        };
+        assert_eq!(b.delay(1, 0.0), Duration::from_millis(50));
+        assert_eq!(b.delay(1, 1.0), Duration::from_millis(100));
+        assert_eq!(b.delay(3, 1.0), Duration::from_millis(400));
+        assert_eq!(b.delay(30, 1.0), Duration::from_millis(1000));
+        let mut j = Jitter::new();
+        for _ in 0..1000 {
+            let x = j.next_f64();
+            assert!((0.0..1.0).contains(&x));
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! The remote sender: POSTs each window's profile, gzip'd pprof, to an HTTP
+//! endpoint (`lightswitch collector`, or anything that takes pprof).
+//!
+//! Request: `POST <url>`, body = gzip'd pprof, with
+//! `Content-Type: application/vnd.google.protobuf`, `Content-Encoding: gzip`,
+//! [`HOST_HEADER`] (the machine's host name), [`WINDOW_START_HEADER`] and
+//! [`WINDOW_END_HEADER`] (the window, ns since the Unix epoch),
+//! [`SAMPLES_HEADER`], and `Authorization: Bearer TOKEN` when a token is
+//! configured (`--token` or `LIGHTSWITCH_TOKEN`). Credentials in the URL
+//! (`http://user:pass@host/...`) are sent as basic auth instead.
+//! Any 2xx answer is success. Delivery (queueing, retries, counters) is
+//! [`super::queue`]'s; [`HttpTransport`] is also what the Pyroscope sender posts with.
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use reqwest::blocking::Client;
+use reqwest::StatusCode;
+use url::Url;
+
+use super::queue::{Attempt, Backoff, Delivery, Item, Transport};
+use super::{seconds, Sender, SenderReport};
+use crate::cli::{Cli, Compression};
+use crate::format::pprof;
+use crate::profile::Profile;
+
+/// Default endpoint of the remote sender: a local `lightswitch collector`.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:4567/v1/profiles";
+/// Header naming the host the profile comes from.
+pub const HOST_HEADER: &str = "X-Lightswitch-Host";
+/// Header with the window's start, ns since the Unix epoch.
+pub const WINDOW_START_HEADER: &str = "X-Lightswitch-Window-Start";
+/// Header with the window's end, ns since the Unix epoch.
+pub const WINDOW_END_HEADER: &str = "X-Lightswitch-Window-End";
+/// Header with the number of samples in the profile.
+pub const SAMPLES_HEADER: &str = "X-Lightswitch-Samples";
+/// Content type of a pprof body.
+pub const PPROF_CONTENT_TYPE: &str = "application/vnd.google.protobuf";
+
+/// How to reach a server: URL, credentials, limits.
+#[derive(Clone)]
+pub struct HttpConfig {
+    /// Where to POST (credentials removed).
+    pub url: Url,
+    /// `user:password` from the URL, sent as basic auth.
+    pub basic: Option<(String, Option<String>)>,
+    /// Bearer token.
+    pub token: Option<String>,
+    /// Timeout of one request.
+    pub timeout: Duration,
+    /// Queue budget, bytes.
+    pub queue_bytes: usize,
+    /// Retry policy.
+    pub backoff: Backoff,
+}
+
+impl std::fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print credentials.
+        f.debug_struct("HttpConfig")
+            .field("url", &self.url.as_str())
+            .field("basic", &self.basic.as_ref().map(|_| "<set>"))
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("timeout", &self.timeout)
+            .field("queue_bytes", &self.queue_bytes)
+            .finish()
+    }
+}
+
+impl HttpConfig {
+    /// Parse `url` (http or https) and take the token and limits from `cli`.
+    /// Errors name the flag at fault.
+    pub fn from_cli(cli: &Cli, url: &str) -> Result<Self> {
+        let mut url =
+            Url::parse(url).with_context(|| format!("--server-url {url:?} is not a URL"))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            anyhow::bail!("--server-url must be an http:// or https:// URL with a host");
+        }
+        let basic = (!url.username().is_empty()).then(|| {
+            let decode = |s: &str| {
+                percent_encoding::percent_decode_str(s)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            };
+            (decode(url.username()), url.password().map(decode))
+        });
+        // Neither setter fails on an http(s) URL with a host.
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        if cli.send_queue_bytes == 0 {
+            anyhow::bail!("--send-queue-bytes must be at least 1");
+        }
+        Ok(HttpConfig {
+            url,
+            basic,
+            token: cli.token.clone().filter(|t| !t.is_empty()),
+            timeout: seconds("--send-timeout", cli.send_timeout)?,
+            queue_bytes: cli.send_queue_bytes,
+            backoff: Backoff::default(),
+        })
+    }
+}
+
+/// POSTs items to one URL with a blocking HTTP client (rustls for https).
+pub struct HttpTransport {
+    client: Client,
+    config: HttpConfig,
+    fixed_headers: Vec<(String, String)>,
+}
+
+/// The error and its causes, `a: b: c` (reqwest's Display shows only the first).
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+impl HttpTransport {
+    /// A transport posting to `config.url` with `fixed_headers` on every request.
+    pub fn new(config: HttpConfig, fixed_headers: Vec<(String, String)>) -> Result<Self> {
+        let client = Client::builder()
+            .user_agent(concat!("lightswitch/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(config.timeout.min(Duration::from_secs(5)))
+            .build()
+            .context("creating the HTTP client")?;
+        Ok(HttpTransport {
+            client,
+            config,
+            fixed_headers,
+        })
+    }
+}
+
+/// Whether an HTTP status is worth retrying: 5xx, 408 Request Timeout, 429 Too Many Requests.
+pub fn is_retryable(status: StatusCode) -> bool {
+    status.is_server_error()
+        || status == StatusCode::REQUEST_TIMEOUT
+        || status == StatusCode::TOO_MANY_REQUESTS
+}
+
+impl Transport for HttpTransport {
+    fn send(&mut self, item: &Item, timeout: Duration) -> Attempt {
+        let mut request = self
+            .client
+            .post(self.config.url.clone())
+            .timeout(timeout)
+            .body(item.body.clone());
+        for (name, value) in self.fixed_headers.iter().chain(&item.headers) {
+            request = request.header(name.as_str(), value.as_str());
+        }
+        if let Some((user, password)) = &self.config.basic {
+            request = request.basic_auth(user, password.as_ref());
+        } else if let Some(token) = &self.config.token {
+            request = request.bearer_auth(token);
+        }
+        let response = match request.send() {
+            Ok(r) => r,
+            Err(err) => return Attempt::Retry(error_chain(&err)),
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Attempt::Delivered;
+        }
+        // The server's explanation, at most 1 KiB of it.
+        let mut message = String::new();
+        let _ = response.take(1024).read_to_string(&mut message);
+        let message = message.trim();
+        let text = if message.is_empty() {
+            format!("HTTP {status}")
+        } else {
+            format!("HTTP {status}: {message}")
+        };
+        if is_retryable(status) {
+            Attempt::Retry(text)
+        } else {
+            Attempt::Rejected(text)
+        }
+    }
+
+    fn destination(&self) -> String {
+        self.config.url.to_string()
+    }
+}
+
+/// The `--sender=remote` sender.
+pub struct RemoteSender {
+    delivery: Delivery,
+    host: String,
+}
+
+impl RemoteSender {
+    /// Start the sender thread for `config`; `host` names this machine in
+    /// the [`HOST_HEADER`] header.
+    pub fn start(config: HttpConfig, host: String) -> Result<Self> {
+        let (queue_bytes, timeout, backoff) = (config.queue_bytes, config.timeout, config.backoff);
+        let transport = HttpTransport::new(
+            config,
+            vec![
+                ("Content-Type".into(), PPROF_CONTENT_TYPE.into()),
+                ("Content-Encoding".into(), "gzip".into()),
+            ],
+        )?;
+        let delivery = Delivery::start(transport, queue_bytes, timeout, backoff)
+            .context("starting the sender thread")?;
+        Ok(RemoteSender { delivery, host })
+    }
+}
+
+/// A log-friendly description of a profile's window.
+pub fn describe_window(profile: &Profile) -> String {
+    format!(
+        "window {} +{:.3}s ({} samples)",
+        crate::timefmt::rfc3339(profile.start_unix_ns),
+        profile.duration_ns as f64 / 1e9,
+        profile.total_samples()
+    )
+}
+
+impl Sender for RemoteSender {
+    fn send(&mut self, profile: &Profile) -> Result<()> {
+        let body = pprof::encode(profile, Compression::Gzip)?;
+        let end = profile.start_unix_ns + profile.duration_ns;
+        self.delivery.queue().push(Item {
+            body,
+            headers: vec![
+                (HOST_HEADER.into(), self.host.clone()),
+                (
+                    WINDOW_START_HEADER.into(),
+                    profile.start_unix_ns.to_string(),
+                ),
+                (WINDOW_END_HEADER.into(), end.to_string()),
+                (SAMPLES_HEADER.into(), profile.total_samples().to_string()),
+            ],
+            description: describe_window(profile),
+        });
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>, deadline: Instant) -> SenderReport {
+        let destination = self.delivery.destination().to_string();
+        let stats = self.delivery.finish(deadline);
+        SenderReport {
+            destination,
+            files: Vec::new(),
+            delivery: Some(stats),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn url_credentials_become_basic_auth_and_leave_the_url() {
+        let cli = Cli::parse_from(["lightswitch"]);
+        let c = HttpConfig::from_cli(&cli, "https://me:p%40ss@example.invalid:8443/x").unwrap();
+        assert_eq!(c.url.as_str(), "https://example.invalid:8443/x");
+        assert_eq!(c.basic, Some(("me".into(), Some("p@ss".into()))));
+        assert!(!format!("{c:?}").contains("p@ss"));
+        assert!(HttpConfig::from_cli(&cli, "ftp://x/").is_err());
+        assert!(HttpConfig::from_cli(&cli, "not a url").is_err());
+    }
+
+    #[test]
+    fn retryable_statuses() {
+        assert!(is_retryable(StatusCode::INTERNAL_SERVER_ERROR));
+        assert!(is_retryable(StatusCode::SERVICE_UNAVAILABLE));
+        assert!(is_retryable(StatusCode::TOO_MANY_REQUESTS));
+        assert!(!is_retryable(StatusCode::UNAUTHORIZED));
+        assert!(!is_retryable(StatusCode::BAD_REQUEST));
+        assert!(!is_retryable(StatusCode::PAYLOAD_TOO_LARGE));
+    }
+}

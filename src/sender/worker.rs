@@ -1,0 +1,142 @@
+//! The window worker: symbolizes, encodes and sends closed windows on a
+//! thread of its own, so the sampling loop only spends the time it takes to
+//! swap aggregators and copy the few mappings a window refers to
+//! ([`TrackerSnapshot`]).
+//!
+//! Windows wait in a channel of [`MAX_PENDING_WINDOWS`]; if symbolization
+//! falls that far behind, the newest closed window is dropped (counted in
+//! [`WorkerReport::windows_dropped`]) rather than stalling sampling.
+
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use tracing::{debug, warn};
+
+use super::{Sender, SenderReport};
+use crate::process::ProcessTracker;
+use crate::profile::window::ClosedWindow;
+use crate::symbolize::source::{ObjectCache, TrackerSnapshot};
+use crate::symbolize::Symbolizer;
+
+/// Closed windows that may wait for symbolization before new ones are dropped.
+pub const MAX_PENDING_WINDOWS: usize = 4;
+
+enum Message {
+    Window(Box<(ClosedWindow, TrackerSnapshot)>),
+    Finish(Duration),
+}
+
+/// What the worker did over a run.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerReport {
+    /// Windows symbolized and handed to the sender.
+    pub windows_sent: u64,
+    /// Windows dropped because symbolization was too far behind.
+    pub windows_dropped: u64,
+    /// Windows the sender failed on (encoding or writing; logged).
+    pub windows_failed: u64,
+    /// The sender's own report.
+    pub sender: SenderReport,
+}
+
+/// Handle to the worker thread.
+pub struct WindowWorker {
+    tx: SyncSender<Message>,
+    thread: JoinHandle<WorkerReport>,
+    objects: ObjectCache,
+    dropped: u64,
+}
+
+impl WindowWorker {
+    /// Start the worker thread, which sends every window's profile to `sender`.
+    pub fn start(sender: Box<dyn Sender>) -> Result<Self> {
+        let (tx, rx) = sync_channel(MAX_PENDING_WINDOWS);
+        let thread = std::thread::Builder::new()
+            .name("lsw-windows".into())
+            .spawn(move || run(rx, sender))
+            .context("starting the window worker thread")?;
+        Ok(WindowWorker {
+            tx,
+            thread,
+            objects: ObjectCache::new(),
+            dropped: 0,
+        })
+    }
+
+    /// Hand a closed window over (with what symbolizing it needs from
+    /// `tracker`). Never waits for the worker.
+    pub fn submit(&mut self, closed: ClosedWindow, tracker: &ProcessTracker) {
+        let snapshot = TrackerSnapshot::capture(&closed.aggregator, tracker, &mut self.objects);
+        let index = closed.index;
+        match self
+            .tx
+            .try_send(Message::Window(Box::new((closed, snapshot))))
+        {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                self.dropped += 1;
+                warn!(
+                    "symbolization is {MAX_PENDING_WINDOWS} windows behind: window {index} dropped"
+                );
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                self.dropped += 1;
+                warn!("the window worker has stopped: window {index} dropped");
+            }
+        }
+    }
+
+    /// Wait until every submitted window has been handled, then let the
+    /// sender flush for at most `flush` and return the report.
+    pub fn finish(self, flush: Duration) -> WorkerReport {
+        // A blocking send: the worker is draining the channel.
+        let _ = self.tx.send(Message::Finish(flush));
+        drop(self.tx);
+        let mut report = match self.thread.join() {
+            Ok(report) => report,
+            Err(_) => {
+                warn!("the window worker panicked");
+                WorkerReport::default()
+            }
+        };
+        report.windows_dropped += self.dropped;
+        report
+    }
+}
+
+fn run(rx: Receiver<Message>, mut sender: Box<dyn Sender>) -> WorkerReport {
+    let symbolizer = Symbolizer::new();
+    let mut report = WorkerReport::default();
+    let mut flush = Duration::from_secs(5);
+    for message in rx {
+        match message {
+            Message::Window(job) => {
+                let (closed, snapshot) = *job;
+                let started = Instant::now();
+                let profile =
+                    symbolizer.build_profile(&closed.aggregator, &snapshot, closed.window);
+                debug!(
+                    "window {}: {} samples symbolized in {:?}",
+                    closed.index,
+                    profile.total_samples(),
+                    started.elapsed()
+                );
+                match sender.send(&profile) {
+                    Ok(()) => report.windows_sent += 1,
+                    Err(err) => {
+                        report.windows_failed += 1;
+                        warn!("window {}: {err:#}", closed.index);
+                    }
+                }
+            }
+            Message::Finish(d) => {
+                flush = d;
+                break;
+            }
+        }
+    }
+    report.sender = sender.finish(Instant::now() + flush);
+    report
+}
