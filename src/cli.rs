@@ -205,6 +205,27 @@ pub enum Command {
         /// Path of an ELF executable or shared library.
         path: PathBuf,
     },
+    /// Receive profiles over HTTP (from `--sender=remote`, or raw/gzip pprof
+    /// from any client), store them under --storage, and serve them back:
+    /// `GET /v1/profiles` lists, `GET /v1/profiles/merged` merges a time range.
+    Collector {
+        /// Address to listen on (`HOST:PORT`).
+        #[arg(long, default_value = "127.0.0.1:4567")]
+        listen: String,
+        /// Directory profiles are stored in (created if missing), as
+        /// `HOST/DAY/START-END-ID.pb.gz`.
+        #[arg(long)]
+        storage: PathBuf,
+        /// Require `Authorization: Bearer TOKEN` on every request (401
+        /// otherwise). Prefer the environment variable: a command-line
+        /// argument is visible in the process list.
+        #[arg(long, env = "LIGHTSWITCH_COLLECTOR_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Largest accepted request body, bytes (413 above it). A gzip'd body
+        /// may expand to at most 64 times this much.
+        #[arg(long, default_value_t = 32 * 1024 * 1024)]
+        max_body_bytes: usize,
+    },
 }
 
 impl Cli {

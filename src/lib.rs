@@ -7,6 +7,7 @@
 //! [`run`] drives one profiling run; [`cli`] parses the command line.
 
 pub mod cli;
+pub mod collector;
 pub mod format;
 pub mod preflight;
 pub mod process;

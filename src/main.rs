@@ -31,6 +31,25 @@ fn main() {
             }
         }
     }
+    if let Some(Command::Collector {
+        listen,
+        storage,
+        token,
+        max_body_bytes,
+    }) = &cli.command
+    {
+        let config = lightswitch::collector::CollectorConfig {
+            listen: listen.clone(),
+            storage: storage.clone(),
+            token: token.clone(),
+            max_body_bytes: *max_body_bytes,
+        };
+        if let Err(err) = lightswitch::collector::run(&config) {
+            eprintln!("error: {err:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     match lightswitch::run::run(&cli) {
         Ok(summary) => println!("{summary}"),
         Err(err) => {

@@ -1,0 +1,486 @@
+//! Reading received pprof bodies and merging stored profiles.
+//!
+//! Bodies are raw or gzip'd pprof ([`decode_body`]); a body is accepted only
+//! if it decodes and is internally consistent ([`validate`]: string table
+//! starting with "", sample types present, every index and id in range),
+//! because protobuf decoding alone accepts many byte strings that are not
+//! profiles.
+//!
+//! Merging converts each pprof message into the crate's format-neutral
+//! [`Profile`] ([`profile_from_pprof`], the inverse of
+//! [`crate::format::pprof::to_proto`] for lightswitch's own profiles) and
+//! merges those ([`merge`]): mappings, frames and stacks are deduplicated by
+//! value, so string, function, location and mapping ids never need
+//! remapping by hand, and the merged result is encoded by the same encoders
+//! as everything else (pprof, flame graph, folded), so all three agree.
+//! Counts come from the `samples/count` value (else the first value); the
+//! merged profile's sampling frequency is the first input's (inputs from one
+//! profiler share it; a mismatch is reported in [`Merged::mixed_frequencies`]).
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::Arc;
+
+use flate2::read::GzDecoder;
+use prost::Message;
+
+use crate::format::pprof::proto;
+use crate::profile::{unwind_marker_name, Frame, FrameKind, Line, Profile, ProfileMapping, Sample};
+use crate::sampler::UnwindStatus;
+use crate::symbolize::KERNEL_MAPPING_NAME;
+
+/// Why a body was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyError {
+    /// Not gzip, not pprof, or an inconsistent pprof: HTTP 400.
+    Malformed(String),
+    /// Decompresses to more than the limit: HTTP 413.
+    TooLarge(String),
+}
+
+/// Whether `bytes` start with the gzip magic number.
+pub fn is_gzip(bytes: &[u8]) -> bool {
+    bytes.starts_with(&[0x1f, 0x8b])
+}
+
+/// Decode a raw or gzip'd pprof body, refusing one that decompresses to
+/// more than `max_raw_bytes`. Returns the profile and its raw (uncompressed) bytes.
+pub fn decode_body(
+    body: &[u8],
+    max_raw_bytes: usize,
+) -> Result<(proto::Profile, Vec<u8>), BodyError> {
+    let raw = if is_gzip(body) {
+        let mut raw = Vec::new();
+        let limit = max_raw_bytes as u64 + 1;
+        GzDecoder::new(body)
+            .take(limit)
+            .read_to_end(&mut raw)
+            .map_err(|e| BodyError::Malformed(format!("the body is not valid gzip: {e}")))?;
+        if raw.len() > max_raw_bytes {
+            return Err(BodyError::TooLarge(format!(
+                "the body decompresses to more than {max_raw_bytes} bytes"
+            )));
+        }
+        raw
+    } else {
+        body.to_vec()
+    };
+    if raw.is_empty() {
+        return Err(BodyError::Malformed("the body is empty".into()));
+    }
+    let profile = proto::Profile::decode(raw.as_slice()).map_err(|e| {
+        BodyError::Malformed(format!("the body does not decode as a pprof profile: {e}"))
+    })?;
+    validate(&profile)
+        .map_err(|e| BodyError::Malformed(format!("not a valid pprof profile: {e}")))?;
+    Ok((profile, raw))
+}
+
+/// Check that `p` is a consistent pprof profile (what `go tool pprof`
+/// checks when it reads one). Errors say what is wrong.
+pub fn validate(p: &proto::Profile) -> Result<(), String> {
+    if p.string_table.first().map(String::as_str) != Some("") {
+        return Err("string_table must start with the empty string".into());
+    }
+    if p.sample_type.is_empty() {
+        return Err("no sample_type".into());
+    }
+    let strings = p.string_table.len() as i64;
+    let string = |i: i64, what: &str| {
+        if (0..strings).contains(&i) {
+            Ok(())
+        } else {
+            Err(format!("{what}: string index {i} out of range"))
+        }
+    };
+    for t in p.sample_type.iter().chain(p.period_type.iter()) {
+        string(t.r#type, "value type")?;
+        string(t.unit, "value type")?;
+    }
+    let mut mapping_ids = std::collections::HashSet::new();
+    for m in &p.mapping {
+        if m.id == 0 || !mapping_ids.insert(m.id) {
+            return Err(format!("mapping id {} is zero or repeated", m.id));
+        }
+        string(m.filename, "mapping")?;
+        string(m.build_id, "mapping")?;
+    }
+    let mut function_ids = std::collections::HashSet::new();
+    for f in &p.function {
+        if f.id == 0 || !function_ids.insert(f.id) {
+            return Err(format!("function id {} is zero or repeated", f.id));
+        }
+        string(f.name, "function")?;
+        string(f.system_name, "function")?;
+        string(f.filename, "function")?;
+    }
+    let mut location_ids = std::collections::HashSet::new();
+    for l in &p.location {
+        if l.id == 0 || !location_ids.insert(l.id) {
+            return Err(format!("location id {} is zero or repeated", l.id));
+        }
+        if l.mapping_id != 0 && !mapping_ids.contains(&l.mapping_id) {
+            return Err(format!(
+                "location {} names unknown mapping {}",
+                l.id, l.mapping_id
+            ));
+        }
+        if let Some(line) = l
+            .line
+            .iter()
+            .find(|line| !function_ids.contains(&line.function_id))
+        {
+            return Err(format!(
+                "location {} names unknown function {}",
+                l.id, line.function_id
+            ));
+        }
+    }
+    for s in &p.sample {
+        if s.value.len() != p.sample_type.len() {
+            return Err(format!(
+                "a sample has {} values for {} sample types",
+                s.value.len(),
+                p.sample_type.len()
+            ));
+        }
+        if let Some(id) = s.location_id.iter().find(|id| !location_ids.contains(id)) {
+            return Err(format!("a sample names unknown location {id}"));
+        }
+        for label in &s.label {
+            string(label.key, "label")?;
+            string(label.str, "label")?;
+            string(label.num_unit, "label")?;
+        }
+    }
+    string(p.default_sample_type, "default_sample_type")?;
+    Ok(())
+}
+
+/// Lowest kernel address on x86-64 and arm64 (the upper half).
+const KERNEL_SPACE_START: u64 = 0xffff_8000_0000_0000;
+
+const STATUSES: [UnwindStatus; 8] = [
+    UnwindStatus::Complete,
+    UnwindStatus::Truncated,
+    UnwindStatus::ReadFault,
+    UnwindStatus::NoUserStack,
+    UnwindStatus::FramePointer,
+    UnwindStatus::NoMapping,
+    UnwindStatus::NoTable,
+    UnwindStatus::UnsupportedRule,
+];
+
+/// Convert a (validated) pprof profile into the crate's model. Kernel
+/// frames are those in the `[kernel.kallsyms]` mapping; unwind markers are
+/// address-0 locations without mapping named `[unwind: ...]`; labels `pid`,
+/// `tid`, `comm`, `thread_name` give a sample's process and thread.
+pub fn profile_from_pprof(p: &proto::Profile) -> Profile {
+    let s = |i: i64| -> &str { p.string_table.get(i as usize).map_or("", String::as_str) };
+    let count_index = p
+        .sample_type
+        .iter()
+        .position(|t| s(t.r#type) == "samples" && s(t.unit) == "count")
+        .unwrap_or(0);
+    let period_ns = p
+        .period_type
+        .as_ref()
+        .filter(|t| s(t.unit) == "nanoseconds")
+        .map_or(0, |_| p.period.max(0) as u64);
+    let sample_freq_hz = (1_000_000_000 + period_ns / 2)
+        .checked_div(period_ns)
+        .unwrap_or(1);
+    let mut profile = Profile {
+        start_unix_ns: p.time_nanos.max(0) as u64,
+        duration_ns: p.duration_nanos.max(0) as u64,
+        sample_freq_hz: sample_freq_hz.max(1),
+        ..Default::default()
+    };
+    let mut mapping_index = HashMap::new();
+    for m in &p.mapping {
+        mapping_index.insert(m.id, profile.mappings.len());
+        let build_id = s(m.build_id);
+        profile.mappings.push(ProfileMapping {
+            start: m.memory_start,
+            limit: m.memory_limit,
+            file_offset: m.file_offset,
+            filename: s(m.filename).to_string(),
+            build_id: (!build_id.is_empty()).then(|| build_id.to_string()),
+        });
+    }
+    let functions: HashMap<u64, &proto::Function> = p.function.iter().map(|f| (f.id, f)).collect();
+    let mut names: HashMap<i64, Arc<str>> = HashMap::new();
+    let mut name = |i: i64| names.entry(i).or_insert_with(|| Arc::from(s(i))).clone();
+    let mut location_index = HashMap::new();
+    for l in &p.location {
+        let mapping = mapping_index.get(&l.mapping_id).copied();
+        let mut lines: Vec<Line> = l
+            .line
+            .iter()
+            .filter_map(|line| functions.get(&line.function_id).map(|f| (line, f)))
+            .map(|(line, f)| Line {
+                function: name(f.name),
+                system_name: name(f.system_name),
+                file: (f.filename != 0).then(|| name(f.filename)),
+                line: u32::try_from(line.line).ok().filter(|&n| n > 0),
+            })
+            .collect();
+        let symbolized = !lines.is_empty();
+        let kernel = match mapping {
+            Some(m) => profile.mappings[m].filename == KERNEL_MAPPING_NAME,
+            // No mapping: the upper half of the address space is the kernel's.
+            None => l.address >= KERNEL_SPACE_START,
+        };
+        let marker = mapping.is_none()
+            && l.address == 0
+            && lines.len() == 1
+            && lines[0].function.starts_with("[unwind: ");
+        if lines.is_empty() {
+            let label = match mapping {
+                Some(m) => {
+                    let file = &profile.mappings[m].filename;
+                    let short = file.rsplit('/').next().unwrap_or(file);
+                    format!("{short}+0x{:x}", l.address)
+                }
+                None => format!("[unknown]+0x{:x}", l.address),
+            };
+            let label: Arc<str> = Arc::from(label);
+            lines.push(Line {
+                function: label.clone(),
+                system_name: label,
+                file: None,
+                line: None,
+            });
+        }
+        location_index.insert(l.id, profile.frames.len());
+        profile.frames.push(Frame {
+            kind: if marker {
+                FrameKind::UnwindMarker
+            } else if kernel {
+                FrameKind::Kernel
+            } else {
+                FrameKind::User
+            },
+            address: l.address,
+            mapping,
+            lines,
+            symbolized: symbolized && !marker,
+        });
+    }
+    let unknown: Arc<str> = Arc::from("[unknown]");
+    for sample in &p.sample {
+        let count = sample.value.get(count_index).copied().unwrap_or(0);
+        if count <= 0 {
+            continue;
+        }
+        let frames: Vec<usize> = sample
+            .location_id
+            .iter()
+            .filter_map(|id| location_index.get(id).copied())
+            .collect();
+        let mut pid = 0;
+        let mut tid = 0;
+        let mut comm = unknown.clone();
+        let mut thread = None;
+        for label in &sample.label {
+            match s(label.key) {
+                "pid" => pid = label.num as u32,
+                "tid" => tid = label.num as u32,
+                "comm" => comm = name(label.str),
+                "thread_name" => thread = Some(name(label.str)),
+                _ => {}
+            }
+        }
+        let status = frames
+            .last()
+            .map(|&f| &profile.frames[f])
+            .filter(|f| f.kind == FrameKind::UnwindMarker)
+            .and_then(|f| {
+                STATUSES
+                    .iter()
+                    .copied()
+                    .find(|st| unwind_marker_name(*st) == *f.lines[0].function)
+            })
+            .unwrap_or(UnwindStatus::Complete);
+        profile.samples.push(Sample {
+            pid,
+            tid,
+            thread_comm: thread.unwrap_or_else(|| comm.clone()),
+            process_comm: comm,
+            frames,
+            unwind_status: status,
+            count: count as u64,
+        });
+    }
+    profile
+}
+
+/// The result of [`merge`].
+#[derive(Debug, Default)]
+pub struct Merged {
+    /// The merged profile: from the earliest start to the latest end.
+    pub profile: Profile,
+    /// Inputs merged.
+    pub inputs: usize,
+    /// Whether inputs had different sampling frequencies (the first one's is used).
+    pub mixed_frequencies: bool,
+}
+
+type FrameKey = (FrameKind, Option<usize>, u64, Vec<Arc<str>>);
+type SampleKey = (u32, u32, Arc<str>, Arc<str>, Vec<usize>);
+
+/// Merge profiles: identical mappings, frames (kind, mapping, address,
+/// function names) and stacks (process, thread, frames) become one, counts add up.
+pub fn merge(profiles: impl IntoIterator<Item = Profile>) -> Merged {
+    let mut out = Merged::default();
+    let mut mappings: HashMap<ProfileMapping, usize> = HashMap::new();
+    let mut frames: HashMap<FrameKey, usize> = HashMap::new();
+    let mut samples: HashMap<SampleKey, usize> = HashMap::new();
+    let mut end = 0u64;
+    for p in profiles {
+        let merged = &mut out.profile;
+        if out.inputs == 0 {
+            merged.start_unix_ns = p.start_unix_ns;
+            merged.sample_freq_hz = p.sample_freq_hz;
+        } else if p.sample_freq_hz != merged.sample_freq_hz {
+            out.mixed_frequencies = true;
+        }
+        out.inputs += 1;
+        merged.start_unix_ns = merged.start_unix_ns.min(p.start_unix_ns);
+        end = end.max(p.start_unix_ns + p.duration_ns);
+        let mapping_map: Vec<usize> = p
+            .mappings
+            .into_iter()
+            .map(|m| {
+                *mappings.entry(m.clone()).or_insert_with(|| {
+                    merged.mappings.push(m);
+                    merged.mappings.len() - 1
+                })
+            })
+            .collect();
+        let frame_map: Vec<usize> = p
+            .frames
+            .into_iter()
+            .map(|mut f| {
+                f.mapping = f.mapping.map(|m| mapping_map[m]);
+                let key = (
+                    f.kind,
+                    f.mapping,
+                    f.address,
+                    f.lines.iter().map(|l| l.function.clone()).collect(),
+                );
+                *frames.entry(key).or_insert_with(|| {
+                    merged.frames.push(f);
+                    merged.frames.len() - 1
+                })
+            })
+            .collect();
+        for mut s in p.samples {
+            s.frames = s.frames.iter().map(|&f| frame_map[f]).collect();
+            let key = (
+                s.pid,
+                s.tid,
+                s.process_comm.clone(),
+                s.thread_comm.clone(),
+                s.frames.clone(),
+            );
+            match samples.get(&key) {
+                Some(&i) => merged.samples[i].count += s.count,
+                None => {
+                    samples.insert(key, merged.samples.len());
+                    merged.samples.push(s);
+                }
+            }
+        }
+    }
+    out.profile.duration_ns = end.saturating_sub(out.profile.start_unix_ns);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::folded;
+    use crate::format::pprof::{encode, to_proto, Compression};
+
+    /// The folded tests' profile, with its kernel frames in a kernel mapping
+    /// (as the symbolizer makes them).
+    fn sample_profile() -> Profile {
+        let mut p = folded::tests::sample_profile();
+        p.mappings.push(ProfileMapping {
+            start: 0xffff_0000,
+            limit: 0xffff_1000,
+            file_offset: 0,
+            filename: KERNEL_MAPPING_NAME.into(),
+            build_id: Some("abcd".into()),
+        });
+        for f in &mut p.frames {
+            if f.kind == FrameKind::Kernel {
+                f.mapping = Some(0);
+            }
+        }
+        p
+    }
+
+    #[test]
+    fn pprof_round_trips_through_the_model() {
+        let original = sample_profile();
+        let back = profile_from_pprof(&to_proto(&original));
+        assert_eq!(folded::encode(&back), folded::encode(&original));
+        assert_eq!(back.total_samples(), original.total_samples());
+        assert_eq!(back.sample_freq_hz, original.sample_freq_hz);
+        assert_eq!(back.start_unix_ns, original.start_unix_ns);
+    }
+
+    #[test]
+    fn merging_adds_counts_and_spans_the_windows() {
+        let mut a = sample_profile();
+        a.start_unix_ns = 1_000;
+        a.duration_ns = 100;
+        let mut b = sample_profile();
+        b.start_unix_ns = 1_100;
+        b.duration_ns = 100;
+        let total = a.total_samples() + b.total_samples();
+        let merged = merge([a.clone(), b].map(|p| profile_from_pprof(&to_proto(&p))));
+        assert_eq!(merged.inputs, 2);
+        assert!(!merged.mixed_frequencies);
+        assert_eq!(merged.profile.total_samples(), total);
+        assert_eq!(merged.profile.start_unix_ns, 1_000);
+        assert_eq!(merged.profile.duration_ns, 200);
+        // Same stacks: no more distinct samples or frames than one input.
+        assert_eq!(merged.profile.samples.len(), a.samples.len());
+        assert_eq!(merged.profile.frames.len(), a.frames.len());
+        let doubled: Vec<String> = folded::folded_stacks(&a)
+            .into_iter()
+            .map(|(k, v)| format!("{k} {}", 2 * v))
+            .collect();
+        let got: Vec<String> = folded::folded_stacks(&merged.profile)
+            .into_iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        assert_eq!(got, doubled);
+    }
+
+    #[test]
+    fn bodies_are_decoded_raw_or_gzip_and_garbage_is_refused() {
+        let p = sample_profile();
+        let raw = encode(&p, Compression::None).unwrap();
+        let gz = encode(&p, Compression::Gzip).unwrap();
+        assert!(decode_body(&raw, 1 << 20).is_ok());
+        let (decoded, bytes) = decode_body(&gz, 1 << 20).unwrap();
+        assert_eq!(bytes, raw);
+        assert_eq!(decoded.sample.len(), p.samples.len());
+        for garbage in [
+            &b"hello, world"[..],
+            b"",
+            &[0x1f, 0x8b, 1, 2, 3],
+            &[0x0a, 0x02, 0x08],
+        ] {
+            assert!(
+                matches!(decode_body(garbage, 1 << 20), Err(BodyError::Malformed(_))),
+                "{garbage:?}"
+            );
+        }
+        assert!(matches!(decode_body(&gz, 16), Err(BodyError::TooLarge(_))));
+    }
+}

@@ -1,0 +1,353 @@
+//! The collector's HTTP API (axum on a small tokio runtime).
+//!
+//! - `POST /v1/profiles`: body = raw or gzip'd pprof. The host comes from the
+//!   `X-Lightswitch-Host` header (else `?host=`, else `unknown`); the window
+//!   from `X-Lightswitch-Window-Start`/`-End` (ns since the Unix epoch or
+//!   RFC 3339), else from the profile's `time_nanos`/`duration_nanos`, else
+//!   the time of receipt. 200 with a JSON description of what was stored;
+//!   400 with a message if the body is not a valid pprof profile; 413 if it
+//!   is over `--max-body-bytes` (or decompresses to more than 64 times that).
+//! - `GET /v1/profiles?host=&from=&to=`: JSON list of stored profiles whose
+//!   window overlaps `[from, to)`, oldest first.
+//! - `GET /v1/profiles/merged?from=&to=&host=&format=pprof|flame-graph|folded`:
+//!   those profiles merged into one ([`super::merge`]); pprof is gzip'd.
+//!   404 if no profile matches.
+//!
+//! With a token configured, every request needs `Authorization: Bearer
+//! TOKEN` (401 otherwise, checked before the body is read).
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use tracing::{info, warn};
+
+use super::merge::{self, BodyError};
+use super::storage::{Filter, Storage, StoredProfile};
+use crate::cli::{Compression, ProfileFormat};
+use crate::format::pprof;
+use crate::sender::remote::{HOST_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
+use crate::timefmt;
+
+/// How much a gzip'd body may expand, relative to the body size limit.
+pub const MAX_EXPANSION: usize = 64;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    /// Where profiles go.
+    pub storage: Arc<Storage>,
+    /// Required bearer token, if any.
+    pub token: Option<Arc<str>>,
+    /// Largest accepted body, bytes.
+    pub max_body_bytes: usize,
+}
+
+/// The collector's routes with body limit and authentication.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/profiles", get(list).post(ingest))
+        .route("/v1/profiles/merged", get(merged))
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .with_state(state)
+}
+
+fn text(status: StatusCode, message: impl Into<String>) -> Response {
+    let mut message = message.into();
+    message.push('\n');
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        message,
+    )
+        .into_response()
+}
+
+fn json(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// Compare without an early exit, so timing does not reveal the token.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if let Some(token) = &state.token {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        if !given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
+            let mut response = text(
+                StatusCode::UNAUTHORIZED,
+                "missing or wrong bearer token (Authorization: Bearer TOKEN)",
+            );
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return response;
+        }
+    }
+    next.run(request).await
+}
+
+fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+    url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+fn query_value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+        .filter(|v| !v.is_empty())
+}
+
+/// A time query parameter; errors are the 400 message.
+fn time_param(pairs: &[(String, String)], key: &str) -> Result<Option<u64>, String> {
+    match query_value(pairs, key) {
+        None => Ok(None),
+        Some(v) => timefmt::parse(v).map(Some).ok_or_else(|| {
+            format!("{key}={v:?} is neither ns since the Unix epoch nor an RFC 3339 UTC time")
+        }),
+    }
+}
+
+/// The listing filter of a query; errors are the 400 message.
+fn filter_from(pairs: &[(String, String)]) -> Result<Filter, String> {
+    Ok(Filter {
+        host: query_value(pairs, "host").map(str::to_string),
+        from: time_param(pairs, "from")?,
+        to: time_param(pairs, "to")?,
+    })
+}
+
+fn escape_json(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn describe(storage: &Storage, p: &StoredProfile) -> String {
+    let relative = p.path.strip_prefix(storage.root()).unwrap_or(&p.path);
+    format!(
+        "{{\"host\":\"{}\",\"start_unix_ns\":{},\"end_unix_ns\":{},\"start\":\"{}\",\"end\":\"{}\",\"size\":{},\"path\":\"{}\"}}",
+        escape_json(&p.host),
+        p.start_unix_ns,
+        p.end_unix_ns,
+        timefmt::rfc3339(p.start_unix_ns),
+        timefmt::rfc3339(p.end_unix_ns),
+        p.size,
+        escape_json(&relative.to_string_lossy())
+    )
+}
+
+/// A time header; errors are the 400 message.
+fn header_time(headers: &HeaderMap, name: &str) -> Result<Option<u64>, String> {
+    let Some(value) = headers.get(name) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(timefmt::parse)
+        .map(Some)
+        .ok_or_else(|| format!("header {name} is not a time"))
+}
+
+fn ingest_blocking(
+    state: &AppState,
+    query: Option<String>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    let max_raw = state.max_body_bytes.saturating_mul(MAX_EXPANSION);
+    let (profile, raw) = match merge::decode_body(body, max_raw) {
+        Ok(decoded) => decoded,
+        Err(BodyError::Malformed(message)) => return text(StatusCode::BAD_REQUEST, message),
+        Err(BodyError::TooLarge(message)) => return text(StatusCode::PAYLOAD_TOO_LARGE, message),
+    };
+    let pairs = query_pairs(query.as_deref());
+    let host = headers
+        .get(HOST_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| query_value(&pairs, "host"))
+        .unwrap_or("unknown")
+        .to_string();
+    let (start, end) = match (
+        header_time(headers, WINDOW_START_HEADER),
+        header_time(headers, WINDOW_END_HEADER),
+    ) {
+        (Err(message), _) | (_, Err(message)) => return text(StatusCode::BAD_REQUEST, message),
+        (Ok(Some(s)), Ok(Some(e))) => (s, e),
+        (Ok(s), Ok(e)) => {
+            let start = s.unwrap_or_else(|| match profile.time_nanos {
+                t if t > 0 => t as u64,
+                _ => timefmt::now_unix_ns(),
+            });
+            (
+                start,
+                e.unwrap_or(start + profile.duration_nanos.max(0) as u64),
+            )
+        }
+    };
+    if end < start {
+        return text(StatusCode::BAD_REQUEST, "the window ends before it starts");
+    }
+    let gzipped = if merge::is_gzip(body) {
+        body.to_vec()
+    } else {
+        match gzip(&raw) {
+            Ok(g) => g,
+            Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
+        }
+    };
+    match state.storage.store(&host, start, end, &gzipped) {
+        Ok(stored) => {
+            info!("stored {} ({} bytes)", stored.path.display(), stored.size);
+            json(StatusCode::OK, describe(&state.storage, &stored))
+        }
+        Err(e) => {
+            warn!("storing a profile failed: {e:#}");
+            text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("storing the profile failed: {e:#}"),
+            )
+        }
+    }
+}
+
+fn gzip(raw: &[u8]) -> anyhow::Result<Vec<u8>> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(raw)?;
+    Ok(gz.finish()?)
+}
+
+async fn blocking(f: impl FnOnce() -> Response + Send + 'static) -> Response {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("internal error: {e}"),
+        )
+    })
+}
+
+async fn ingest(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    blocking(move || ingest_blocking(&state, query, &headers, &body)).await
+}
+
+async fn list(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+    blocking(move || {
+        let filter = match filter_from(&query_pairs(query.as_deref())) {
+            Ok(f) => f,
+            Err(message) => return text(StatusCode::BAD_REQUEST, message),
+        };
+        match state.storage.list(&filter) {
+            Ok(profiles) => {
+                let items: Vec<String> = profiles
+                    .iter()
+                    .map(|p| describe(&state.storage, p))
+                    .collect();
+                json(
+                    StatusCode::OK,
+                    format!("{{\"profiles\":[{}]}}\n", items.join(",")),
+                )
+            }
+            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
+        }
+    })
+    .await
+}
+
+fn merged_blocking(state: &AppState, query: Option<String>) -> Response {
+    let pairs = query_pairs(query.as_deref());
+    let filter = match filter_from(&pairs) {
+        Ok(f) => f,
+        Err(message) => return text(StatusCode::BAD_REQUEST, message),
+    };
+    let format = match query_value(&pairs, "format").unwrap_or("pprof") {
+        "pprof" => ProfileFormat::Pprof,
+        "flame-graph" | "flamegraph" => ProfileFormat::FlameGraph,
+        "folded" => ProfileFormat::Folded,
+        other => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("format={other:?}: expected pprof, flame-graph or folded"),
+            )
+        }
+    };
+    let stored = match state.storage.list(&filter) {
+        Ok(s) => s,
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
+    };
+    if stored.is_empty() {
+        return text(
+            StatusCode::NOT_FOUND,
+            "no stored profile matches host/from/to",
+        );
+    }
+    let max_raw = state.max_body_bytes.saturating_mul(MAX_EXPANSION);
+    let mut profiles = Vec::with_capacity(stored.len());
+    for p in &stored {
+        let decoded = state
+            .storage
+            .read(p)
+            .map_err(|e| format!("{e:#}"))
+            .and_then(|bytes| merge::decode_body(&bytes, max_raw).map_err(|e| format!("{e:?}")));
+        match decoded {
+            Ok((proto, _)) => profiles.push(merge::profile_from_pprof(&proto)),
+            Err(e) => warn!("skipping {}: {e}", p.path.display()),
+        }
+    }
+    let merged = merge::merge(profiles);
+    if merged.mixed_frequencies {
+        warn!("merged profiles with different sampling frequencies; cpu time uses the first's");
+    }
+    let content_type = match format {
+        ProfileFormat::Pprof => "application/vnd.google.protobuf",
+        ProfileFormat::FlameGraph => "image/svg+xml",
+        ProfileFormat::Folded => "text/plain; charset=utf-8",
+    };
+    let encoded = match format {
+        ProfileFormat::Pprof => pprof::encode(&merged.profile, Compression::Gzip),
+        other => crate::run::encode(&merged.profile, other, Compression::None),
+    };
+    match encoded {
+        Ok(bytes) => Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, content_type)
+            .header("X-Lightswitch-Merged-Profiles", merged.inputs.to_string())
+            .body(Body::from(bytes))
+            .unwrap_or_else(|e| text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+        Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")),
+    }
+}
+
+async fn merged(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+    blocking(move || merged_blocking(&state, query)).await
+}

@@ -1,0 +1,281 @@
+//! The collector's storage: one gzip'd pprof file per received profile,
+//! `ROOT/HOST/DAY/START-END-HASH.pb.gz` (DAY = UTC day of the window start,
+//! START/END = the window in ns since the Unix epoch, HASH = xxh3 of the
+//! content, so the same profile received twice, e.g. retried after a lost
+//! answer, is stored once).
+//!
+//! Writes are durable: a temporary file in the destination directory,
+//! fsync, rename, fsync of the directory (and of directories created on
+//! the way). The names carry everything a listing needs, so listing reads
+//! directories only. Temporary files start with `.` and are never listed.
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+const SUFFIX: &str = ".pb.gz";
+
+/// One stored profile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredProfile {
+    /// Host it came from (sanitized for the file system).
+    pub host: String,
+    /// Window start, ns since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// Window end, ns since the Unix epoch.
+    pub end_unix_ns: u64,
+    /// The file (gzip'd pprof).
+    pub path: PathBuf,
+    /// File size, bytes.
+    pub size: u64,
+}
+
+/// Which profiles a listing or merge wants: the host (exact) and the time
+/// range `[from, to)`, ns since the Unix epoch; a profile is in the range
+/// if its window overlaps it.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Only this host.
+    pub host: Option<String>,
+    /// Windows ending after this.
+    pub from: Option<u64>,
+    /// Windows starting before this.
+    pub to: Option<u64>,
+}
+
+impl Filter {
+    fn matches(&self, p: &StoredProfile) -> bool {
+        self.host
+            .as_ref()
+            .is_none_or(|h| sanitize_host(h) == p.host)
+            && self
+                .from
+                .is_none_or(|from| p.end_unix_ns > from || p.start_unix_ns >= from)
+            && self.to.is_none_or(|to| p.start_unix_ns < to)
+    }
+}
+
+/// A host name made safe as one path component: `[A-Za-z0-9._-]` kept,
+/// anything else and leading dots become `_`; empty becomes `unknown`.
+pub fn sanitize_host(host: &str) -> String {
+    let clean: String = host
+        .chars()
+        .take(253)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if clean.is_empty() {
+        return "unknown".to_string();
+    }
+    // No leading dot: `.` and `..` are not names, and dot files are hidden.
+    let dots = clean.len() - clean.trim_start_matches('.').len();
+    format!("{}{}", "_".repeat(dots), &clean[dots..])
+}
+
+/// The storage directory.
+#[derive(Debug)]
+pub struct Storage {
+    root: PathBuf,
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("syncing directory {}", dir.display()))
+}
+
+/// Create `dir` and any missing parents up to `root`, syncing each parent
+/// that gained an entry.
+fn create_dirs(root: &Path, dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        if parent != root && parent.starts_with(root) {
+            create_dirs(root, parent)?;
+        }
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+    }
+    if let Some(parent) = dir.parent() {
+        sync_dir(parent)?;
+    }
+    Ok(())
+}
+
+fn parse_name(name: &str) -> Option<(u64, u64)> {
+    let stem = name.strip_suffix(SUFFIX)?;
+    let mut parts = stem.splitn(3, '-');
+    let start = parts.next()?.parse().ok()?;
+    let end = parts.next()?.parse().ok()?;
+    parts.next()?;
+    Some((start, end))
+}
+
+impl Storage {
+    /// Use (and create if missing) `root`. Errors if it cannot be created.
+    pub fn open(root: &Path) -> Result<Self> {
+        fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+        Ok(Storage {
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// The storage directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Store a gzip'd pprof profile of `host`'s window `[start, end)`
+    /// durably. Errors are I/O errors naming the path.
+    pub fn store(
+        &self,
+        host: &str,
+        start_unix_ns: u64,
+        end_unix_ns: u64,
+        gzipped: &[u8],
+    ) -> Result<StoredProfile> {
+        let host = sanitize_host(host);
+        let dir = self
+            .root
+            .join(&host)
+            .join(crate::timefmt::day(start_unix_ns));
+        create_dirs(&self.root, &dir)?;
+        let hash = xxhash_rust::xxh3::xxh3_64(gzipped);
+        let name = format!("{start_unix_ns}-{end_unix_ns}-{hash:016x}{SUFFIX}");
+        let path = dir.join(&name);
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".tmp-")
+            .tempfile_in(&dir)
+            .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+        tmp.write_all(gzipped)
+            .with_context(|| format!("writing {}", path.display()))?;
+        tmp.as_file()
+            .sync_all()
+            .with_context(|| format!("syncing {}", path.display()))?;
+        tmp.persist(&path)
+            .with_context(|| format!("renaming into {}", path.display()))?;
+        let _ = fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644));
+        sync_dir(&dir)?;
+        Ok(StoredProfile {
+            host,
+            start_unix_ns,
+            end_unix_ns,
+            path,
+            size: gzipped.len() as u64,
+        })
+    }
+
+    /// The stored profiles that `filter` selects, sorted by start time (then
+    /// host). Unreadable directories are skipped.
+    pub fn list(&self, filter: &Filter) -> Result<Vec<StoredProfile>> {
+        let mut out = Vec::new();
+        let hosts =
+            fs::read_dir(&self.root).with_context(|| format!("listing {}", self.root.display()))?;
+        for host in hosts.flatten() {
+            let host_name = host.file_name().to_string_lossy().into_owned();
+            if host_name.starts_with('.') || !host.path().is_dir() {
+                continue;
+            }
+            if filter
+                .host
+                .as_ref()
+                .is_some_and(|h| sanitize_host(h) != host_name)
+            {
+                continue;
+            }
+            let Ok(days) = fs::read_dir(host.path()) else {
+                continue;
+            };
+            for day in days.flatten() {
+                let Ok(files) = fs::read_dir(day.path()) else {
+                    continue;
+                };
+                for file in files.flatten() {
+                    let name = file.file_name().to_string_lossy().into_owned();
+                    if name.starts_with('.') {
+                        continue;
+                    }
+                    let Some((start, end)) = parse_name(&name) else {
+                        continue;
+                    };
+                    let profile = StoredProfile {
+                        host: host_name.clone(),
+                        start_unix_ns: start,
+                        end_unix_ns: end,
+                        path: file.path(),
+                        size: file.metadata().map_or(0, |m| m.len()),
+                    };
+                    if filter.matches(&profile) {
+                        out.push(profile);
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| {
+            (a.start_unix_ns, &a.host, &a.path).cmp(&(b.start_unix_ns, &b.host, &b.path))
+        });
+        Ok(out)
+    }
+
+    /// The bytes of a stored profile (gzip'd pprof).
+    pub fn read(&self, profile: &StoredProfile) -> Result<Vec<u8>> {
+        let mut bytes = Vec::new();
+        File::open(&profile.path)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .with_context(|| format!("reading {}", profile.path.display()))?;
+        Ok(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stores_lists_and_filters() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Storage::open(&dir.path().join("store")).unwrap();
+        let s = 1_000_000_000u64;
+        let t = 1_714_564_800 * s;
+        let a = storage.store("web-1", t, t + s, b"a").unwrap();
+        storage.store("web-1", t + s, t + 2 * s, b"b").unwrap();
+        storage.store("../etc", t + s, t + 2 * s, b"c").unwrap();
+        // The same content again is the same file.
+        assert_eq!(storage.store("web-1", t, t + s, b"a").unwrap().path, a.path);
+        assert!(a
+            .path
+            .starts_with(dir.path().join("store/web-1/2024-05-01")));
+        assert_eq!(storage.read(&a).unwrap(), b"a");
+        let all = storage.list(&Filter::default()).unwrap();
+        assert_eq!(all.len(), 3);
+        assert_eq!(all[0].start_unix_ns, t);
+        assert!(all.iter().any(|p| p.host == "___etc"));
+        let web = Filter {
+            host: Some("web-1".into()),
+            ..Default::default()
+        };
+        assert_eq!(storage.list(&web).unwrap().len(), 2);
+        let second = Filter {
+            from: Some(t + s),
+            to: Some(t + 2 * s),
+            ..Default::default()
+        };
+        let got = storage.list(&second).unwrap();
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|p| p.start_unix_ns == t + s));
+        assert_eq!(sanitize_host(".."), "__");
+        assert_eq!(sanitize_host(""), "unknown");
+        assert_eq!(sanitize_host("a/b c"), "a_b_c");
+    }
+}
