@@ -89,7 +89,7 @@ fn fp_chain() {
     assert!(
         chained as f64 >= 0.9 * summary.samples as f64,
         "only {chained} of {} samples have the user stack \
-         [libc start;]main;chain_a;chain_b;chain_c;chain_hot:\n{}",
+         [libc start or unwind marker;]main;chain_a;chain_b;chain_c;chain_hot:\n{}",
         summary.samples,
         show(&all)
     );
@@ -133,7 +133,7 @@ fn no_frame_pointer_chain() {
     assert!(
         chained as f64 >= 0.9 * summary.samples as f64,
         "only {chained} of {} samples have the user stack \
-         [libc start;]main;chain_a;chain_b;chain_c;chain_hot:\n{}\n{out}",
+         [libc start or unwind marker;]main;chain_a;chain_b;chain_c;chain_hot:\n{}\n{out}",
         summary.samples,
         show(&all)
     );
@@ -420,7 +420,7 @@ fn exiting_pid_keeps_samples() {
     // 800 on an idle machine.
     let expected = cpu * 999.0;
     assert!(
-        mine_total as f64 >= 0.5 * expected
+        mine_total as f64 >= 0.25 * expected
             && mine_total as f64 <= 1.5 * expected + 20.0
             && mine_total >= 50,
         "{mine_total} samples of a process that spun for {cpu:.3} s of CPU at 999 Hz:\n{}",
@@ -568,7 +568,7 @@ fn stops_on(signal: libc::c_int, name: &str) {
     let stacks = read_folded(&file);
     assert_eq!(total(&stacks), summary.samples, "{out}");
     // Samples until the signal at least (about 300 on an idle machine).
-    let lower = (0.5 * 199.0 * cpu.as_secs_f64()).max(1.0);
+    let lower = (0.25 * 199.0 * cpu.as_secs_f64()).max(1.0);
     assert!(
         summary.samples as f64 >= lower,
         "only {} samples of a workload that used {cpu:?} of CPU at 199 Hz before the signal:\n{out}",

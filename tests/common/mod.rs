@@ -477,13 +477,14 @@ pub struct Profiled {
 impl Profiled {
     /// Assert that `samples` of the workload is plausible at `freq` Hz given
     /// the CPU time the workload used: well below twice what its CPU time
-    /// allows (nothing counted twice), and at least half of what it used
-    /// while certainly sampled. Robust on a loaded machine, where the
-    /// workload gets less CPU and so fewer samples, and where which task a
-    /// CPU-wide timer tick lands on is statistical.
+    /// allows (nothing counted twice), and not far below what it used while
+    /// certainly sampled. Robust on a loaded machine, where the workload gets
+    /// less CPU and so fewer samples, and where which task a CPU-wide timer
+    /// tick lands on is statistical (under heavy overload a spinning task
+    /// was seen to get only 0.35x its share).
     pub fn assert_plausible(&self, samples: u64, freq: f64) {
         let upper = self.cpu_total.as_secs_f64() * freq * 1.5 + 20.0;
-        let lower = 0.5 * freq * self.cpu_window.as_secs_f64();
+        let lower = 0.25 * freq * self.cpu_window.as_secs_f64();
         let n = samples as f64;
         assert!(
             n <= upper && n >= lower,
@@ -597,14 +598,16 @@ pub fn of_process<'a>(stacks: &'a [Stack], name: &str) -> Vec<&'a Stack> {
     stacks.iter().filter(|(f, _)| comm(f) == name).collect()
 }
 
-/// Whether `user` (root to leaf) ends with `chain` and has nothing but libc
-/// start-up frames before it.
+/// Whether `user` (root to leaf) ends with `chain` and has nothing before
+/// it but libc start-up frames or an unwind marker (`[unwind: no_table]`
+/// when a frame-pointer walk, which cannot see below `main`, stood in for a
+/// table that was not loaded yet).
 pub fn ends_with_chain(user: &[&str], chain: &[&str]) -> bool {
     user.len() >= chain.len()
         && user[user.len() - chain.len()..] == *chain
         && user[..user.len() - chain.len()]
             .iter()
-            .all(|f| LIBC_START_FRAMES.contains(f))
+            .all(|f| LIBC_START_FRAMES.contains(f) || f.starts_with("[unwind: "))
 }
 
 /// The stacks as text, most frequent first, for assertion messages.
@@ -648,6 +651,15 @@ pub fn copy_binary(name: &str) -> (tempfile::TempDir, PathBuf) {
     fs::copy(BIN, &bin).unwrap_or_else(|e| panic!("copying {BIN}: {e}"));
     chmod(&bin, 0o755);
     (dir, bin)
+}
+
+/// `prefix` plus this test process's pid: a process name (at most 15
+/// bytes) that no concurrent run of the same tests on the machine uses, for
+/// tests that pick processes out of a whole-machine profile by name.
+pub fn unique_name(prefix: &str) -> String {
+    let name = format!("{prefix}{}", std::process::id());
+    assert!(name.len() <= 15, "{name} is longer than a comm");
+    name
 }
 
 /// A fresh temporary directory.
