@@ -109,10 +109,8 @@ pub fn missing_capabilities(caps: u64) -> Vec<&'static str> {
 pub fn check_privileges() -> Result<()> {
     let missing = missing_capabilities(effective_capabilities()?);
     if !missing.is_empty() {
-        bail!(
-            "missing privileges: {} (run as root, or grant CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)",
-            missing.join(" and ")
-        );
+        let missing = missing.join(" and ");
+        bail!("missing privileges: {missing} (run as root, or grant {missing}, or CAP_SYS_ADMIN)");
     }
     Ok(())
 }
