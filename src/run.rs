@@ -65,14 +65,15 @@ pub struct ContinuousSummary {
 impl std::fmt::Display for RunSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if let Some(c) = &self.continuous {
+            // Network senders: what was delivered is on the `delivery:` line.
             let verb = if c.report.sender.delivery.is_some() {
-                "sent to"
+                "queued for"
             } else {
                 "written to"
             };
             write!(
                 f,
-                "{} profiles {verb} {}: {} samples, {} processes, {} samples lost",
+                "{} windows {verb} {}: {} samples, {} processes, {} samples lost",
                 c.windows, c.report.sender.destination, self.samples, self.processes, self.lost
             )?;
             write!(
@@ -148,6 +149,12 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     let interval = continuous
         .then(|| crate::sender::seconds("--profile-interval", cli.profile_interval.unwrap_or(10.0)))
         .transpose()?;
+    if interval.is_some_and(|i| i < Duration::from_millis(100)) {
+        anyhow::bail!("--profile-interval must be at least 0.1 seconds");
+    }
+    if cli.sender == SenderKind::Disk && cli.server_url.is_some() {
+        anyhow::bail!("--server-url is for --sender remote or --sender pyroscope");
+    }
     if cli.max_profiles == Some(0) {
         anyhow::bail!("--max-profiles must be at least 1");
     }
