@@ -74,7 +74,11 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
     ];
     let period_type = Some(value_type(&mut strings, "cpu", "nanoseconds"));
 
-    // Mappings, with has_* computed from the frames that fall in them.
+    // Mappings. Their has_* flags say what symbolization found for them:
+    // set when any of the mapping's frames got functions, file names, line
+    // numbers (pprof's reading: these kinds of information are present, do
+    // not re-symbolize for them). A binary with DWARF still has frames
+    // without (crt1's `_start`); that does not make its DWARF absent.
     let mut mappings: Vec<proto::Mapping> = profile
         .mappings
         .iter()
@@ -86,33 +90,19 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
             file_offset: m.file_offset,
             filename: strings.get(&m.filename),
             build_id: strings.get(m.build_id.as_deref().unwrap_or("")),
-            has_functions: true,
-            has_filenames: true,
-            has_line_numbers: true,
-            has_inline_frames: true,
+            ..Default::default()
         })
         .collect();
-    let mut used = vec![false; mappings.len()];
-    for frame in &profile.frames {
+    for frame in profile.frames.iter().filter(|f| f.symbolized) {
         let Some(m) = frame.mapping else { continue };
-        used[m] = true;
         let mapping = &mut mappings[m];
-        let files = frame.lines.iter().all(|l| l.file.is_some());
-        let lines = frame.lines.iter().all(|l| l.line.is_some());
-        mapping.has_functions &= frame.symbolized;
-        mapping.has_filenames &= frame.symbolized && files;
-        mapping.has_line_numbers &= frame.symbolized && lines;
+        let files = frame.lines.iter().any(|l| l.file.is_some());
+        mapping.has_functions = true;
+        mapping.has_filenames |= files;
+        mapping.has_line_numbers |= frame.lines.iter().any(|l| l.line.is_some());
         // Inlined frames are expanded from DWARF, which is also where file
-        // names come from: without them, inlining is unknown.
-        mapping.has_inline_frames &= frame.symbolized && files;
-    }
-    for (mapping, used) in mappings.iter_mut().zip(used) {
-        if !used {
-            mapping.has_functions = false;
-            mapping.has_filenames = false;
-            mapping.has_line_numbers = false;
-            mapping.has_inline_frames = false;
-        }
+        // names come from: with them, inlining was resolved.
+        mapping.has_inline_frames |= files;
     }
 
     // Functions and locations.
@@ -356,7 +346,14 @@ mod tests {
         assert_eq!(string(&p, app.filename), "/bin/app");
         assert_eq!(string(&p, app.build_id), "abcd");
         assert_eq!((app.memory_start, app.memory_limit), (0x1000, 0x3000));
-        assert!(!app.has_functions, "one of its frames is unsymbolized");
+        assert!(app.has_functions, "symbolized frames have functions");
+        assert!(!app.has_filenames && !app.has_line_numbers && !app.has_inline_frames);
+        // One frame with DWARF lines is enough to say the mapping has them.
+        profile.frames[2].lines[0].file = Some("app.c".into());
+        profile.frames[2].lines[0].line = Some(3);
+        let p = decode(&encode(&profile, Compression::None).unwrap());
+        let app = &p.mapping[0];
+        assert!(app.has_filenames && app.has_line_numbers && app.has_inline_frames);
         let kernel = &p.mapping[1];
         assert!(kernel.has_functions);
         assert!(!kernel.has_filenames && !kernel.has_line_numbers);

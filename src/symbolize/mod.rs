@@ -270,10 +270,13 @@ impl Symbolizer {
             sample_freq_hz: window.sample_freq_hz,
             ..Default::default()
         };
-        // User mappings first: pprof readers present the first mapping as the
-        // profiled binary.
-        for (key, _) in aggregator.stacks() {
-            for m in key.user.iter().filter_map(|f| f.mapping) {
+        // User mappings first, in the order: most sampled stacks first, each
+        // from its root. pprof readers present the first mapping as the
+        // profiled binary, and a stack's root (`_start`) is in the executable.
+        let mut by_count: Vec<_> = aggregator.stacks().collect();
+        by_count.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
+        for (key, _) in by_count {
+            for m in key.user.iter().rev().filter_map(|f| f.mapping) {
                 builder.mapping(&mut profile, tracker, m);
             }
         }
