@@ -26,6 +26,15 @@ use prost::Message;
 // ---------------------------------------------------------------------------
 // Helpers
 
+/// The profiler binary, talking to loopback directly even where the
+/// environment names an HTTP proxy.
+fn lightswitch_command() -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost");
+    cmd
+}
+
 /// A busy workload with a known call chain, profiled with `--pids`.
 fn workload(name: &str) -> (common::Program, Workload) {
     let program = common::compile(name, &common::chain_forever_source(), common::FP_FLAGS);
@@ -49,7 +58,7 @@ struct Collector {
 impl Collector {
     /// Start a collector on `port` (0: any free one) storing in `storage`.
     fn start(port: u16, storage: &Path, extra: &[&str]) -> Collector {
-        let mut child = Command::new(BIN)
+        let mut child = lightswitch_command()
             .args([
                 "collector",
                 "--listen",
@@ -337,7 +346,7 @@ impl Drop for TestServer {
 /// Profile `workload` continuously with `args` (after the common ones) and
 /// wait for the run to end (at most `timeout`).
 fn profile_continuously(workload: &Workload, args: &[&str], timeout: Duration) -> Output {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = lightswitch_command();
     cmd.args(["--pids", &workload.pid_arg(), "--sample-freq", "99"])
         .args(args);
     Lightswitch::spawn_command(cmd).wait(timeout)
@@ -345,6 +354,7 @@ fn profile_continuously(workload: &Workload, args: &[&str], timeout: Duration) -
 
 fn http() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
+        .no_proxy()
         .timeout(Duration::from_secs(20))
         .build()
         .unwrap()
@@ -468,7 +478,7 @@ fn collector_down_at_start_gets_every_window_later() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}/v1/profiles");
-    let mut cmd = Command::new(BIN);
+    let mut cmd = lightswitch_command();
     cmd.args(["--pids", &workload.pid_arg(), "--sample-freq", "99"])
         .args(["--sender", "remote", "--server-url", &url])
         .args([
@@ -571,7 +581,7 @@ fn sigterm_without_duration_flushes_the_partial_last_window() {
     let _serial = common::serial();
     let (_program, workload) = workload("lsw_remote_sig");
     let server = TestServer::start(Box::new(|_, _| Some((200, String::new()))));
-    let mut cmd = Command::new(BIN);
+    let mut cmd = lightswitch_command();
     cmd.args(["--pids", &workload.pid_arg()])
         .args([
             "--sender",
@@ -624,7 +634,7 @@ fn unauthorized_is_not_retried_and_logged_with_the_servers_message() {
     let server = TestServer::start(Box::new(|_, _| {
         Some((401, "token expired for tenant acme".to_string()))
     }));
-    let mut cmd = Command::new(BIN);
+    let mut cmd = lightswitch_command();
     cmd.env("LIGHTSWITCH_TOKEN", "s3cret")
         .args(["--pids", &workload.pid_arg()])
         .args([
@@ -684,8 +694,22 @@ fn stalled_server_does_not_slow_sampling_and_the_queue_drops_oldest() {
         "--flush-timeout",
         "1",
     ];
+    // As common::profile_workload, with the proxy-free command.
     let started = Instant::now();
-    let profiled = common::profile_workload(&workload, &args, 4.0);
+    let cpu_start = workload.cpu_time();
+    let mut cmd = lightswitch_command();
+    cmd.args(args);
+    let mut profiler = Lightswitch::spawn_command(cmd);
+    profiler.expect_sampling();
+    let cpu_window_start = workload.cpu_time();
+    thread::sleep(Duration::from_secs(4));
+    let cpu_window = workload.cpu_time() - cpu_window_start;
+    let out = profiler.wait(Duration::from_secs(60));
+    let profiled = common::Profiled {
+        out,
+        cpu_total: workload.cpu_time() - cpu_start,
+        cpu_window,
+    };
     let elapsed = started.elapsed();
     let out = &profiled.out;
     out.assert_success();

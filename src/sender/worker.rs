@@ -68,13 +68,17 @@ impl WindowWorker {
     /// Hand a closed window over (with what symbolizing it needs from
     /// `tracker`). Never waits for the worker.
     pub fn submit(&mut self, closed: ClosedWindow, tracker: &ProcessTracker) {
+        let started = Instant::now();
         let snapshot = TrackerSnapshot::capture(&closed.aggregator, tracker, &mut self.objects);
         let index = closed.index;
         match self
             .tx
             .try_send(Message::Window(Box::new((closed, snapshot))))
         {
-            Ok(()) => {}
+            Ok(()) => debug!(
+                "window {index}: handed to the worker in {:?}",
+                started.elapsed()
+            ),
             Err(TrySendError::Full(_)) => {
                 self.dropped += 1;
                 warn!(
