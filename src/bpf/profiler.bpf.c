@@ -126,6 +126,11 @@ struct walk_state {
 	__u8 exact_ip;      /* ip is not a return address (leaf, or after a signal frame) */
 	__u8 used_fp;       /* a frame was walked by frame pointers */
 	__u8 missing_table; /* a frame's object had no table loaded yet (walked by frame pointers) */
+	/* The page the previous frame's row came from: consecutive frames are
+	 * often in the same page, which then costs no hash lookup. */
+	__u8 cached_page_valid;
+	struct page_key cached_key;
+	struct page_value cached_page;
 	/* Binary-search bounds. They live in map memory, not registers, so the
 	 * verifier does not track every (lo, hi) pair as a separate state. */
 	__u32 search_lo;
@@ -204,12 +209,11 @@ static __always_inline struct exec_mapping *find_mapping(struct walk_state *st, 
 }
 
 /* The last row of the page whose pc_low <= pc_low. */
-static __always_inline struct unwind_row *find_row(struct walk_state *st, struct page_value *page,
+static __always_inline struct unwind_row *find_row(struct walk_state *st, __u32 first, __u32 row_count,
 						   __u16 pc_low)
 {
-	__u32 first = page->first_row;
 	st->search_lo = 0;
-	st->search_hi = page->row_count;
+	st->search_hi = row_count;
 	/* A page holds at most 65536 rows: 16 halvings. */
 	for (int i = 0; i < 17; i++) {
 		__u32 lo = st->search_lo, hi = st->search_hi;
@@ -303,15 +307,28 @@ static long unwind_step(__u64 index, void *data)
 	/* A return address may be one past the end of its function (a call to a
 	 * noreturn function): look up the call instruction instead. */
 	__u64 vaddr = st->ip - m->bias - (st->exact_ip ? 0 : 1);
-	struct page_key key = { .object_id = object_id, .page = vaddr >> UNWIND_PAGE_BITS };
-	struct page_value *page = bpf_map_lookup_elem(&unwind_pages, &key);
-	if (!page && !bpf_map_lookup_elem(&loaded_objects, &object_id)) {
-		/* The table is still being built: frame pointers meanwhile. */
-		st->missing_table = 1;
-		frame_pointer_step(st);
-		return st->done ? 1 : 0;
+	__u32 page_number = vaddr >> UNWIND_PAGE_BITS;
+	struct unwind_row *row = NULL;
+	if (!(st->cached_page_valid && st->cached_key.object_id == object_id &&
+	      st->cached_key.page == page_number)) {
+		struct page_key key = { .object_id = object_id, .page = page_number };
+		struct page_value *page = bpf_map_lookup_elem(&unwind_pages, &key);
+		st->cached_page_valid = 0;
+		if (!page && !bpf_map_lookup_elem(&loaded_objects, &object_id)) {
+			/* The table is still being built: frame pointers meanwhile. */
+			st->missing_table = 1;
+			frame_pointer_step(st);
+			return st->done ? 1 : 0;
+		}
+		if (page) {
+			st->cached_key = key;
+			st->cached_page = *page;
+			st->cached_page_valid = 1;
+		}
 	}
-	struct unwind_row *row = page ? find_row(st, page, vaddr & (UNWIND_PAGE_SIZE - 1)) : NULL;
+	if (st->cached_page_valid)
+		row = find_row(st, st->cached_page.first_row, st->cached_page.row_count,
+			       vaddr & (UNWIND_PAGE_SIZE - 1));
 	__u8 cfa_type = row ? row->cfa_type & CFA_TYPE_MASK : CFA_END_OF_FUNCTION;
 	if (cfa_type == CFA_END_OF_FUNCTION) {
 		/* No CFI covers this pc. */
