@@ -37,14 +37,39 @@ pub fn check_frequency(freq_hz: u64, max_hz: u64) -> Result<()> {
     Ok(())
 }
 
-/// Error for the first pid with no `/proc/PID` (no such process).
-pub fn check_pids(pids: &[i32]) -> Result<()> {
+/// The processes (thread group ids) to sample for `--pids`: each pid as
+/// given, or the process a thread id belongs to (`Tgid:` in
+/// `/proc/PID/status`), without duplicates. Errors for the first pid with
+/// no `/proc/PID` (no such process or thread).
+pub fn resolve_pids(pids: &[i32]) -> Result<Vec<u32>> {
+    let mut resolved: Vec<u32> = Vec::new();
     for &pid in pids {
-        if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+        let status = (pid > 0)
+            .then(|| fs::read_to_string(format!("/proc/{pid}/status")).ok())
+            .flatten();
+        let Some(status) = status else {
             bail!("process {pid} does not exist (no /proc/{pid})");
+        };
+        let tgid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Tgid:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(pid as u32);
+        if !resolved.contains(&tgid) {
+            resolved.push(tgid);
         }
     }
-    Ok(())
+    Ok(resolved)
+}
+
+/// Error unless `--duration` (seconds) is a finite positive number.
+pub fn check_duration(seconds: Option<f64>) -> Result<()> {
+    match seconds {
+        Some(s) if !(s.is_finite() && s > 0.0) => {
+            bail!("--duration must be a positive number of seconds, not {s}")
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Create `dir` if needed and make sure `file` can be written there.
@@ -126,6 +151,34 @@ mod tests {
         let err = check_frequency(101, 100).unwrap_err().to_string();
         assert!(err.contains("between 1 and 100"), "{err}");
         assert!(check_frequency(0, 100).is_err());
+    }
+
+    #[test]
+    fn pids_resolve_threads_to_their_process() {
+        let me = std::process::id();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tid_tx.send(unsafe { libc::gettid() }).unwrap();
+            done_rx.recv().ok();
+        });
+        let tid = tid_rx.recv().unwrap();
+        assert_ne!(tid as u32, me);
+        assert_eq!(resolve_pids(&[me as i32, tid]).unwrap(), vec![me]);
+        done_tx.send(()).unwrap();
+        thread.join().unwrap();
+        assert!(resolve_pids(&[0]).is_err());
+        assert!(resolve_pids(&[i32::MAX]).is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert!(check_duration(None).is_ok());
+        assert!(check_duration(Some(0.5)).is_ok());
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(check_duration(Some(bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]

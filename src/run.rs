@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::cli::{Cli, Compression, ProfileFormat, SenderKind};
 use crate::format;
@@ -161,8 +161,9 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     if cli.max_profiles.is_some() && !(continuous && cli.sender == SenderKind::Disk) {
         anyhow::bail!("--max-profiles applies to continuous mode with the disk sender (give --profile-interval)");
     }
+    preflight::check_duration(cli.duration)?;
     preflight::check_frequency(cli.sample_freq, preflight::max_sample_rate()?)?;
-    preflight::check_pids(&cli.pids)?;
+    let pids = preflight::resolve_pids(&cli.pids)?;
     if cli.sender == SenderKind::Disk {
         for (_, output) in &outputs {
             preflight::check_output(&cli.profile_path, output)?;
@@ -182,7 +183,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     };
     let config = SamplerConfig {
         sample_freq_hz: cli.sample_freq,
-        pids: cli.pids.iter().map(|&p| p as u32).collect(),
+        pids,
         exclude_pid: cli.exclude_self.then(std::process::id),
         libbpf_debug: cli.libbpf_debug,
         max_unwind_rows: unwind_rows_for_budget(cli.max_unwind_info_mb)?,
@@ -233,9 +234,25 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                 }
                 loader.load_ready_tables(&sampler);
             };
+        let mut last_alive_check = Instant::now();
         loop {
             if stop.load(Ordering::SeqCst) || deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
+            }
+            // Like perf -p: without a duration, the run ends when every target process is gone.
+            if deadline.is_none()
+                && !config.pids.is_empty()
+                && last_alive_check.elapsed() >= Duration::from_secs(1)
+            {
+                last_alive_check = Instant::now();
+                if !config
+                    .pids
+                    .iter()
+                    .any(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+                {
+                    info!("every target process has exited: stopping");
+                    break;
+                }
             }
             // Wake up for the next window end, if it comes before the usual poll period.
             let poll = windows.next_close_ns().map_or(POLL_PERIOD, |due| {
@@ -273,6 +290,15 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         tracker.stats(),
         loader.stats()
     );
+    let unopenable = tracker.stats().objects_unopenable;
+    if unopenable > 0 {
+        warn!(
+            "{unopenable} mapped objects could not be opened: their frames stay unsymbolized and \
+             are unwound by frame pointers (reading another user's process needs root, or \
+             CAP_SYS_ADMIN and CAP_SYS_PTRACE besides CAP_BPF and CAP_PERFMON); \
+             --logging debug names them"
+        );
+    }
     let unsupported: BTreeMap<String, u64> = stats
         .unsupported
         .iter()

@@ -21,6 +21,10 @@
 #include "profiler.h"
 
 #define PF_KTHREAD 0x00200000
+/* No code lives below this address (mmap_min_addr) or at/above the end of
+ * the x86-64 user address space. */
+#define USER_MIN_ADDRESS 4096ULL
+#define USER_ADDRESS_LIMIT 0x0000800000000000ULL
 /* Shortest interval between two unknown-mapping notifications for one pid, ns. */
 #define NOTIFY_INTERVAL_NS (200 * 1000 * 1000ULL)
 /* Offsets in the ucontext a signal trampoline's rsp points at
@@ -126,6 +130,7 @@ struct walk_state {
 	__u8 exact_ip;      /* ip is not a return address (leaf, or after a signal frame) */
 	__u8 used_fp;       /* a frame was walked by frame pointers */
 	__u8 missing_table; /* a frame's object had no table loaded yet (walked by frame pointers) */
+	__u8 last_step_fp;  /* st->ip came from a frame-pointer step (may be garbage) */
 	/* The page the previous frame's row came from: consecutive frames are
 	 * often in the same page, which then costs no hash lookup. */
 	__u8 cached_page_valid;
@@ -253,12 +258,14 @@ static __always_inline void frame_pointer_step(struct walk_state *st)
 		finish(st, UNWIND_FRAME_POINTER);
 		return;
 	}
-	if (bpf_probe_read_user(saved, sizeof(saved), (void *)st->bp) != 0 || saved[1] == 0 ||
-	    (saved[0] != 0 && saved[0] <= st->bp)) {
-		/* The chain stops here: zero, unreadable or not moving up the stack. */
+	if (bpf_probe_read_user(saved, sizeof(saved), (void *)st->bp) != 0 || saved[1] < USER_MIN_ADDRESS ||
+	    saved[1] >= USER_ADDRESS_LIMIT || (saved[0] != 0 && saved[0] <= st->bp)) {
+		/* The chain stops here: unreadable, a return address no code can
+		 * have, or not moving up the stack. */
 		finish(st, UNWIND_FRAME_POINTER);
 		return;
 	}
+	st->last_step_fp = 1;
 	st->sp = st->bp + 16;
 	st->bp = saved[0];
 	st->ip = saved[1];
@@ -294,6 +301,13 @@ static long unwind_step(__u64 index, void *data)
 
 	struct exec_mapping *m = find_mapping(st, proc, st->ip);
 	if (!m) {
+		if (st->last_step_fp) {
+			/* A frame pointer led to something that is not code: the
+			 * chain ended one frame earlier (rbp held other data). */
+			st->user_frames--;
+			finish(st, UNWIND_FRAME_POINTER);
+			return 1;
+		}
 		notify_unknown_mapping(s->header.pid, st->ip);
 		finish(st, UNWIND_NO_MAPPING);
 		return 1;
@@ -367,6 +381,7 @@ static long unwind_step(__u64 index, void *data)
 		st->sp = regs[1];
 		st->ip = regs[2];
 		st->exact_ip = 1;
+		st->last_step_fp = 0;
 		return 0;
 	}
 	case CFA_UNSUPPORTED:
@@ -403,6 +418,7 @@ static long unwind_step(__u64 index, void *data)
 	st->sp = cfa;
 	st->ip = ra;
 	st->exact_ip = 0;
+	st->last_step_fp = 0;
 	return 0;
 }
 

@@ -43,7 +43,7 @@ pub struct ObjectFile {
     pub build_id: Option<Vec<u8>>,
     /// Executable `PT_LOAD` segments as `(p_offset, p_vaddr, p_filesz)`,
     /// from the ELF program headers; empty when the file is not a readable ELF.
-    pub load_segments: Vec<(u64, u64, u64)>,
+    pub load_segments: LoadSegments,
     /// The open file (keeps deleted and container objects readable).
     pub file: File,
 }
@@ -67,15 +67,21 @@ impl ObjectFile {
     }
 }
 
-/// Executable `PT_LOAD` program headers of an ELF file, as
-/// `(p_offset, p_vaddr, p_filesz)`. Reads only the headers, not the whole file.
-pub fn load_segments(file: &File) -> object::read::Result<Vec<(u64, u64, u64)>> {
+/// Executable `PT_LOAD` segments of an ELF file, as
+/// `(p_offset, p_vaddr, p_filesz)`.
+pub type LoadSegments = Vec<(u64, u64, u64)>;
+
+/// The executable `PT_LOAD` program headers of an ELF file and its GNU
+/// build ID (a `.note.gnu.build-id`-style note: owner `GNU`, type 3; other
+/// owners' type-3 notes, such as SystemTap's, are not build IDs). Reads
+/// only the headers and notes, not the whole file.
+pub fn elf_identity(file: &File) -> object::read::Result<(LoadSegments, Option<Vec<u8>>)> {
     use object::read::elf::{ElfFile64, ProgramHeader};
-    use object::read::ReadCache;
+    use object::read::{Object, ReadCache};
     let cache = ReadCache::new(file);
     let elf = ElfFile64::<object::Endianness, _>::parse(&cache)?;
     let endian = elf.endian();
-    Ok(elf
+    let segments = elf
         .elf_program_headers()
         .iter()
         .filter(|ph| {
@@ -83,7 +89,9 @@ pub fn load_segments(file: &File) -> object::read::Result<Vec<(u64, u64, u64)>> 
                 && ph.p_flags(endian).0 & object::elf::PF_X.0 != 0
         })
         .map(|ph| (ph.p_offset(endian), ph.p_vaddr(endian), ph.p_filesz(endian)))
-        .collect())
+        .collect();
+    let build_id = elf.build_id()?.map(<[u8]>::to_vec);
+    Ok((segments, build_id))
 }
 
 /// An executable mapping of one process: `[start, end)` backed by `object`
@@ -313,16 +321,9 @@ impl ProcessTracker {
             }
         };
         let open_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        let build_id = match blazesym::helper::read_elf_build_id(&open_path) {
-            Ok(id) => id.map(|b| b.to_vec()),
-            Err(err) => {
-                debug!("{}: no build ID: {err}", entry.path);
-                None
-            }
-        };
-        let load_segments = load_segments(&file).unwrap_or_else(|err| {
-            debug!("{}: no ELF program headers: {err}", entry.path);
-            Vec::new()
+        let (load_segments, build_id) = elf_identity(&file).unwrap_or_else(|err| {
+            debug!("{}: not a readable ELF file: {err}", entry.path);
+            (Vec::new(), None)
         });
         let id = ObjectId(self.objects.len() as u32);
         self.objects.push(ObjectFile {
