@@ -278,6 +278,16 @@ impl Delivery {
         &self.destination
     }
 
+    /// [`Delivery::finish`], reported as a network sender's summary.
+    pub fn finish_report(self, deadline: Instant) -> crate::sender::SenderReport {
+        let destination = self.destination.clone();
+        crate::sender::SenderReport {
+            destination,
+            files: Vec::new(),
+            delivery: Some(self.finish(deadline)),
+        }
+    }
+
     /// Flush until the queue is empty or `deadline`, stop the thread and
     /// return the final counters. Waits at most until shortly after
     /// `deadline` (a thread stuck past it is left behind).

@@ -246,13 +246,7 @@ impl Sender for RemoteSender {
     }
 
     fn finish(self: Box<Self>, deadline: Instant) -> SenderReport {
-        let destination = self.delivery.destination().to_string();
-        let stats = self.delivery.finish(deadline);
-        SenderReport {
-            destination,
-            files: Vec::new(),
-            delivery: Some(stats),
-        }
+        self.delivery.finish_report(deadline)
     }
 }
 
