@@ -238,19 +238,6 @@ fn profile(pids: &[u32], formats: &str, extra: &[&str]) -> Run {
     }
 }
 
-/// Parse `user stacks: complete=N no_table=M ...`.
-fn unwind_counts(stdout: &str) -> Option<BTreeMap<String, u64>> {
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("user stacks:"))?;
-    line.split_whitespace()
-        .map(|kv| {
-            let (k, v) = kv.split_once('=')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
-}
-
 /// Decode pprof bytes, gunzipping them first if they are gzip.
 fn decode(bytes: &[u8]) -> proto::Profile {
     if bytes.starts_with(&[0x1f, 0x8b]) {

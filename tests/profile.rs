@@ -39,13 +39,14 @@ fn chain_samples(stacks: &[&Stack]) -> u64 {
         .sum()
 }
 
-/// Frame-pointer chain `main -> chain_a -> chain_b -> chain_c -> chain_hot`,
-/// profiled by pid: nearly every sample has exactly that user stack, and the
-/// sample count matches the CPU time the program used at 999 Hz.
-#[test]
-fn fp_chain() {
+/// Profile the chain `main -> chain_a -> chain_b -> chain_c -> chain_hot`,
+/// built with `flags` and named `name`, by pid for 2 s at 999 Hz: nearly
+/// every sample has exactly that user stack, only that process appears, the
+/// folded counts add up to the summary, and the sample count matches the
+/// CPU time the program used.
+fn assert_chain_profile(name: &str, flags: &[&str]) {
     let _serial = serial();
-    let program = compile("lsw_fpchain", &chain_forever_source(), FP_FLAGS);
+    let program = compile(name, &chain_forever_source(), flags);
     let workload = Workload::spawn(&program);
     let out_dir = tempdir();
     let args = folded_args(
@@ -89,53 +90,30 @@ fn fp_chain() {
     assert!(
         chained as f64 >= 0.9 * summary.samples as f64,
         "only {chained} of {} samples have the user stack \
-         [libc start or unwind marker;]main;chain_a;chain_b;chain_c;chain_hot:\n{}",
+         [libc start or unwind marker;]main;chain_a;chain_b;chain_c;chain_hot:\n{}\n{out}",
         summary.samples,
         show(&all)
     );
+}
+
+/// The chain built with frame pointers.
+#[test]
+fn fp_chain() {
+    assert_chain_profile("lsw_fpchain", FP_FLAGS);
 }
 
 /// The same chain built without frame pointers: user stacks must come from
 /// the CFI (.eh_frame) unwinder, with the same exact chain.
 #[test]
 fn no_frame_pointer_chain() {
-    let _serial = serial();
-    let flags = [
-        "-O2",
-        "-g",
-        "-fomit-frame-pointer",
-        "-fasynchronous-unwind-tables",
-    ];
-    let program = compile("lsw_nofp", &chain_forever_source(), &flags);
-    let workload = Workload::spawn(&program);
-    let out_dir = tempdir();
-    let args = folded_args(
-        &out_dir,
-        "n.txt",
+    assert_chain_profile(
+        "lsw_nofp",
         &[
-            "--pids",
-            &workload.pid_arg(),
-            "--duration",
-            "2",
-            "--sample-freq",
-            "999",
+            "-O2",
+            "-g",
+            "-fomit-frame-pointer",
+            "-fasynchronous-unwind-tables",
         ],
-    );
-    let run = profile_workload(&workload, &args, 2.0);
-    let out = &run.out;
-    out.assert_success();
-    let summary = out.summary();
-    let stacks = read_folded(&out_dir.path().join("n.txt"));
-    let all: Vec<&Stack> = stacks.iter().collect();
-    assert_eq!(total(&stacks), summary.samples, "{out}");
-    run.assert_plausible(summary.samples, 999.0);
-    let chained = chain_samples(&all);
-    assert!(
-        chained as f64 >= 0.9 * summary.samples as f64,
-        "only {chained} of {} samples have the user stack \
-         [libc start or unwind marker;]main;chain_a;chain_b;chain_c;chain_hot:\n{}\n{out}",
-        summary.samples,
-        show(&all)
     );
 }
 

@@ -233,19 +233,6 @@ fn profile(target: &Target, seconds: &str) -> Profiled {
     finish(out, dir.path())
 }
 
-/// Parse `user stacks: complete=N no_table=M ...`.
-fn unwind_counts(stdout: &str) -> Option<BTreeMap<String, u64>> {
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("user stacks:"))?;
-    line.split_whitespace()
-        .map(|kv| {
-            let (k, v) = kv.split_once('=')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
-}
-
 /// How a folded stack's user walk ended, when it did not complete
 /// (`[unwind: REASON]` right after the comm).
 fn unwind_marker(frames: &[String]) -> Option<&str> {

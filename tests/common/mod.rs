@@ -8,6 +8,7 @@
 // Each test crate uses a different subset of these helpers.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -673,4 +674,18 @@ pub fn tempdir() -> tempfile::TempDir {
 /// `path` as a `&str` (test paths are UTF-8).
 pub fn s(path: &Path) -> &str {
     path.to_str().expect("UTF-8 path")
+}
+
+/// The per-result counts of the summary line
+/// `user stacks: complete=N no_table=M ...`; `None` if it is missing or malformed.
+pub fn unwind_counts(stdout: &str) -> Option<BTreeMap<String, u64>> {
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("user stacks:"))?;
+    line.split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
 }
