@@ -593,14 +593,19 @@ impl<'obj> Sampler<'obj> {
     }
 }
 
-/// Poll `ring` until it is empty or `timeout` passes.
+/// Wait up to `timeout` for a wake-up from `ring`, then take every record in
+/// it. The BPF program wakes user space only once `SAMPLES_WAKEUP_BYTES`
+/// (`src/bpf/profiler.h`) are waiting, so most records are read here after
+/// the timeout rather than on a wake-up; callers poll at least every 100 ms.
 /// A signal arriving during the wait (e.g. the SIGINT that stops the run)
 /// is not an error: the caller checks its stop flag after every poll.
 pub fn poll(ring: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
     match ring.poll(timeout) {
-        Err(err) if err.kind() == libbpf_rs::ErrorKind::Interrupted => Ok(()),
-        other => other.context("polling the samples ring buffer"),
+        Err(err) if err.kind() == libbpf_rs::ErrorKind::Interrupted => {}
+        other => other.context("polling the samples ring buffer")?,
     }
+    ring.consume().context("draining the samples ring buffer")?;
+    Ok(())
 }
 
 #[cfg(test)]

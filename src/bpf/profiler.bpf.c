@@ -7,9 +7,12 @@
  *
  * User stacks are walked from DWARF CFI compiled by user space into compact
  * unwind rows (docs/unwind-tables.md): for each frame the walker finds the
- * mapping of the pc in the process's sorted mapping list, the page of the
- * object's table, binary-searches the row, computes the CFA, reads the
- * return address at CFA - 8 and recovers rbp. FRAMES_PER_PROGRAM frames are
+ * mapping of the pc in the process's sorted mapping list (the previous
+ * frame's mapping is tried first), then the row: from this CPU's row cache,
+ * or by a binary search in the object's page. It computes the CFA, reads the
+ * return address at CFA - 8 and recovers rbp; both reads come from a copy of
+ * STACK_CHUNK_SIZE bytes of the stack, refilled when a read falls outside
+ * it. FRAMES_PER_PROGRAM frames are
  * walked per program run (bpf_loop); the walk continues in the same program
  * through tail calls up to MAX_USER_FRAMES. Mappings without CFI fall back to
  * frame pointers. Every sample records how its walk ended.
@@ -117,6 +120,29 @@ struct {
 	__type(value, __u32);
 } walker_programs SEC(".maps");
 
+/* A row found for (object, vaddr) on this CPU. */
+struct row_cache_entry {
+	__u64 vaddr;        /* object vaddr the row was looked up for */
+	__u32 object_tag;   /* object_id + 1; 0 marks an empty entry */
+	__u32 padding;
+	struct unwind_row row;
+};
+
+struct row_cache {
+	struct row_cache_entry entries[ROW_CACHE_ENTRIES];
+};
+
+/* Per-CPU cache of rows, indexed by a hash of (object_id, vaddr). Object ids
+ * are never reused within a run and a row never changes, so entries stay
+ * valid; a CPU-bound workload finds all its rows here after its first
+ * samples. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct row_cache);
+} row_cache SEC(".maps");
+
 /* State of one user-stack walk, carried across tail calls. */
 struct walk_state {
 	__u64 ip;
@@ -140,11 +166,20 @@ struct walk_state {
 	 * verifier does not track every (lo, hi) pair as a separate state. */
 	__u32 search_lo;
 	__u32 search_hi;
+	/* Index of the previous frame's mapping in the process's list. */
+	__u32 last_mapping;
+	/* Bytes of scratch_space.stack_chunk that hold user memory from
+	 * chunk_start on (0: none). */
+	__u32 chunk_len;
+	__u64 chunk_start;
 };
 
 struct scratch_space {
 	struct walk_state state;
 	struct stack_sample sample;
+	/* A copy of user stack memory (8 spare bytes keep every masked 8-byte
+	 * read in bounds for the verifier). */
+	__u8 stack_chunk[STACK_CHUNK_SIZE + 8];
 };
 
 /* Per-CPU space where a record is assembled before it is copied out. */
@@ -210,7 +245,57 @@ static __always_inline struct exec_mapping *find_mapping(struct walk_state *st, 
 	struct exec_mapping *m = &proc->mappings[lo & (MAX_PROCESS_MAPPINGS - 1)];
 	if (pc < m->start || pc >= m->end)
 		return NULL;
+	st->last_mapping = lo;
 	return m;
+}
+
+/* The mapping containing pc: the previous frame's if it still fits (callers
+ * are often in the same object), else by binary search. */
+static __always_inline struct exec_mapping *mapping_of(struct walk_state *st, struct process_info *proc,
+						       __u64 pc)
+{
+	__u32 hint = st->last_mapping & (MAX_PROCESS_MAPPINGS - 1);
+	struct exec_mapping *m = &proc->mappings[hint];
+	if (hint < proc->mapping_count && m->start <= pc && pc < m->end)
+		return m;
+	return find_mapping(st, proc, pc);
+}
+
+/* Slot of (object_id, vaddr) in the row cache (multiplicative hashing). */
+static __always_inline __u32 row_cache_slot(__u32 object_id, __u64 vaddr)
+{
+	__u64 h = (vaddr ^ ((__u64)object_id << 40)) * 0x9E3779B97F4A7C15ULL;
+	return (h >> 54) & (ROW_CACHE_ENTRIES - 1);
+}
+
+/* Read the 8 bytes of user memory at addr, from the stack copy when it holds
+ * them; otherwise refill the copy from addr. Near the end of the stack's
+ * mapping a full copy would fault, so the copy then stops at the end of
+ * addr's page. Returns 0, or a negative error when addr is unreadable. */
+static __always_inline long read_stack_word(struct scratch_space *sc, __u64 addr, __u64 *out)
+{
+	struct walk_state *st = &sc->state;
+	__u64 offset = addr - st->chunk_start;
+	if (addr >= st->chunk_start && offset + 8 <= st->chunk_len) {
+		*out = *(__u64 *)&sc->stack_chunk[offset & (STACK_CHUNK_SIZE - 1)];
+		return 0;
+	}
+	st->chunk_len = 0;
+	__u32 len = STACK_CHUNK_SIZE;
+	if (bpf_probe_read_user(sc->stack_chunk, STACK_CHUNK_SIZE, (void *)addr) != 0) {
+		len = 4096 - (addr & 4095);
+		/* A copy within one page failed: addr itself is unreadable. */
+		if (len >= STACK_CHUNK_SIZE)
+			return -1;
+		if (len < 8)
+			return bpf_probe_read_user(out, sizeof(*out), (void *)addr);
+		if (bpf_probe_read_user(sc->stack_chunk, len & (STACK_CHUNK_SIZE - 1), (void *)addr) != 0)
+			return -1;
+	}
+	st->chunk_start = addr;
+	st->chunk_len = len;
+	*out = *(__u64 *)&sc->stack_chunk[0];
+	return 0;
 }
 
 /* The last row of the page whose pc_low <= pc_low. */
@@ -276,6 +361,7 @@ static __always_inline void frame_pointer_step(struct walk_state *st)
 struct walk_context {
 	struct scratch_space *sc;
 	struct process_info *proc;
+	struct row_cache *cache;
 };
 
 /* Walk one frame: record st->ip, then compute the caller's registers. Returns 1 to stop. */
@@ -284,7 +370,8 @@ static long unwind_step(__u64 index, void *data)
 	struct walk_context *wc = data;
 	struct scratch_space *sc = wc->sc;
 	struct process_info *proc = wc->proc;
-	if (!sc || !proc)
+	struct row_cache *cache = wc->cache;
+	if (!sc || !proc || !cache)
 		return 1;
 	struct walk_state *st = &sc->state;
 	struct stack_sample *s = &sc->sample;
@@ -299,7 +386,7 @@ static long unwind_step(__u64 index, void *data)
 	s->frames[slot] = st->ip;
 	st->user_frames++;
 
-	struct exec_mapping *m = find_mapping(st, proc, st->ip);
+	struct exec_mapping *m = mapping_of(st, proc, st->ip);
 	if (!m) {
 		if (st->last_step_fp) {
 			/* A frame pointer led to something that is not code: the
@@ -321,38 +408,53 @@ static long unwind_step(__u64 index, void *data)
 	/* A return address may be one past the end of its function (a call to a
 	 * noreturn function): look up the call instruction instead. */
 	__u64 vaddr = st->ip - m->bias - (st->exact_ip ? 0 : 1);
-	__u32 page_number = vaddr >> UNWIND_PAGE_BITS;
-	struct unwind_row *row = NULL;
-	if (!(st->cached_page_valid && st->cached_key.object_id == object_id &&
-	      st->cached_key.page == page_number)) {
-		struct page_key key = { .object_id = object_id, .page = page_number };
-		struct page_value *page = bpf_map_lookup_elem(&unwind_pages, &key);
-		st->cached_page_valid = 0;
-		if (!page && !bpf_map_lookup_elem(&loaded_objects, &object_id)) {
-			/* The table is still being built: frame pointers meanwhile. */
-			st->missing_table = 1;
+	struct row_cache_entry *cached = &cache->entries[row_cache_slot(object_id, vaddr)];
+	struct unwind_row row;
+	if (cached->object_tag == object_id + 1 && cached->vaddr == vaddr) {
+		row = cached->row;
+	} else {
+		__u32 page_number = vaddr >> UNWIND_PAGE_BITS;
+		if (!(st->cached_page_valid && st->cached_key.object_id == object_id &&
+		      st->cached_key.page == page_number)) {
+			struct page_key key = { .object_id = object_id, .page = page_number };
+			struct page_value *page = bpf_map_lookup_elem(&unwind_pages, &key);
+			st->cached_page_valid = 0;
+			if (!page && !bpf_map_lookup_elem(&loaded_objects, &object_id)) {
+				/* The table is still being built: frame pointers meanwhile. */
+				st->missing_table = 1;
+				frame_pointer_step(st);
+				return st->done ? 1 : 0;
+			}
+			if (page) {
+				st->cached_key = key;
+				st->cached_page = *page;
+				st->cached_page_valid = 1;
+			}
+		}
+		struct unwind_row *found = NULL;
+		if (st->cached_page_valid)
+			found = find_row(st, st->cached_page.first_row, st->cached_page.row_count,
+					 vaddr & (UNWIND_PAGE_SIZE - 1));
+		if (!found) {
+			/* No CFI covers this pc. */
 			frame_pointer_step(st);
 			return st->done ? 1 : 0;
 		}
-		if (page) {
-			st->cached_key = key;
-			st->cached_page = *page;
-			st->cached_page_valid = 1;
-		}
+		row = *found;
+		cached->vaddr = vaddr;
+		cached->object_tag = object_id + 1;
+		cached->row = row;
 	}
-	if (st->cached_page_valid)
-		row = find_row(st, st->cached_page.first_row, st->cached_page.row_count,
-			       vaddr & (UNWIND_PAGE_SIZE - 1));
-	__u8 cfa_type = row ? row->cfa_type & CFA_TYPE_MASK : CFA_END_OF_FUNCTION;
+	__u8 cfa_type = row.cfa_type & CFA_TYPE_MASK;
 	if (cfa_type == CFA_END_OF_FUNCTION) {
 		/* No CFI covers this pc. */
 		frame_pointer_step(st);
 		return st->done ? 1 : 0;
 	}
 
-	__u64 cfa_offset = row->cfa_offset;
-	if (row->cfa_type & CFA_OFFSET_SCALED)
-		cfa_offset = (cfa_offset | (__u64)((row->cfa_type >> CFA_OFFSET_HIGH_SHIFT) & CFA_OFFSET_HIGH_MASK)
+	__u64 cfa_offset = row.cfa_offset;
+	if (row.cfa_type & CFA_OFFSET_SCALED)
+		cfa_offset = (cfa_offset | (__u64)((row.cfa_type >> CFA_OFFSET_HIGH_SHIFT) & CFA_OFFSET_HIGH_MASK)
 						   << 16) * 8;
 	__u64 cfa;
 	switch (cfa_type) {
@@ -363,7 +465,7 @@ static long unwind_step(__u64 index, void *data)
 		cfa = st->bp + cfa_offset;
 		break;
 	case CFA_PLT:
-		cfa = st->sp + 8 + (((st->ip & 15) >= row->cfa_offset) ? 8 : 0);
+		cfa = st->sp + 8 + (((st->ip & 15) >= row.cfa_offset) ? 8 : 0);
 		break;
 	case CFA_OUTERMOST:
 		finish(st, st->used_fp ? UNWIND_FRAME_POINTER : UNWIND_COMPLETE);
@@ -386,7 +488,7 @@ static long unwind_step(__u64 index, void *data)
 	}
 	case CFA_UNSUPPORTED:
 	default: {
-		__u32 kind = (__u16)row->fp_offset;
+		__u32 kind = (__u16)row.fp_offset;
 		if (kind >= MAX_UNSUPPORTED_KINDS)
 			kind = MAX_UNSUPPORTED_KINDS - 1;
 		count(STAT_UNSUPPORTED_BASE + kind);
@@ -396,13 +498,13 @@ static long unwind_step(__u64 index, void *data)
 	}
 
 	__u64 ra;
-	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)) != 0) {
+	if (read_stack_word(sc, cfa - 8, &ra) != 0) {
 		finish(st, UNWIND_READ_FAULT);
 		return 1;
 	}
-	if (row->fp_type == FP_AT_CFA_OFFSET) {
+	if (row.fp_type == FP_AT_CFA_OFFSET) {
 		__u64 bp;
-		if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + (__s64)row->fp_offset * 8)) != 0) {
+		if (read_stack_word(sc, cfa + (__s64)row.fp_offset * 8, &bp) != 0) {
 			finish(st, UNWIND_READ_FAULT);
 			return 1;
 		}
@@ -439,7 +541,9 @@ static __always_inline void send_sample(struct scratch_space *sc)
 	__u64 size = sizeof(struct sample_header) + (kframes + uframes) * sizeof(__u64);
 	if (size > sizeof(struct stack_sample))
 		size = sizeof(struct stack_sample);
-	if (bpf_ringbuf_output(&samples, s, size, 0) != 0)
+	__u64 wakeup = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES ? BPF_RB_FORCE_WAKEUP
+											  : BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_output(&samples, s, size, wakeup) != 0)
 		count(STAT_LOST_RINGBUF);
 }
 
@@ -448,8 +552,13 @@ static __always_inline void send_sample(struct scratch_space *sc)
 static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct scratch_space *sc)
 {
 	__u32 pid = sc->sample.header.pid;
-	struct walk_context wc = { .sc = sc, .proc = bpf_map_lookup_elem(&process_mappings, &pid) };
-	if (!wc.proc)
+	__u32 zero = 0;
+	struct walk_context wc = {
+		.sc = sc,
+		.proc = bpf_map_lookup_elem(&process_mappings, &pid),
+		.cache = bpf_map_lookup_elem(&row_cache, &zero),
+	};
+	if (!wc.proc || !wc.cache)
 		finish(&sc->state, UNWIND_NO_TABLE);
 	else
 		bpf_loop(FRAMES_PER_PROGRAM, unwind_step, &wc, 0);
@@ -530,14 +639,21 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	bpf_get_current_comm(h->thread_comm, sizeof(h->thread_comm));
 	BPF_CORE_READ_STR_INTO(&h->process_comm, task, group_leader, comm);
 
-	/* Kernel stack, leaf first, from the kernel's own unwinder. */
-	long kbytes = bpf_get_stack(ctx, s->frames, MAX_KERNEL_FRAMES * sizeof(__u64), 0);
-	if (kbytes < 0)
-		count(STAT_KERNEL_STACK_ERROR);
-	else
-		st->kernel_frames = kbytes / sizeof(__u64);
-	if (st->kernel_frames > MAX_KERNEL_FRAMES)
-		st->kernel_frames = MAX_KERNEL_FRAMES;
+	struct pt_regs regs;
+	bpf_probe_read_kernel(&regs, sizeof(regs), &ctx->regs);
+	bool in_user_mode = (regs.cs & 3) == 3;
+
+	/* Kernel stack, leaf first, from the kernel's own unwinder. A sample
+	 * taken in user mode has none. */
+	if (!in_user_mode) {
+		long kbytes = bpf_get_stack(ctx, s->frames, MAX_KERNEL_FRAMES * sizeof(__u64), 0);
+		if (kbytes < 0)
+			count(STAT_KERNEL_STACK_ERROR);
+		else
+			st->kernel_frames = kbytes / sizeof(__u64);
+		if (st->kernel_frames > MAX_KERNEL_FRAMES)
+			st->kernel_frames = MAX_KERNEL_FRAMES;
+	}
 
 	if (task->flags & PF_KTHREAD) {
 		h->flags |= SAMPLE_FLAG_KERNEL_THREAD;
@@ -546,9 +662,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		return 0;
 	}
 
-	struct pt_regs regs;
-	bpf_probe_read_kernel(&regs, sizeof(regs), &ctx->regs);
-	if ((regs.cs & 3) != 3) {
+	if (!in_user_mode) {
 		/* Interrupted in the kernel: the user registers are the ones
 		 * saved at kernel entry. */
 		struct pt_regs *uregs = (struct pt_regs *)bpf_task_pt_regs(task);
