@@ -255,8 +255,14 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                 }
             }
             // Wake up for the next window end, if it comes before the usual poll period.
-            let poll = windows.next_close_ns().map_or(POLL_PERIOD, |due| {
-                Duration::from_nanos(due.saturating_sub(timefmt::monotonic_ns())).min(POLL_PERIOD)
+            // While tables are being built, check for them often.
+            let period = if loader.builds_pending() {
+                BUILD_POLL_PERIOD
+            } else {
+                POLL_PERIOD
+            };
+            let poll = windows.next_close_ns().map_or(period, |due| {
+                Duration::from_nanos(due.saturating_sub(timefmt::monotonic_ns())).min(period)
             });
             sampler::poll(&ring, poll)?;
             drain(&mut tracker, &mut windows, &mut loader);
@@ -348,7 +354,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     let ClosedWindow {
         aggregator, window, ..
     } = last.pop().context("a run has one window")?;
-    let profile = Symbolizer::new().build_profile(&aggregator, &tracker, window);
+    let profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
     for (format, output) in &outputs {
         let bytes = encode(&profile, *format, cli.pprof_compression)?;
         disk::write_atomic(output, &bytes)?;
@@ -369,8 +375,12 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     })
 }
 
-/// How often the loop checks for a stop when no window ends sooner.
+/// How often the loop checks for a stop (and drains the ring buffer) when no
+/// window ends sooner.
 const POLL_PERIOD: Duration = Duration::from_millis(100);
+/// The loop's period while unwind tables are being built, so that each is
+/// loaded within this long of being ready.
+const BUILD_POLL_PERIOD: Duration = Duration::from_millis(5);
 
 /// Counts over all windows of a continuous run (each window's aggregator
 /// leaves the loop with it).

@@ -273,36 +273,25 @@ pub struct Sampler<'obj> {
     rows: MappedRows,
 }
 
-/// The memory of the `unwind_rows` map, shared with the kernel: rows
-/// written here are what the BPF walker reads.
+/// Writer of the `unwind_rows` map (BPF_F_MMAPABLE): each write maps just
+/// the pages it covers, copies the rows in and unmaps them. The kernel
+/// backs the whole map with memory from its creation; mapping it only
+/// while writing keeps those pages out of this process's resident set.
 struct MappedRows {
-    base: *mut u8,
+    fd: OwnedFd,
+    /// Bytes of the map's value area (rows * 8, rounded up to pages).
     len: usize,
 }
 
+const PAGE_SIZE: usize = 4096;
+
 impl MappedRows {
-    fn map(fd: std::os::fd::BorrowedFd<'_>, rows: u32) -> Result<Self> {
-        let page = 4096usize;
-        let len = (rows as usize * 8).div_ceil(page) * page;
-        // SAFETY: mapping a BPF array map created with BPF_F_MMAPABLE; the
-        // kernel checks fd, length and flags, and the mapping is released in Drop.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(anyhow!(std::io::Error::last_os_error()))
-                .context("mapping the unwind_rows map");
-        }
+    fn new(fd: std::os::fd::BorrowedFd<'_>, rows: u32) -> Result<Self> {
         Ok(MappedRows {
-            base: base.cast(),
-            len,
+            fd: fd
+                .try_clone_to_owned()
+                .context("duplicating the unwind_rows map's fd")?,
+            len: (rows as usize * 8).div_ceil(PAGE_SIZE) * PAGE_SIZE,
         })
     }
 
@@ -315,19 +304,58 @@ impl MappedRows {
                 first as usize + rows.len()
             );
         }
-        let bytes: Vec<u8> = rows.iter().flat_map(|r| r.to_bytes()).collect();
-        // SAFETY: [start, end) lies inside the live mapping (checked above),
-        // and `bytes` is a separate allocation of exactly end - start bytes.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(start), bytes.len()) };
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let map_start = start / PAGE_SIZE * PAGE_SIZE;
+        let map_len = end.div_ceil(PAGE_SIZE) * PAGE_SIZE - map_start;
+        // SAFETY: mapping pages [map_start, map_start + map_len) of a BPF
+        // array created with BPF_F_MMAPABLE; the kernel checks the range
+        // against the map's size, and the mapping is released below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                self.fd.as_raw_fd(),
+                map_start as libc::off_t,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(anyhow!(std::io::Error::last_os_error()))
+                .context("mapping the unwind_rows map");
+        }
+        let base: *mut u8 = base.cast();
+        for (i, row) in rows.iter().enumerate() {
+            let bytes = row.to_bytes();
+            // SAFETY: start - map_start + 8 * (i + 1) <= end - map_start <=
+            // map_len: every row lands inside the live mapping.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    base.add(start - map_start + 8 * i),
+                    bytes.len(),
+                )
+            };
+        }
+        // SAFETY: base/map_len are exactly what mmap returned; nothing
+        // refers to the mapping after this.
+        unsafe { libc::munmap(base.cast(), map_len) };
         Ok(())
     }
 }
 
-impl Drop for MappedRows {
-    fn drop(&mut self) {
-        // SAFETY: base/len are exactly what mmap returned and nothing uses them after this.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
+/// Size of the `samples` ring buffer, bytes: room for a quarter second of
+/// samples at 1 KiB each (a 30-frame stack takes 350 bytes, a 1024-frame one
+/// 8 KiB) from every CPU, as a power of two between 2 MiB and 256 MiB. User
+/// space drains it at least every 100 ms, and the BPF program wakes user space
+/// early once a quarter of it is used. Its memory is the kernel's, but
+/// user space maps it (twice, for wrap-around reads), so it counts twice
+/// in the profiler's resident set: small is better.
+pub fn samples_ring_bytes(cpus: usize, freq_hz: u64) -> u32 {
+    let wanted = (cpus as u64).saturating_mul(freq_hz).saturating_mul(1024) / 4;
+    wanted.clamp(2 << 20, 256 << 20).next_power_of_two() as u32
 }
 
 /// Online CPUs, from `/sys/devices/system/cpu/online` (a range list such as `0-3,6`).
@@ -400,6 +428,15 @@ impl<'obj> Sampler<'obj> {
             rodata.filter_pids = !config.pids.is_empty();
             rodata.exclude_pid = config.exclude_pid.unwrap_or(0);
         }
+        let cpus = online_cpus()?;
+        let ring_bytes = samples_ring_bytes(cpus.len(), config.sample_freq_hz);
+        open.maps
+            .samples
+            .set_max_entries(ring_bytes)
+            .context("sizing the samples ring buffer")?;
+        if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
+            rodata.samples_wakeup_bytes = u64::from(ring_bytes / 4);
+        }
         open.maps
             .unwind_rows
             .set_max_entries(config.max_unwind_rows)
@@ -433,7 +470,7 @@ impl<'obj> Sampler<'obj> {
                 .attach()
                 .context("attaching to tp_btf/sched_process_exit")?,
         ];
-        for cpu in online_cpus()? {
+        for cpu in cpus {
             let fd = open_cpu_clock_event(cpu, config.sample_freq_hz)?;
             let link = skel
                 .progs
@@ -447,7 +484,7 @@ impl<'obj> Sampler<'obj> {
             let _ = fd.into_raw_fd();
             links.push(link);
         }
-        let rows = MappedRows::map(skel.maps.unwind_rows.as_fd(), config.max_unwind_rows)?;
+        let rows = MappedRows::new(skel.maps.unwind_rows.as_fd(), config.max_unwind_rows)?;
         Ok(Sampler {
             skel,
             cpus: links.len() - 2,
@@ -594,8 +631,8 @@ impl<'obj> Sampler<'obj> {
 }
 
 /// Wait up to `timeout` for a wake-up from `ring`, then take every record in
-/// it. The BPF program wakes user space only once `SAMPLES_WAKEUP_BYTES`
-/// (`src/bpf/profiler.h`) are waiting, so most records are read here after
+/// it. The BPF program wakes user space only once a quarter of the ring
+/// ([`samples_ring_bytes`]) is waiting, so most records are read here after
 /// the timeout rather than on a wake-up; callers poll at least every 100 ms.
 /// A signal arriving during the wait (e.g. the SIGINT that stops the run)
 /// is not an error: the caller checks its stop flag after every poll.
@@ -611,6 +648,15 @@ pub fn poll(ring: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ring_buffer_grows_with_cpus_and_frequency() {
+        assert_eq!(samples_ring_bytes(2, 99), 2 << 20);
+        assert_eq!(samples_ring_bytes(2, 999), 2 << 20);
+        assert_eq!(samples_ring_bytes(2, 10_000), 8 << 20);
+        assert_eq!(samples_ring_bytes(64, 999), 16 << 20);
+        assert_eq!(samples_ring_bytes(4096, 100_000), 256 << 20);
+    }
 
     #[test]
     fn cpu_list_parses_ranges_and_singles() {

@@ -39,6 +39,10 @@
 /* Set by user space before load (read-only data section). */
 const volatile bool filter_pids = false; /* only sample pids in target_pids */
 const volatile __u32 exclude_pid = 0;    /* never sample this pid (--exclude-self) */
+/* Unconsumed bytes in `samples` above which a new record wakes user space;
+ * below it, user space reads records at its next periodic poll, which spares
+ * each sample the cost of a wake-up (an inter-processor interrupt). */
+const volatile __u64 samples_wakeup_bytes = 1024 * 1024;
 
 /* Processes to sample when filter_pids is set: tgid -> unused. */
 struct {
@@ -48,10 +52,10 @@ struct {
 	__type(value, __u8);
 } target_pids SEC(".maps");
 
-/* One record per sample. */
+/* One record per sample. User space sizes it for the CPU count and frequency. */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 32 * 1024 * 1024);
+	__uint(max_entries, 4 * 1024 * 1024);
 } samples SEC(".maps");
 
 /* Process events for user space (struct process_event). */
@@ -541,7 +545,7 @@ static __always_inline void send_sample(struct scratch_space *sc)
 	__u64 size = sizeof(struct sample_header) + (kframes + uframes) * sizeof(__u64);
 	if (size > sizeof(struct stack_sample))
 		size = sizeof(struct stack_sample);
-	__u64 wakeup = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > SAMPLES_WAKEUP_BYTES ? BPF_RB_FORCE_WAKEUP
+	__u64 wakeup = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > samples_wakeup_bytes ? BPF_RB_FORCE_WAKEUP
 											  : BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_output(&samples, s, size, wakeup) != 0)
 		count(STAT_LOST_RINGBUF);

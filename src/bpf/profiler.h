@@ -21,10 +21,6 @@
 #define STACK_CHUNK_SIZE 512
 /* Entries of each CPU's direct-mapped cache of unwind rows found recently. */
 #define ROW_CACHE_ENTRIES 1024
-/* Unconsumed bytes in the samples ring buffer above which a new record wakes
- * user space; below it, user space reads records at its next periodic poll,
- * which spares each sample the cost of a wake-up. */
-#define SAMPLES_WAKEUP_BYTES (2 * 1024 * 1024)
 /* Unsupported-rule kinds counted separately (see docs/unwind-tables.md). */
 #define MAX_UNSUPPORTED_KINDS 16
 #define TASK_COMM_LEN 16

@@ -102,10 +102,14 @@ fn file_name(path: &str) -> &str {
         .unwrap_or(path)
 }
 
-/// Symbolizes windows of samples. Keeps blazesym's parsed-object caches
-/// between windows.
+/// Symbolizes windows of samples. [`Symbolizer::new`] keeps blazesym's
+/// parsed objects (symbol tables, DWARF) between windows, which spares
+/// continuous mode from parsing them again every window;
+/// [`Symbolizer::one_shot`] releases each object's as soon as its addresses
+/// are done, so that memory peaks at the largest object, not at all of them.
 pub struct Symbolizer {
     inner: BlazeSymbolizer,
+    keep_parsed_objects: bool,
     kernel_build_id: Option<String>,
 }
 
@@ -119,15 +123,29 @@ impl Symbolizer {
     /// A symbolizer with line info and inlined functions enabled (names are
     /// demangled by [`demangle`], not by blazesym).
     pub fn new() -> Self {
-        let inner = BlazeSymbolizer::builder()
+        Symbolizer {
+            inner: Self::blazesym(),
+            keep_parsed_objects: true,
+            kernel_build_id: kernel::kernel_build_id(),
+        }
+    }
+
+    /// A symbolizer for a single profile: like [`Symbolizer::new`], but
+    /// each object's parsed data is dropped once its addresses are
+    /// symbolized.
+    pub fn one_shot() -> Self {
+        Symbolizer {
+            keep_parsed_objects: false,
+            ..Self::new()
+        }
+    }
+
+    fn blazesym() -> BlazeSymbolizer {
+        BlazeSymbolizer::builder()
             .enable_code_info(true)
             .enable_inlined_fns(true)
             .enable_demangling(false)
-            .build();
-        Symbolizer {
-            inner,
-            kernel_build_id: kernel::kernel_build_id(),
-        }
+            .build()
     }
 
     fn symbolize_kernel(&self, addrs: &[u64]) -> HashMap<u64, Lines> {
@@ -173,13 +191,17 @@ impl Symbolizer {
         object: ObjectId,
         offsets: &[u64],
     ) -> Vec<Option<Vec<Line>>> {
+        let fresh;
+        let inner = if self.keep_parsed_objects {
+            &self.inner
+        } else {
+            fresh = Self::blazesym();
+            &fresh
+        };
         let pass = |debug_syms: bool| {
             let mut elf = Elf::new(tracker.object_open_path(object));
             elf.debug_syms = debug_syms;
-            match self
-                .inner
-                .symbolize(&Source::Elf(elf), Input::FileOffset(offsets))
-            {
+            match inner.symbolize(&Source::Elf(elf), Input::FileOffset(offsets)) {
                 Ok(results) => results,
                 Err(err) => {
                     debug!(

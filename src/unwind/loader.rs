@@ -203,10 +203,24 @@ impl Drop for UnwindLoader {
     }
 }
 
+/// Map an object file read-only. Mapping instead of reading keeps the
+/// profiler's memory small: only the pages the build touches (ELF headers,
+/// notes, `.eh_frame`) become resident, and only until the mapping is
+/// dropped, where reading would copy the whole file (153 MB for
+/// librustc_driver). As for every mapped file (and for the profiled
+/// process itself), truncating the file in place while it is mapped would
+/// fault; package managers and linkers replace files instead.
+fn map_object(path: &std::path::Path) -> std::io::Result<memmap2::Mmap> {
+    let file = std::fs::File::open(path)?;
+    // SAFETY: the mapping is private and read-only; see above for the one
+    // way it can fault (the file truncated while mapped).
+    unsafe { memmap2::MmapOptions::new().map_copy_read_only(&file) }
+}
+
 fn build_worker(queue: Arc<BuildQueue>, results: Sender<BuildResult>, cache_dir: Option<PathBuf>) {
     while let Some(request) = queue.pop() {
         let table = match request.source {
-            TableSource::File { open, path } => std::fs::read(&open)
+            TableSource::File { open, path } => map_object(&open)
                 .with_context(|| format!("reading {}", path.display()))
                 .and_then(|bytes| {
                     crate::unwind::cached_table_at(cache_dir.as_deref(), &path, &bytes)
@@ -434,6 +448,16 @@ impl UnwindLoader {
             }
             Err(err) => warn!("{err:#}"),
         }
+    }
+
+    /// Whether a table is being built: the caller should then call
+    /// [`Self::load_ready_tables`] soon (within milliseconds, not its usual
+    /// poll period), since samples needing it are walked by frame pointers
+    /// and counted as `no_table` until it is loaded.
+    pub fn builds_pending(&self) -> bool {
+        self.tables
+            .values()
+            .any(|t| matches!(t.state, TableState::Building))
     }
 
     /// Load the tables the background thread has finished. Call often.
