@@ -280,6 +280,14 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                         worker.submit(closed, &tracker);
                     }
                 }
+                // Closed windows took copies of what they need: processes
+                // that exited before the oldest open window can go.
+                if let Some(since) = windows.open_since_ns() {
+                    let retired = tracker.retire_exited(since);
+                    if retired > 0 {
+                        debug!("retired {retired} exited processes");
+                    }
+                }
             }
         }
         // Stop sampling, then take what is still in the ring buffer.

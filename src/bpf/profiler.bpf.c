@@ -553,13 +553,13 @@ static __always_inline void send_sample(struct scratch_space *sc)
 
 /* Walk up to FRAMES_PER_PROGRAM frames, then either send the record or go
  * on in a fresh run of this program. */
-static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct scratch_space *sc)
+static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct scratch_space *sc,
+					 struct process_info *proc)
 {
-	__u32 pid = sc->sample.header.pid;
 	__u32 zero = 0;
 	struct walk_context wc = {
 		.sc = sc,
-		.proc = bpf_map_lookup_elem(&process_mappings, &pid),
+		.proc = proc,
 		.cache = bpf_map_lookup_elem(&row_cache, &zero),
 	};
 	if (!wc.proc || !wc.cache)
@@ -586,7 +586,8 @@ int walk_user_stack(struct bpf_perf_event_data *ctx)
 	struct scratch_space *sc = get_scratch();
 	if (!sc)
 		return 0;
-	return continue_walk(ctx, sc);
+	__u32 pid = sc->sample.header.pid;
+	return continue_walk(ctx, sc, bpf_map_lookup_elem(&process_mappings, &pid));
 }
 
 /* One step of the frame-pointer walk of a process user space has not described yet. */
@@ -641,11 +642,15 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	h->padding = 0;
 	h->padding2 = 0;
 	bpf_get_current_comm(h->thread_comm, sizeof(h->thread_comm));
-	BPF_CORE_READ_STR_INTO(&h->process_comm, task, group_leader, comm);
+	if (pid == tid)
+		__builtin_memcpy(h->process_comm, h->thread_comm, TASK_COMM_LEN);
+	else
+		BPF_CORE_READ_STR_INTO(&h->process_comm, task, group_leader, comm);
 
-	struct pt_regs regs;
-	bpf_probe_read_kernel(&regs, sizeof(regs), &ctx->regs);
-	bool in_user_mode = (regs.cs & 3) == 3;
+	/* The registers at the interrupt. */
+	__u64 ip = ctx->regs.ip, sp = ctx->regs.sp, bp = ctx->regs.bp;
+	/* The context only allows 8-byte loads: cs is the low half of its slot. */
+	bool in_user_mode = (*(volatile __u64 *)&ctx->regs.cs & 3) == 3;
 
 	/* Kernel stack, leaf first, from the kernel's own unwinder. A sample
 	 * taken in user mode has none. */
@@ -670,14 +675,17 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		/* Interrupted in the kernel: the user registers are the ones
 		 * saved at kernel entry. */
 		struct pt_regs *uregs = (struct pt_regs *)bpf_task_pt_regs(task);
-		bpf_probe_read_kernel(&regs, sizeof(regs), uregs);
+		ip = BPF_CORE_READ(uregs, ip);
+		sp = BPF_CORE_READ(uregs, sp);
+		bp = BPF_CORE_READ(uregs, bp);
 	}
-	st->ip = regs.ip;
-	st->sp = regs.sp;
-	st->bp = regs.bp;
+	st->ip = ip;
+	st->sp = sp;
+	st->bp = bp;
 	st->exact_ip = 1;
 
-	if (!bpf_map_lookup_elem(&process_mappings, &pid)) {
+	struct process_info *proc = bpf_map_lookup_elem(&process_mappings, &pid);
+	if (!proc) {
 		/* Unknown to user space yet: the record itself tells it about the
 		 * process. Meanwhile, frame pointers give a best-effort stack. */
 		bpf_loop(MAX_USER_FRAMES, frame_pointer_only_step, NULL, 0);
@@ -688,7 +696,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		send_sample(sc);
 		return 0;
 	}
-	return continue_walk(ctx, sc);
+	return continue_walk(ctx, sc, proc);
 }
 
 /* A wanted process replaced its image: its mappings are new. */

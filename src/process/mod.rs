@@ -28,7 +28,8 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_millis(250);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectId(pub u32);
 
-/// Index of a mapping in [`ProcessTracker::mappings`].
+/// Identity of a mapping in the [`ProcessTracker`]: never reused within a
+/// run (until 2^32 mappings have been seen).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MappingId(pub u32);
 
@@ -138,9 +139,60 @@ impl ProcessTracker {
     }
 
     /// Forget `pid`'s mapping list (after exec); the next lookup re-reads
-    /// `/proc/PID/maps`. Mappings already seen stay valid for symbolization.
+    /// `/proc/PID/maps`. Mappings already seen stay valid for symbolization
+    /// (until [`Self::retire_exited`] drops them once the process has exited).
     pub fn forget_process(&mut self, pid: u32) {
-        self.processes.remove(&pid);
+        if let Some(process) = self.processes.remove(&pid) {
+            let now = crate::timefmt::monotonic_ns();
+            self.orphans
+                .extend(process.all.into_iter().map(|id| (now, id)));
+        }
+    }
+
+    /// Note that `pid` exited at `now_mono_ns` (CLOCK_MONOTONIC). Its
+    /// mappings stay: samples taken before the exit may still be in the
+    /// ring buffer or in windows not yet symbolized.
+    pub fn process_exited(&mut self, pid: u32, now_mono_ns: u64) {
+        if let Some(process) = self.processes.get_mut(&pid) {
+            process.exited_at_ns.get_or_insert(now_mono_ns);
+        }
+    }
+
+    /// Drop what is known of processes that exited before `before_mono_ns`
+    /// (and of mappings replaced by an exec before then): the caller
+    /// promises that no sample still to be symbolized refers to them, i.e.
+    /// every window open at that time has been handed over. Keeps the
+    /// tracker's memory flat under process churn. Returns how many
+    /// processes were dropped.
+    pub fn retire_exited(&mut self, before_mono_ns: u64) -> usize {
+        let gone: Vec<u32> = self
+            .processes
+            .iter()
+            .filter(|(_, p)| p.exited_at_ns.is_some_and(|t| t < before_mono_ns))
+            .map(|(&pid, _)| pid)
+            .collect();
+        let mut dropped = Vec::new();
+        for pid in &gone {
+            if let Some(process) = self.processes.remove(pid) {
+                dropped.extend(process.all);
+            }
+        }
+        self.orphans.retain(|&(at, id)| {
+            let keep = at >= before_mono_ns;
+            if !keep {
+                dropped.push(id);
+            }
+            keep
+        });
+        for id in dropped {
+            if let Some(m) = self.mappings.remove(&id) {
+                let key = (m.pid, m.start, m.end, m.file_offset);
+                if self.mapping_index.get(&key) == Some(&id) {
+                    self.mapping_index.remove(&key);
+                }
+            }
+        }
+        gone.len()
     }
 
     /// Re-read `pid`'s maps now (a new mapping was reported), unless they
@@ -161,7 +213,11 @@ impl ProcessTracker {
 struct ProcessMaps {
     /// Sorted by start address.
     mappings: Vec<MappingId>,
+    /// Every mapping interned for this process (older reads included).
+    all: Vec<MappingId>,
     last_read: Option<Instant>,
+    /// When it exited (CLOCK_MONOTONIC ns), once known.
+    exited_at_ns: Option<u64>,
 }
 
 /// Counters of what the tracker could not do.
@@ -177,7 +233,11 @@ pub struct TrackerStats {
 #[derive(Debug, Default)]
 pub struct ProcessTracker {
     processes: HashMap<u32, ProcessMaps>,
-    mappings: Vec<Mapping>,
+    mappings: HashMap<MappingId, Mapping>,
+    next_mapping: u32,
+    /// Mappings of processes that exec'd, with when (CLOCK_MONOTONIC ns):
+    /// retired like an exited process's.
+    orphans: Vec<(u64, MappingId)>,
     mapping_index: HashMap<(u32, u64, u64, u64), MappingId>,
     objects: Vec<ObjectFile>,
     object_index: HashMap<(u64, u64), ObjectId>,
@@ -200,14 +260,15 @@ impl ProcessTracker {
         &self.objects[id.0 as usize]
     }
 
-    /// All mappings seen so far, indexed by [`MappingId`].
-    pub fn mappings(&self) -> &[Mapping] {
-        &self.mappings
+    /// One mapping. Panics if `id` was retired ([`Self::retire_exited`]),
+    /// which only a caller breaking that method's promise can cause.
+    pub fn mapping(&self, id: MappingId) -> &Mapping {
+        &self.mappings[&id]
     }
 
-    /// One mapping.
-    pub fn mapping(&self, id: MappingId) -> &Mapping {
-        &self.mappings[id.0 as usize]
+    /// Mappings currently held (for memory accounting).
+    pub fn mapping_count(&self) -> usize {
+        self.mappings.len()
     }
 
     /// What could not be read or opened so far.
@@ -248,9 +309,9 @@ impl ProcessTracker {
         let process = self.processes.get(&pid)?;
         let idx = process
             .mappings
-            .partition_point(|m| self.mappings[m.0 as usize].start <= addr);
+            .partition_point(|m| self.mappings[m].start <= addr);
         let candidate = *process.mappings.get(idx.checked_sub(1)?)?;
-        (addr < self.mappings[candidate.0 as usize].end).then_some(candidate)
+        (addr < self.mappings[&candidate].end).then_some(candidate)
     }
 
     fn read_process(&mut self, pid: u32) {
@@ -270,8 +331,13 @@ impl ProcessTracker {
         for entry in entries.iter().filter(|e| e.executable) {
             ids.push(self.intern_mapping(pid, entry));
         }
-        ids.sort_by_key(|id| self.mappings[id.0 as usize].start);
+        ids.sort_by_key(|id| self.mappings[id].start);
         let process = self.processes.entry(pid).or_default();
+        for id in &ids {
+            if !process.all.contains(id) {
+                process.all.push(*id);
+            }
+        }
         process.mappings = ids;
         process.last_read = Some(Instant::now());
     }
@@ -279,7 +345,7 @@ impl ProcessTracker {
     fn intern_mapping(&mut self, pid: u32, entry: &MapsEntry) -> MappingId {
         let key = (pid, entry.start, entry.end, entry.file_offset);
         if let Some(&id) = self.mapping_index.get(&key) {
-            if self.mappings[id.0 as usize].name == entry.path {
+            if self.mappings.get(&id).is_some_and(|m| m.name == entry.path) {
                 return id;
             }
         }
@@ -293,15 +359,19 @@ impl ProcessTracker {
         } else {
             entry.path.clone()
         };
-        let id = MappingId(self.mappings.len() as u32);
-        self.mappings.push(Mapping {
-            pid,
-            start: entry.start,
-            end: entry.end,
-            file_offset: entry.file_offset,
-            name,
-            object,
-        });
+        let id = MappingId(self.next_mapping);
+        self.next_mapping = self.next_mapping.wrapping_add(1);
+        self.mappings.insert(
+            id,
+            Mapping {
+                pid,
+                start: entry.start,
+                end: entry.end,
+                file_offset: entry.file_offset,
+                name,
+                object,
+            },
+        );
         self.mapping_index.insert(key, id);
         id
     }
@@ -359,6 +429,30 @@ mod tests {
         assert!(vaddr < addr, "a PIE test binary is loaded above its vaddrs");
         assert!(!object.load_segments.is_empty());
         assert_eq!(tracker.process_count(), 1);
+    }
+
+    #[test]
+    fn exited_processes_are_retired_only_after_the_promise_point() {
+        let mut tracker = ProcessTracker::new();
+        let pid = std::process::id();
+        let addr =
+            exited_processes_are_retired_only_after_the_promise_point as *const () as usize as u64;
+        let id = tracker.find_mapping(pid, addr).expect("own code is mapped");
+        let held = tracker.mapping_count();
+        assert!(held > 0);
+        // Not exited: nothing goes.
+        assert_eq!(tracker.retire_exited(u64::MAX), 0);
+        tracker.process_exited(pid, 1_000);
+        // Windows open since before the exit may still refer to it.
+        assert_eq!(tracker.retire_exited(1_000), 0);
+        assert_eq!(tracker.mapping(id).pid, pid);
+        assert_eq!(tracker.retire_exited(1_001), 1);
+        assert_eq!(tracker.mapping_count(), 0);
+        assert_eq!(tracker.process_count(), 0);
+        // A later sample of the same pid reads its maps afresh, with new ids.
+        let again = tracker.find_mapping(pid, addr).expect("read again");
+        assert_ne!(again, id);
+        assert_eq!(tracker.mapping_count(), held);
     }
 
     #[test]

@@ -119,6 +119,14 @@ impl Windows {
         self.total += 1;
     }
 
+    /// Start (CLOCK_MONOTONIC ns) of the oldest window not yet closed: every
+    /// sample taken and drained before it is in a closed window. `None` in
+    /// a single-window run, whose one window stays open to the end.
+    pub fn open_since_ns(&self) -> Option<u64> {
+        self.interval_ns?;
+        Some(self.start_of(self.next_to_close))
+    }
+
     /// When (CLOCK_MONOTONIC ns) the oldest open window is due to close;
     /// `None` if it lasts until the run stops.
     pub fn next_close_ns(&self) -> Option<u64> {

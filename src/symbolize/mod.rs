@@ -104,14 +104,24 @@ fn file_name(path: &str) -> &str {
 
 /// Symbolizes windows of samples. [`Symbolizer::new`] keeps blazesym's
 /// parsed objects (symbol tables, DWARF) between windows, which spares
-/// continuous mode from parsing them again every window;
-/// [`Symbolizer::one_shot`] releases each object's as soon as its addresses
-/// are done, so that memory peaks at the largest object, not at all of them.
+/// continuous mode from parsing them again every window, up to
+/// [`PARSED_OBJECTS_BUDGET_BYTES`] of object files: past that, the next
+/// window starts from an empty cache, so memory stays bounded however many
+/// different objects come and go. [`Symbolizer::one_shot`] releases each
+/// object's as soon as its addresses are done, so that memory peaks at the
+/// largest object, not at all of them.
 pub struct Symbolizer {
-    inner: BlazeSymbolizer,
+    inner: std::cell::RefCell<BlazeSymbolizer>,
     keep_parsed_objects: bool,
+    /// Objects parsed into `inner` since it was created, with their file
+    /// sizes in bytes.
+    parsed: std::cell::RefCell<HashMap<ObjectId, u64>>,
     kernel_build_id: Option<String>,
 }
+
+/// Total size (bytes) of the object files whose parsed data a continuous
+/// [`Symbolizer`] keeps between windows.
+pub const PARSED_OBJECTS_BUDGET_BYTES: u64 = 64 << 20;
 
 impl Default for Symbolizer {
     fn default() -> Self {
@@ -124,8 +134,9 @@ impl Symbolizer {
     /// demangled by [`demangle`], not by blazesym).
     pub fn new() -> Self {
         Symbolizer {
-            inner: Self::blazesym(),
+            inner: std::cell::RefCell::new(Self::blazesym()),
             keep_parsed_objects: true,
+            parsed: Default::default(),
             kernel_build_id: kernel::kernel_build_id(),
         }
     }
@@ -156,7 +167,8 @@ impl Symbolizer {
             debug_syms: false,
             ..Default::default()
         });
-        let results = match self.inner.symbolize(&source, Input::AbsAddr(addrs)) {
+        let inner = self.inner.borrow();
+        let results = match inner.symbolize(&source, Input::AbsAddr(addrs)) {
             Ok(r) => r,
             Err(err) => {
                 debug!("kernel symbolization failed: {err}");
@@ -192,8 +204,12 @@ impl Symbolizer {
         offsets: &[u64],
     ) -> Vec<Option<Vec<Line>>> {
         let fresh;
-        let inner = if self.keep_parsed_objects {
-            &self.inner
+        let kept;
+        let inner: &BlazeSymbolizer = if self.keep_parsed_objects {
+            let size = std::fs::metadata(tracker.object_open_path(object)).map_or(0, |m| m.len());
+            self.parsed.borrow_mut().insert(object, size);
+            kept = self.inner.borrow();
+            &kept
         } else {
             fresh = Self::blazesym();
             &fresh
@@ -249,6 +265,11 @@ impl Symbolizer {
         tracker: &S,
         window: Window,
     ) -> Profile {
+        if self.parsed.borrow().values().sum::<u64>() > PARSED_OBJECTS_BUDGET_BYTES {
+            debug!("symbolizer: over its budget of parsed objects, starting afresh");
+            *self.inner.borrow_mut() = Self::blazesym();
+            self.parsed.borrow_mut().clear();
+        }
         // 1. The unique addresses to symbolize.
         let mut kernel_addrs = BTreeSet::new();
         let mut object_offsets: HashMap<ObjectId, BTreeSet<u64>> = HashMap::new();

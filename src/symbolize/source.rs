@@ -91,6 +91,11 @@ impl TrackerSnapshot {
                 snapshot.mappings.insert(id, mapping);
             }
         }
+        // Objects no window in flight uses go (with their descriptors), so
+        // the cache does not grow with every object ever sampled.
+        cache.retain(|id, object| {
+            snapshot.objects.contains_key(id) || Arc::strong_count(object) > 1
+        });
         snapshot
     }
 }

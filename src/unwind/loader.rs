@@ -343,6 +343,7 @@ impl UnwindLoader {
             ProcessEvent::Exit { pid } => {
                 sampler.remove_process(pid);
                 self.described.remove(&pid);
+                tracker.process_exited(pid, crate::timefmt::monotonic_ns());
             }
             ProcessEvent::Exec { pid } => {
                 sampler.remove_process(pid);
