@@ -229,8 +229,9 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                     loader.on_event(event, tracker, &sampler);
                 }
                 for sample in pending.borrow_mut().drain(..) {
-                    loader.on_sample(&sample, tracker, &sampler);
-                    windows.add(&sample, tracker);
+                    let frames = crate::profile::aggregate::resolve(&sample, tracker);
+                    loader.on_sample(&sample, &frames, tracker, &sampler);
+                    windows.add_resolved(&sample, frames);
                 }
                 loader.load_ready_tables(&sampler);
             };

@@ -152,9 +152,11 @@ impl RawSample {
                 data.len()
             );
         }
-        let frames: Vec<u64> = (0..kernel_frames + user_frames)
-            .map(|i| u64_at(data, HEADER_SIZE + 8 * i))
-            .collect();
+        let frames = |from: usize, count: usize| -> Vec<u64> {
+            (from..from + count)
+                .map(|i| u64_at(data, HEADER_SIZE + 8 * i))
+                .collect()
+        };
         Ok(RawSample {
             timestamp_ns: u64_at(data, 0),
             pid: u32_at(data, 8),
@@ -164,8 +166,8 @@ impl RawSample {
             kernel_thread: data[25] & SAMPLE_FLAG_KERNEL_THREAD != 0,
             process_comm: comm_from_bytes(&data[32..32 + TASK_COMM_LEN]),
             thread_comm: comm_from_bytes(&data[48..48 + TASK_COMM_LEN]),
-            kernel_stack: frames[..kernel_frames].to_vec(),
-            user_stack: frames[kernel_frames..].to_vec(),
+            kernel_stack: frames(0, kernel_frames),
+            user_stack: frames(kernel_frames, user_frames),
         })
     }
 }

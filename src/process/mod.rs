@@ -11,7 +11,9 @@
 
 pub mod maps;
 
-use std::collections::HashMap;
+use std::collections::HashSet;
+
+use rustc_hash::FxHashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
@@ -184,6 +186,14 @@ impl ProcessTracker {
             }
             keep
         });
+        // A mapping interned again for a live process (an exec of the same
+        // image, a reused pid) stays.
+        let live: HashSet<MappingId> = self
+            .processes
+            .values()
+            .flat_map(|p| p.all.iter().copied())
+            .collect();
+        dropped.retain(|id| !live.contains(id));
         for id in dropped {
             if let Some(m) = self.mappings.remove(&id) {
                 let key = (m.pid, m.start, m.end, m.file_offset);
@@ -213,6 +223,9 @@ impl ProcessTracker {
 struct ProcessMaps {
     /// Sorted by start address.
     mappings: Vec<MappingId>,
+    /// `(start, end)` of each of `mappings`, in the same order: what
+    /// lookups search, without touching the mapping table.
+    ranges: Vec<(u64, u64)>,
     /// Every mapping interned for this process (older reads included).
     all: Vec<MappingId>,
     last_read: Option<Instant>,
@@ -232,15 +245,15 @@ pub struct TrackerStats {
 /// Knows the executable mappings of every process seen in a sample.
 #[derive(Debug, Default)]
 pub struct ProcessTracker {
-    processes: HashMap<u32, ProcessMaps>,
-    mappings: HashMap<MappingId, Mapping>,
+    processes: FxHashMap<u32, ProcessMaps>,
+    mappings: FxHashMap<MappingId, Mapping>,
     next_mapping: u32,
     /// Mappings of processes that exec'd, with when (CLOCK_MONOTONIC ns):
     /// retired like an exited process's.
     orphans: Vec<(u64, MappingId)>,
-    mapping_index: HashMap<(u32, u64, u64, u64), MappingId>,
+    mapping_index: FxHashMap<(u32, u64, u64, u64), MappingId>,
     objects: Vec<ObjectFile>,
-    object_index: HashMap<(u64, u64), ObjectId>,
+    object_index: FxHashMap<(u64, u64), ObjectId>,
     stats: TrackerStats,
 }
 
@@ -298,6 +311,66 @@ impl ProcessTracker {
         None
     }
 
+    /// [`Self::find_mapping`] for `count` addresses at once (`addr(i)` is
+    /// the i-th; `found(i, mapping)` receives its mapping), with one process
+    /// lookup for all of them and the previous address's mapping tried
+    /// first (consecutive frames are often in the same object).
+    pub fn find_mappings(
+        &mut self,
+        pid: u32,
+        count: usize,
+        addr: impl Fn(usize) -> u64,
+        mut found: impl FnMut(usize, Option<MappingId>),
+    ) {
+        let complete = self.lookup_all(pid, count, &addr, &mut found);
+        let due = match self.processes.get(&pid).and_then(|p| p.last_read) {
+            None => true,
+            Some(t) => t.elapsed() >= REFRESH_INTERVAL,
+        };
+        if !complete && due {
+            self.read_process(pid);
+            self.lookup_all(pid, count, &addr, &mut found);
+        }
+    }
+
+    /// Whether every address was found.
+    fn lookup_all(
+        &self,
+        pid: u32,
+        count: usize,
+        addr: &impl Fn(usize) -> u64,
+        found: &mut impl FnMut(usize, Option<MappingId>),
+    ) -> bool {
+        let Some(process) = self.processes.get(&pid) else {
+            (0..count).for_each(|i| found(i, None));
+            return count == 0;
+        };
+        let mut complete = true;
+        let mut previous: Option<usize> = None;
+        for i in 0..count {
+            let a = addr(i);
+            let hit = previous
+                .filter(|&p| {
+                    let (start, end) = process.ranges[p];
+                    start <= a && a < end
+                })
+                .or_else(|| {
+                    let p = process
+                        .ranges
+                        .partition_point(|&(start, _)| start <= a)
+                        .checked_sub(1)?;
+                    (a < process.ranges[p].1).then_some(p)
+                });
+            if hit.is_some() {
+                previous = hit;
+            } else {
+                complete = false;
+            }
+            found(i, hit.map(|p| process.mappings[p]));
+        }
+        complete
+    }
+
     /// Make sure `pid`'s maps have been read once (no-op after the first time).
     pub fn ensure_process(&mut self, pid: u32) {
         if !self.processes.contains_key(&pid) {
@@ -308,10 +381,11 @@ impl ProcessTracker {
     fn lookup(&self, pid: u32, addr: u64) -> Option<MappingId> {
         let process = self.processes.get(&pid)?;
         let idx = process
-            .mappings
-            .partition_point(|m| self.mappings[m].start <= addr);
-        let candidate = *process.mappings.get(idx.checked_sub(1)?)?;
-        (addr < self.mappings[&candidate].end).then_some(candidate)
+            .ranges
+            .partition_point(|&(start, _)| start <= addr)
+            .checked_sub(1)?;
+        let (_, end) = *process.ranges.get(idx)?;
+        (addr < end).then(|| process.mappings.get(idx).copied())?
     }
 
     fn read_process(&mut self, pid: u32) {
@@ -332,12 +406,26 @@ impl ProcessTracker {
             ids.push(self.intern_mapping(pid, entry));
         }
         ids.sort_by_key(|id| self.mappings[id].start);
+        let ranges = ids
+            .iter()
+            .map(|id| (self.mappings[id].start, self.mappings[id].end))
+            .collect();
         let process = self.processes.entry(pid).or_default();
+        if let Some(exited) = process.exited_at_ns.take() {
+            // The pid was reused: the old process's mappings retire on its
+            // own schedule.
+            self.orphans.extend(
+                std::mem::take(&mut process.all)
+                    .into_iter()
+                    .map(|id| (exited, id)),
+            );
+        }
         for id in &ids {
             if !process.all.contains(id) {
                 process.all.push(*id);
             }
         }
+        process.ranges = ranges;
         process.mappings = ids;
         process.last_read = Some(Instant::now());
     }
@@ -442,6 +530,13 @@ mod tests {
         assert!(held > 0);
         // Not exited: nothing goes.
         assert_eq!(tracker.retire_exited(u64::MAX), 0);
+        // An exec of the same image keeps the ids that are mapped again.
+        let before_exec = tracker.process_mappings(pid).to_vec();
+        tracker.forget_process(pid);
+        assert_eq!(tracker.find_mapping(pid, addr), Some(id));
+        assert_eq!(tracker.retire_exited(u64::MAX), 0);
+        assert_eq!(tracker.process_mappings(pid), &before_exec[..]);
+        assert_eq!(tracker.mapping_count(), held);
         tracker.process_exited(pid, 1_000);
         // Windows open since before the exit may still refer to it.
         assert_eq!(tracker.retire_exited(1_000), 0);

@@ -10,6 +10,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
+
 use crate::process::{MappingId, ProcessTracker};
 use crate::sampler::{RawSample, UnwindStatus};
 
@@ -44,8 +46,8 @@ pub struct StackKey {
 /// Counts of exact stacks over one window.
 #[derive(Debug, Default)]
 pub struct Aggregator {
-    counts: HashMap<StackKey, u64>,
-    comms: HashMap<String, Arc<str>>,
+    counts: FxHashMap<StackKey, u64>,
+    comms: FxHashMap<String, Arc<str>>,
     total: u64,
     status_counts: HashMap<UnwindStatus, u64>,
 }
@@ -55,6 +57,30 @@ fn call_sites(stack: &[u64]) -> impl Iterator<Item = u64> + '_ {
         .iter()
         .enumerate()
         .map(|(i, &a)| if i == 0 { a } else { a.saturating_sub(1) })
+}
+
+/// The user frames of `sample`: call sites (every frame but the leaf is a
+/// return address, so 1 is subtracted) with the mapping of the process that
+/// contains each, as `tracker` knows them now.
+pub fn resolve(sample: &RawSample, tracker: &mut ProcessTracker) -> Box<[UserFrame]> {
+    let mut frames: Box<[UserFrame]> = call_sites(&sample.user_stack)
+        .map(|address| UserFrame {
+            mapping: None,
+            address,
+        })
+        .collect();
+    let addresses: &[UserFrame] = &frames;
+    let mut mappings = vec![None; addresses.len()];
+    tracker.find_mappings(
+        sample.pid,
+        addresses.len(),
+        |i| addresses[i].address,
+        |i, m| mappings[i] = m,
+    );
+    for (frame, mapping) in frames.iter_mut().zip(mappings) {
+        frame.mapping = mapping;
+    }
+    frames
 }
 
 impl Aggregator {
@@ -74,12 +100,12 @@ impl Aggregator {
 
     /// Add one sample, resolving its user addresses to mappings through `tracker`.
     pub fn add(&mut self, sample: &RawSample, tracker: &mut ProcessTracker) {
-        let user: Box<[UserFrame]> = call_sites(&sample.user_stack)
-            .map(|address| UserFrame {
-                mapping: tracker.find_mapping(sample.pid, address),
-                address,
-            })
-            .collect();
+        let user = resolve(sample, tracker);
+        self.add_resolved(sample, user);
+    }
+
+    /// Add one sample whose user frames [`resolve`] gave.
+    pub fn add_resolved(&mut self, sample: &RawSample, user: Box<[UserFrame]>) {
         let key = StackKey {
             pid: sample.pid,
             tid: sample.tid,

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 
 use crate::process::ProcessTracker;
-use crate::profile::aggregate::Aggregator;
+use crate::profile::aggregate::{Aggregator, UserFrame};
 use crate::sampler::RawSample;
 use crate::symbolize::Window;
 
@@ -110,12 +110,21 @@ impl Windows {
     /// Add a sample to the window its timestamp falls in (resolving its user
     /// addresses through `tracker`).
     pub fn add(&mut self, sample: &RawSample, tracker: &mut ProcessTracker) {
+        self.add_resolved(sample, crate::profile::aggregate::resolve(sample, tracker));
+    }
+
+    /// Like [`Self::add`], with the user frames already resolved
+    /// ([`crate::profile::aggregate::resolve`]).
+    pub fn add_resolved(&mut self, sample: &RawSample, user: Box<[UserFrame]>) {
         let mut index = self.index_of(sample.timestamp_ns);
         if index < self.next_to_close {
             index = self.next_to_close;
             self.late += 1;
         }
-        self.open.entry(index).or_default().add(sample, tracker);
+        self.open
+            .entry(index)
+            .or_default()
+            .add_resolved(sample, user);
         self.total += 1;
     }
 

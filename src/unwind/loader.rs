@@ -10,7 +10,9 @@
 //! counted) until it does. Process events from BPF (exec, exit, a pc in an
 //! unknown mapping) keep the descriptions current without rescanning /proc.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -20,6 +22,7 @@ use anyhow::{Context, Result};
 use tracing::{debug, warn};
 
 use crate::process::{MappingId, ObjectId, ProcessTracker};
+use crate::profile::aggregate::UserFrame;
 use crate::sampler::{ExecMapping, ProcessEvent, RawSample, Sampler};
 use crate::unwind::row::Page;
 use crate::unwind::UnwindTable;
@@ -125,8 +128,8 @@ impl RowAllocator {
 pub struct UnwindLoader {
     capacity_rows: u32,
     allocator: RowAllocator,
-    tables: HashMap<u32, ObjectTable>,
-    described: HashSet<u32>,
+    tables: FxHashMap<u32, ObjectTable>,
+    described: FxHashSet<u32>,
     clock: u64,
     queue: Arc<BuildQueue>,
     results: Receiver<BuildResult>,
@@ -253,8 +256,8 @@ impl UnwindLoader {
         Ok(UnwindLoader {
             capacity_rows,
             allocator: RowAllocator::new(capacity_rows),
-            tables: HashMap::new(),
-            described: HashSet::new(),
+            tables: FxHashMap::default(),
+            described: FxHashSet::default(),
             clock: 0,
             queue,
             results: result_rx,
@@ -293,11 +296,14 @@ impl UnwindLoader {
         }
     }
 
-    /// Account for one sample: describe its process if new, and mark the
-    /// objects on its stack as recently used (re-queuing evicted tables).
+    /// Account for one sample whose user frames `frames` are resolved
+    /// ([`crate::profile::aggregate::resolve`]): describe its process if
+    /// new, and mark the objects on its stack as recently used (re-queuing
+    /// evicted tables).
     pub fn on_sample(
         &mut self,
         sample: &RawSample,
+        frames: &[UserFrame],
         tracker: &mut ProcessTracker,
         sampler: &Sampler<'_>,
     ) {
@@ -308,11 +314,14 @@ impl UnwindLoader {
             self.describe(sample.pid, tracker, sampler);
         }
         self.clock += 1;
-        for &pc in &sample.user_stack {
-            let Some(m) = tracker.find_mapping(sample.pid, pc) else {
+        let mut previous = None;
+        for frame in frames {
+            // Consecutive frames are often in the same mapping.
+            if frame.mapping.is_none() || frame.mapping == previous {
                 continue;
-            };
-            let Some(object) = tracker.mapping(m).object else {
+            }
+            previous = frame.mapping;
+            let Some(object) = frame.mapping.and_then(|m| tracker.mapping(m).object) else {
                 continue;
             };
             let now = self.clock;
