@@ -217,7 +217,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     let cache_dir =
         (cli.unwind_cache_dir != "none").then(|| std::path::PathBuf::from(&cli.unwind_cache_dir));
     let mut loader = UnwindLoader::new(config.max_unwind_rows, cache_dir)?;
-    loader.scan_processes(&config.pids, &mut tracker, &sampler);
+    loader.scan_processes(&config.pids, start);
     {
         let ring = sampler.ring_buffer(pending.clone(), events.clone(), malformed.clone())?;
         let deadline = cli
@@ -255,13 +255,16 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                     break;
                 }
             }
-            // Wake up for the next window end, if it comes before the usual poll period.
-            // While tables are being built, check for them often.
-            let period = if loader.builds_pending() {
+            // The start-up scan goes on a slice at a time, between drains,
+            // so that the ring buffer never waits for it.
+            let scanning = loader.continue_scan(&mut tracker, &sampler, SCAN_SLICE);
+            // While scanning, or while tables are being built, come back soon.
+            let period = if scanning || loader.builds_pending() {
                 BUILD_POLL_PERIOD
             } else {
                 POLL_PERIOD
             };
+            // Wake up for the next window end, if it comes before the usual poll period.
             let poll = windows.next_close_ns().map_or(period, |due| {
                 Duration::from_nanos(due.saturating_sub(timefmt::monotonic_ns())).min(period)
             });
@@ -390,6 +393,9 @@ const POLL_PERIOD: Duration = Duration::from_millis(100);
 /// The loop's period while unwind tables are being built, so that each is
 /// loaded within this long of being ready.
 const BUILD_POLL_PERIOD: Duration = Duration::from_millis(5);
+/// Longest the start-up scan of running processes runs between two drains
+/// of the ring buffer.
+const SCAN_SLICE: Duration = Duration::from_millis(20);
 
 /// Counts over all windows of a continuous run (each window's aggregator
 /// leaves the loop with it).

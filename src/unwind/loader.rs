@@ -19,7 +19,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 
 use anyhow::{Context, Result};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::process::{MappingId, ObjectId, ProcessTracker};
 use crate::profile::aggregate::UserFrame;
@@ -67,6 +67,16 @@ enum TableState {
 struct ObjectTable {
     state: TableState,
     last_used: u64,
+}
+
+/// The tables the start-up scan asked for.
+struct StartupWatch {
+    /// When sampling started.
+    started: std::time::Instant,
+    /// Processes described by the scan.
+    processes: usize,
+    /// Objects whose tables their walks use.
+    objects: FxHashSet<u32>,
 }
 
 /// Counters of the table manager.
@@ -130,6 +140,10 @@ pub struct UnwindLoader {
     allocator: RowAllocator,
     tables: FxHashMap<u32, ObjectTable>,
     described: FxHashSet<u32>,
+    /// Processes the start-up scan has still to describe (popped from the end).
+    to_scan: Vec<u32>,
+    /// Until the tables of the processes running at start are all in.
+    startup: Option<StartupWatch>,
     clock: u64,
     queue: Arc<BuildQueue>,
     results: Receiver<BuildResult>,
@@ -258,6 +272,8 @@ impl UnwindLoader {
             allocator: RowAllocator::new(capacity_rows),
             tables: FxHashMap::default(),
             described: FxHashSet::default(),
+            to_scan: Vec::new(),
+            startup: None,
             clock: 0,
             queue,
             results: result_rx,
@@ -273,14 +289,11 @@ impl UnwindLoader {
         }
     }
 
-    /// Describe every process in `/proc` (or only `pids`, when not empty) to
-    /// the walker and queue their tables: the start-up scan.
-    pub fn scan_processes(
-        &mut self,
-        pids: &[u32],
-        tracker: &mut ProcessTracker,
-        sampler: &Sampler<'_>,
-    ) {
+    /// Start the start-up scan: every process in `/proc` (or only `pids`,
+    /// when not empty) is to be described to the walker and its tables
+    /// queued, a few at a time by [`Self::continue_scan`], so that the
+    /// caller keeps draining samples meanwhile.
+    pub fn scan_processes(&mut self, pids: &[u32], sampling_started: std::time::Instant) {
         let all: Vec<u32> = if pids.is_empty() {
             std::fs::read_dir("/proc")
                 .map(|dir| {
@@ -291,9 +304,65 @@ impl UnwindLoader {
         } else {
             pids.to_vec()
         };
-        for pid in all {
-            self.describe(pid, tracker, sampler);
+        self.to_scan = all;
+        self.to_scan.reverse();
+        self.startup = Some(StartupWatch {
+            started: sampling_started,
+            processes: 0,
+            objects: FxHashSet::default(),
+        });
+    }
+
+    /// Go on with the start-up scan for at most about `budget`. Returns
+    /// whether processes remain to be scanned.
+    pub fn continue_scan(
+        &mut self,
+        tracker: &mut ProcessTracker,
+        sampler: &Sampler<'_>,
+        budget: std::time::Duration,
+    ) -> bool {
+        let started = std::time::Instant::now();
+        while started.elapsed() < budget {
+            let Some(pid) = self.to_scan.pop() else {
+                break;
+            };
+            if !self.described.contains(&pid) {
+                let objects = self.describe(pid, tracker, sampler);
+                if let Some(watch) = self.startup.as_mut() {
+                    watch.processes += usize::from(!objects.is_empty());
+                    watch.objects.extend(objects);
+                }
+            }
         }
+        self.report_startup();
+        !self.to_scan.is_empty()
+    }
+
+    /// Log, once, when the scan is over and every table it asked for is
+    /// loaded or failed: the time from the start of sampling until every
+    /// process running at start is walked by its tables.
+    fn report_startup(&mut self) {
+        let Some(watch) = &self.startup else {
+            return;
+        };
+        if !self.to_scan.is_empty() {
+            return;
+        }
+        let mut failed = 0;
+        for object in &watch.objects {
+            match self.tables.get(object).map(|t| &t.state) {
+                Some(TableState::Building) => return,
+                Some(TableState::Failed) => failed += 1,
+                _ => {}
+            }
+        }
+        info!(
+            "start-up: unwind tables of the {} objects of the {} processes running at start are ready after {} ms ({failed} without a table)",
+            watch.objects.len(),
+            watch.processes,
+            watch.started.elapsed().as_millis()
+        );
+        self.startup = None;
     }
 
     /// Account for one sample whose user frames `frames` are resolved
@@ -442,11 +511,18 @@ impl UnwindLoader {
 
     /// Tell the walker about `pid`'s executable mappings, queuing tables for
     /// objects not seen before.
-    fn describe(&mut self, pid: u32, tracker: &mut ProcessTracker, sampler: &Sampler<'_>) {
+    /// Describe `pid`'s mappings to the walker (queuing their tables).
+    /// Returns the objects whose tables the walker uses for it.
+    fn describe(
+        &mut self,
+        pid: u32,
+        tracker: &mut ProcessTracker,
+        sampler: &Sampler<'_>,
+    ) -> Vec<u32> {
         tracker.ensure_process(pid);
         let ids: Vec<MappingId> = tracker.process_mappings(pid).to_vec();
         if ids.is_empty() {
-            return;
+            return Vec::new();
         }
         let mappings: Vec<ExecMapping> = ids
             .iter()
@@ -455,8 +531,16 @@ impl UnwindLoader {
         match sampler.set_process(pid, &mappings) {
             Ok(()) => {
                 self.described.insert(pid);
+                mappings
+                    .iter()
+                    .filter(|m| !m.frame_pointers)
+                    .map(|m| m.object_id)
+                    .collect()
             }
-            Err(err) => warn!("{err:#}"),
+            Err(err) => {
+                warn!("{err:#}");
+                Vec::new()
+            }
         }
     }
 
@@ -495,6 +579,7 @@ impl UnwindLoader {
                 }
             }
         }
+        self.report_startup();
     }
 
     fn set_state(&mut self, object_id: u32, state: TableState) {
