@@ -119,6 +119,9 @@ struct RunResult {
     window_samples: Option<f64>,
     /// `VmHWM` at the end of the window, KiB.
     hwm_kib: Option<u64>,
+    /// `RssAnon` at the end of the window (heap and other private memory;
+    /// `VmRSS` also counts mapped files and shared mappings such as BPF maps), KiB.
+    anon_kib: Option<u64>,
     /// The profiler's own report.
     finished: Option<Finished>,
     /// Kernel throttling around the run.
@@ -175,6 +178,7 @@ fn measure_run(
     let cpu1 = pid.map(measure::cpu_time).transpose()?;
     let bpf1 = pid.and_then(read_bpf).transpose()?;
     let hwm_kib = pid.and_then(|p| measure::status_kib(p, "VmHWM"));
+    let anon_kib = pid.and_then(|p| measure::status_kib(p, "RssAnon"));
     let window = c1.0.duration_since(c0.0).as_secs_f64();
     let finished = running
         .map(|r| r.stop(ctx.tools.perf.as_deref()))
@@ -198,6 +202,7 @@ fn measure_run(
         bpf,
         window_samples,
         hwm_kib,
+        anon_kib,
         finished,
         throttling,
     })
@@ -210,14 +215,17 @@ struct Row {
     freq: u64,
     runs: Vec<RunResult>,
     ratios: Vec<f64>,
+    /// Runs that failed (the profiler could not start, or exited early).
+    failures: Vec<String>,
 }
 
-const ROW_HEADER: [&str; 12] = [
+const ROW_HEADER: [&str; 13] = [
     "profiler",
     "Hz",
     "BPF ns/sample",
     "CPU µs/sample",
     "VmHWM MiB (steady)",
+    "RssAnon MiB",
     "peak RSS MiB",
     "samples",
     "lost",
@@ -274,6 +282,7 @@ impl Row {
             med(&|r| r.bpf_ns_per_sample(), 0),
             med(&|r| r.cpu_us_per_sample(), 2),
             med(&|r| r.hwm_kib.map(mib), 1),
+            med(&|r| r.anon_kib.map(mib), 1),
             med(&|r| r.finished.as_ref().map(|f| mib(f.max_rss_kib)), 1),
             med(&|r| r.finished.as_ref().map(|f| f.samples as f64), 0),
             finished
@@ -284,13 +293,29 @@ impl Row {
             complete.map_or("—".into(), |c| format!("{c:.1}%")),
             num(median(self.ratios.clone()), 3),
             throttled,
-            self.runs.len().to_string(),
+            match self.failures.first() {
+                None => self.runs.len().to_string(),
+                Some(f) => format!("{} ({} failed: {f})", self.runs.len(), self.failures.len()),
+            },
         ]
     }
 }
 
-/// A run without profiler then one with `kind`: the pair gives one throughput ratio.
-fn paired_run(ctx: &Ctx, row: &mut Row, seconds: f64, baseline_seconds: f64) -> Result<()> {
+/// A run without profiler then one with `kind`: the pair gives one throughput
+/// ratio. A failed pair is recorded in the row (and the harness goes on).
+fn paired_run(ctx: &Ctx, row: &mut Row, seconds: f64, baseline_seconds: f64) {
+    if let Err(err) = try_paired_run(ctx, row, seconds, baseline_seconds) {
+        eprintln!(
+            "overhead: {} at {} Hz failed: {err:#}",
+            row.kind.label(),
+            row.freq
+        );
+        row.failures
+            .push(format!("{err:#}").replace('|', "/").replace('\n', " "));
+    }
+}
+
+fn try_paired_run(ctx: &Ctx, row: &mut Row, seconds: f64, baseline_seconds: f64) -> Result<()> {
     eprintln!(
         "overhead: {} at {} Hz, {seconds} s (after {baseline_seconds} s without profiler)",
         row.kind.label(),
@@ -307,9 +332,9 @@ const NOTES: &str = "BPF ns/sample: run_time_ns / run_cnt of lightswitch's `perf
 over the window (tail-called walker programs count in the entry program); perf has no BPF. \
 CPU µs/sample: the profiler's user + system CPU over the window (start-up excluded) per sample \
 taken in it (lightswitch: BPF run count; perf: its mean sample rate × window; perf's \
-post-processing after the stop is not counted). VmHWM: peak RSS at the end of the window; \
-peak RSS: over the whole process life, including writing the profile (ru_maxrss). samples, lost: \
-the profiler's own counts for the run (perf: SAMPLE events; lost = LOST + LOST_SAMPLES records). \
+post-processing after the stop is not counted). VmHWM: peak RSS at the end of the window; RssAnon: its private (heap) part then, \
+without mapped files and shared mappings such as BPF maps; peak RSS: over the whole process life, including writing the profile (ru_maxrss). samples, lost: \
+the profiler's own counts for the run (perf: SAMPLE events, and the lost samples its report counts under LOST_SAMPLES). \
 complete stacks: lightswitch's share of user stacks unwound to the outermost frame. \
 throughput: the workload's rate with the profiler / without, runs alternating, median over rounds. \
 throttled: `perf: interrupt took too long` in the kernel log or a lowered \
@@ -330,13 +355,14 @@ fn matrix(ctx: &Ctx) -> Result<()> {
                 freq,
                 runs: Vec::new(),
                 ratios: Vec::new(),
+                failures: Vec::new(),
             })
         })
         .collect();
     for round in 0..ctx.rounds {
         eprintln!("overhead: matrix round {}/{}", round + 1, ctx.rounds);
         for row in rows.iter_mut() {
-            paired_run(ctx, row, ctx.seconds, ctx.seconds)?;
+            paired_run(ctx, row, ctx.seconds, ctx.seconds);
         }
     }
     let conditions = format!(
@@ -364,8 +390,9 @@ fn long_run(ctx: &Ctx, mode: &str, freq: u64) -> Result<()> {
         freq,
         runs: Vec::new(),
         ratios: Vec::new(),
+        failures: Vec::new(),
     };
-    paired_run(ctx, &mut row, ctx.long_seconds, ctx.long_seconds.min(10.0))?;
+    paired_run(ctx, &mut row, ctx.long_seconds, ctx.long_seconds.min(10.0));
     let conditions = format!(
         "one {} s window after {} s warm-up, one workload process per CPU; throughput against a {} s run without profiler",
         ctx.long_seconds,

@@ -60,7 +60,8 @@ pub struct Running {
 pub struct Finished {
     /// Samples in its output.
     pub samples: u64,
-    /// Samples lost (lightswitch), or lost records/samples as perf counts them.
+    /// Samples lost: lightswitch's count; perf's `LOST_SAMPLES` of its event
+    /// (samples the kernel could not write to perf's buffers).
     pub lost: u64,
     /// perf only: samples per second over the recording (samples / time from
     /// the first to the last sample).
@@ -262,7 +263,18 @@ fn stat_count(text: &str, what: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Samples, lost events and the sample rate of a perf.data file, from
+/// Samples lost, from the per-event section of `perf report --stats` (after
+/// `cpu-clock... stats:`), where `LOST_SAMPLES events:` sums the lost counts of
+/// the records; the `Aggregated stats:` section above counts records instead.
+fn lost_samples(stats: &str) -> u64 {
+    let section = stats
+        .lines()
+        .position(|l| l.trim_end().ends_with(" stats:") && !l.trim().starts_with("Aggregated"))
+        .map(|i| stats.lines().skip(i + 1).collect::<Vec<_>>().join("\n"));
+    section.map_or(0, |s| stat_count(&s, "LOST_SAMPLES events:"))
+}
+
+/// Samples, lost samples and the sample rate of a perf.data file, from
 /// `perf report --stats` (counts only, no unwinding) and the header's
 /// first/last sample times.
 fn perf_stats(perf: &Path, data: &Path) -> Result<Finished> {
@@ -293,7 +305,7 @@ fn perf_stats(perf: &Path, data: &Path) -> Result<Finished> {
         .map(|(l, f)| l - f);
     Ok(Finished {
         samples,
-        lost: stat_count(&stats, "LOST events:") + stat_count(&stats, "LOST_SAMPLES events:"),
+        lost: lost_samples(&stats),
         sample_rate: span.filter(|s| *s > 0.0).map(|s| samples as f64 / s),
         ..Default::default()
     })
@@ -312,5 +324,17 @@ mod tests {
         assert_eq!(f.unwind["complete"], 9650);
         let cont = "2 windows written to /tmp/x: 10 samples, 1 processes, 0 samples lost\n";
         assert_eq!(parse_lightswitch(cont).unwrap().samples, 10);
+    }
+
+    #[test]
+    fn perf_lost_samples_come_from_the_event_section() {
+        let stats = "Aggregated stats:\n            LOST events:        207  ( 0.4%)\n\
+                     \x20         SAMPLE events:      51301  (92.0%)\n\
+                     \x20   LOST_SAMPLES events:          2  ( 0.0%)\n\
+                     cpu-clock:pppH stats:\n          SAMPLE events:      51301\n\
+                     \x20   LOST_SAMPLES events:       8623\n";
+        assert_eq!(stat_count(stats, "SAMPLE events:"), 51301);
+        assert_eq!(lost_samples(stats), 8623);
+        assert_eq!(lost_samples("Aggregated stats:\n  SAMPLE events: 5\n"), 0);
     }
 }

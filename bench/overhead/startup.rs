@@ -242,7 +242,7 @@ fn run_once(
 /// The `startup` mode: one cold and one warm run of `seconds` with one
 /// workload process per CPU already running.
 pub fn startup(tools: &Tools, workload: &Path, cpus: usize, quick: bool, doc: &Path) -> Result<()> {
-    let seconds = if quick { 3.0 } else { 5.0 };
+    let seconds = if quick { 3.0 } else { 10.0 };
     let workloads = Workloads::start(workload, cpus)?;
     let workload_pids: HashSet<u32> = workloads.pids().into_iter().collect();
     // Let the workload get going (and show up in /proc/PID/maps) first.
