@@ -117,6 +117,8 @@ struct RunResult {
     /// Samples taken during the window (lightswitch: BPF run count;
     /// perf: its mean sample rate times the window).
     window_samples: Option<f64>,
+    /// Length of the window, s.
+    window_s: f64,
     /// `VmHWM` at the end of the window, KiB.
     hwm_kib: Option<u64>,
     /// `RssAnon` at the end of the window (heap and other private memory;
@@ -135,6 +137,11 @@ impl RunResult {
             .map(|b| b.run_time_ns as f64 / b.run_cnt as f64)
     }
 
+    /// Samples per second per CPU over the window.
+    fn achieved_hz(&self, cpus: usize) -> Option<f64> {
+        Some(self.window_samples? / self.window_s.max(1e-9) / cpus as f64)
+    }
+
     fn cpu_us_per_sample(&self) -> Option<f64> {
         let samples = self.window_samples.filter(|s| *s > 0.0)?;
         Some(self.cpu_ns? as f64 / samples / 1e3)
@@ -145,15 +152,14 @@ fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.max(0.0))
 }
 
-/// One measured run: `kind` at `freq` Hz (none: the workload alone) with
-/// `extra` lightswitch arguments, a warm-up of `warmup` s and a window of `seconds` s.
+/// One measured run: `kind` at `freq` Hz (none: the workload alone), a
+/// warm-up of `warmup` s and a window of `seconds` s.
 fn measure_run(
     ctx: &Ctx,
     kind: Option<Kind>,
     freq: u64,
     warmup: f64,
     seconds: f64,
-    extra: &[String],
 ) -> Result<RunResult> {
     let watch = measure::ThrottleWatch::start()?;
     let mut workloads = Workloads::start(&ctx.workload, ctx.cpus)?;
@@ -162,7 +168,7 @@ fn measure_run(
         kind.map_or("none", |k| k.label()).replace(' ', "-")
     );
     let mut running = kind
-        .map(|k| profiler::start(&ctx.tools, k, freq, &name, extra))
+        .map(|k| profiler::start(&ctx.tools, k, freq, &name, &[]))
         .transpose()?;
     sleep(secs(warmup));
     if let Some(r) = running.as_mut() {
@@ -201,6 +207,7 @@ fn measure_run(
         cpu_ns: cpu0.zip(cpu1).map(|(a, b)| measure::cpu_between(&a, &b)),
         bpf,
         window_samples,
+        window_s: window,
         hwm_kib,
         anon_kib,
         finished,
@@ -219,9 +226,10 @@ struct Row {
     failures: Vec<String>,
 }
 
-const ROW_HEADER: [&str; 13] = [
+const ROW_HEADER: [&str; 14] = [
     "profiler",
     "Hz",
+    "Hz per CPU achieved",
     "BPF ns/sample",
     "CPU µs/sample",
     "VmHWM MiB (steady)",
@@ -240,7 +248,7 @@ fn mib(kib: u64) -> f64 {
 }
 
 impl Row {
-    fn cells(&self) -> Vec<String> {
+    fn cells(&self, cpus: usize) -> Vec<String> {
         let med = |f: &dyn Fn(&RunResult) -> Option<f64>, digits| {
             num(median(self.runs.iter().filter_map(f).collect()), digits)
         };
@@ -279,6 +287,7 @@ impl Row {
         vec![
             self.kind.label().to_string(),
             self.freq.to_string(),
+            med(&|r| r.achieved_hz(cpus), 0),
             med(&|r| r.bpf_ns_per_sample(), 0),
             med(&|r| r.cpu_us_per_sample(), 2),
             med(&|r| r.hwm_kib.map(mib), 1),
@@ -321,14 +330,15 @@ fn try_paired_run(ctx: &Ctx, row: &mut Row, seconds: f64, baseline_seconds: f64)
         row.kind.label(),
         row.freq
     );
-    let base = measure_run(ctx, None, 0, ctx.warmup.min(1.0), baseline_seconds, &[])?;
-    let run = measure_run(ctx, Some(row.kind), row.freq, ctx.warmup, seconds, &[])?;
+    let base = measure_run(ctx, None, 0, ctx.warmup.min(1.0), baseline_seconds)?;
+    let run = measure_run(ctx, Some(row.kind), row.freq, ctx.warmup, seconds)?;
     row.ratios.push(run.throughput / base.throughput);
     row.runs.push(run);
     Ok(())
 }
 
-const NOTES: &str = "BPF ns/sample: run_time_ns / run_cnt of lightswitch's `perf_event` programs \
+const NOTES: &str = "Hz per CPU achieved: samples taken in the window / window / CPUs. \
+BPF ns/sample: run_time_ns / run_cnt of lightswitch's `perf_event` programs \
 over the window (tail-called walker programs count in the entry program); perf has no BPF. \
 CPU µs/sample: the profiler's user + system CPU over the window (start-up excluded) per sample \
 taken in it (lightswitch: BPF run count; perf: its mean sample rate × window; perf's \
@@ -366,14 +376,14 @@ fn matrix(ctx: &Ctx) -> Result<()> {
         }
     }
     let conditions = format!(
-        "{} rounds × {} s windows after {} s warm-up, one workload process per CPU",
+        "{} round(s) × {} s windows after {} s warm-up, one workload process per CPU",
         ctx.rounds, ctx.seconds, ctx.warmup
     );
     write_rows(ctx, "matrix", &rows, &conditions)
 }
 
 fn write_rows(ctx: &Ctx, mode: &str, rows: &[Row], conditions: &str) -> Result<()> {
-    let cells: Vec<Vec<String>> = rows.iter().map(Row::cells).collect();
+    let cells: Vec<Vec<String>> = rows.iter().map(|r| r.cells(ctx.cpus)).collect();
     let body = format!(
         "{}\n\n{}\n{NOTES}\n",
         report::machine_line(ctx.cpus, conditions),

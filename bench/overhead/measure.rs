@@ -233,8 +233,9 @@ impl Throttling {
     }
 }
 
-/// Watches one run for throttling; [`ThrottleWatch::finish`] reports it and
-/// restores the maximum sample rate so the next run starts from the same one.
+/// Watches one run for throttling; [`ThrottleWatch::finish`] reports it.
+/// The maximum sample rate is restored then and when the watch is dropped
+/// (also after a failed run), so the next run starts from the same one.
 pub struct ThrottleWatch {
     messages: usize,
     rate: u64,
@@ -253,15 +254,28 @@ impl ThrottleWatch {
     }
 
     /// Take the "after" readings and restore the maximum sample rate.
-    pub fn finish(self) -> Result<Throttling> {
+    pub fn finish(&self) -> Result<Throttling> {
         let result = Throttling {
             messages: throttle_messages()?.saturating_sub(self.messages),
             rate_before: self.rate,
             rate_after: read_sysctl_u64(MAX_SAMPLE_RATE)?,
         };
-        if result.rate_after != self.rate {
+        self.restore()?;
+        Ok(result)
+    }
+
+    fn restore(&self) -> Result<()> {
+        if read_sysctl_u64(MAX_SAMPLE_RATE)? != self.rate {
             write_sysctl(MAX_SAMPLE_RATE, &self.rate.to_string())?;
         }
-        Ok(result)
+        Ok(())
+    }
+}
+
+impl Drop for ThrottleWatch {
+    fn drop(&mut self) {
+        if let Err(err) = self.restore() {
+            eprintln!("overhead: {err:#}");
+        }
     }
 }
