@@ -440,21 +440,28 @@ fn churn(ctx: &Ctx) -> Result<()> {
         .process_group(0)
         .spawn()
         .context("starting the churn loop")?;
-    let first_pid = measure::read_sysctl_u64("kernel.ns_last_pid")?;
+    let forks_before = measure::forks()?;
     let started = Instant::now();
-    let mut rss: Vec<(f64, u64)> = Vec::new();
+    // (seconds since the start, VmRSS KiB, RssAnon KiB)
+    let mut rss: Vec<(f64, u64, u64)> = Vec::new();
     let outcome = (|| -> Result<()> {
         for i in 1..=60 {
             let due = started + secs(interval * i as f64);
             sleep(due.saturating_duration_since(Instant::now()));
             running.check_alive()?;
-            let kib = measure::status_kib(running.pid(), "VmRSS")
-                .context("reading lightswitch's VmRSS")?;
-            rss.push((started.elapsed().as_secs_f64(), kib));
+            let read = |field| {
+                measure::status_kib(running.pid(), field)
+                    .with_context(|| format!("reading lightswitch's {field}"))
+            };
+            rss.push((
+                started.elapsed().as_secs_f64(),
+                read("VmRSS")?,
+                read("RssAnon")?,
+            ));
         }
         Ok(())
     })();
-    let last_pid = measure::read_sysctl_u64("kernel.ns_last_pid")?;
+    let forks = measure::forks()?.saturating_sub(forks_before);
     // SAFETY: kill has no memory-safety preconditions; the group is the loop's own.
     unsafe { libc::kill(-(shell.id() as i32), libc::SIGTERM) };
     let _ = shell.wait();
@@ -464,17 +471,24 @@ fn churn(ctx: &Ctx) -> Result<()> {
     let throttling = watch.finish()?;
     let at = |t: f64| {
         rss.iter()
-            .find(|(s, _)| *s >= t - 1e-6)
+            .find(|(s, _, _)| *s >= t - 1e-6)
             .or(rss.last())
-            .map(|(_, k)| *k)
+            .map(|&(_, k, a)| (k, a))
+            .unwrap_or((0, 0))
     };
-    let early = at(total / 5.0).unwrap_or(0);
-    let end = rss.last().map_or(0, |(_, k)| *k);
+    let (early, early_anon) = at(total / 5.0);
+    let (end, end_anon) = at(total);
     let rows: Vec<Vec<String>> = rss
         .iter()
         .enumerate()
         .filter(|(i, _)| (i + 1) % 6 == 0)
-        .map(|(_, (t, k))| vec![format!("{t:.0}"), format!("{:.1}", mib(*k))])
+        .map(|(_, (t, k, a))| {
+            vec![
+                format!("{t:.0}"),
+                format!("{:.1}", mib(*k)),
+                format!("{:.1}", mib(*a)),
+            ]
+        })
         .collect();
     let conditions = format!(
         "lightswitch at 999 Hz in continuous mode (10 s windows, pprof to disk) for {total} s \
@@ -482,25 +496,29 @@ fn churn(ctx: &Ctx) -> Result<()> {
     );
     let body = format!(
         "{}\n\n\
-         - processes started during the run (whole machine): {} ({:.1}/s)\n\
+         - processes started during the run (whole machine, `processes` in /proc/stat): {} ({:.1}/s)\n\
          - RSS at {:.0} s: {:.1} MiB; at the end ({:.0} s): {:.1} MiB; end / early = {:.3} (target ≤ 1.10)\n\
+         - of which RssAnon (private memory, without mapped files and BPF maps): {:.1} MiB and {:.1} MiB, end / early = {:.3}\n\
          - VmHWM at the end: {} MiB; peak RSS including shutdown: {:.1} MiB\n\
          - samples {}, lost {}; throttled: {}\n\n\
          RSS over time:\n\n{}",
         report::machine_line(ctx.cpus, &conditions),
-        last_pid.saturating_sub(first_pid),
-        last_pid.saturating_sub(first_pid) as f64 / total,
+        forks,
+        forks as f64 / total,
         total / 5.0,
         mib(early),
         total,
         mib(end),
         end as f64 / early.max(1) as f64,
+        mib(early_anon),
+        mib(end_anon),
+        end_anon as f64 / early_anon.max(1) as f64,
         num(hwm.map(mib), 1),
         mib(finished.max_rss_kib),
         finished.samples,
         finished.lost,
         if throttling.throttled() { "yes" } else { "no" },
-        report::table(&["s", "RSS MiB"], &rows)
+        report::table(&["s", "VmRSS MiB", "RssAnon MiB"], &rows)
     );
     println!("{body}");
     report::write_block(&ctx.doc, "churn", &body)

@@ -129,6 +129,15 @@ pub fn bpf_run_stats(pid: u32) -> Result<BpfRunStats> {
     Ok(total)
 }
 
+/// Processes and threads created since boot (`processes` in `/proc/stat`;
+/// unlike pids, it does not wrap).
+pub fn forks() -> Result<u64> {
+    let stat = fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("processes ")?.trim().parse().ok())
+        .context("no `processes` line in /proc/stat")
+}
+
 /// Path of a sysctl under `/proc/sys` (`kernel.bpf_stats_enabled`).
 fn sysctl_path(name: &str) -> String {
     format!("/proc/sys/{}", name.replace('.', "/"))
