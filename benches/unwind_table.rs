@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use lightswitch::unwind::build_table;
 use object::{Object, ObjectSection};
 
@@ -89,6 +89,8 @@ fn build(c: &mut Criterion) {
             elapsed.as_nanos() as f64 / s.rows.max(1) as f64,
             elapsed.as_secs_f64() * 1e3 / (cfi.max(1) as f64 / 1e6),
         );
+        // Per-row rates: criterion reports rows per second (its inverse is ns per row).
+        group.throughput(Throughput::Elements(s.rows as u64));
         group.bench_function(name, |b| b.iter(|| build_table(black_box(&bytes))));
     }
     group.finish();

@@ -2,11 +2,12 @@
 # Installs what building and testing lightswitch needs on Debian/Ubuntu, beyond
 # the Rust toolchain and gcc: clang (compiles the BPF program), libelf, zlib and
 # pkg-config (libbpf), protoc (pprof message types), Go (`go tool pprof` in the
-# tests), util-linux (setpriv/unshare in the tests). Idempotent: installs only
+# tests), util-linux (setpriv/unshare in the tests), linux-perf (the overhead
+# harness compares against `perf record`). Idempotent: installs only
 # what is missing.
 set -euo pipefail
 
-packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux)
+packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,93 @@
+//! Encoding cost (`cargo bench --bench encode`): pprof (raw and gzip),
+//! folded stacks and the SVG flame graph of a profile with N distinct
+//! 20-frame stacks over 500 functions, per stack.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use lightswitch::format::{flamegraph, folded, pprof};
+use lightswitch::profile::{Frame, FrameKind, Line, Profile, ProfileMapping, Sample};
+use lightswitch::sampler::UnwindStatus;
+
+const FUNCTIONS: usize = 500;
+const DEPTH: usize = 20;
+
+/// A profile with `n` distinct stacks (distinct in their three leaf frames).
+fn profile(n: usize) -> Profile {
+    let frames = (0..FUNCTIONS)
+        .map(|i| {
+            let name: Arc<str> = Arc::from(format!("bench::module_{}::function_{i}", i % 17));
+            Frame {
+                kind: FrameKind::User,
+                address: 0x1000 + 0x40 * i as u64,
+                mapping: Some(0),
+                lines: vec![Line {
+                    function: name.clone(),
+                    system_name: name,
+                    file: Some(Arc::from(format!("src/module_{}.rs", i % 17))),
+                    line: Some(i as u32 + 1),
+                }],
+                symbolized: true,
+            }
+        })
+        .collect();
+    let comm: Arc<str> = Arc::from("bench");
+    let samples = (0..n)
+        .map(|s| Sample {
+            pid: 1000 + (s % 4) as u32,
+            tid: 1000 + (s % 4) as u32,
+            process_comm: comm.clone(),
+            thread_comm: comm.clone(),
+            frames: (0..DEPTH)
+                .map(|level| match level {
+                    0 => s % FUNCTIONS,
+                    1 => s / FUNCTIONS % FUNCTIONS,
+                    2 => s / (FUNCTIONS * FUNCTIONS) % FUNCTIONS,
+                    _ => (level * 37) % FUNCTIONS,
+                })
+                .collect(),
+            unwind_status: UnwindStatus::Complete,
+            count: 1 + (s % 10) as u64,
+        })
+        .collect();
+    Profile {
+        start_unix_ns: 1_700_000_000_000_000_000,
+        duration_ns: 10_000_000_000,
+        sample_freq_hz: 99,
+        mappings: vec![ProfileMapping {
+            start: 0x1000,
+            limit: 0x1000 + 0x40 * FUNCTIONS as u64,
+            file_offset: 0,
+            filename: "/usr/bin/bench".into(),
+            build_id: Some("0123456789abcdef".into()),
+        }],
+        frames,
+        samples,
+    }
+}
+
+fn encode(c: &mut Criterion) {
+    let mut group = c.benchmark_group("encode");
+    group.sample_size(10);
+    for n in [1_000usize, 10_000] {
+        let p = profile(n);
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::new("pprof", n), &p, |b, p| {
+            b.iter(|| pprof::encode(black_box(p), pprof::Compression::None))
+        });
+        group.bench_with_input(BenchmarkId::new("pprof-gzip", n), &p, |b, p| {
+            b.iter(|| pprof::encode(black_box(p), pprof::Compression::Gzip))
+        });
+        group.bench_with_input(BenchmarkId::new("folded", n), &p, |b, p| {
+            b.iter(|| folded::encode(black_box(p)))
+        });
+        group.bench_with_input(BenchmarkId::new("flamegraph", n), &p, |b, p| {
+            b.iter(|| flamegraph::encode(black_box(p), "bench"))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, encode);
+criterion_main!(benches);
