@@ -7,12 +7,19 @@
 //! ([`crate::profile::window`]); each closed window is handed to the
 //! [`WindowWorker`], which symbolizes, encodes and sends it on its own thread
 //! while sampling goes on.
+//!
+//! With `--listen`, an HTTP server ([`crate::server`]) runs beside the loop:
+//! profile requests arrive over a channel and become subscriptions that the
+//! loop fills with the samples of their span. In listen-only mode (no
+//! `--duration`, no `--profile-interval`, disk sender) nothing else is
+//! recorded and perf events are open only while a request is in progress.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::mem::MaybeUninit;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -28,6 +35,9 @@ use crate::profile::Profile;
 use crate::sampler::{self, Sampler, SamplerConfig, UnwindStatus};
 use crate::sender::disk;
 use crate::sender::worker::{WindowWorker, WorkerReport};
+use crate::server::metrics::Metrics;
+use crate::server::ondemand::{OnDemandWorker, ProfileRequest, RequestError, Subscriptions};
+use crate::server::{Server, ServerConfig};
 use crate::symbolize::Symbolizer;
 use crate::timefmt;
 use crate::unwind::loader::UnwindLoader;
@@ -49,6 +59,8 @@ pub struct RunSummary {
     pub unsupported: BTreeMap<String, u64>,
     /// Continuous mode only: windows and delivery.
     pub continuous: Option<ContinuousSummary>,
+    /// Listen-only mode (`--listen` alone): on-demand profiles served.
+    pub served: Option<u64>,
 }
 
 /// What a continuous run emitted.
@@ -64,7 +76,13 @@ pub struct ContinuousSummary {
 
 impl std::fmt::Display for RunSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some(c) = &self.continuous {
+        if let Some(served) = self.served {
+            write!(
+                f,
+                "{served} on-demand profiles served: {} samples read, {} samples lost",
+                self.samples, self.lost
+            )?;
+        } else if let Some(c) = &self.continuous {
             // Network senders: what was delivered is on the `delivery:` line.
             let verb = if c.report.sender.delivery.is_some() {
                 "queued for"
@@ -162,9 +180,12 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         anyhow::bail!("--max-profiles applies to continuous mode with the disk sender (give --profile-interval)");
     }
     preflight::check_duration(cli.duration)?;
-    preflight::check_frequency(cli.sample_freq, preflight::max_sample_rate()?)?;
+    let max_sample_rate = preflight::max_sample_rate()?;
+    preflight::check_frequency(cli.sample_freq, max_sample_rate)?;
     let pids = preflight::resolve_pids(&cli.pids)?;
-    if cli.sender == SenderKind::Disk {
+    // `--listen` alone: serve requests, record nothing else, sample only on demand.
+    let listen_only = cli.listen.is_some() && cli.duration.is_none() && !continuous;
+    if cli.sender == SenderKind::Disk && !listen_only {
         for (_, output) in &outputs {
             preflight::check_output(&cli.profile_path, output)?;
         }
@@ -174,10 +195,15 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     setup_libbpf_logging(cli.libbpf_debug);
 
     let stop = install_stop_handler()?;
+    let metrics = Arc::new(Metrics::default());
     // Continuous mode: the sender (and its thread) starts before sampling,
     // so that a bad URL fails the run before anything is loaded.
     let mut worker = if continuous {
-        Some(WindowWorker::start(crate::sender::start(cli)?)?)
+        let sender = crate::sender::start(cli)?;
+        if let Some(queue) = sender.delivery_queue() {
+            metrics.set_delivery_queue(queue);
+        }
+        Some(WindowWorker::start(sender)?)
     } else {
         None
     };
@@ -193,11 +219,51 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     let start_wall = SystemTime::now();
     let start = Instant::now();
     let start_mono = timefmt::monotonic_ns();
-    info!(
-        "sampling {} CPUs at {} Hz",
-        sampler.attached_cpus(),
-        cli.sample_freq
-    );
+    let mut sampling = Sampling {
+        freq_hz: Some(cli.sample_freq),
+        since_mono_ns: start_mono,
+        default_freq_hz: cli.sample_freq,
+        on_demand_only: listen_only,
+    };
+    if listen_only {
+        sampling.pause(&sampler);
+    } else {
+        info!(
+            "sampling {} CPUs at {} Hz",
+            sampler.attached_cpus(),
+            cli.sample_freq
+        );
+    }
+    metrics.set_sampling_freq(sampling.freq_hz.unwrap_or(0));
+    let (request_tx, requests) = mpsc::channel();
+    let server = match &cli.listen {
+        Some(listen) => {
+            let server = Server::start(
+                &ServerConfig {
+                    listen: listen.clone(),
+                    token: cli.listen_token.clone(),
+                    max_seconds: cli.listen_max_seconds,
+                    max_requests: cli.listen_max_requests,
+                    pids: config.pids.clone(),
+                    max_sample_freq_hz: max_sample_rate,
+                },
+                request_tx,
+                metrics.clone(),
+            )?;
+            print_banner(&server);
+            Some(server)
+        }
+        None => {
+            drop(request_tx);
+            None
+        }
+    };
+    let mut on_demand = server
+        .as_ref()
+        .map(|_| OnDemandWorker::start())
+        .transpose()?;
+    let mut subscriptions = Subscriptions::default();
+    let mut served = 0u64;
 
     let pending = Rc::new(RefCell::new(Vec::new()));
     let events = Rc::new(RefCell::new(Vec::new()));
@@ -223,18 +289,25 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         let deadline = cli
             .duration
             .map(|s| start + Duration::from_secs_f64(s.max(0.0)));
-        let drain =
-            |tracker: &mut ProcessTracker, windows: &mut Windows, loader: &mut UnwindLoader| {
-                for event in events.borrow_mut().drain(..) {
-                    loader.on_event(event, tracker, &sampler);
-                }
-                for sample in pending.borrow_mut().drain(..) {
-                    loader.on_sample(&sample, tracker, &sampler);
+        let drain = |tracker: &mut ProcessTracker,
+                     windows: &mut Windows,
+                     subscriptions: &mut Subscriptions,
+                     loader: &mut UnwindLoader| {
+            for event in events.borrow_mut().drain(..) {
+                loader.on_event(event, tracker, &sampler);
+            }
+            for sample in pending.borrow_mut().drain(..) {
+                loader.on_sample(&sample, tracker, &sampler);
+                metrics.sample(sample.user_status);
+                if !listen_only {
                     windows.add(&sample, tracker);
                 }
-                loader.load_ready_tables(&sampler);
-            };
+                subscriptions.add(&sample, tracker);
+            }
+            loader.load_ready_tables(&sampler);
+        };
         let mut last_alive_check = Instant::now();
+        let mut last_metrics = Instant::now();
         loop {
             if stop.load(Ordering::SeqCst) || deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
@@ -254,32 +327,69 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                     break;
                 }
             }
-            // Wake up for the next window end, if it comes before the usual poll period.
-            let poll = windows.next_close_ns().map_or(POLL_PERIOD, |due| {
+            accept_requests(&requests, &mut subscriptions, &mut sampling, &sampler);
+            // Wake up for the next window or request end, if it comes before the usual poll period.
+            let next_close = |windows: &Windows, subscriptions: &Subscriptions| {
+                [windows.next_close_ns(), subscriptions.next_close_ns()]
+                    .into_iter()
+                    .flatten()
+                    .min()
+            };
+            let poll = next_close(&windows, &subscriptions).map_or(POLL_PERIOD, |due| {
                 Duration::from_nanos(due.saturating_sub(timefmt::monotonic_ns())).min(POLL_PERIOD)
             });
             sampler::poll(&ring, poll)?;
-            drain(&mut tracker, &mut windows, &mut loader);
-            if windows
-                .next_close_ns()
+            drain(&mut tracker, &mut windows, &mut subscriptions, &mut loader);
+            if next_close(&windows, &subscriptions)
                 .is_some_and(|due| timefmt::monotonic_ns() >= due)
             {
                 // Read the clock, then everything submitted before it.
                 let now = timefmt::monotonic_ns();
                 ring.consume().context("draining the samples ring buffer")?;
-                drain(&mut tracker, &mut windows, &mut loader);
+                drain(&mut tracker, &mut windows, &mut subscriptions, &mut loader);
                 for closed in windows.close_due(now) {
                     totals.account(&closed);
                     if let Some(worker) = worker.as_mut() {
                         worker.submit(closed, &tracker);
                     }
                 }
+                for closed in subscriptions.close_due(now) {
+                    served += 1;
+                    if let Some(on_demand) = on_demand.as_mut() {
+                        on_demand.submit(closed, &tracker);
+                    }
+                }
+                if subscriptions.is_empty() {
+                    sampling.pause(&sampler);
+                }
+            }
+            if last_metrics.elapsed() >= METRICS_PERIOD {
+                last_metrics = Instant::now();
+                let lost = sampler.stats().map_or(0, |s| s.lost) + *malformed.borrow();
+                metrics.set_lost(lost);
+                let tables = loader.stats();
+                metrics.set_unwind_tables(
+                    tables.rows_loaded * 8,
+                    tables.tables_loaded,
+                    tables.evictions,
+                );
+                metrics.set_windows(totals.windows, worker.as_ref().map_or(0, |w| w.dropped()));
+                metrics.set_sampling_freq(sampling.freq_hz.unwrap_or(0));
             }
         }
         // Stop sampling, then take what is still in the ring buffer.
         sampler.detach();
         ring.consume().context("draining the samples ring buffer")?;
-        drain(&mut tracker, &mut windows, &mut loader);
+        drain(&mut tracker, &mut windows, &mut subscriptions, &mut loader);
+    }
+    // Requests still in progress get 503: their span outlives the run.
+    drop(subscriptions);
+    drop(requests);
+    if let Some(on_demand) = on_demand {
+        on_demand.finish();
+    }
+    if let Some(server) = server {
+        server.stop(Duration::from_secs(2));
     }
     let mut last = windows.finish(timefmt::monotonic_ns());
     let stats = sampler.stats()?;
@@ -341,6 +451,19 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                 late_samples: windows.late(),
                 report,
             }),
+            served: None,
+        });
+    }
+    if listen_only {
+        return Ok(RunSummary {
+            outputs: Vec::new(),
+            samples: metrics.samples(),
+            processes: 0,
+            lost: stats.lost + malformed,
+            unwind: metrics.unwind_counts(),
+            unsupported,
+            continuous: None,
+            served: Some(served),
         });
     }
 
@@ -366,11 +489,90 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
             .collect(),
         unsupported,
         continuous: None,
+        served: None,
     })
 }
 
 /// How often the loop checks for a stop when no window ends sooner.
 const POLL_PERIOD: Duration = Duration::from_millis(100);
+
+/// How often the loop refreshes the metrics it does not count per sample.
+const METRICS_PERIOD: Duration = Duration::from_secs(1);
+
+/// Whether the perf events run, and at which frequency.
+struct Sampling {
+    /// The frequency they sample at, Hz; `None` while paused.
+    freq_hz: Option<u64>,
+    /// When they were (re)opened, CLOCK_MONOTONIC ns.
+    since_mono_ns: u64,
+    /// `--sample-freq`: the frequency of a request that names none.
+    default_freq_hz: u64,
+    /// Listen-only mode: sample only while a request is in progress.
+    on_demand_only: bool,
+}
+
+impl Sampling {
+    /// Close the perf events if nothing but requests needs them.
+    fn pause(&mut self, sampler: &Sampler<'_>) {
+        if self.on_demand_only && self.freq_hz.is_some() {
+            sampler.pause();
+            self.freq_hz = None;
+            debug!("no profile request in progress: sampling paused");
+        }
+    }
+
+    /// Make sure the perf events run, at `freq_hz` if they are paused.
+    /// Errors (the 409 or 500 answer): they run at another frequency, or
+    /// cannot be opened.
+    fn ensure(&mut self, sampler: &Sampler<'_>, freq_hz: Option<u64>) -> Result<u64, RequestError> {
+        match (self.freq_hz, freq_hz) {
+            (Some(running), Some(asked)) if running != asked => Err(RequestError::Conflict(format!(
+                "sampling runs at {running} Hz already: ask for sample_freq={running} or leave it out"
+            ))),
+            (Some(running), _) => Ok(running),
+            (None, asked) => {
+                let freq = asked.unwrap_or(self.default_freq_hz);
+                sampler
+                    .resume(freq)
+                    .map_err(|e| RequestError::Failed(format!("{e:#}")))?;
+                self.freq_hz = Some(freq);
+                self.since_mono_ns = timefmt::monotonic_ns();
+                debug!("profile request: sampling at {freq} Hz");
+                Ok(freq)
+            }
+        }
+    }
+}
+
+/// Turn the profile requests waiting in `requests` into subscriptions
+/// (starting the perf events if they are paused); a request that cannot be
+/// served is answered at once.
+fn accept_requests(
+    requests: &Receiver<ProfileRequest>,
+    subscriptions: &mut Subscriptions,
+    sampling: &mut Sampling,
+    sampler: &Sampler<'_>,
+) {
+    for request in requests.try_iter() {
+        match sampling.ensure(sampler, request.sample_freq_hz) {
+            Ok(freq) => {
+                let start = request.arrived_mono_ns.max(sampling.since_mono_ns);
+                subscriptions.open(request, start, freq);
+            }
+            Err(err) => {
+                let _ = request.reply.send(Err(err));
+            }
+        }
+    }
+}
+
+/// Say where the server listens (stdout, flushed: scripts wait for it).
+fn print_banner(server: &Server) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "listening on http://{}", server.address());
+    let _ = stdout.flush();
+}
 
 /// Counts over all windows of a continuous run (each window's aggregator
 /// leaves the loop with it).

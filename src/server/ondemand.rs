@@ -1,0 +1,301 @@
+//! On-demand CPU profiles (`GET /debug/pprof/profile?seconds=N`): the
+//! requests the HTTP server hands to the sampling loop, the loop's open
+//! [`Subscriptions`], and the [`OnDemandWorker`] that symbolizes, encodes and
+//! answers each finished one off the loop.
+//!
+//! A subscription covers `[start, start + seconds)` on CLOCK_MONOTONIC, the
+//! clock of the BPF timestamps. Every sample the loop drains is added to
+//! every open subscription whose span contains its timestamp and whose pid
+//! filter (if any) contains its process, so overlapping requests share the
+//! same perf events and each gets exactly the samples of its own span and
+//! processes. A subscription is closed once the clock has passed its end by
+//! [`CLOSE_SLACK_NS`] and the loop has drained the ring buffer after
+//! reading the clock (as windows are, see [`crate::profile::window`]).
+
+use std::collections::HashSet;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::thread::JoinHandle;
+
+use anyhow::{Context, Result};
+use tokio::sync::oneshot;
+use tracing::debug;
+
+use crate::cli::{Compression, ProfileFormat};
+use crate::process::ProcessTracker;
+use crate::profile::aggregate::Aggregator;
+use crate::profile::window::CLOSE_SLACK_NS;
+use crate::sampler::RawSample;
+use crate::symbolize::source::{ObjectCache, TrackerSnapshot};
+use crate::symbolize::{Symbolizer, Window};
+use crate::timefmt;
+
+/// Why a request got no profile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestError {
+    /// Sampling already runs at another frequency than the one asked for (409).
+    Conflict(String),
+    /// Nothing was sampled, so the format has nothing to show (404).
+    NoSamples(String),
+    /// Starting the perf events, symbolizing or encoding failed (500).
+    Failed(String),
+}
+
+/// The answer to a request: the encoded profile, or why there is none.
+pub type Reply = std::result::Result<Vec<u8>, RequestError>;
+
+/// A profile request, from the HTTP server to the sampling loop.
+#[derive(Debug)]
+pub struct ProfileRequest {
+    /// Length of the profile, ns.
+    pub duration_ns: u64,
+    /// Only these processes (thread group ids); empty: every sampled process.
+    pub pids: Vec<u32>,
+    /// Sampling frequency asked for, Hz; `None`: whatever runs (or the
+    /// `--sample-freq` default when sampling is idle).
+    pub sample_freq_hz: Option<u64>,
+    /// Output format (pprof is gzip'd).
+    pub format: ProfileFormat,
+    /// When the request arrived, CLOCK_MONOTONIC ns: its span starts there
+    /// (or when sampling starts, if it was idle).
+    pub arrived_mono_ns: u64,
+    /// Where the answer goes.
+    pub reply: oneshot::Sender<Reply>,
+}
+
+/// One request being served.
+#[derive(Debug)]
+struct Subscription {
+    start_mono_ns: u64,
+    end_mono_ns: u64,
+    pids: HashSet<u32>,
+    sample_freq_hz: u64,
+    format: ProfileFormat,
+    aggregator: Aggregator,
+    reply: oneshot::Sender<Reply>,
+}
+
+/// A subscription whose span is over, ready to be symbolized.
+#[derive(Debug)]
+pub struct ClosedSubscription {
+    aggregator: Aggregator,
+    window: Window,
+    format: ProfileFormat,
+    reply: oneshot::Sender<Reply>,
+}
+
+/// The open on-demand subscriptions of the sampling loop.
+#[derive(Debug, Default)]
+pub struct Subscriptions {
+    open: Vec<Subscription>,
+}
+
+impl Subscriptions {
+    /// Start serving `request` from `start_mono_ns` (CLOCK_MONOTONIC) with
+    /// samples taken at `sample_freq_hz`.
+    pub fn open(&mut self, request: ProfileRequest, start_mono_ns: u64, sample_freq_hz: u64) {
+        self.open.push(Subscription {
+            start_mono_ns,
+            end_mono_ns: start_mono_ns.saturating_add(request.duration_ns),
+            pids: request.pids.into_iter().collect(),
+            sample_freq_hz,
+            format: request.format,
+            aggregator: Aggregator::new(),
+            reply: request.reply,
+        });
+    }
+
+    /// Whether no subscription is open.
+    pub fn is_empty(&self) -> bool {
+        self.open.is_empty()
+    }
+
+    /// Add `sample` to every subscription it belongs to (its span and pid filter).
+    pub fn add(&mut self, sample: &RawSample, tracker: &mut ProcessTracker) {
+        for s in &mut self.open {
+            if (s.start_mono_ns..s.end_mono_ns).contains(&sample.timestamp_ns)
+                && (s.pids.is_empty() || s.pids.contains(&sample.pid))
+            {
+                s.aggregator.add(sample, tracker);
+            }
+        }
+    }
+
+    /// When (CLOCK_MONOTONIC ns) the next subscription is due to close.
+    pub fn next_close_ns(&self) -> Option<u64> {
+        self.open
+            .iter()
+            .map(|s| s.end_mono_ns + CLOSE_SLACK_NS)
+            .min()
+    }
+
+    /// Close every subscription due at `now_mono_ns` (the caller drained
+    /// the ring buffer after reading the clock). Subscriptions whose client
+    /// has gone away are dropped here too.
+    pub fn close_due(&mut self, now_mono_ns: u64) -> Vec<ClosedSubscription> {
+        let now_unix_ns = timefmt::now_unix_ns();
+        let (due, open): (Vec<Subscription>, Vec<Subscription>) = std::mem::take(&mut self.open)
+            .into_iter()
+            .filter(|s| !s.reply.is_closed())
+            .partition(|s| now_mono_ns >= s.end_mono_ns + CLOSE_SLACK_NS);
+        self.open = open;
+        due.into_iter()
+            .map(|s| ClosedSubscription {
+                window: Window {
+                    start_unix_ns: now_unix_ns
+                        .saturating_sub(now_mono_ns.saturating_sub(s.start_mono_ns)),
+                    duration_ns: s.end_mono_ns - s.start_mono_ns,
+                    sample_freq_hz: s.sample_freq_hz,
+                },
+                aggregator: s.aggregator,
+                format: s.format,
+                reply: s.reply,
+            })
+            .collect()
+    }
+}
+
+type Job = Box<(ClosedSubscription, TrackerSnapshot)>;
+
+/// Symbolizes, encodes and answers closed subscriptions on a thread of
+/// its own, so that the sampling loop only copies the mappings they refer to.
+pub struct OnDemandWorker {
+    tx: Sender<Job>,
+    thread: JoinHandle<()>,
+    objects: ObjectCache,
+}
+
+impl OnDemandWorker {
+    /// Start the worker thread.
+    pub fn start() -> Result<Self> {
+        let (tx, rx) = channel();
+        let thread = std::thread::Builder::new()
+            .name("lsw-on-demand".into())
+            .spawn(move || run(rx))
+            .context("starting the on-demand profile worker thread")?;
+        Ok(OnDemandWorker {
+            tx,
+            thread,
+            objects: ObjectCache::new(),
+        })
+    }
+
+    /// Hand a closed subscription over, with what symbolizing it needs from
+    /// `tracker`. Never waits for the worker.
+    pub fn submit(&mut self, closed: ClosedSubscription, tracker: &ProcessTracker) {
+        let snapshot = TrackerSnapshot::capture(&closed.aggregator, tracker, &mut self.objects);
+        if let Err(job) = self.tx.send(Box::new((closed, snapshot))) {
+            let (closed, _) = *job.0;
+            let _ = closed.reply.send(Err(RequestError::Failed(
+                "the on-demand profile worker has stopped".into(),
+            )));
+        }
+    }
+
+    /// Answer what was submitted, then stop the thread.
+    pub fn finish(self) {
+        drop(self.tx);
+        let _ = self.thread.join();
+    }
+}
+
+fn run(rx: Receiver<Job>) {
+    let symbolizer = Symbolizer::new();
+    for job in rx {
+        let (closed, snapshot) = *job;
+        if closed.reply.is_closed() {
+            continue;
+        }
+        let started = std::time::Instant::now();
+        let profile = symbolizer.build_profile(&closed.aggregator, &snapshot, closed.window);
+        let reply = if profile.total_samples() == 0 && closed.format == ProfileFormat::FlameGraph {
+            Err(RequestError::NoSamples(
+                "no samples were collected, so there is no flame graph to draw".into(),
+            ))
+        } else {
+            crate::run::encode(&profile, closed.format, Compression::Gzip)
+                .map_err(|e| RequestError::Failed(format!("{e:#}")))
+        };
+        debug!(
+            "on-demand profile: {} samples symbolized and encoded in {:?}",
+            profile.total_samples(),
+            started.elapsed()
+        );
+        let _ = closed.reply.send(reply);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampler::UnwindStatus;
+
+    const S: u64 = 1_000_000_000;
+
+    fn sample(pid: u32, ts: u64) -> RawSample {
+        RawSample {
+            timestamp_ns: ts,
+            pid,
+            tid: pid,
+            cpu: 0,
+            process_comm: "p".into(),
+            thread_comm: "p".into(),
+            kernel_thread: false,
+            kernel_stack: vec![0xffff_ffff_8100_0010],
+            user_stack: vec![],
+            user_status: UnwindStatus::NoUserStack,
+        }
+    }
+
+    fn request(duration_ns: u64, pids: Vec<u32>) -> (ProfileRequest, oneshot::Receiver<Reply>) {
+        let (reply, rx) = oneshot::channel();
+        let request = ProfileRequest {
+            duration_ns,
+            pids,
+            sample_freq_hz: None,
+            format: ProfileFormat::Folded,
+            arrived_mono_ns: 0,
+            reply,
+        };
+        (request, rx)
+    }
+
+    #[test]
+    fn overlapping_subscriptions_get_their_own_span_and_pids() {
+        let mut tracker = ProcessTracker::new();
+        let mut subs = Subscriptions::default();
+        let (a, _rx_a) = request(2 * S, vec![]);
+        let (b, _rx_b) = request(2 * S, vec![u32::MAX - 7]);
+        subs.open(a, 10 * S, 99);
+        subs.open(b, 11 * S, 99);
+        for (pid, ts) in [
+            (u32::MAX - 7, 10 * S - 1), // before both
+            (u32::MAX - 7, 10 * S),     // a
+            (u32::MAX - 8, 11 * S),     // a (b filters it out)
+            (u32::MAX - 7, 11 * S + 5), // a and b
+            (u32::MAX - 7, 12 * S),     // b (a has ended)
+            (u32::MAX - 7, 13 * S),     // after both
+        ] {
+            subs.add(&sample(pid, ts), &mut tracker);
+        }
+        assert_eq!(subs.next_close_ns(), Some(12 * S + CLOSE_SLACK_NS));
+        assert!(subs.close_due(12 * S + CLOSE_SLACK_NS - 1).is_empty());
+        let first = subs.close_due(12 * S + CLOSE_SLACK_NS);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].aggregator.total(), 3);
+        assert_eq!(first[0].window.duration_ns, 2 * S);
+        let second = subs.close_due(13 * S + CLOSE_SLACK_NS);
+        assert_eq!(second.len(), 1);
+        assert_eq!(second[0].aggregator.total(), 2);
+        assert!(subs.is_empty());
+    }
+
+    #[test]
+    fn a_client_that_went_away_is_dropped() {
+        let mut subs = Subscriptions::default();
+        let (a, rx) = request(S, vec![]);
+        subs.open(a, 0, 99);
+        drop(rx);
+        assert!(subs.close_due(0).is_empty());
+        assert!(subs.is_empty());
+    }
+}
