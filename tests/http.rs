@@ -411,6 +411,9 @@ fn heap_profile_of_the_agent() {
             "{\"enabled\":false,\"available\":true}\n".into()
         )
     );
+    let (status, text) = body(get(&format!("{settings}?enabled=true")));
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert!(text.contains("POST"), "{text}");
     let bad = client()
         .post(format!("{settings}?enabled=maybe"))
         .send()

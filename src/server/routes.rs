@@ -381,17 +381,12 @@ async fn heap_profile(RawQuery(query): RawQuery) -> Response {
 }
 
 async fn heap_settings(method: Method, RawQuery(query): RawQuery) -> Response {
-    let allowed: &[&str] = if method == Method::POST {
-        &["enabled"]
-    } else {
-        &[]
-    };
-    let enabled = match query_pairs(query.as_deref(), allowed).and_then(|pairs| {
+    let post = method == Method::POST;
+    let enabled = match query_pairs(query.as_deref(), &["enabled"]).and_then(|pairs| {
         match value(&pairs, "enabled") {
-            None if method == Method::POST => {
-                Err("POST needs enabled=true or enabled=false".to_string())
-            }
+            None if post => Err("POST needs enabled=true or enabled=false".to_string()),
             None => Ok(None),
+            Some(_) if !post => Err("GET only reads the setting: POST changes it".to_string()),
             Some("true") => Ok(Some(true)),
             Some("false") => Ok(Some(false)),
             Some(other) => Err(format!("enabled={other:?} is neither true nor false")),
