@@ -214,6 +214,27 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         libbpf_debug: cli.libbpf_debug,
         max_unwind_rows: unwind_rows_for_budget(cli.max_unwind_info_mb)?,
     };
+    // The server binds before BPF is loaded, so that a bad address fails
+    // the run at once; requests wait in the channel until the loop runs.
+    let (request_tx, requests) = mpsc::channel();
+    let server = match &cli.listen {
+        Some(listen) => Some(Server::start(
+            &ServerConfig {
+                listen: listen.clone(),
+                token: cli.listen_token.clone(),
+                max_seconds: cli.listen_max_seconds,
+                max_requests: cli.listen_max_requests,
+                pids: config.pids.clone(),
+                max_sample_freq_hz: max_sample_rate,
+            },
+            request_tx,
+            metrics.clone(),
+        )?),
+        None => {
+            drop(request_tx);
+            None
+        }
+    };
     let mut object = MaybeUninit::uninit();
     let sampler = Sampler::start(&config, &mut object)?;
     let start_wall = SystemTime::now();
@@ -235,29 +256,9 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         );
     }
     metrics.set_sampling_freq(sampling.freq_hz.unwrap_or(0));
-    let (request_tx, requests) = mpsc::channel();
-    let server = match &cli.listen {
-        Some(listen) => {
-            let server = Server::start(
-                &ServerConfig {
-                    listen: listen.clone(),
-                    token: cli.listen_token.clone(),
-                    max_seconds: cli.listen_max_seconds,
-                    max_requests: cli.listen_max_requests,
-                    pids: config.pids.clone(),
-                    max_sample_freq_hz: max_sample_rate,
-                },
-                request_tx,
-                metrics.clone(),
-            )?;
-            print_banner(&server);
-            Some(server)
-        }
-        None => {
-            drop(request_tx);
-            None
-        }
-    };
+    if let Some(server) = &server {
+        print_banner(server);
+    }
     let mut on_demand = server
         .as_ref()
         .map(|_| OnDemandWorker::start())
@@ -566,7 +567,8 @@ fn accept_requests(
     }
 }
 
-/// Say where the server listens (stdout, flushed: scripts wait for it).
+/// Say where the server listens, once sampling is set up (stdout, flushed:
+/// scripts wait for it).
 fn print_banner(server: &Server) {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
