@@ -81,9 +81,15 @@ impl Agent {
     }
 
     /// Stop the agent with SIGINT and return what it printed after the banner.
-    fn stop(mut self) -> String {
+    fn stop(self) -> String {
         // SAFETY: plain kill(2) on our own child.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
+        self.wait()
+    }
+
+    /// Wait (at most 30 s) for the agent to exit successfully; what it
+    /// printed after the banner.
+    fn wait(mut self) -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
         let status = loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
@@ -521,4 +527,59 @@ fn errors_and_limits() {
         2.0
     );
     agent.stop();
+}
+
+/// `--listen` beside a `--duration` run with `--pids`: requests share its
+/// sampling at `--sample-freq` (another frequency gets 409), may only narrow
+/// its pids, and a request that outlives the run gets 503; the run still
+/// writes its own profile.
+#[test]
+fn listen_beside_a_run() {
+    let _serial = common::serial();
+    let name = common::unique_name("httpc");
+    let (_program, w) = workload(&name);
+    let dir = common::tempdir();
+    let agent = Agent::start(
+        &[
+            "--duration",
+            "4",
+            "--pids",
+            &w.pid_arg(),
+            "--profile-format",
+            "folded",
+            "--profile-path",
+            common::s(dir.path()),
+        ],
+        &[],
+    );
+    assert!(
+        agent.perf_events() > 0,
+        "a --duration run samples from the start"
+    );
+    let late = {
+        let url = agent.url("/debug/pprof/profile?seconds=10");
+        thread::spawn(move || body(get(&url)))
+    };
+    let (status, text) = body(get(
+        &agent.url("/debug/pprof/profile?seconds=1&format=folded")
+    ));
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_only_chain_of(&text, &name);
+    let (status, text) = body(get(
+        &agent.url("/debug/pprof/profile?seconds=1&sample_freq=49")
+    ));
+    assert_eq!(status, StatusCode::CONFLICT, "{text}");
+    assert!(text.contains("99 Hz"), "{text}");
+    let other = if w.pid() == 1 { 2 } else { 1 };
+    let (status, text) = body(get(
+        &agent.url(&format!("/debug/pprof/profile?seconds=1&pids={other}"))
+    ));
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert!(text.contains("--pids"), "{text}");
+    let (status, text) = late.join().unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
+    let summary = agent.wait();
+    assert!(summary.contains("profile written to"), "{summary}");
+    let written = common::read_folded(&dir.path().join("folded.txt"));
+    assert!(common::total(&written) > 0, "{summary}");
 }
