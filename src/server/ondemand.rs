@@ -13,8 +13,9 @@
 //! reading the clock (as windows are, see [`crate::profile::window`]).
 
 use std::collections::HashSet;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tokio::sync::oneshot;
@@ -198,9 +199,31 @@ impl OnDemandWorker {
     }
 }
 
+/// How long the worker keeps its symbolizer (and the debug information it
+/// has cached) after the last request, so that an idle agent gives the
+/// memory back while a series of requests reuses it.
+const SYMBOLIZER_IDLE: Duration = Duration::from_secs(30);
+
 fn run(rx: Receiver<Job>) {
-    let symbolizer = Symbolizer::new();
-    for job in rx {
+    let mut cached: Option<Symbolizer> = None;
+    loop {
+        let job = if cached.is_some() {
+            match rx.recv_timeout(SYMBOLIZER_IDLE) {
+                Ok(job) => job,
+                Err(RecvTimeoutError::Timeout) => {
+                    debug!("no profile request for {SYMBOLIZER_IDLE:?}: symbolizer caches dropped");
+                    cached = None;
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        } else {
+            match rx.recv() {
+                Ok(job) => job,
+                Err(_) => break,
+            }
+        };
+        let symbolizer = cached.get_or_insert_with(Symbolizer::new);
         let (closed, snapshot) = *job;
         if closed.reply.is_closed() {
             continue;
