@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::mem::MaybeUninit;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -36,7 +36,7 @@ use crate::sampler::{self, Sampler, SamplerConfig, UnwindStatus};
 use crate::sender::disk;
 use crate::sender::worker::{WindowWorker, WorkerReport};
 use crate::server::metrics::Metrics;
-use crate::server::ondemand::{OnDemandWorker, ProfileRequest, RequestError, Subscriptions};
+use crate::server::ondemand::{accept_requests, OnDemandWorker, Sampling, Subscriptions};
 use crate::server::{Server, ServerConfig};
 use crate::symbolize::Symbolizer;
 use crate::timefmt;
@@ -240,12 +240,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     let start_wall = SystemTime::now();
     let start = Instant::now();
     let start_mono = timefmt::monotonic_ns();
-    let mut sampling = Sampling {
-        freq_hz: Some(cli.sample_freq),
-        since_mono_ns: start_mono,
-        default_freq_hz: cli.sample_freq,
-        on_demand_only: listen_only,
-    };
+    let mut sampling = Sampling::new(cli.sample_freq, start_mono, listen_only);
     if listen_only {
         sampling.pause(&sampler);
     } else {
@@ -255,7 +250,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
             cli.sample_freq
         );
     }
-    metrics.set_sampling_freq(sampling.freq_hz.unwrap_or(0));
+    metrics.set_sampling_freq(sampling.freq_hz().unwrap_or(0));
     if let Some(server) = &server {
         print_banner(server);
     }
@@ -375,7 +370,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                     tables.evictions,
                 );
                 metrics.set_windows(totals.windows, worker.as_ref().map_or(0, |w| w.dropped()));
-                metrics.set_sampling_freq(sampling.freq_hz.unwrap_or(0));
+                metrics.set_sampling_freq(sampling.freq_hz().unwrap_or(0));
             }
         }
         // Stop sampling, then take what is still in the ring buffer.
@@ -499,73 +494,6 @@ const POLL_PERIOD: Duration = Duration::from_millis(100);
 
 /// How often the loop refreshes the metrics it does not count per sample.
 const METRICS_PERIOD: Duration = Duration::from_secs(1);
-
-/// Whether the perf events run, and at which frequency.
-struct Sampling {
-    /// The frequency they sample at, Hz; `None` while paused.
-    freq_hz: Option<u64>,
-    /// When they were (re)opened, CLOCK_MONOTONIC ns.
-    since_mono_ns: u64,
-    /// `--sample-freq`: the frequency of a request that names none.
-    default_freq_hz: u64,
-    /// Listen-only mode: sample only while a request is in progress.
-    on_demand_only: bool,
-}
-
-impl Sampling {
-    /// Close the perf events if nothing but requests needs them.
-    fn pause(&mut self, sampler: &Sampler<'_>) {
-        if self.on_demand_only && self.freq_hz.is_some() {
-            sampler.pause();
-            self.freq_hz = None;
-            debug!("no profile request in progress: sampling paused");
-        }
-    }
-
-    /// Make sure the perf events run, at `freq_hz` if they are paused.
-    /// Errors (the 409 or 500 answer): they run at another frequency, or
-    /// cannot be opened.
-    fn ensure(&mut self, sampler: &Sampler<'_>, freq_hz: Option<u64>) -> Result<u64, RequestError> {
-        match (self.freq_hz, freq_hz) {
-            (Some(running), Some(asked)) if running != asked => Err(RequestError::Conflict(format!(
-                "sampling runs at {running} Hz already: ask for sample_freq={running} or leave it out"
-            ))),
-            (Some(running), _) => Ok(running),
-            (None, asked) => {
-                let freq = asked.unwrap_or(self.default_freq_hz);
-                sampler
-                    .resume(freq)
-                    .map_err(|e| RequestError::Failed(format!("{e:#}")))?;
-                self.freq_hz = Some(freq);
-                self.since_mono_ns = timefmt::monotonic_ns();
-                debug!("profile request: sampling at {freq} Hz");
-                Ok(freq)
-            }
-        }
-    }
-}
-
-/// Turn the profile requests waiting in `requests` into subscriptions
-/// (starting the perf events if they are paused); a request that cannot be
-/// served is answered at once.
-fn accept_requests(
-    requests: &Receiver<ProfileRequest>,
-    subscriptions: &mut Subscriptions,
-    sampling: &mut Sampling,
-    sampler: &Sampler<'_>,
-) {
-    for request in requests.try_iter() {
-        match sampling.ensure(sampler, request.sample_freq_hz) {
-            Ok(freq) => {
-                let start = request.arrived_mono_ns.max(sampling.since_mono_ns);
-                subscriptions.open(request, start, freq);
-            }
-            Err(err) => {
-                let _ = request.reply.send(Err(err));
-            }
-        }
-    }
-}
 
 /// Say where the server listens, once sampling is set up (stdout, flushed:
 /// scripts wait for it).

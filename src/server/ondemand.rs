@@ -25,7 +25,7 @@ use crate::cli::{Compression, ProfileFormat};
 use crate::process::ProcessTracker;
 use crate::profile::aggregate::Aggregator;
 use crate::profile::window::CLOSE_SLACK_NS;
-use crate::sampler::RawSample;
+use crate::sampler::{RawSample, Sampler};
 use crate::symbolize::source::{ObjectCache, TrackerSnapshot};
 use crate::symbolize::{Symbolizer, Window};
 use crate::timefmt;
@@ -152,6 +152,90 @@ impl Subscriptions {
                 reply: s.reply,
             })
             .collect()
+    }
+}
+
+/// Whether the perf events run, and at which frequency: in listen-only
+/// mode they are opened for the first request and closed after the last.
+pub struct Sampling {
+    /// The frequency they sample at, Hz; `None` while paused.
+    freq_hz: Option<u64>,
+    /// When they were (re)opened, CLOCK_MONOTONIC ns.
+    since_mono_ns: u64,
+    /// `--sample-freq`: the frequency of a request that names none.
+    default_freq_hz: u64,
+    /// Listen-only mode: sample only while a request is in progress.
+    on_demand_only: bool,
+}
+
+impl Sampling {
+    /// Sampling that runs at `freq_hz` since `since_mono_ns`
+    /// (CLOCK_MONOTONIC); with `on_demand_only`, [`Sampling::pause`] may stop it.
+    pub fn new(freq_hz: u64, since_mono_ns: u64, on_demand_only: bool) -> Self {
+        Sampling {
+            freq_hz: Some(freq_hz),
+            since_mono_ns,
+            default_freq_hz: freq_hz,
+            on_demand_only,
+        }
+    }
+
+    /// The frequency the perf events sample at, Hz; `None` while paused.
+    pub fn freq_hz(&self) -> Option<u64> {
+        self.freq_hz
+    }
+
+    /// Close the perf events if nothing but requests needs them (listen-only mode).
+    pub fn pause(&mut self, sampler: &Sampler<'_>) {
+        if self.on_demand_only && self.freq_hz.is_some() {
+            sampler.pause();
+            self.freq_hz = None;
+            debug!("no profile request in progress: sampling paused");
+        }
+    }
+
+    /// Make sure the perf events run, at `freq_hz` if they are paused.
+    /// Errors (the 409 or 500 answer): they run at another frequency, or
+    /// cannot be opened.
+    fn ensure(&mut self, sampler: &Sampler<'_>, freq_hz: Option<u64>) -> Result<u64, RequestError> {
+        match (self.freq_hz, freq_hz) {
+            (Some(running), Some(asked)) if running != asked => Err(RequestError::Conflict(format!(
+                "sampling runs at {running} Hz already: ask for sample_freq={running} or leave it out"
+            ))),
+            (Some(running), _) => Ok(running),
+            (None, asked) => {
+                let freq = asked.unwrap_or(self.default_freq_hz);
+                sampler
+                    .resume(freq)
+                    .map_err(|e| RequestError::Failed(format!("{e:#}")))?;
+                self.freq_hz = Some(freq);
+                self.since_mono_ns = timefmt::monotonic_ns();
+                debug!("profile request: sampling at {freq} Hz");
+                Ok(freq)
+            }
+        }
+    }
+}
+
+/// Turn the profile requests waiting in `requests` into subscriptions
+/// (starting the perf events if they are paused); a request that cannot be
+/// served is answered at once.
+pub fn accept_requests(
+    requests: &Receiver<ProfileRequest>,
+    subscriptions: &mut Subscriptions,
+    sampling: &mut Sampling,
+    sampler: &Sampler<'_>,
+) {
+    for request in requests.try_iter() {
+        match sampling.ensure(sampler, request.sample_freq_hz) {
+            Ok(freq) => {
+                let start = request.arrived_mono_ns.max(sampling.since_mono_ns);
+                subscriptions.open(request, start, freq);
+            }
+            Err(err) => {
+                let _ = request.reply.send(Err(err));
+            }
+        }
     }
 }
 
