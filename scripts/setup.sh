@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs what building and testing lightswitch needs on Debian/Ubuntu, beyond
 # the Rust toolchain and gcc: clang (compiles the BPF program), libelf, zlib and
-# pkg-config (libbpf), protoc (pprof message types), Go (`go tool pprof` in the
-# tests), util-linux (setpriv/unshare in the tests), linux-perf (the overhead
-# harness compares against `perf record`). Idempotent: installs only
-# what is missing.
+# pkg-config (libbpf), make (builds jemalloc, the allocator), protoc (pprof
+# message types), Go (`go tool pprof` in the tests), util-linux
+# (setpriv/unshare in the tests), linux-perf (the overhead harness compares
+# against `perf record`). Idempotent: installs only what is missing.
 set -euo pipefail
 
 packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf)

@@ -160,6 +160,29 @@ pub struct Cli {
     /// sent, seconds (what is left after that is dropped and counted).
     #[arg(long, default_value_t = 5.0)]
     pub flush_timeout: f64,
+
+    /// Serve on-demand CPU profiles, the profiler's own heap profile and
+    /// metrics over HTTP at this address (`HOST:PORT`; `:PORT` or `PORT`
+    /// binds 127.0.0.1; port 0 picks a free one). The bound address is
+    /// printed on stdout. Without --duration, --profile-interval or a
+    /// network sender, the profiler only serves requests and samples only
+    /// while one is in progress.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+
+    /// Require `Authorization: Bearer TOKEN` on every --listen endpoint
+    /// except `/healthz` (401 otherwise). Prefer the environment variable:
+    /// a command-line argument is visible in the process list.
+    #[arg(long, env = "LIGHTSWITCH_LISTEN_TOKEN", hide_env_values = true)]
+    pub listen_token: Option<String>,
+
+    /// Longest on-demand profile, seconds (`/debug/pprof/profile?seconds=N`).
+    #[arg(long, default_value_t = 300)]
+    pub listen_max_seconds: u64,
+
+    /// On-demand profile requests in progress at once; more get 429.
+    #[arg(long, default_value_t = 4)]
+    pub listen_max_requests: usize,
 }
 
 /// Where profiles are sent.

@@ -4,17 +4,21 @@
 //! ring buffer of [`sampler::RawSample`]s) -> [`process`] (mappings and
 //! objects) -> [`profile::aggregate`] (exact stacks) -> [`symbolize`]
 //! (blazesym) -> [`profile::Profile`] -> [`format`] encoders -> [`sender`]s.
-//! [`run`] drives one profiling run; [`cli`] parses the command line.
+//! [`run`] drives one profiling run; [`cli`] parses the command line;
+//! [`server`] answers on-demand profile, heap ([`heap`]) and metrics requests
+//! over HTTP (`--listen`).
 
 pub mod cli;
 pub mod collector;
 pub mod format;
+pub mod heap;
 pub mod preflight;
 pub mod process;
 pub mod profile;
 pub mod run;
 pub mod sampler;
 pub mod sender;
+pub mod server;
 mod skel;
 pub mod symbolize;
 pub mod timefmt;

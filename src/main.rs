@@ -3,6 +3,17 @@
 use clap::Parser;
 use lightswitch::cli::{Cli, Command, LogLevel};
 
+/// Every allocation of the profiler goes through jemalloc, so that its own
+/// heap can be profiled (`lightswitch::heap`, `GET /debug/pprof/heap`).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc reads its compiled-in configuration from this symbol at start
+/// ([`lightswitch::heap::DEFAULT_MALLOC_CONF`]; `_RJEM_MALLOC_CONF` overrides it).
+#[allow(non_upper_case_globals)]
+#[export_name = "_rjem_malloc_conf"]
+pub static malloc_conf: &[u8] = lightswitch::heap::DEFAULT_MALLOC_CONF;
+
 fn main() {
     let cli = Cli::parse();
     let level = match cli.logging {

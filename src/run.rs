@@ -7,12 +7,19 @@
 //! ([`crate::profile::window`]); each closed window is handed to the
 //! [`WindowWorker`], which symbolizes, encodes and sends it on its own thread
 //! while sampling goes on.
+//!
+//! With `--listen`, an HTTP server ([`crate::server`]) runs beside the loop:
+//! profile requests arrive over a channel and become subscriptions that the
+//! loop fills with the samples of their span. In listen-only mode (no
+//! `--duration`, no `--profile-interval`, disk sender) nothing else is
+//! recorded and perf events are open only while a request is in progress.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::mem::MaybeUninit;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -28,6 +35,9 @@ use crate::profile::Profile;
 use crate::sampler::{self, Sampler, SamplerConfig, UnwindStatus};
 use crate::sender::disk;
 use crate::sender::worker::{WindowWorker, WorkerReport};
+use crate::server::metrics::Metrics;
+use crate::server::ondemand::{accept_requests, OnDemandWorker, Sampling, Subscriptions};
+use crate::server::{Server, ServerConfig};
 use crate::symbolize::Symbolizer;
 use crate::timefmt;
 use crate::unwind::loader::UnwindLoader;
@@ -49,6 +59,8 @@ pub struct RunSummary {
     pub unsupported: BTreeMap<String, u64>,
     /// Continuous mode only: windows and delivery.
     pub continuous: Option<ContinuousSummary>,
+    /// Listen-only mode (`--listen` alone): on-demand profiles served.
+    pub served: Option<u64>,
 }
 
 /// What a continuous run emitted.
@@ -64,7 +76,13 @@ pub struct ContinuousSummary {
 
 impl std::fmt::Display for RunSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some(c) = &self.continuous {
+        if let Some(served) = self.served {
+            write!(
+                f,
+                "{served} on-demand profiles served: {} samples read, {} samples lost",
+                self.samples, self.lost
+            )?;
+        } else if let Some(c) = &self.continuous {
             // Network senders: what was delivered is on the `delivery:` line.
             let verb = if c.report.sender.delivery.is_some() {
                 "queued for"
@@ -162,9 +180,12 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         anyhow::bail!("--max-profiles applies to continuous mode with the disk sender (give --profile-interval)");
     }
     preflight::check_duration(cli.duration)?;
-    preflight::check_frequency(cli.sample_freq, preflight::max_sample_rate()?)?;
+    let max_sample_rate = preflight::max_sample_rate()?;
+    preflight::check_frequency(cli.sample_freq, max_sample_rate)?;
     let pids = preflight::resolve_pids(&cli.pids)?;
-    if cli.sender == SenderKind::Disk {
+    // `--listen` alone: serve requests, record nothing else, sample only on demand.
+    let listen_only = cli.listen.is_some() && cli.duration.is_none() && !continuous;
+    if cli.sender == SenderKind::Disk && !listen_only {
         for (_, output) in &outputs {
             preflight::check_output(&cli.profile_path, output)?;
         }
@@ -174,10 +195,15 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     setup_libbpf_logging(cli.libbpf_debug);
 
     let stop = install_stop_handler()?;
+    let metrics = Arc::new(Metrics::default());
     // Continuous mode: the sender (and its thread) starts before sampling,
     // so that a bad URL fails the run before anything is loaded.
     let mut worker = if continuous {
-        Some(WindowWorker::start(crate::sender::start(cli)?)?)
+        let sender = crate::sender::start(cli)?;
+        if let Some(queue) = sender.delivery_queue() {
+            metrics.set_delivery_queue(queue);
+        }
+        Some(WindowWorker::start(sender)?)
     } else {
         None
     };
@@ -188,16 +214,52 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         libbpf_debug: cli.libbpf_debug,
         max_unwind_rows: unwind_rows_for_budget(cli.max_unwind_info_mb)?,
     };
+    // The server binds before BPF is loaded, so that a bad address fails
+    // the run at once; requests wait in the channel until the loop runs.
+    let (request_tx, requests) = mpsc::channel();
+    let server = match &cli.listen {
+        Some(listen) => Some(Server::start(
+            &ServerConfig {
+                listen: listen.clone(),
+                token: cli.listen_token.clone(),
+                max_seconds: cli.listen_max_seconds,
+                max_requests: cli.listen_max_requests,
+                pids: config.pids.clone(),
+                max_sample_freq_hz: max_sample_rate,
+            },
+            request_tx,
+            metrics.clone(),
+        )?),
+        None => {
+            drop(request_tx);
+            None
+        }
+    };
     let mut object = MaybeUninit::uninit();
     let sampler = Sampler::start(&config, &mut object)?;
     let start_wall = SystemTime::now();
     let start = Instant::now();
     let start_mono = timefmt::monotonic_ns();
-    info!(
-        "sampling {} CPUs at {} Hz",
-        sampler.attached_cpus(),
-        cli.sample_freq
-    );
+    let mut sampling = Sampling::new(cli.sample_freq, start_mono, listen_only);
+    if listen_only {
+        sampling.pause(&sampler);
+    } else {
+        info!(
+            "sampling {} CPUs at {} Hz",
+            sampler.attached_cpus(),
+            cli.sample_freq
+        );
+    }
+    metrics.set_sampling_freq(sampling.freq_hz().unwrap_or(0));
+    if let Some(server) = &server {
+        print_banner(server);
+    }
+    let mut on_demand = server
+        .as_ref()
+        .map(|_| OnDemandWorker::start())
+        .transpose()?;
+    let mut subscriptions = Subscriptions::default();
+    let mut served = 0u64;
 
     let pending = Rc::new(RefCell::new(Vec::new()));
     let events = Rc::new(RefCell::new(Vec::new()));
@@ -223,19 +285,26 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         let deadline = cli
             .duration
             .map(|s| start + Duration::from_secs_f64(s.max(0.0)));
-        let drain =
-            |tracker: &mut ProcessTracker, windows: &mut Windows, loader: &mut UnwindLoader| {
-                for event in events.borrow_mut().drain(..) {
-                    loader.on_event(event, tracker, &sampler);
-                }
-                for sample in pending.borrow_mut().drain(..) {
-                    let frames = crate::profile::aggregate::resolve(&sample, tracker);
-                    loader.on_sample(&sample, &frames, tracker, &sampler);
+        let drain = |tracker: &mut ProcessTracker,
+                     windows: &mut Windows,
+                     subscriptions: &mut Subscriptions,
+                     loader: &mut UnwindLoader| {
+            for event in events.borrow_mut().drain(..) {
+                loader.on_event(event, tracker, &sampler);
+            }
+            for sample in pending.borrow_mut().drain(..) {
+                let frames = crate::profile::aggregate::resolve(&sample, tracker);
+                loader.on_sample(&sample, &frames, tracker, &sampler);
+                metrics.sample(sample.user_status);
+                subscriptions.add(&sample, &frames);
+                if !listen_only {
                     windows.add_resolved(&sample, frames);
                 }
-                loader.load_ready_tables(&sampler);
-            };
+            }
+            loader.load_ready_tables(&sampler);
+        };
         let mut last_alive_check = Instant::now();
+        let mut last_metrics = Instant::now();
         loop {
             if stop.load(Ordering::SeqCst) || deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
@@ -255,6 +324,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                     break;
                 }
             }
+            accept_requests(&requests, &mut subscriptions, &mut sampling, &sampler);
             // The start-up scan goes on a slice at a time, between drains,
             // so that the ring buffer never waits for it.
             let scanning = loader.continue_scan(&mut tracker, &sampler, SCAN_SLICE);
@@ -264,40 +334,85 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
             } else {
                 POLL_PERIOD
             };
-            // Wake up for the next window end, if it comes before the usual poll period.
-            let poll = windows.next_close_ns().map_or(period, |due| {
+            // Wake up for the next window or request end, if it comes before the usual poll period.
+            let next_close = |windows: &Windows, subscriptions: &Subscriptions| {
+                [windows.next_close_ns(), subscriptions.next_close_ns()]
+                    .into_iter()
+                    .flatten()
+                    .min()
+            };
+            let poll = next_close(&windows, &subscriptions).map_or(period, |due| {
                 Duration::from_nanos(due.saturating_sub(timefmt::monotonic_ns())).min(period)
             });
             sampler::poll(&ring, poll)?;
-            drain(&mut tracker, &mut windows, &mut loader);
-            if windows
-                .next_close_ns()
+            drain(&mut tracker, &mut windows, &mut subscriptions, &mut loader);
+            if next_close(&windows, &subscriptions)
                 .is_some_and(|due| timefmt::monotonic_ns() >= due)
             {
                 // Read the clock, then everything submitted before it.
                 let now = timefmt::monotonic_ns();
                 ring.consume().context("draining the samples ring buffer")?;
-                drain(&mut tracker, &mut windows, &mut loader);
+                drain(&mut tracker, &mut windows, &mut subscriptions, &mut loader);
                 for closed in windows.close_due(now) {
                     totals.account(&closed);
                     if let Some(worker) = worker.as_mut() {
                         worker.submit(closed, &tracker);
                     }
                 }
-                // Closed windows took copies of what they need: processes
-                // that exited before the oldest open window can go.
-                if let Some(since) = windows.open_since_ns() {
+                for closed in subscriptions.close_due(now) {
+                    served += 1;
+                    if let Some(on_demand) = on_demand.as_mut() {
+                        on_demand.submit(closed, &tracker);
+                    }
+                }
+                if subscriptions.is_empty() {
+                    sampling.pause(&sampler);
+                }
+            }
+            if last_metrics.elapsed() >= METRICS_PERIOD {
+                last_metrics = Instant::now();
+                // Closed windows and requests took copies of what they need:
+                // processes that exited before the oldest open one can go.
+                let now = timefmt::monotonic_ns();
+                let windows_since = if listen_only {
+                    Some(now)
+                } else {
+                    windows.open_since_ns()
+                };
+                if let Some(since) = windows_since {
+                    let since = subscriptions
+                        .open_since_ns()
+                        .map_or(since, |s| s.min(since));
                     let retired = tracker.retire_exited(since);
                     if retired > 0 {
                         debug!("retired {retired} exited processes");
                     }
                 }
+                let lost = sampler.stats().map_or(0, |s| s.lost) + *malformed.borrow();
+                metrics.set_lost(lost);
+                let tables = loader.stats();
+                metrics.set_unwind_tables(
+                    tables.rows_loaded * 8,
+                    tables.tables_loaded,
+                    tables.evictions,
+                );
+                metrics.set_windows(totals.windows, worker.as_ref().map_or(0, |w| w.dropped()));
+                metrics.set_sampling_freq(sampling.freq_hz().unwrap_or(0));
             }
         }
         // Stop sampling, then take what is still in the ring buffer.
         sampler.detach();
         ring.consume().context("draining the samples ring buffer")?;
-        drain(&mut tracker, &mut windows, &mut loader);
+        drain(&mut tracker, &mut windows, &mut subscriptions, &mut loader);
+    }
+    // Requests still in progress get 503: their span outlives the run.
+    drop(subscriptions);
+    drop(requests);
+    if let Some(on_demand) = on_demand {
+        on_demand.finish();
+    }
+    if let Some(server) = server {
+        server.stop(Duration::from_secs(2));
     }
     let mut last = windows.finish(timefmt::monotonic_ns());
     let stats = sampler.stats()?;
@@ -359,6 +474,19 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                 late_samples: windows.late(),
                 report,
             }),
+            served: None,
+        });
+    }
+    if listen_only {
+        return Ok(RunSummary {
+            outputs: Vec::new(),
+            samples: metrics.samples(),
+            processes: 0,
+            lost: stats.lost + malformed,
+            unwind: metrics.unwind_counts(),
+            unsupported,
+            continuous: None,
+            served: Some(served),
         });
     }
 
@@ -384,6 +512,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
             .collect(),
         unsupported,
         continuous: None,
+        served: None,
     })
 }
 
@@ -396,6 +525,18 @@ const BUILD_POLL_PERIOD: Duration = Duration::from_millis(5);
 /// Longest the start-up scan of running processes runs between two drains
 /// of the ring buffer.
 const SCAN_SLICE: Duration = Duration::from_millis(20);
+
+/// How often the loop refreshes the metrics it does not count per sample.
+const METRICS_PERIOD: Duration = Duration::from_secs(1);
+
+/// Say where the server listens, once sampling is set up (stdout, flushed:
+/// scripts wait for it).
+fn print_banner(server: &Server) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "listening on http://{}", server.address());
+    let _ = stdout.flush();
+}
 
 /// Counts over all windows of a continuous run (each window's aggregator
 /// leaves the loop with it).

@@ -407,6 +407,28 @@ fn open_cpu_clock_event(cpu: u32, freq_hz: u64) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Links that are not perf events (exec and exit tracking), first in `Sampler::links`.
+const TRACKING_LINKS: usize = 2;
+
+/// Open a cpu-clock perf event on every online CPU at `freq_hz` and attach
+/// the sampling program to each.
+fn attach_cpu_events(skel: &ProfilerSkel<'_>, freq_hz: u64) -> Result<Vec<Link>> {
+    let mut links = Vec::new();
+    for cpu in online_cpus()? {
+        let fd = open_cpu_clock_event(cpu, freq_hz)?;
+        let link = skel
+            .progs
+            .on_cpu_sample
+            .attach_perf_event(fd.as_raw_fd())
+            .with_context(|| format!("attaching the BPF program to the perf event of cpu {cpu}"))?;
+        // libbpf's perf-event link closes the perf event fd when it is
+        // destroyed, so the link now owns it.
+        let _ = fd.into_raw_fd();
+        links.push(link);
+    }
+    Ok(links)
+}
+
 impl<'obj> Sampler<'obj> {
     /// Load the BPF program with `config` baked in, open a cpu-clock perf event
     /// on every online CPU and attach the program to each. Errors name the
@@ -430,8 +452,8 @@ impl<'obj> Sampler<'obj> {
             rodata.filter_pids = !config.pids.is_empty();
             rodata.exclude_pid = config.exclude_pid.unwrap_or(0);
         }
-        let cpus = online_cpus()?;
-        let ring_bytes = samples_ring_bytes(cpus.len(), config.sample_freq_hz);
+        let cpus = online_cpus()?.len();
+        let ring_bytes = samples_ring_bytes(cpus, config.sample_freq_hz);
         open.maps
             .samples
             .set_max_entries(ring_bytes)
@@ -472,24 +494,11 @@ impl<'obj> Sampler<'obj> {
                 .attach()
                 .context("attaching to tp_btf/sched_process_exit")?,
         ];
-        for cpu in cpus {
-            let fd = open_cpu_clock_event(cpu, config.sample_freq_hz)?;
-            let link = skel
-                .progs
-                .on_cpu_sample
-                .attach_perf_event(fd.as_raw_fd())
-                .with_context(|| {
-                    format!("attaching the BPF program to the perf event of cpu {cpu}")
-                })?;
-            // libbpf's perf-event link closes the perf event fd when it is
-            // destroyed, so the link now owns it.
-            let _ = fd.into_raw_fd();
-            links.push(link);
-        }
+        links.extend(attach_cpu_events(&skel, config.sample_freq_hz)?);
         let rows = MappedRows::new(skel.maps.unwind_rows.as_fd(), config.max_unwind_rows)?;
         Ok(Sampler {
             skel,
-            cpus: links.len() - 2,
+            cpus: links.len() - TRACKING_LINKS,
             rows,
             links: RefCell::new(links),
         })
@@ -498,6 +507,25 @@ impl<'obj> Sampler<'obj> {
     /// Detach the program from every perf event: no new samples arrive after this.
     pub fn detach(&self) {
         self.links.borrow_mut().clear();
+    }
+
+    /// Stop sampling for now: close every perf event (exec and exit
+    /// tracking stay attached; maps and unwind tables stay loaded).
+    /// [`Sampler::resume`] opens them again.
+    pub fn pause(&self) {
+        self.links.borrow_mut().truncate(TRACKING_LINKS);
+    }
+
+    /// Sample again after [`Sampler::pause`], at `freq_hz` per CPU: open
+    /// one perf event per online CPU and attach the program. Does nothing
+    /// if sampling is already on.
+    pub fn resume(&self, freq_hz: u64) -> Result<()> {
+        if self.links.borrow().len() > TRACKING_LINKS {
+            return Ok(());
+        }
+        let events = attach_cpu_events(&self.skel, freq_hz)?;
+        self.links.borrow_mut().extend(events);
+        Ok(())
     }
 
     /// Number of perf events (one per online CPU) the program is attached to.

@@ -218,3 +218,24 @@ fn kernel_without_btf() {
     out.assert_error(&["BTF"]);
     assert_empty(out_dir.path());
 }
+
+#[test]
+fn listen_address_that_cannot_be_bound() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    for (listen, expected) in [
+        (
+            format!("127.0.0.1:{port}"),
+            format!("cannot listen on 127.0.0.1:{port}"),
+        ),
+        (
+            format!(":{port}"),
+            format!("cannot listen on 127.0.0.1:{port}"),
+        ),
+    ] {
+        let dir = tempdir();
+        let out = run(&args_with(dir.path(), &["--listen", &listen]), TIMEOUT);
+        out.assert_error(&[&expected]);
+        assert_empty(dir.path());
+    }
+}

@@ -13,13 +13,14 @@ pub mod remote;
 pub mod worker;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
 use crate::cli::{Cli, SenderKind};
 use crate::profile::Profile;
-use queue::DeliveryStats;
+use queue::{DeliveryStats, Queue};
 
 /// Takes each window's profile. Implementations must not block on the
 /// network: encode, queue, return.
@@ -31,6 +32,12 @@ pub trait Sender: Send {
     /// No more profiles: flush what is pending, giving the network until
     /// `deadline`, and report.
     fn finish(self: Box<Self>, deadline: Instant) -> SenderReport;
+
+    /// The delivery queue of a network sender, whose counters can be read
+    /// while it runs (for metrics); `None` for senders without one.
+    fn delivery_queue(&self) -> Option<Arc<Queue>> {
+        None
+    }
 }
 
 /// What a sender did over a run.

@@ -273,6 +273,11 @@ impl Delivery {
         &self.queue
     }
 
+    /// The queue, shared (its counters stay readable while profiles are sent).
+    pub fn shared_queue(&self) -> Arc<Queue> {
+        self.queue.clone()
+    }
+
     /// Where profiles go.
     pub fn destination(&self) -> &str {
         &self.destination

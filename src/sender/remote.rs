@@ -248,6 +248,10 @@ impl Sender for RemoteSender {
     fn finish(self: Box<Self>, deadline: Instant) -> SenderReport {
         self.delivery.finish_report(deadline)
     }
+
+    fn delivery_queue(&self) -> Option<std::sync::Arc<super::queue::Queue>> {
+        Some(self.delivery.shared_queue())
+    }
 }
 
 #[cfg(test)]

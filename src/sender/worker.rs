@@ -92,6 +92,11 @@ impl WindowWorker {
         }
     }
 
+    /// Windows dropped so far because symbolization was too far behind.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
     /// Wait until every submitted window has been handled, then let the
     /// sender flush for at most `flush` and return the report.
     pub fn finish(self, flush: Duration) -> WorkerReport {

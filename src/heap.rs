@@ -1,0 +1,82 @@
+//! The profiler's own heap profile, from jemalloc.
+//!
+//! The `lightswitch` binary allocates with jemalloc (`tikv-jemallocator`,
+//! built with profiling support) and compiles in the configuration
+//! [`DEFAULT_MALLOC_CONF`]: heap profiling is enabled but not active, so it
+//! costs nothing until it is switched on ([`set_active`]). While active,
+//! jemalloc records the stack of one allocation every 2^`lg_prof_sample`
+//! bytes on average; [`dump`] turns what is live now into a pprof profile
+//! (symbolized in this process by `jemalloc_pprof`, so it reads without the
+//! binary at hand) or a flame graph. The configuration can be overridden at
+//! start through jemalloc's environment variable [`MALLOC_CONF_ENV`].
+
+use anyhow::{anyhow, Context, Result};
+use jemalloc_pprof::{JemallocProfCtl, PROF_CTL};
+
+/// jemalloc configuration compiled into the binary (`src/main.rs` exports
+/// it as the `_rjem_malloc_conf` symbol, a NUL-terminated string): profiling
+/// compiled in and enabled, inactive at start, one sample per 512 KiB
+/// allocated on average.
+pub const DEFAULT_MALLOC_CONF: &[u8] = b"prof:true,prof_active:false,lg_prof_sample:19\0";
+
+/// The environment variable jemalloc reads its configuration from at start
+/// (it overrides [`DEFAULT_MALLOC_CONF`] option by option).
+pub const MALLOC_CONF_ENV: &str = "_RJEM_MALLOC_CONF";
+
+/// Output of [`dump`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeapFormat {
+    /// gzip'd pprof protobuf, sample type `inuse_space/bytes`.
+    Pprof,
+    /// SVG flame graph of the bytes in use.
+    FlameGraph,
+}
+
+fn ctl() -> Result<std::sync::Arc<tokio::sync::Mutex<JemallocProfCtl>>> {
+    PROF_CTL.clone().ok_or_else(|| {
+        anyhow!(
+            "heap profiling is disabled (jemalloc runs without prof:true; check {MALLOC_CONF_ENV})"
+        )
+    })
+}
+
+/// Whether heap profiling is compiled in and enabled (jemalloc's `opt.prof`).
+pub fn available() -> bool {
+    PROF_CTL.is_some()
+}
+
+/// Whether heap sampling is active now (jemalloc's `prof.active`). Blocks
+/// while another thread dumps or switches; call it off async executors.
+pub fn is_active() -> Result<bool> {
+    Ok(ctl()?.blocking_lock().activated())
+}
+
+/// Switch heap sampling on or off. Switching it off also discards what was
+/// sampled so far (jemalloc's `prof.reset`), so the next profile starts
+/// from nothing. Blocks like [`is_active`].
+pub fn set_active(active: bool) -> Result<()> {
+    let ctl = ctl()?;
+    let mut ctl = ctl.blocking_lock();
+    if ctl.activated() == active {
+        return Ok(());
+    }
+    let switched = if active {
+        ctl.activate()
+    } else {
+        ctl.deactivate()
+    };
+    switched.with_context(|| format!("setting jemalloc's prof.active to {active}"))
+}
+
+/// The heap profile of this process now: the sampled allocations still
+/// live, with their stacks, in `format`. Blocks like [`is_active`]; writes a
+/// temporary file (jemalloc's `prof.dump`) in `$TMPDIR`.
+pub fn dump(format: HeapFormat) -> Result<Vec<u8>> {
+    let ctl = ctl()?;
+    let mut ctl = ctl.blocking_lock();
+    match format {
+        HeapFormat::Pprof => ctl.dump_pprof(),
+        HeapFormat::FlameGraph => ctl.dump_flamegraph(),
+    }
+    .context("dumping jemalloc's heap profile")
+}

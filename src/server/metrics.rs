@@ -1,0 +1,274 @@
+//! Counters the agent exports at `GET /metrics`, in the Prometheus text
+//! exposition format (version 0.0.4). The sampling loop updates them (atomics
+//! and short-held locks); the HTTP server renders them on each scrape.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::sampler::UnwindStatus;
+use crate::sender::queue::Queue;
+
+/// The agent's metrics, shared between the sampling loop and the server.
+#[derive(Default)]
+pub struct Metrics {
+    samples: AtomicU64,
+    lost: AtomicU64,
+    unwind: Mutex<HashMap<UnwindStatus, u64>>,
+    unwind_table_bytes: AtomicU64,
+    unwind_tables_loaded: AtomicU64,
+    unwind_tables_evicted: AtomicU64,
+    sampling_freq_hz: AtomicU64,
+    windows_closed: AtomicU64,
+    windows_dropped: AtomicU64,
+    profile_requests: Mutex<HashMap<&'static str, u64>>,
+    profile_requests_active: AtomicU64,
+    delivery: OnceLock<Arc<Queue>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Counters stay consistent even if a holder panicked.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Metrics {
+    /// A sample read from the ring buffer, with how its user-stack walk ended.
+    pub fn sample(&self, status: UnwindStatus) {
+        self.samples.fetch_add(1, Ordering::Relaxed);
+        *lock(&self.unwind).entry(status).or_default() += 1;
+    }
+
+    /// Samples read from the ring buffer so far.
+    pub fn samples(&self) -> u64 {
+        self.samples.load(Ordering::Relaxed)
+    }
+
+    /// Samples read so far per unwind result (`complete`, `no_table`, ...).
+    pub fn unwind_counts(&self) -> std::collections::BTreeMap<String, u64> {
+        lock(&self.unwind)
+            .iter()
+            .map(|(status, n)| (status.name(), *n))
+            .collect()
+    }
+
+    /// Samples lost so far (ring buffer full, or records that did not parse).
+    pub fn set_lost(&self, lost: u64) {
+        self.lost.store(lost, Ordering::Relaxed);
+    }
+
+    /// The unwind tables now in BPF maps: bytes of rows (8 per row), tables
+    /// loaded and evicted since the start.
+    pub fn set_unwind_tables(&self, bytes: u64, loaded: u64, evicted: u64) {
+        self.unwind_table_bytes.store(bytes, Ordering::Relaxed);
+        self.unwind_tables_loaded.store(loaded, Ordering::Relaxed);
+        self.unwind_tables_evicted.store(evicted, Ordering::Relaxed);
+    }
+
+    /// The frequency perf events sample at now, Hz (0: not sampling).
+    pub fn set_sampling_freq(&self, hz: u64) {
+        self.sampling_freq_hz.store(hz, Ordering::Relaxed);
+    }
+
+    /// Continuous mode: windows closed and dropped so far.
+    pub fn set_windows(&self, closed: u64, dropped: u64) {
+        self.windows_closed.store(closed, Ordering::Relaxed);
+        self.windows_dropped.store(dropped, Ordering::Relaxed);
+    }
+
+    /// The network sender's queue, whose delivery counters are exported.
+    pub fn set_delivery_queue(&self, queue: Arc<Queue>) {
+        let _ = self.delivery.set(queue);
+    }
+
+    /// An on-demand profile request ended with `outcome` (`served`,
+    /// `rejected`, `failed`, ...).
+    pub fn profile_request(&self, outcome: &'static str) {
+        *lock(&self.profile_requests).entry(outcome).or_default() += 1;
+    }
+
+    /// On-demand profile requests in progress, and the change of that count.
+    pub fn profile_requests_active(&self) -> &AtomicU64 {
+        &self.profile_requests_active
+    }
+
+    /// The metrics in Prometheus text format; `rss_bytes` is the process's
+    /// resident memory, read by the caller.
+    pub fn render(&self, rss_bytes: Option<u64>) -> String {
+        let mut out = String::new();
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        family(
+            &mut out,
+            "lightswitch_samples_total",
+            "counter",
+            "Samples read from the BPF ring buffer.",
+            &[("", get(&self.samples))],
+        );
+        family(
+            &mut out,
+            "lightswitch_samples_lost_total",
+            "counter",
+            "Samples lost: the ring buffer was full, or a record did not parse.",
+            &[("", get(&self.lost))],
+        );
+        let mut unwind: Vec<(String, u64)> = lock(&self.unwind)
+            .iter()
+            .map(|(status, n)| (format!("result=\"{}\"", status.name()), *n))
+            .collect();
+        unwind.sort();
+        let unwind: Vec<(&str, u64)> = unwind.iter().map(|(l, n)| (l.as_str(), *n)).collect();
+        family(
+            &mut out,
+            "lightswitch_unwind_results_total",
+            "counter",
+            "Samples by how their user-stack walk ended.",
+            &unwind,
+        );
+        family(
+            &mut out,
+            "lightswitch_unwind_table_bytes",
+            "gauge",
+            "Memory of the unwind-table rows loaded in BPF maps, bytes.",
+            &[("", get(&self.unwind_table_bytes))],
+        );
+        family(
+            &mut out,
+            "lightswitch_unwind_tables_loaded_total",
+            "counter",
+            "Unwind tables built or read from the cache and loaded.",
+            &[("", get(&self.unwind_tables_loaded))],
+        );
+        family(
+            &mut out,
+            "lightswitch_unwind_tables_evicted_total",
+            "counter",
+            "Unwind tables evicted to stay within the memory budget.",
+            &[("", get(&self.unwind_tables_evicted))],
+        );
+        family(
+            &mut out,
+            "lightswitch_sampling_frequency_hertz",
+            "gauge",
+            "Frequency the perf events sample at, per CPU (0 while idle).",
+            &[("", get(&self.sampling_freq_hz))],
+        );
+        family(
+            &mut out,
+            "lightswitch_windows_total",
+            "counter",
+            "Continuous mode: windows closed, and dropped because symbolization fell behind.",
+            &[
+                ("outcome=\"closed\"", get(&self.windows_closed)),
+                ("outcome=\"dropped\"", get(&self.windows_dropped)),
+            ],
+        );
+        if let Some(queue) = self.delivery.get() {
+            let d = queue.stats();
+            family(
+                &mut out,
+                "lightswitch_sender_profiles_total",
+                "counter",
+                "Network sender: profiles by what happened to them.",
+                &[
+                    ("outcome=\"queued\"", d.queued),
+                    ("outcome=\"sent\"", d.sent),
+                    ("outcome=\"dropped\"", d.dropped),
+                    ("outcome=\"rejected\"", d.rejected),
+                ],
+            );
+            family(
+                &mut out,
+                "lightswitch_sender_retries_total",
+                "counter",
+                "Network sender: attempts that failed transiently.",
+                &[("", d.retried)],
+            );
+            family(
+                &mut out,
+                "lightswitch_sender_sent_bytes_total",
+                "counter",
+                "Network sender: body bytes of the profiles the server accepted.",
+                &[("", d.bytes)],
+            );
+        }
+        let mut requests: Vec<(String, u64)> = lock(&self.profile_requests)
+            .iter()
+            .map(|(outcome, n)| (format!("outcome=\"{outcome}\""), *n))
+            .collect();
+        requests.sort();
+        let requests: Vec<(&str, u64)> = requests.iter().map(|(l, n)| (l.as_str(), *n)).collect();
+        family(
+            &mut out,
+            "lightswitch_profile_requests_total",
+            "counter",
+            "On-demand profile requests by outcome.",
+            &requests,
+        );
+        family(
+            &mut out,
+            "lightswitch_profile_requests_in_progress",
+            "gauge",
+            "On-demand profile requests in progress.",
+            &[("", get(&self.profile_requests_active))],
+        );
+        if let Some(rss) = rss_bytes {
+            family(
+                &mut out,
+                "process_resident_memory_bytes",
+                "gauge",
+                "Resident memory size of the profiler, bytes.",
+                &[("", rss)],
+            );
+        }
+        out
+    }
+}
+
+/// One metric family: `# HELP`, `# TYPE` and a line per label set (`""`
+/// for none; labels are written `key="value"` without braces).
+fn family(out: &mut String, name: &str, kind: &str, help: &str, series: &[(&str, u64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, value) in series {
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name} {value}");
+        } else {
+            let _ = writeln!(out, "{name}{{{labels}}} {value}");
+        }
+    }
+}
+
+/// The process's resident memory, bytes, from `/proc/self/statm` (second
+/// field, in pages); `None` if it cannot be read.
+pub fn resident_memory_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page_size).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_family_with_help_type_and_values() {
+        let m = Metrics::default();
+        m.sample(UnwindStatus::Complete);
+        m.sample(UnwindStatus::Complete);
+        m.sample(UnwindStatus::NoTable);
+        m.set_lost(4);
+        m.profile_request("served");
+        let text = m.render(Some(4096));
+        assert!(text
+            .contains("# TYPE lightswitch_samples_total counter\nlightswitch_samples_total 3\n"));
+        assert!(text.contains("lightswitch_samples_lost_total 4\n"));
+        assert!(text.contains("lightswitch_unwind_results_total{result=\"complete\"} 2\n"));
+        assert!(text.contains("lightswitch_unwind_results_total{result=\"no_table\"} 1\n"));
+        assert!(text.contains("lightswitch_profile_requests_total{outcome=\"served\"} 1\n"));
+        assert!(text.contains("process_resident_memory_bytes 4096\n"));
+        assert!(!text.contains("lightswitch_sender_"));
+        assert!(resident_memory_bytes().is_some_and(|b| b > 0));
+    }
+}

@@ -1,0 +1,490 @@
+//! The endpoints of the agent's HTTP API:
+//!
+//! - `GET /debug/pprof/profile?seconds=N&pids=1,2&format=pprof|flame-graph|folded&sample_freq=HZ`:
+//!   a CPU profile of the next N seconds (default 30), gzip'd pprof unless
+//!   `format` says otherwise.
+//! - `GET /debug/pprof/heap?format=pprof|flame-graph`: the profiler's own
+//!   heap profile (jemalloc, [`crate::heap`]).
+//! - `GET /debug/pprof/heap/settings`, `POST /debug/pprof/heap/settings?enabled=true|false`:
+//!   read or switch heap sampling; the answer is `{"enabled":BOOL}`.
+//! - `GET /metrics`: Prometheus text format ([`super::metrics`]).
+//! - `GET /healthz`: `ok`.
+//!
+//! With a token, every endpoint but `/healthz` needs `Authorization: Bearer
+//! TOKEN` (401 with `WWW-Authenticate: Bearer` otherwise). Bad query values
+//! get 400 with the reason, unknown paths 404, profile requests beyond the
+//! limit 429, a frequency other than the one sampling runs at 409.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{RawQuery, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use tokio::sync::oneshot;
+
+use super::metrics::{resident_memory_bytes, Metrics};
+use super::ondemand::{ProfileRequest, RequestError};
+use super::{ServerConfig, DEFAULT_SECONDS};
+use crate::cli::ProfileFormat;
+use crate::heap::{self, HeapFormat};
+use crate::timefmt;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    token: Option<Arc<str>>,
+    // A Mutex so the state is Sync whatever the channel's own guarantees.
+    requests: Arc<Mutex<Sender<ProfileRequest>>>,
+    metrics: Arc<Metrics>,
+    max_seconds: u64,
+    max_requests: usize,
+    pids: Arc<[u32]>,
+    max_sample_freq_hz: u64,
+}
+
+impl AppState {
+    /// The state of a server configured by `config`, handing profile
+    /// requests to `requests` and exporting `metrics`.
+    pub fn new(
+        config: &ServerConfig,
+        requests: Sender<ProfileRequest>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        AppState {
+            token: config
+                .token
+                .as_deref()
+                .filter(|t| !t.is_empty())
+                .map(Arc::from),
+            requests: Arc::new(Mutex::new(requests)),
+            metrics,
+            max_seconds: config.max_seconds,
+            max_requests: config.max_requests,
+            pids: config.pids.clone().into(),
+            max_sample_freq_hz: config.max_sample_freq_hz,
+        }
+    }
+}
+
+/// The routes with authentication; unknown paths get 404.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .route("/debug/pprof/profile", get(profile))
+        .route("/debug/pprof/heap", get(heap_profile))
+        .route(
+            "/debug/pprof/heap/settings",
+            get(heap_settings).post(heap_settings),
+        )
+        .fallback(|request: Request| async move {
+            text(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no such endpoint: {} (see /debug/pprof/profile, /debug/pprof/heap, \
+                     /debug/pprof/heap/settings, /metrics, /healthz)",
+                    request.uri().path()
+                ),
+            )
+        })
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .with_state(state)
+}
+
+fn text(status: StatusCode, message: impl Into<String>) -> Response {
+    let mut message = message.into();
+    message.push('\n');
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        message,
+    )
+        .into_response()
+}
+
+/// Compare without an early exit, so timing does not reveal the token.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if let Some(token) = &state.token {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        let open = request.uri().path() == "/healthz";
+        if !open && !given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
+            let mut response = text(
+                StatusCode::UNAUTHORIZED,
+                "missing or wrong bearer token (Authorization: Bearer TOKEN)",
+            );
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return response;
+        }
+    }
+    next.run(request).await
+}
+
+/// The query's `key=value` pairs; a key outside `allowed` or given twice is
+/// an error (the 400 message).
+fn query_pairs(query: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, String)>, String> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for (k, v) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        if !allowed.contains(&k.as_ref()) {
+            return Err(format!(
+                "unknown query parameter {k:?} (expected {})",
+                allowed.join(", ")
+            ));
+        }
+        if pairs.iter().any(|(seen, _)| *seen == k) {
+            return Err(format!("query parameter {k:?} is given twice"));
+        }
+        pairs.push((k.into_owned(), v.into_owned()));
+    }
+    Ok(pairs)
+}
+
+fn value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+/// `format=` of a CPU profile.
+fn profile_format(value: Option<&str>) -> Result<ProfileFormat, String> {
+    match value {
+        None | Some("pprof") => Ok(ProfileFormat::Pprof),
+        Some("flame-graph") => Ok(ProfileFormat::FlameGraph),
+        Some("folded") => Ok(ProfileFormat::Folded),
+        Some(other) => Err(format!(
+            "format={other:?} is not one of pprof, flame-graph, folded"
+        )),
+    }
+}
+
+/// A validated `/debug/pprof/profile` query.
+#[derive(Debug, PartialEq)]
+struct ProfileQuery {
+    duration_ns: u64,
+    pids: Vec<u32>,
+    format: ProfileFormat,
+    sample_freq_hz: Option<u64>,
+}
+
+fn parse_profile_query(state: &AppState, query: Option<&str>) -> Result<ProfileQuery, String> {
+    let pairs = query_pairs(query, &["seconds", "pids", "format", "sample_freq"])?;
+    let seconds = match value(&pairs, "seconds") {
+        None => DEFAULT_SECONDS.min(state.max_seconds as f64),
+        Some(text) => match text.parse::<f64>() {
+            Ok(s) if s.is_finite() && s > 0.0 && s <= state.max_seconds as f64 => s,
+            _ => {
+                return Err(format!(
+                    "seconds={text:?} must be a number of seconds above 0 and at most {}",
+                    state.max_seconds
+                ))
+            }
+        },
+    };
+    let mut pids = Vec::new();
+    if let Some(text) = value(&pairs, "pids") {
+        for part in text.split(',') {
+            let pid = part
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| format!("pids={text:?}: {part:?} is not a process id"))?;
+            if !state.pids.is_empty() && !state.pids.contains(&pid) {
+                return Err(format!(
+                    "pid {pid} is not among the processes this agent samples (--pids)"
+                ));
+            }
+            pids.push(pid);
+        }
+    }
+    let sample_freq_hz = match value(&pairs, "sample_freq") {
+        None => None,
+        Some(text) => Some(
+            text.parse::<u64>()
+                .ok()
+                .filter(|f| (1..=state.max_sample_freq_hz).contains(f))
+                .ok_or_else(|| {
+                    format!(
+                        "sample_freq={text:?} must be a frequency in Hz from 1 to {} \
+                         (kernel.perf_event_max_sample_rate)",
+                        state.max_sample_freq_hz
+                    )
+                })?,
+        ),
+    };
+    Ok(ProfileQuery {
+        duration_ns: (seconds * 1e9) as u64,
+        pids,
+        format: profile_format(value(&pairs, "format"))?,
+        sample_freq_hz,
+    })
+}
+
+/// Counts a profile request as in progress while it lives.
+struct InProgress(Arc<Metrics>);
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0
+            .profile_requests_active()
+            .fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn content_type(format: ProfileFormat) -> &'static str {
+    match format {
+        ProfileFormat::Pprof => "application/octet-stream",
+        ProfileFormat::FlameGraph => "image/svg+xml",
+        ProfileFormat::Folded => "text/plain; charset=utf-8",
+    }
+}
+
+async fn profile(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+    let arrived_mono_ns = timefmt::monotonic_ns();
+    let metrics = state.metrics.clone();
+    let query = match parse_profile_query(&state, query.as_deref()) {
+        Ok(q) => q,
+        Err(message) => {
+            metrics.profile_request("bad_request");
+            return text(StatusCode::BAD_REQUEST, message);
+        }
+    };
+    let active = metrics.profile_requests_active();
+    if active.fetch_add(1, Ordering::SeqCst) >= state.max_requests as u64 {
+        active.fetch_sub(1, Ordering::SeqCst);
+        metrics.profile_request("too_many");
+        return text(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "{} profile requests are in progress already (--listen-max-requests)",
+                state.max_requests
+            ),
+        );
+    }
+    let _in_progress = InProgress(metrics.clone());
+    let (reply, answer) = oneshot::channel();
+    let request = ProfileRequest {
+        duration_ns: query.duration_ns,
+        pids: query.pids,
+        sample_freq_hz: query.sample_freq_hz,
+        format: query.format,
+        arrived_mono_ns,
+        reply,
+    };
+    let sent = state
+        .requests
+        .lock()
+        .map_err(|_| ())
+        .and_then(|tx| tx.send(request).map_err(|_| ()));
+    if sent.is_err() {
+        metrics.profile_request("failed");
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the profiler is shutting down",
+        );
+    }
+    let (status, response) = match answer.await {
+        Ok(Ok(body)) => (
+            "served",
+            (
+                StatusCode::OK,
+                [
+                    (header::CONTENT_TYPE, content_type(query.format)),
+                    (header::CONTENT_DISPOSITION, "inline"),
+                ],
+                body,
+            )
+                .into_response(),
+        ),
+        Ok(Err(RequestError::Conflict(message))) => {
+            ("conflict", text(StatusCode::CONFLICT, message))
+        }
+        Ok(Err(RequestError::NoSamples(message))) => {
+            ("no_samples", text(StatusCode::NOT_FOUND, message))
+        }
+        Ok(Err(RequestError::Failed(message))) => {
+            ("failed", text(StatusCode::INTERNAL_SERVER_ERROR, message))
+        }
+        Err(_) => (
+            "failed",
+            text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the profiler stopped before the profile was complete",
+            ),
+        ),
+    };
+    metrics.profile_request(status);
+    response
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(resident_memory_bytes()),
+    )
+        .into_response()
+}
+
+/// Run jemalloc calls (which may block on its profiling lock) off the runtime.
+async fn blocking(f: impl FnOnce() -> Response + Send + 'static) -> Response {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("internal error: {e}"),
+        )
+    })
+}
+
+async fn heap_profile(RawQuery(query): RawQuery) -> Response {
+    let format = match query_pairs(query.as_deref(), &["format"]).and_then(|pairs| {
+        match value(&pairs, "format") {
+            None | Some("pprof") => Ok(HeapFormat::Pprof),
+            Some("flame-graph") => Ok(HeapFormat::FlameGraph),
+            Some(other) => Err(format!("format={other:?} is not one of pprof, flame-graph")),
+        }
+    }) {
+        Ok(f) => f,
+        Err(message) => return text(StatusCode::BAD_REQUEST, message),
+    };
+    blocking(move || match heap::dump(format) {
+        Ok(body) => {
+            let kind = match format {
+                HeapFormat::Pprof => "application/octet-stream",
+                HeapFormat::FlameGraph => "image/svg+xml",
+            };
+            (StatusCode::OK, [(header::CONTENT_TYPE, kind)], body).into_response()
+        }
+        Err(err) if !heap::available() => text(StatusCode::CONFLICT, format!("{err:#}")),
+        Err(err) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{err:#}")),
+    })
+    .await
+}
+
+async fn heap_settings(method: Method, RawQuery(query): RawQuery) -> Response {
+    let post = method == Method::POST;
+    let enabled = match query_pairs(query.as_deref(), &["enabled"]).and_then(|pairs| {
+        match value(&pairs, "enabled") {
+            None if post => Err("POST needs enabled=true or enabled=false".to_string()),
+            None => Ok(None),
+            Some(_) if !post => Err("GET only reads the setting: POST changes it".to_string()),
+            Some("true") => Ok(Some(true)),
+            Some("false") => Ok(Some(false)),
+            Some(other) => Err(format!("enabled={other:?} is neither true nor false")),
+        }
+    }) {
+        Ok(e) => e,
+        Err(message) => return text(StatusCode::BAD_REQUEST, message),
+    };
+    blocking(move || {
+        if let Some(enabled) = enabled {
+            if let Err(err) = heap::set_active(enabled) {
+                let status = if heap::available() {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                } else {
+                    StatusCode::CONFLICT
+                };
+                return text(status, format!("{err:#}"));
+            }
+        }
+        let active = heap::available() && heap::is_active().unwrap_or(false);
+        (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            format!(
+                "{{\"enabled\":{active},\"available\":{}}}\n",
+                heap::available()
+            ),
+        )
+            .into_response()
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(pids: Vec<u32>) -> AppState {
+        let (tx, _rx) = std::sync::mpsc::channel();
+        AppState::new(
+            &ServerConfig {
+                listen: "0".into(),
+                token: None,
+                max_seconds: 60,
+                max_requests: 2,
+                pids,
+                max_sample_freq_hz: 1000,
+            },
+            tx,
+            Arc::new(Metrics::default()),
+        )
+    }
+
+    #[test]
+    fn profile_queries_are_validated() {
+        let s = state(vec![]);
+        let q = parse_profile_query(&s, None).unwrap();
+        assert_eq!(q.duration_ns, 30_000_000_000);
+        assert_eq!(q.format, ProfileFormat::Pprof);
+        let q = parse_profile_query(
+            &s,
+            Some("seconds=1.5&pids=7,8&format=flame-graph&sample_freq=49"),
+        )
+        .unwrap();
+        assert_eq!(
+            q,
+            ProfileQuery {
+                duration_ns: 1_500_000_000,
+                pids: vec![7, 8],
+                format: ProfileFormat::FlameGraph,
+                sample_freq_hz: Some(49),
+            }
+        );
+        for bad in [
+            "seconds=0",
+            "seconds=61",
+            "seconds=abc",
+            "seconds=NaN",
+            "pids=1,x",
+            "pids=0",
+            "format=svg",
+            "sample_freq=0",
+            "sample_freq=1001",
+            "secs=1",
+            "seconds=1&seconds=2",
+        ] {
+            assert!(parse_profile_query(&s, Some(bad)).is_err(), "{bad} passed");
+        }
+        let narrowed = state(vec![5, 6]);
+        assert!(parse_profile_query(&narrowed, Some("pids=6")).is_ok());
+        let err = parse_profile_query(&narrowed, Some("pids=7")).unwrap_err();
+        assert!(err.contains("pid 7"), "{err}");
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same(b"secret", b"secret"));
+        assert!(!same(b"secret", b"secreT"));
+        assert!(!same(b"secret", b"secret2"));
+    }
+}
