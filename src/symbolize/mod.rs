@@ -160,6 +160,10 @@ impl Symbolizer {
     }
 
     fn symbolize_kernel(&self, addrs: &[u64]) -> HashMap<u64, Lines> {
+        if addrs.is_empty() {
+            // blazesym would read all of /proc/kallsyms (~100 ms) first.
+            return HashMap::new();
+        }
         let source = Source::Kernel(Kernel {
             kallsyms: MaybeDefault::Default,
             vmlinux: MaybeDefault::None,
