@@ -12,6 +12,7 @@ pub mod cli;
 pub mod collector;
 pub mod format;
 pub mod heap;
+pub mod httpd;
 pub mod preflight;
 pub mod process;
 pub mod profile;

@@ -142,34 +142,6 @@ fn workload(name: &str) -> (common::Program, Workload) {
     (program, workload)
 }
 
-/// Run `go tool pprof ARGS` offline with its own HOME; its stdout.
-fn go_pprof(args: &[&str]) -> String {
-    let home = common::tempdir();
-    let out = Command::new("go")
-        .args(["tool", "pprof"])
-        .args(args)
-        .env("HOME", home.path())
-        .env("GOCACHE", home.path().join("cache"))
-        .env("GOPATH", home.path().join("gopath"))
-        .env("PPROF_TMPDIR", home.path())
-        .env("GOTOOLCHAIN", "local")
-        .env("GOPROXY", "off")
-        .env("NO_PROXY", "127.0.0.1")
-        .env("no_proxy", "127.0.0.1")
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("running `go tool pprof` (scripts/setup.sh installs golang-go): {e}")
-        });
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "go tool pprof {args:?} failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
 /// The function names of `go tool pprof -top` rows.
 fn top_functions(text: &str) -> Vec<String> {
     text.lines()
@@ -288,7 +260,7 @@ fn on_demand_profiles() {
     let metrics_before = parse_prometheus(&body(get(&agent.url("/metrics"))).1);
 
     let url = agent.url(&format!("/debug/pprof/profile?seconds=2&pids={}", wa.pid()));
-    let top = go_pprof(&["-top", &url]);
+    let top = common::go_pprof(&["-top", &url]);
     let functions = top_functions(&top);
     for f in common::CHAIN {
         assert!(
@@ -393,7 +365,7 @@ fn heap_profile_of_the_agent() {
     fs::write(&file, &bytes).unwrap();
     // With -lines each row names a function and its source line: some must
     // be in this crate's own sources.
-    let top = go_pprof(&["-top", "-lines", common::s(&file)]);
+    let top = common::go_pprof(&["-top", "-lines", common::s(&file)]);
     let own = format!("{}/src/", env!("CARGO_MANIFEST_DIR"));
     assert!(
         top.lines().any(|l| l.contains(&own)),

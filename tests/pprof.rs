@@ -485,33 +485,6 @@ impl<'a> Index<'a> {
 // ---------------------------------------------------------------------------
 // go tool pprof
 
-/// Run `go tool pprof ARGS` (offline, with its own HOME and caches) and
-/// return its stdout; panics if it fails.
-fn go_pprof(args: &[&str]) -> String {
-    let home = tempdir();
-    let out = Command::new("go")
-        .args(["tool", "pprof"])
-        .args(args)
-        .env("HOME", home.path())
-        .env("GOCACHE", home.path().join("cache"))
-        .env("GOPATH", home.path().join("gopath"))
-        .env("PPROF_TMPDIR", home.path())
-        .env("GOTOOLCHAIN", "local")
-        .env("GOPROXY", "off")
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("running `go tool pprof` (scripts/setup.sh installs golang-go): {e}")
-        });
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "go tool pprof {args:?} failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    stdout
-}
-
 /// A pprof value as printed: a count (`481`) or a duration (`1.47s`,
 /// `953.91ms`), durations in nanoseconds.
 fn parse_value(text: &str) -> Option<f64> {
@@ -771,7 +744,7 @@ fn go_tool_pprof_top_and_traces() {
     let r = profile(&[target.pid()], "pprof", &[]);
     let file = s(&r.path);
 
-    let top = go_pprof(&["-top", file]);
+    let top = common::go_pprof(&["-top", file]);
     let rows = parse_top(&top);
     let total = header_total(&top);
     let hot = row(&rows, "chain_hot", &top);
@@ -795,7 +768,7 @@ fn go_tool_pprof_top_and_traces() {
         below = r.cum;
     }
 
-    let traces_text = go_pprof(&["-traces", file]);
+    let traces_text = common::go_pprof(&["-traces", file]);
     let traces = parse_traces(&traces_text);
     let dominant = traces
         .iter()
@@ -921,7 +894,7 @@ int main(void) {{ b_hot(); sink++; return 0; }}
     // Counts (-sample_index=samples) and every node (-nodefraction=0), so
     // the rows' flats add up exactly to the selected samples.
     let focus = |filter: String| {
-        let text = go_pprof(&[
+        let text = common::go_pprof(&[
             "-tagfocus",
             &filter,
             "-sample_index=samples",
@@ -972,7 +945,7 @@ int main(void) {{ b_hot(); sink++; return 0; }}
         }
     }
 
-    let tags_text = go_pprof(&["-tags", file]);
+    let tags_text = common::go_pprof(&["-tags", file]);
     let tags = parse_tags(&tags_text);
     let set =
         |values: &[&str]| -> BTreeSet<String> { values.iter().map(|v| v.to_string()).collect() };
@@ -1006,7 +979,7 @@ fn lines_with_debug_info() {
     let target = Workload::spawn(&program);
     let r = profile(&[target.pid()], "pprof", &[]);
 
-    let text = go_pprof(&["-lines", "-sample_index=samples", "-top", s(&r.path)]);
+    let text = common::go_pprof(&["-lines", "-sample_index=samples", "-top", s(&r.path)]);
     let rows = parse_top(&text);
     let total = r.summary.samples as f64;
     let loop_line = line_of(&source, "sink += i;");
@@ -1294,7 +1267,7 @@ fn gzip_compression() {
     assert_eq!(samples as u64, r.summary.samples, "{}", r.out);
     assert!(r.summary.samples >= MIN_SAMPLES, "{}", r.out);
 
-    let text = go_pprof(&["-sample_index=samples", "-top", s(&r.path)]);
+    let text = common::go_pprof(&["-sample_index=samples", "-top", s(&r.path)]);
     assert_eq!(
         header_total(&text) as u64,
         r.summary.samples,
@@ -1348,7 +1321,7 @@ fn inlined_frames() {
         .unwrap();
     assert_eq!(ix.str(inner.filename), s(&src), "{inner:?}");
 
-    let text = go_pprof(&["-sample_index=samples", "-top", s(&r.path)]);
+    let text = common::go_pprof(&["-sample_index=samples", "-top", s(&r.path)]);
     let rows = parse_top(&text);
     // pprof marks a node that is only ever inlined.
     let inner_row = rows

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -31,6 +31,7 @@ use super::merge::{self, BodyError};
 use super::storage::{Filter, Storage, StoredProfile};
 use crate::cli::{Compression, ProfileFormat};
 use crate::format::pprof;
+use crate::httpd::{blocking, check_bearer, text};
 use crate::sender::remote::{HOST_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
 use crate::timefmt;
 
@@ -58,43 +59,14 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-fn text(status: StatusCode, message: impl Into<String>) -> Response {
-    let mut message = message.into();
-    message.push('\n');
-    (
-        status,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        message,
-    )
-        .into_response()
-}
-
 fn json(status: StatusCode, body: String) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// Compare without an early exit, so timing does not reveal the token.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if let Some(token) = &state.token {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        if !given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
-            let mut response = text(
-                StatusCode::UNAUTHORIZED,
-                "missing or wrong bearer token (Authorization: Bearer TOKEN)",
-            );
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return response;
+        if let Some(denied) = check_bearer(&request, token) {
+            return denied;
         }
     }
     next.run(request).await
@@ -241,15 +213,6 @@ fn gzip(raw: &[u8]) -> anyhow::Result<Vec<u8>> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(raw)?;
     Ok(gz.finish()?)
-}
-
-async fn blocking(f: impl FnOnce() -> Response + Send + 'static) -> Response {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("internal error: {e}"),
-        )
-    })
 }
 
 async fn ingest(

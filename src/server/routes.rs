@@ -20,7 +20,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{RawQuery, Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -32,6 +32,7 @@ use super::ondemand::{ProfileRequest, RequestError};
 use super::{ServerConfig, DEFAULT_SECONDS};
 use crate::cli::ProfileFormat;
 use crate::heap::{self, HeapFormat};
+use crate::httpd::{blocking, check_bearer, text};
 use crate::timefmt;
 
 /// What every handler shares.
@@ -96,40 +97,12 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-fn text(status: StatusCode, message: impl Into<String>) -> Response {
-    let mut message = message.into();
-    message.push('\n');
-    (
-        status,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        message,
-    )
-        .into_response()
-}
-
-/// Compare without an early exit, so timing does not reveal the token.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if let Some(token) = &state.token {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        let open = request.uri().path() == "/healthz";
-        if !open && !given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
-            let mut response = text(
-                StatusCode::UNAUTHORIZED,
-                "missing or wrong bearer token (Authorization: Bearer TOKEN)",
-            );
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return response;
+        if request.uri().path() != "/healthz" {
+            if let Some(denied) = check_bearer(&request, token) {
+                return denied;
+            }
         }
     }
     next.run(request).await
@@ -345,16 +318,6 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// Run jemalloc calls (which may block on its profiling lock) off the runtime.
-async fn blocking(f: impl FnOnce() -> Response + Send + 'static) -> Response {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("internal error: {e}"),
-        )
-    })
-}
-
 async fn heap_profile(RawQuery(query): RawQuery) -> Response {
     let format = match query_pairs(query.as_deref(), &["format"]).and_then(|pairs| {
         match value(&pairs, "format") {
@@ -479,12 +442,5 @@ mod tests {
         assert!(parse_profile_query(&narrowed, Some("pids=6")).is_ok());
         let err = parse_profile_query(&narrowed, Some("pids=7")).unwrap_err();
         assert!(err.contains("pid 7"), "{err}");
-    }
-
-    #[test]
-    fn tokens_compare_whole() {
-        assert!(same(b"secret", b"secret"));
-        assert!(!same(b"secret", b"secreT"));
-        assert!(!same(b"secret", b"secret2"));
     }
 }

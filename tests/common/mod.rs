@@ -689,3 +689,32 @@ pub fn unwind_counts(stdout: &str) -> Option<BTreeMap<String, u64>> {
         })
         .collect()
 }
+
+/// Run `go tool pprof ARGS` offline (its own HOME and caches; no proxy
+/// for the local agent's URLs) and return its stdout; panics if it fails.
+pub fn go_pprof(args: &[&str]) -> String {
+    let home = tempdir();
+    let out = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .env("HOME", home.path())
+        .env("GOCACHE", home.path().join("cache"))
+        .env("GOPATH", home.path().join("gopath"))
+        .env("PPROF_TMPDIR", home.path())
+        .env("GOTOOLCHAIN", "local")
+        .env("GOPROXY", "off")
+        .env("NO_PROXY", "127.0.0.1")
+        .env("no_proxy", "127.0.0.1")
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("running `go tool pprof` (scripts/setup.sh installs golang-go): {e}")
+        });
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "go tool pprof {args:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}

@@ -1,0 +1,79 @@
+//! Pieces shared by lightswitch's two HTTP servers (axum): the on-demand
+//! endpoints of `--listen` (`src/server/`) and the collector
+//! (`src/collector/`).
+
+use axum::extract::Request;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// A `text/plain` response: `message` and a newline.
+pub fn text(status: StatusCode, message: impl Into<String>) -> Response {
+    let mut message = message.into();
+    message.push('\n');
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        message,
+    )
+        .into_response()
+}
+
+/// Run `f` (blocking work: symbolizing, merging, jemalloc calls) on tokio's
+/// blocking pool; a panic in it becomes a 500.
+pub async fn blocking(f: impl FnOnce() -> Response + Send + 'static) -> Response {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("internal error: {e}"),
+        )
+    })
+}
+
+/// Compare without an early exit, so timing does not reveal the token.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// `None` if `request` carries `Authorization: Bearer TOKEN` with `token`
+/// (compared in constant time); otherwise the 401 response to send, with
+/// `WWW-Authenticate: Bearer` (RFC 6750).
+pub fn check_bearer(request: &Request, token: &str) -> Option<Response> {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    if given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
+        return None;
+    }
+    let mut response = text(
+        StatusCode::UNAUTHORIZED,
+        "missing or wrong bearer token (Authorization: Bearer TOKEN)",
+    );
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Some(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_token_must_match_exactly() {
+        let with = |value: &str| {
+            Request::builder()
+                .header(header::AUTHORIZATION, value)
+                .body(axum::body::Body::empty())
+                .expect("request")
+        };
+        assert!(check_bearer(&with("Bearer s3cret"), "s3cret").is_none());
+        let denied = check_bearer(&with("Bearer s3cre"), "s3cret").expect("401");
+        assert_eq!(denied.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(denied.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        assert!(check_bearer(&with("Basic s3cret"), "s3cret").is_some());
+        assert!(same(b"abc", b"abc") && !same(b"abc", b"abd") && !same(b"abc", b"ab"));
+    }
+}
