@@ -46,7 +46,14 @@ pub enum LogLevel {
 /// given processes), walks kernel and user stacks, and writes a symbolized
 /// profile when the run ends.
 #[derive(Debug, Parser)]
-#[command(name = "lightswitch", version, about, long_about = None, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "lightswitch",
+    version,
+    about,
+    long_about = None,
+    args_conflicts_with_subcommands = true,
+    allow_negative_numbers = true
+)]
 pub struct Cli {
     /// A tool other than profiling; without one, lightswitch profiles.
     #[command(subcommand)]

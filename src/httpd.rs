@@ -42,7 +42,11 @@ pub fn check_bearer(request: &Request, token: &str) -> Option<Response> {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| {
+            // The scheme is case-insensitive (RFC 9110, 11.1).
+            let (scheme, token) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token)
+        })
         .map(str::trim);
     if given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
         return None;
@@ -74,6 +78,7 @@ mod tests {
         assert_eq!(denied.status(), StatusCode::UNAUTHORIZED);
         assert_eq!(denied.headers()[header::WWW_AUTHENTICATE], "Bearer");
         assert!(check_bearer(&with("Basic s3cret"), "s3cret").is_some());
+        assert!(check_bearer(&with("bearer s3cret"), "s3cret").is_none());
         assert!(same(b"abc", b"abc") && !same(b"abc", b"abd") && !same(b"abc", b"ab"));
     }
 }

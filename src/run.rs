@@ -125,7 +125,11 @@ impl std::fmt::Display for RunSummary {
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        write!(f, "\nuser stacks: {}", unwind.join(" "))?;
+        if unwind.is_empty() {
+            write!(f, "\nuser stacks: none")?;
+        } else {
+            write!(f, "\nuser stacks: {}", unwind.join(" "))?;
+        }
         if !self.unsupported.is_empty() {
             let kinds: Vec<String> = self
                 .unsupported
@@ -185,13 +189,14 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     let pids = preflight::resolve_pids(&cli.pids)?;
     // `--listen` alone: serve requests, record nothing else, sample only on demand.
     let listen_only = cli.listen.is_some() && cli.duration.is_none() && !continuous;
+    // The missing privilege is the cause to name first.
+    preflight::check_btf()?;
+    preflight::check_privileges()?;
     if cli.sender == SenderKind::Disk && !listen_only {
         for (_, output) in &outputs {
             preflight::check_output(&cli.profile_path, output)?;
         }
     }
-    preflight::check_btf()?;
-    preflight::check_privileges()?;
     setup_libbpf_logging(cli.libbpf_debug);
 
     let stop = install_stop_handler()?;

@@ -338,6 +338,11 @@ async fn heap_profile(RawQuery(query): RawQuery) -> Response {
             (StatusCode::OK, [(header::CONTENT_TYPE, kind)], body).into_response()
         }
         Err(err) if !heap::available() => text(StatusCode::CONFLICT, format!("{err:#}")),
+        // jemalloc_pprof's flame graph of an empty profile.
+        Err(err) if format!("{err:#}").contains("No stack counts found") => text(
+            StatusCode::NOT_FOUND,
+            "no allocation has been sampled yet: nothing to draw (switch sampling on and wait)",
+        ),
         Err(err) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{err:#}")),
     })
     .await

@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::identity::ObjectKey;
 use super::row::{Page, RawRow};
@@ -123,10 +123,17 @@ pub fn get_or_build<E>(
     let stored = match store(cache_dir, key, &table) {
         Ok(()) => true,
         Err(e) => {
-            warn!(
-                "cannot write unwind cache entry for {key} in {}: {e}",
-                cache_dir.display()
-            );
+            // Once per run: an unusable directory fails for every object.
+            static WARNED: std::sync::atomic::AtomicBool =
+                std::sync::atomic::AtomicBool::new(false);
+            if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                warn!(
+                    "cannot write unwind cache entries in {} ({e}): tables are built but not cached (--unwind-cache-dir none silences this)",
+                    cache_dir.display()
+                );
+            } else {
+                debug!("cannot write unwind cache entry for {key}: {e}");
+            }
             false
         }
     };
