@@ -172,6 +172,31 @@ impl RawSample {
     }
 }
 
+#[cfg(test)]
+impl RawSample {
+    /// A sample for unit tests: process and thread `pid` named `p`, taken
+    /// at `timestamp_ns`, two kernel frames, the user stack `user` (leaf
+    /// first; complete, or no user stack when empty).
+    pub(crate) fn for_test(pid: u32, timestamp_ns: u64, user: Vec<u64>) -> Self {
+        RawSample {
+            timestamp_ns,
+            pid,
+            tid: pid,
+            cpu: 0,
+            process_comm: "p".into(),
+            thread_comm: "p".into(),
+            kernel_thread: false,
+            kernel_stack: vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020],
+            user_status: if user.is_empty() {
+                UnwindStatus::NoUserStack
+            } else {
+                UnwindStatus::Complete
+            },
+            user_stack: user,
+        }
+    }
+}
+
 /// What to sample.
 #[derive(Debug, Clone, Default)]
 pub struct SamplerConfig {

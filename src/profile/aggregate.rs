@@ -149,18 +149,7 @@ mod tests {
     use super::*;
 
     fn sample(pid: u32, user: Vec<u64>) -> RawSample {
-        RawSample {
-            timestamp_ns: 1,
-            pid,
-            tid: pid,
-            cpu: 0,
-            process_comm: "p".into(),
-            thread_comm: "p".into(),
-            kernel_thread: false,
-            kernel_stack: vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020],
-            user_stack: user,
-            user_status: UnwindStatus::Complete,
-        }
+        RawSample::for_test(pid, 1, user)
     }
 
     #[test]

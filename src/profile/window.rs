@@ -206,23 +206,11 @@ impl Windows {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::UnwindStatus;
 
     const S: u64 = 1_000_000_000;
 
     fn sample(ts: u64) -> RawSample {
-        RawSample {
-            timestamp_ns: ts,
-            pid: u32::MAX - 3,
-            tid: u32::MAX - 3,
-            cpu: 0,
-            process_comm: "p".into(),
-            thread_comm: "p".into(),
-            kernel_thread: false,
-            kernel_stack: vec![0xffff_ffff_8100_0010],
-            user_stack: vec![],
-            user_status: UnwindStatus::NoUserStack,
-        }
+        RawSample::for_test(u32::MAX - 3, ts, vec![])
     }
 
     fn counts(closed: &[ClosedWindow]) -> Vec<u64> {

@@ -342,23 +342,11 @@ fn run(rx: Receiver<Job>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::UnwindStatus;
 
     const S: u64 = 1_000_000_000;
 
     fn sample(pid: u32, ts: u64) -> RawSample {
-        RawSample {
-            timestamp_ns: ts,
-            pid,
-            tid: pid,
-            cpu: 0,
-            process_comm: "p".into(),
-            thread_comm: "p".into(),
-            kernel_thread: false,
-            kernel_stack: vec![0xffff_ffff_8100_0010],
-            user_stack: vec![],
-            user_status: UnwindStatus::NoUserStack,
-        }
+        RawSample::for_test(pid, ts, vec![])
     }
 
     fn request(duration_ns: u64, pids: Vec<u32>) -> (ProfileRequest, oneshot::Receiver<Reply>) {
