@@ -180,6 +180,12 @@ struct walk_state {
 
 struct scratch_space {
 	struct walk_state state;
+	/* Rows by frame depth: entry d holds the row the last walk on this CPU
+	 * used for its frame d. A CPU that keeps sampling the same stack finds
+	 * every row in these few contiguous lines, where the hashed row_cache
+	 * costs one scattered line per frame: after a pause between samples
+	 * (100 Hz), each of those lines is a cache and TLB miss. */
+	struct row_cache_entry depth_cache[DEPTH_CACHE_ENTRIES];
 	struct stack_sample sample;
 	/* A copy of user stack memory (8 spare bytes keep every masked 8-byte
 	 * read in bounds for the verifier). */
@@ -412,8 +418,14 @@ static long unwind_step(__u64 index, void *data)
 	/* A return address may be one past the end of its function (a call to a
 	 * noreturn function): look up the call instruction instead. */
 	__u64 vaddr = st->ip - m->bias - (st->exact_ip ? 0 : 1);
-	struct row_cache_entry *cached = &cache->entries[row_cache_slot(object_id, vaddr)];
+	struct row_cache_entry *by_depth = &sc->depth_cache[(st->user_frames - 1) & (DEPTH_CACHE_ENTRIES - 1)];
+	struct row_cache_entry *cached;
 	struct unwind_row row;
+	if (by_depth->object_tag == object_id + 1 && by_depth->vaddr == vaddr) {
+		row = by_depth->row;
+		goto have_row;
+	}
+	cached = &cache->entries[row_cache_slot(object_id, vaddr)];
 	if (cached->object_tag == object_id + 1 && cached->vaddr == vaddr) {
 		row = cached->row;
 	} else {
@@ -449,6 +461,10 @@ static long unwind_step(__u64 index, void *data)
 		cached->object_tag = object_id + 1;
 		cached->row = row;
 	}
+	by_depth->vaddr = vaddr;
+	by_depth->object_tag = object_id + 1;
+	by_depth->row = row;
+have_row:;
 	__u8 cfa_type = row.cfa_type & CFA_TYPE_MASK;
 	if (cfa_type == CFA_END_OF_FUNCTION) {
 		/* No CFI covers this pc. */

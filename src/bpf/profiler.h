@@ -21,6 +21,9 @@
 #define STACK_CHUNK_SIZE 512
 /* Entries of each CPU's direct-mapped cache of unwind rows found recently. */
 #define ROW_CACHE_ENTRIES 1024
+/* Entries of each CPU's cache of rows by frame depth (frames deeper than
+ * this share entries). */
+#define DEPTH_CACHE_ENTRIES 64
 /* Unsupported-rule kinds counted separately (see docs/unwind-tables.md). */
 #define MAX_UNSUPPORTED_KINDS 16
 #define TASK_COMM_LEN 16

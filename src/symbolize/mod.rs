@@ -11,9 +11,10 @@ pub mod kernel;
 pub mod source;
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use blazesym::symbolize::evict::{Elf as EvictElf, Evict};
 use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer as BlazeSymbolizer};
 use blazesym::MaybeDefault;
@@ -103,19 +104,21 @@ fn file_name(path: &str) -> &str {
 }
 
 /// Symbolizes windows of samples. [`Symbolizer::new`] keeps blazesym's
-/// parsed objects (symbol tables, DWARF) between windows, which spares
-/// continuous mode from parsing them again every window, up to
-/// [`PARSED_OBJECTS_BUDGET_BYTES`] of object files: past that, the next
-/// window starts from an empty cache, so memory stays bounded however many
-/// different objects come and go. [`Symbolizer::one_shot`] releases each
-/// object's as soon as its addresses are done, so that memory peaks at the
-/// largest object, not at all of them.
+/// parsed objects (symbol tables, DWARF) from one window to the next, which
+/// spares continuous mode from parsing them again every window. Only the
+/// objects the latest window used are kept, and only while their files
+/// total at most [`PARSED_OBJECTS_BUDGET_BYTES`]; everything else is evicted
+/// after each window, so memory follows the working set of objects, not
+/// every object that ever came and went (process churn).
+/// [`Symbolizer::one_shot`] releases each object's data as soon as its
+/// addresses are done, so that memory peaks at the largest object, not at
+/// all of them.
 pub struct Symbolizer {
     inner: std::cell::RefCell<BlazeSymbolizer>,
     keep_parsed_objects: bool,
-    /// Objects parsed into `inner` since it was created, with their file
-    /// sizes in bytes.
-    parsed: std::cell::RefCell<HashMap<ObjectId, u64>>,
+    /// Objects whose parsed data `inner` holds: the path blazesym opened
+    /// (its cache key) and the file size in bytes.
+    parsed: std::cell::RefCell<HashMap<ObjectId, (PathBuf, u64)>>,
     kernel_build_id: Option<String>,
 }
 
@@ -210,8 +213,17 @@ impl Symbolizer {
         let fresh;
         let kept;
         let inner: &BlazeSymbolizer = if self.keep_parsed_objects {
-            let size = std::fs::metadata(tracker.object_open_path(object)).map_or(0, |m| m.len());
-            self.parsed.borrow_mut().insert(object, size);
+            let path = tracker.object_open_path(object);
+            let size = std::fs::metadata(path).map_or(0, |m| m.len());
+            let previous = self
+                .parsed
+                .borrow_mut()
+                .insert(object, (path.to_path_buf(), size));
+            if let Some((old_path, _)) = previous.filter(|(old_path, _)| old_path != path) {
+                // The same object reached through another descriptor: what
+                // blazesym cached under the old path would never be used.
+                self.evict(&old_path);
+            }
             kept = self.inner.borrow();
             &kept
         } else {
@@ -260,6 +272,42 @@ impl Symbolizer {
             .collect()
     }
 
+    /// Drop blazesym's data for `path` (a file it opened before).
+    fn evict(&self, path: &Path) {
+        if let Err(err) = self
+            .inner
+            .borrow_mut()
+            .evict(&Evict::Elf(EvictElf::new(path)))
+        {
+            debug!("symbolizer: evicting {}: {err}", path.display());
+        }
+    }
+
+    /// After a window: keep the parsed data of the objects it used (`used`)
+    /// while their files total at most [`PARSED_OBJECTS_BUDGET_BYTES`], and
+    /// evict everything else.
+    fn keep_only<V>(&self, used: &HashMap<ObjectId, V>) {
+        let mut parsed = self.parsed.borrow_mut();
+        let kept: u64 = parsed
+            .iter()
+            .filter(|(object, _)| used.contains_key(*object))
+            .map(|(_, (_, size))| size)
+            .sum();
+        let over_budget = kept > PARSED_OBJECTS_BUDGET_BYTES;
+        if over_budget {
+            debug!(
+                "symbolizer: this window's objects total {kept} bytes, over the budget: none kept"
+            );
+        }
+        parsed.retain(|object, (path, _)| {
+            let keep = !over_budget && used.contains_key(object);
+            if !keep {
+                self.evict(path);
+            }
+            keep
+        });
+    }
+
     /// Symbolize every stack in `aggregator` and build the window's profile.
     /// `tracker` must be the one the aggregator resolved mappings with (or a
     /// [`source::TrackerSnapshot`] of it taken for this aggregator).
@@ -269,11 +317,6 @@ impl Symbolizer {
         tracker: &S,
         window: Window,
     ) -> Profile {
-        if self.parsed.borrow().values().sum::<u64>() > PARSED_OBJECTS_BUDGET_BYTES {
-            debug!("symbolizer: over its budget of parsed objects, starting afresh");
-            *self.inner.borrow_mut() = Self::blazesym();
-            self.parsed.borrow_mut().clear();
-        }
         // 1. The unique addresses to symbolize.
         let mut kernel_addrs = BTreeSet::new();
         let mut object_offsets: HashMap<ObjectId, BTreeSet<u64>> = HashMap::new();
@@ -307,6 +350,9 @@ impl Symbolizer {
                 };
                 user_lines.insert((*object, *offset), entry);
             }
+        }
+        if self.keep_parsed_objects {
+            self.keep_only(&object_offsets);
         }
 
         // 3. Assemble mappings, frames and samples.
@@ -493,11 +539,70 @@ impl ProfileAssembly {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampler::RawSample;
 
     #[test]
     fn demangles_rust_and_cpp_and_keeps_c() {
         assert_eq!(demangle("_ZN3foo3bar17h0123456789abcdefE"), "foo::bar");
         assert_eq!(demangle("_Z3addii"), "add(int, int)");
         assert_eq!(demangle("main"), "main");
+    }
+
+    /// The first executable mapping of this test process whose path
+    /// satisfies `wanted` (/proc/self/maps): an address inside it.
+    fn address_in(wanted: impl Fn(&str) -> bool) -> u64 {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines()
+            .find_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let (range, perms, path) = (fields[0], fields[1], fields.get(5)?);
+                if !perms.contains('x') || !wanted(path) {
+                    return None;
+                }
+                let (start, end) = range.split_once('-')?;
+                let start = u64::from_str_radix(start, 16).ok()?;
+                let end = u64::from_str_radix(end, 16).ok()?;
+                Some(start + (end - start) / 2)
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn continuous_symbolizer_keeps_only_the_latest_windows_objects() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let exe = exe.to_string_lossy().into_owned();
+        let in_exe = address_in(|p| p == exe);
+        let in_libc = address_in(|p| p.contains("/libc.so"));
+        let pid = std::process::id();
+        let mut tracker = crate::process::ProcessTracker::new();
+        let window = Window {
+            start_unix_ns: 0,
+            duration_ns: 1_000_000_000,
+            sample_freq_hz: 99,
+        };
+        let symbolizer = Symbolizer::new();
+        let symbolize = |tracker: &mut crate::process::ProcessTracker, stacks: &[Vec<u64>]| {
+            let mut aggregator = Aggregator::new();
+            for stack in stacks {
+                aggregator.add(&RawSample::for_test(pid, 0, stack.clone()), tracker);
+            }
+            let profile = symbolizer.build_profile(&aggregator, &*tracker, window);
+            assert!(profile.samples.iter().all(|s| s.frames.len() >= 3));
+            let mut kept: Vec<String> = symbolizer
+                .parsed
+                .borrow()
+                .keys()
+                .map(|&object| tracker.object(object).path.clone())
+                .collect();
+            kept.sort();
+            kept
+        };
+        let both = symbolize(&mut tracker, &[vec![in_libc, in_exe]]);
+        assert_eq!(both.len(), 2, "{both:?}");
+        let libc_only = symbolize(&mut tracker, &[vec![in_libc]]);
+        assert_eq!(libc_only.len(), 1);
+        assert!(libc_only[0].contains("/libc.so"), "{libc_only:?}");
+        // The evicted executable is parsed again when a window needs it.
+        assert_eq!(symbolize(&mut tracker, &[vec![in_exe, in_libc]]), both);
     }
 }
