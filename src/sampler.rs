@@ -1,7 +1,7 @@
 //! Sampling: loads the BPF program (`src/bpf/profiler.bpf.c`), opens one
 //! software `cpu-clock` perf event per online CPU in frequency mode, attaches
-//! the program to each, and turns the records the program writes to the
-//! `samples` ring buffer into [`RawSample`]s.
+//! the program to each, and turns the records the program writes to its
+//! CPU's ring buffer (in the `samples` array of rings) into [`RawSample`]s.
 //!
 //! Dropping the [`Sampler`] detaches every program and closes every perf event.
 
@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
+use libbpf_rs::{
+    Link, MapCore, MapFlags, MapHandle, MapType, OpenObject, RingBuffer, RingBufferBuilder,
+};
 use perf_event_open_sys as perf;
 
 use crate::skel::{ProfilerSkel, ProfilerSkelBuilder};
@@ -296,8 +298,28 @@ pub struct Sampler<'obj> {
     // closes its perf event.
     links: RefCell<Vec<Link>>,
     cpus: usize,
+    /// One ring buffer per online CPU, in the `samples` array at that CPU's id.
+    sample_rings: Vec<MapHandle>,
     /// The `unwind_rows` array, mapped into this process (BPF_F_MMAPABLE).
     rows: MappedRows,
+}
+
+/// A ring buffer of `bytes` (a power of two) for CPU `cpu`'s samples.
+fn create_sample_ring(cpu: u32, bytes: u32) -> Result<MapHandle> {
+    let opts = libbpf_rs::libbpf_sys::bpf_map_create_opts {
+        sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_map_create_opts>()
+            as libbpf_rs::libbpf_sys::size_t,
+        ..Default::default()
+    };
+    MapHandle::create(
+        MapType::RingBuf,
+        Some(format!("samples_cpu{cpu}")),
+        0,
+        0,
+        bytes,
+        &opts,
+    )
+    .with_context(|| format!("creating a {bytes}-byte ring buffer for CPU {cpu}'s samples"))
 }
 
 /// Writer of the `unwind_rows` map (BPF_F_MMAPABLE): each write maps just
@@ -373,16 +395,17 @@ impl MappedRows {
     }
 }
 
-/// Size of the `samples` ring buffer, bytes: room for a quarter second of
-/// samples at 1 KiB each (a 30-frame stack takes 350 bytes, a 1024-frame one
-/// 8 KiB) from every CPU, as a power of two between 2 MiB and 256 MiB. User
-/// space drains it at least every 100 ms, and the BPF program wakes user space
-/// early once a quarter of it is used. Its memory is the kernel's, but
-/// user space maps it (twice, for wrap-around reads), so it counts twice
-/// in the profiler's resident set: small is better.
-pub fn samples_ring_bytes(cpus: usize, freq_hz: u64) -> u32 {
-    let wanted = (cpus as u64).saturating_mul(freq_hz).saturating_mul(1024) / 4;
-    wanted.clamp(2 << 20, 256 << 20).next_power_of_two() as u32
+/// Size of each CPU's ring buffer in `samples`, bytes: room for a quarter
+/// second of samples at 1 KiB each (a 30-frame stack takes 350 bytes, a
+/// 1024-frame one 8 KiB) at `freq_hz`, as a power of two between 512 KiB
+/// and 64 MiB. User space drains the rings at least every 100 ms, and the
+/// BPF program wakes user space early once a ring is a quarter full. Their
+/// memory is the kernel's, but user space maps each ring (twice, for
+/// wrap-around reads), so it counts twice in the profiler's resident set:
+/// small is better.
+pub fn samples_ring_bytes_per_cpu(freq_hz: u64) -> u32 {
+    let wanted = freq_hz.saturating_mul(1024) / 4;
+    wanted.clamp(512 << 10, 64 << 20).next_power_of_two() as u32
 }
 
 /// Online CPUs, from `/sys/devices/system/cpu/online` (a range list such as `0-3,6`).
@@ -477,12 +500,13 @@ impl<'obj> Sampler<'obj> {
             rodata.filter_pids = !config.pids.is_empty();
             rodata.exclude_pid = config.exclude_pid.unwrap_or(0);
         }
-        let cpus = online_cpus()?.len();
-        let ring_bytes = samples_ring_bytes(cpus, config.sample_freq_hz);
+        let online = online_cpus()?;
+        let ring_bytes = samples_ring_bytes_per_cpu(config.sample_freq_hz);
+        let ring_slots = online.iter().max().map_or(1, |&cpu| cpu + 1);
         open.maps
             .samples
-            .set_max_entries(ring_bytes)
-            .context("sizing the samples ring buffer")?;
+            .set_max_entries(ring_slots)
+            .context("sizing the samples ring buffer array")?;
         if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
             rodata.samples_wakeup_bytes = u64::from(ring_bytes / 4);
         }
@@ -498,6 +522,19 @@ impl<'obj> Sampler<'obj> {
         let skel = open
             .load()
             .context("loading the BPF program (the verifier rejected it, or BTF/CAP_BPF is missing; rerun with --libbpf-debug)")?;
+        let mut sample_rings = Vec::with_capacity(online.len());
+        for &cpu in &online {
+            let ring = create_sample_ring(cpu, ring_bytes)?;
+            skel.maps
+                .samples
+                .update(
+                    &cpu.to_ne_bytes(),
+                    &ring.as_fd().as_raw_fd().to_ne_bytes(),
+                    MapFlags::ANY,
+                )
+                .with_context(|| format!("installing the samples ring buffer of CPU {cpu}"))?;
+            sample_rings.push(ring);
+        }
         for pid in &config.pids {
             skel.maps
                 .target_pids
@@ -524,6 +561,7 @@ impl<'obj> Sampler<'obj> {
         Ok(Sampler {
             skel,
             cpus: links.len() - TRACKING_LINKS,
+            sample_rings,
             rows,
             links: RefCell::new(links),
         })
@@ -558,9 +596,11 @@ impl<'obj> Sampler<'obj> {
         self.cpus
     }
 
-    /// Build a reader of both ring buffers: each sample record is parsed into
-    /// a [`RawSample`] and appended to `samples` (records that do not parse
-    /// are counted in `malformed`); each process event is appended to `events`.
+    /// Build a reader of the ring buffers (every CPU's samples, and the
+    /// events): each sample record is parsed into a [`RawSample`] and
+    /// appended to `samples` (records that do not parse are counted in
+    /// `malformed`); each process event is appended to `events`. Records of
+    /// different CPUs arrive in no particular order.
     pub fn ring_buffer(
         &self,
         samples: Rc<RefCell<Vec<RawSample>>>,
@@ -568,13 +608,17 @@ impl<'obj> Sampler<'obj> {
         malformed: Rc<RefCell<u64>>,
     ) -> Result<RingBuffer<'_>> {
         let mut builder = RingBufferBuilder::new();
-        builder.add(&self.skel.maps.samples, move |data: &[u8]| {
-            match RawSample::parse(data) {
-                Ok(sample) => samples.borrow_mut().push(sample),
-                Err(_) => *malformed.borrow_mut() += 1,
-            }
-            0
-        })?;
+        for ring in &self.sample_rings {
+            let samples = samples.clone();
+            let malformed = malformed.clone();
+            builder.add(ring, move |data: &[u8]| {
+                match RawSample::parse(data) {
+                    Ok(sample) => samples.borrow_mut().push(sample),
+                    Err(_) => *malformed.borrow_mut() += 1,
+                }
+                0
+            })?;
+        }
         builder.add(&self.skel.maps.events, move |data: &[u8]| {
             if let Some(event) = ProcessEvent::parse(data) {
                 events.borrow_mut().push(event);
@@ -685,10 +729,11 @@ impl<'obj> Sampler<'obj> {
     }
 }
 
-/// Wait up to `timeout` for a wake-up from `ring`, then take every record in
-/// it. The BPF program wakes user space only once a quarter of the ring
-/// ([`samples_ring_bytes`]) is waiting, so most records are read here after
-/// the timeout rather than on a wake-up; callers poll at least every 100 ms.
+/// Wait up to `timeout` for a wake-up from any of `ring`'s ring buffers,
+/// then take every record in all of them. The BPF program wakes user space
+/// only once a quarter of a CPU's ring ([`samples_ring_bytes_per_cpu`]) is
+/// waiting, so most records are read here after the timeout rather than on
+/// a wake-up; callers poll at least every 100 ms.
 /// A signal arriving during the wait (e.g. the SIGINT that stops the run)
 /// is not an error: the caller checks its stop flag after every poll.
 pub fn poll(ring: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
@@ -705,12 +750,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ring_buffer_grows_with_cpus_and_frequency() {
-        assert_eq!(samples_ring_bytes(2, 99), 2 << 20);
-        assert_eq!(samples_ring_bytes(2, 999), 2 << 20);
-        assert_eq!(samples_ring_bytes(2, 10_000), 8 << 20);
-        assert_eq!(samples_ring_bytes(64, 999), 16 << 20);
-        assert_eq!(samples_ring_bytes(4096, 100_000), 256 << 20);
+    fn ring_buffers_grow_with_frequency() {
+        assert_eq!(samples_ring_bytes_per_cpu(99), 512 << 10);
+        assert_eq!(samples_ring_bytes_per_cpu(999), 512 << 10);
+        assert_eq!(samples_ring_bytes_per_cpu(4_000), 1 << 20);
+        assert_eq!(samples_ring_bytes_per_cpu(10_000), 4 << 20);
+        assert_eq!(samples_ring_bytes_per_cpu(1_000_000), 64 << 20);
     }
 
     #[test]

@@ -21,9 +21,12 @@
 #define STACK_CHUNK_SIZE 512
 /* Entries of each CPU's direct-mapped cache of unwind rows found recently. */
 #define ROW_CACHE_ENTRIES 1024
-/* Entries of each CPU's cache of rows by frame depth (frames deeper than
- * this share entries). */
-#define DEPTH_CACHE_ENTRIES 64
+/* Each CPU's cache of rows by stack position: entries, and the bytes of
+ * stack one entry stands for (the x86-64 ABI keeps rsp 16-byte aligned at
+ * calls, so callers' frames are at least 16 bytes apart). 128 entries
+ * cover 2 KiB of stack; frames further apart share entries. */
+#define STACK_SLOT_ENTRIES 128
+#define STACK_SLOT_BYTES 16
 /* Unsupported-rule kinds counted separately (see docs/unwind-tables.md). */
 #define MAX_UNSUPPORTED_KINDS 16
 #define TASK_COMM_LEN 16
