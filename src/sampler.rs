@@ -17,6 +17,7 @@ use libbpf_rs::{
     Link, MapCore, MapFlags, MapHandle, MapType, OpenObject, RingBuffer, RingBufferBuilder,
 };
 use perf_event_open_sys as perf;
+use tracing::warn;
 
 use crate::skel::{ProfilerSkel, ProfilerSkelBuilder};
 use crate::unwind::row::{Page, RawRow};
@@ -281,7 +282,7 @@ const STAT_UNSUPPORTED_BASE: u32 = 4;
 pub struct BpfStats {
     /// Samples of wanted tasks that reached the program.
     pub samples: u64,
-    /// Samples the ring buffer had no room for (lost).
+    /// Samples their CPU's ring buffer had no room for (lost).
     pub lost: u64,
     /// Samples whose kernel stack could not be read.
     pub kernel_stack_errors: u64,
@@ -298,8 +299,11 @@ pub struct Sampler<'obj> {
     // closes its perf event.
     links: RefCell<Vec<Link>>,
     cpus: usize,
-    /// One ring buffer per online CPU, in the `samples` array at that CPU's id.
+    /// One ring buffer per CPU online at start, in the `samples` array at
+    /// that CPU's id.
     sample_rings: Vec<MapHandle>,
+    /// The CPUs of `sample_rings`, in the same order: the CPUs sampled.
+    ring_cpus: Vec<u32>,
     /// The `unwind_rows` array, mapped into this process (BPF_F_MMAPABLE).
     rows: MappedRows,
 }
@@ -397,7 +401,7 @@ impl MappedRows {
 
 /// Size of each CPU's ring buffer in `samples`, bytes: room for a quarter
 /// second of samples at 1 KiB each (a 30-frame stack takes 350 bytes, a
-/// 1024-frame one 8 KiB) at `freq_hz`, as a power of two between 512 KiB
+/// 1024-frame one 8 KiB) at `freq_hz`, as a power of two between 128 KiB
 /// and 64 MiB. User space drains the rings at least every 100 ms, and the
 /// BPF program wakes user space early once a ring is a quarter full. Their
 /// memory is the kernel's, but user space maps each ring (twice, for
@@ -405,7 +409,7 @@ impl MappedRows {
 /// small is better.
 pub fn samples_ring_bytes_per_cpu(freq_hz: u64) -> u32 {
     let wanted = freq_hz.saturating_mul(1024) / 4;
-    wanted.clamp(512 << 10, 64 << 20).next_power_of_two() as u32
+    wanted.clamp(128 << 10, 64 << 20).next_power_of_two() as u32
 }
 
 /// Online CPUs, from `/sys/devices/system/cpu/online` (a range list such as `0-3,6`).
@@ -460,9 +464,11 @@ const TRACKING_LINKS: usize = 2;
 
 /// Open a cpu-clock perf event on every online CPU at `freq_hz` and attach
 /// the sampling program to each.
-fn attach_cpu_events(skel: &ProfilerSkel<'_>, freq_hz: u64) -> Result<Vec<Link>> {
+/// Open a cpu-clock event at `freq_hz` on each of `cpus` and attach the
+/// sampling program to it.
+fn attach_cpu_events(skel: &ProfilerSkel<'_>, cpus: &[u32], freq_hz: u64) -> Result<Vec<Link>> {
     let mut links = Vec::new();
-    for cpu in online_cpus()? {
+    for &cpu in cpus {
         let fd = open_cpu_clock_event(cpu, freq_hz)?;
         let link = skel
             .progs
@@ -556,12 +562,13 @@ impl<'obj> Sampler<'obj> {
                 .attach()
                 .context("attaching to tp_btf/sched_process_exit")?,
         ];
-        links.extend(attach_cpu_events(&skel, config.sample_freq_hz)?);
+        links.extend(attach_cpu_events(&skel, &online, config.sample_freq_hz)?);
         let rows = MappedRows::new(skel.maps.unwind_rows.as_fd(), config.max_unwind_rows)?;
         Ok(Sampler {
             skel,
             cpus: links.len() - TRACKING_LINKS,
             sample_rings,
+            ring_cpus: online,
             rows,
             links: RefCell::new(links),
         })
@@ -586,7 +593,18 @@ impl<'obj> Sampler<'obj> {
         if self.links.borrow().len() > TRACKING_LINKS {
             return Ok(());
         }
-        let events = attach_cpu_events(&self.skel, freq_hz)?;
+        // A CPU that came online after start has no ring buffer: its
+        // samples could not be sent, so it is not sampled.
+        if let Ok(online) = online_cpus() {
+            let missing: Vec<u32> = online
+                .into_iter()
+                .filter(|cpu| !self.ring_cpus.contains(cpu))
+                .collect();
+            if !missing.is_empty() {
+                warn!("CPUs {missing:?} came online after start and are not sampled (restart to include them)");
+            }
+        }
+        let events = attach_cpu_events(&self.skel, &self.ring_cpus, freq_hz)?;
         self.links.borrow_mut().extend(events);
         Ok(())
     }
@@ -751,8 +769,8 @@ mod tests {
 
     #[test]
     fn ring_buffers_grow_with_frequency() {
-        assert_eq!(samples_ring_bytes_per_cpu(99), 512 << 10);
-        assert_eq!(samples_ring_bytes_per_cpu(999), 512 << 10);
+        assert_eq!(samples_ring_bytes_per_cpu(99), 128 << 10);
+        assert_eq!(samples_ring_bytes_per_cpu(999), 256 << 10);
         assert_eq!(samples_ring_bytes_per_cpu(4_000), 1 << 20);
         assert_eq!(samples_ring_bytes_per_cpu(10_000), 4 << 20);
         assert_eq!(samples_ring_bytes_per_cpu(1_000_000), 64 << 20);

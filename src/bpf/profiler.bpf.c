@@ -578,7 +578,8 @@ static __always_inline void send_sample(struct scratch_space *sc)
 	__u32 cpu = s->header.cpu;
 	void *ring = bpf_map_lookup_elem(&samples, &cpu);
 	if (!ring) {
-		/* A CPU that came online after start has no ring. */
+		/* User space attaches only to CPUs it made a ring for; were
+		 * this one missing, its samples count as lost. */
 		count(STAT_LOST_RINGBUF);
 		return;
 	}

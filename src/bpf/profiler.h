@@ -47,7 +47,7 @@ enum unwind_status {
 /* Indices into the per-CPU `stats` array map. */
 enum stat_index {
 	STAT_SAMPLES = 0,           /* perf events that reached the program for a wanted task */
-	STAT_LOST_RINGBUF = 1,      /* records the ring buffer had no room for */
+	STAT_LOST_RINGBUF = 1,      /* records their CPU's ring buffer had no room for */
 	STAT_KERNEL_STACK_ERROR = 2,/* bpf_get_stack failed for the kernel stack */
 	STAT_EVENTS_LOST = 3,       /* process events the events ring buffer had no room for */
 	STAT_UNSUPPORTED_BASE = 4,  /* + kind: walks stopped by an unsupported rule of that kind */
@@ -58,7 +58,7 @@ enum stat_index {
 #define SAMPLE_FLAG_KERNEL_THREAD 1
 
 /*
- * The fixed-size head of one sample record in the `samples` ring buffer. It is
+ * The fixed-size head of one sample record in a `samples` ring buffer. It is
  * followed by kernel_frames kernel addresses (leaf first), then user_frames user
  * addresses (leaf first, each a u64). Records are variable length: only the
  * frames that exist are sent.

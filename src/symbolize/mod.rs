@@ -221,8 +221,11 @@ impl Symbolizer {
                 .insert(object, (path.to_path_buf(), size));
             if let Some((old_path, _)) = previous.filter(|(old_path, _)| old_path != path) {
                 // The same object reached through another descriptor: what
-                // blazesym cached under the old path would never be used.
-                self.evict(&old_path);
+                // blazesym cached under the old path would never be used
+                // (unless another object is now reached through it).
+                if !self.parsed.borrow().values().any(|(p, _)| *p == old_path) {
+                    self.evict(&old_path);
+                }
             }
             kept = self.inner.borrow();
             &kept
@@ -285,7 +288,10 @@ impl Symbolizer {
 
     /// After a window: keep the parsed data of the objects it used (`used`)
     /// while their files total at most [`PARSED_OBJECTS_BUDGET_BYTES`], and
-    /// evict everything else.
+    /// evict everything else. Over the budget, blazesym starts afresh, which
+    /// also drops what it holds for separate debug files (`.gnu_debuglink`
+    /// targets are cached under their own paths, which eviction by object
+    /// path does not reach).
     fn keep_only<V>(&self, used: &HashMap<ObjectId, V>) {
         let mut parsed = self.parsed.borrow_mut();
         let kept: u64 = parsed
@@ -293,19 +299,24 @@ impl Symbolizer {
             .filter(|(object, _)| used.contains_key(*object))
             .map(|(_, (_, size))| size)
             .sum();
-        let over_budget = kept > PARSED_OBJECTS_BUDGET_BYTES;
-        if over_budget {
+        if kept > PARSED_OBJECTS_BUDGET_BYTES {
             debug!(
                 "symbolizer: this window's objects total {kept} bytes, over the budget: none kept"
             );
+            *self.inner.borrow_mut() = Self::blazesym();
+            parsed.clear();
+            return;
         }
-        parsed.retain(|object, (path, _)| {
-            let keep = !over_budget && used.contains_key(object);
-            if !keep {
+        let (keep, drop): (HashMap<_, _>, HashMap<_, _>) = parsed
+            .drain()
+            .partition(|(object, _)| used.contains_key(object));
+        for (path, _) in drop.values() {
+            // A path a kept object is also reached through stays.
+            if !keep.values().any(|(p, _)| p == path) {
                 self.evict(path);
             }
-            keep
-        });
+        }
+        *parsed = keep;
     }
 
     /// Symbolize every stack in `aggregator` and build the window's profile.

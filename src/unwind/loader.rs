@@ -1,7 +1,7 @@
 //! Keeps the BPF walker supplied: describes each sampled process's
 //! executable mappings to it (`process_mappings` map) and loads the unwind
 //! tables of the objects they map (`unwind_rows`, `unwind_pages`,
-//! `loaded_objects`), built on a background thread so sampling never waits.
+//! `loaded_objects`), built on background threads so sampling never waits.
 //!
 //! Tables are keyed by object and shared by every process mapping it. Their
 //! rows live in one array map sized by the memory budget
@@ -43,7 +43,14 @@ struct BuildRequest {
     object_id: u32,
     name: String,
     source: TableSource,
+    /// Size of the object, bytes (file size, or the in-memory image's).
+    bytes: u64,
 }
+
+/// Objects up to this size (bytes) also go to a second build thread, which
+/// builds nothing bigger: a small program sampled at start does not wait
+/// behind a large shared object (librustc_driver, 153 MB, takes seconds).
+pub const SMALL_OBJECT_BYTES: u64 = 16 << 20;
 
 struct BuildResult {
     object_id: u32,
@@ -152,6 +159,8 @@ pub struct UnwindLoader {
 
 /// Tables waiting to be built, most wanted first: the priority of a
 /// request grows with every sample that needed its table before it loaded.
+/// Two threads take requests: one takes any, the other only objects of at
+/// most [`SMALL_OBJECT_BYTES`].
 #[derive(Default)]
 struct BuildQueue {
     pending: Mutex<PendingBuilds>,
@@ -179,7 +188,9 @@ impl BuildQueue {
         pending
             .requests
             .insert(request.object_id, (priority, order, request));
-        self.ready.notify_one();
+        // Wake both threads: the one that waits for small objects may be
+        // the only one free, or the only one that must not take this.
+        self.ready.notify_all();
     }
 
     /// Raise the priority of `object_id`'s request, if it is still waiting.
@@ -189,8 +200,9 @@ impl BuildQueue {
         }
     }
 
-    /// The most wanted request (highest priority, then oldest); `None` once closed.
-    fn pop(&self) -> Option<BuildRequest> {
+    /// The most wanted request (highest priority, then oldest) for an
+    /// object of at most `max_bytes`, waiting for one; `None` once closed.
+    fn pop(&self, max_bytes: u64) -> Option<BuildRequest> {
         let mut pending = self.lock();
         loop {
             if pending.closed {
@@ -199,6 +211,7 @@ impl BuildQueue {
             let best = pending
                 .requests
                 .iter()
+                .filter(|(_, (_, _, request))| request.bytes <= max_bytes)
                 .max_by_key(|(_, (priority, order, _))| (*priority, std::cmp::Reverse(*order)))
                 .map(|(&id, _)| id);
             if let Some(id) = best {
@@ -234,8 +247,15 @@ fn map_object(path: &std::path::Path) -> std::io::Result<memmap2::Mmap> {
     unsafe { memmap2::MmapOptions::new().map_copy_read_only(&file) }
 }
 
-fn build_worker(queue: Arc<BuildQueue>, results: Sender<BuildResult>, cache_dir: Option<PathBuf>) {
-    while let Some(request) = queue.pop() {
+/// A build thread: builds the tables of objects of at most `max_bytes`
+/// from `queue` until it is closed.
+fn build_worker(
+    queue: Arc<BuildQueue>,
+    max_bytes: u64,
+    results: Sender<BuildResult>,
+    cache_dir: Option<PathBuf>,
+) {
+    while let Some(request) = queue.pop(max_bytes) {
         let table = match request.source {
             TableSource::File { open, path } => map_object(&open)
                 .with_context(|| format!("reading {}", path.display()))
@@ -258,15 +278,20 @@ fn build_worker(queue: Arc<BuildQueue>, results: Sender<BuildResult>, cache_dir:
 impl UnwindLoader {
     /// A loader for a walker whose `unwind_rows` map holds `capacity_rows`
     /// rows. Tables are cached on disk under `cache_dir` when given.
-    /// Starts the background build thread.
+    /// Starts the two background build threads (see [`SMALL_OBJECT_BYTES`]).
     pub fn new(capacity_rows: u32, cache_dir: Option<PathBuf>) -> Result<Self> {
         let queue = Arc::new(BuildQueue::default());
         let (result_tx, result_rx) = mpsc::channel();
-        let worker_queue = queue.clone();
-        thread::Builder::new()
-            .name("unwind-tables".into())
-            .spawn(move || build_worker(worker_queue, result_tx, cache_dir))
-            .context("starting the unwind-table thread")?;
+        for (name, max_bytes) in [
+            ("unwind-tables", u64::MAX),
+            ("unwind-small", SMALL_OBJECT_BYTES),
+        ] {
+            let (queue, results, cache_dir) = (queue.clone(), result_tx.clone(), cache_dir.clone());
+            thread::Builder::new()
+                .name(name.into())
+                .spawn(move || build_worker(queue, max_bytes, results, cache_dir))
+                .with_context(|| format!("starting the {name} thread"))?;
+        }
         Ok(UnwindLoader {
             capacity_rows,
             allocator: RowAllocator::new(capacity_rows),
@@ -458,11 +483,16 @@ impl UnwindLoader {
                 last_used: self.clock,
             },
         );
+        let bytes = match &source {
+            TableSource::File { open, .. } => std::fs::metadata(open).map_or(0, |m| m.len()),
+            TableSource::Bytes(image) => image.len() as u64,
+        };
         self.queue.push(
             BuildRequest {
                 object_id,
                 name,
                 source,
+                bytes,
             },
             priority,
         );
@@ -554,7 +584,7 @@ impl UnwindLoader {
             .any(|t| matches!(t.state, TableState::Building))
     }
 
-    /// Load the tables the background thread has finished. Call often.
+    /// Load the tables the background threads have finished. Call often.
     pub fn load_ready_tables(&mut self, sampler: &Sampler<'_>) {
         while let Ok(result) = self.results.try_recv() {
             match result.table {
@@ -697,5 +727,38 @@ mod tests {
         assert_eq!(a.free, vec![(30, 70)]);
         a.release(0, 30);
         assert_eq!(a.free, vec![(0, 100)]);
+    }
+
+    fn request(object_id: u32, bytes: u64) -> BuildRequest {
+        BuildRequest {
+            object_id,
+            name: format!("object {object_id}"),
+            source: TableSource::Bytes(Vec::new()),
+            bytes,
+        }
+    }
+
+    #[test]
+    fn queue_gives_the_small_object_thread_only_small_objects() {
+        let queue = BuildQueue::default();
+        queue.push(request(1, 150 << 20), 5);
+        queue.push(request(2, 20 << 10), 1);
+        queue.push(request(3, 30 << 10), 1);
+        // Most wanted first; equal priorities in arrival order.
+        assert_eq!(queue.pop(SMALL_OBJECT_BYTES).unwrap().object_id, 2);
+        queue.bump(3);
+        assert_eq!(queue.pop(u64::MAX).unwrap().object_id, 1);
+        assert_eq!(queue.pop(u64::MAX).unwrap().object_id, 3);
+        // A thread waiting for small objects does not take a big one.
+        queue.push(request(4, 150 << 20), 9);
+        let queue = Arc::new(queue);
+        let small = {
+            let queue = queue.clone();
+            thread::spawn(move || queue.pop(SMALL_OBJECT_BYTES).map(|r| r.object_id))
+        };
+        queue.push(request(5, 1 << 20), 0);
+        assert_eq!(small.join().unwrap(), Some(5));
+        queue.close();
+        assert!(queue.pop(u64::MAX).is_none());
     }
 }
