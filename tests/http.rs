@@ -458,6 +458,12 @@ fn errors_and_limits() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {text}");
         assert!(text.contains(expected), "{query}: {text}");
     }
+    // Above the largest pid_max (2^22): no such process can exist.
+    let (status, text) = body(authed(
+        &agent.url("/debug/pprof/profile?seconds=1&pids=4194305"),
+    ));
+    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+    assert!(text.contains("process 4194305 does not exist"), "{text}");
 
     // Two requests in progress (the limit), the first at 99 Hz.
     let long = |delay_ms: u64| {

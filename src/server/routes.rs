@@ -238,6 +238,19 @@ async fn profile(State(state): State<AppState>, RawQuery(query): RawQuery) -> Re
             return text(StatusCode::BAD_REQUEST, message);
         }
     };
+    // Like `--pids` on the command line: a process that does not exist
+    // would only ever give an empty profile.
+    if let Some(pid) = query
+        .pids
+        .iter()
+        .find(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+    {
+        metrics.profile_request("not_found");
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("process {pid} does not exist (no /proc/{pid})"),
+        );
+    }
     let active = metrics.profile_requests_active();
     if active.fetch_add(1, Ordering::SeqCst) >= state.max_requests as u64 {
         active.fetch_sub(1, Ordering::SeqCst);
