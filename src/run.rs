@@ -51,7 +51,7 @@ pub struct RunSummary {
     pub samples: u64,
     /// Distinct processes with samples.
     pub processes: usize,
-    /// Samples lost (ring buffer full, or records that did not parse).
+    /// Samples lost (a ring buffer full, or records that did not parse).
     pub lost: u64,
     /// Samples per unwind result (`complete`, `truncated`, ...).
     pub unwind: BTreeMap<String, u64>,
@@ -356,7 +356,8 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
             {
                 // Read the clock, then everything submitted before it.
                 let now = timefmt::monotonic_ns();
-                ring.consume().context("draining the samples ring buffer")?;
+                ring.consume()
+                    .context("draining the samples ring buffers")?;
                 drain(&mut tracker, &mut windows, &mut subscriptions, &mut loader);
                 for closed in windows.close_due(now) {
                     totals.account(&closed);
@@ -405,9 +406,10 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                 metrics.set_sampling_freq(sampling.freq_hz().unwrap_or(0));
             }
         }
-        // Stop sampling, then take what is still in the ring buffer.
+        // Stop sampling, then take what is still in the ring buffers.
         sampler.detach();
-        ring.consume().context("draining the samples ring buffer")?;
+        ring.consume()
+            .context("draining the samples ring buffers")?;
         drain(&mut tracker, &mut windows, &mut subscriptions, &mut loader);
     }
     // Requests still in progress get 503: their span outlives the run.

@@ -757,9 +757,10 @@ impl<'obj> Sampler<'obj> {
 pub fn poll(ring: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
     match ring.poll(timeout) {
         Err(err) if err.kind() == libbpf_rs::ErrorKind::Interrupted => {}
-        other => other.context("polling the samples ring buffer")?,
+        other => other.context("polling the samples ring buffers")?,
     }
-    ring.consume().context("draining the samples ring buffer")?;
+    ring.consume()
+        .context("draining the samples ring buffers")?;
     Ok(())
 }
 
