@@ -462,9 +462,7 @@ fn open_cpu_clock_event(cpu: u32, freq_hz: u64) -> Result<OwnedFd> {
 /// Links that are not perf events (exec and exit tracking), first in `Sampler::links`.
 const TRACKING_LINKS: usize = 2;
 
-/// Open a cpu-clock perf event on every online CPU at `freq_hz` and attach
-/// the sampling program to each.
-/// Open a cpu-clock event at `freq_hz` on each of `cpus` and attach the
+/// Open a cpu-clock perf event at `freq_hz` on each of `cpus` and attach the
 /// sampling program to it.
 fn attach_cpu_events(skel: &ProfilerSkel<'_>, cpus: &[u32], freq_hz: u64) -> Result<Vec<Link>> {
     let mut links = Vec::new();
