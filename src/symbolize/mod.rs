@@ -559,22 +559,14 @@ mod tests {
         assert_eq!(demangle("main"), "main");
     }
 
-    /// The first executable mapping of this test process whose path
-    /// satisfies `wanted` (/proc/self/maps): an address inside it.
+    /// An address in the middle of the first executable mapping of this
+    /// test process whose path satisfies `wanted` (/proc/self/maps).
     fn address_in(wanted: impl Fn(&str) -> bool) -> u64 {
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        maps.lines()
-            .find_map(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                let (range, perms, path) = (fields[0], fields[1], fields.get(5)?);
-                if !perms.contains('x') || !wanted(path) {
-                    return None;
-                }
-                let (start, end) = range.split_once('-')?;
-                let start = u64::from_str_radix(start, 16).ok()?;
-                let end = u64::from_str_radix(end, 16).ok()?;
-                Some(start + (end - start) / 2)
-            })
+        crate::process::maps::read_maps(std::process::id())
+            .unwrap()
+            .into_iter()
+            .find(|m| m.executable && wanted(&m.path))
+            .map(|m| m.start + (m.end - m.start) / 2)
             .unwrap()
     }
 
