@@ -5,7 +5,7 @@
 //!
 //! Dropping the [`Sampler`] detaches every program and closes every perf event.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::rc::Rc;
@@ -275,7 +275,8 @@ pub struct ExecMapping {
 pub const MAX_PROCESS_MAPPINGS: usize = 256;
 /// Unsupported-rule kinds the BPF program counts (`MAX_UNSUPPORTED_KINDS`).
 pub const MAX_UNSUPPORTED_KINDS: usize = 16;
-const STAT_UNSUPPORTED_BASE: u32 = 4;
+const STAT_WALKS_REUSED: u32 = 4;
+const STAT_UNSUPPORTED_BASE: u32 = 5;
 
 /// Counters the BPF program keeps (per-CPU `stats` map, summed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -288,6 +289,9 @@ pub struct BpfStats {
     pub kernel_stack_errors: u64,
     /// Process events the events ring buffer had no room for.
     pub events_lost: u64,
+    /// User walks that took their callers from their CPU's previous walk
+    /// instead of walking them (docs/unwind-tables.md).
+    pub walks_reused: u64,
     /// Walks stopped by an unsupported CFI rule, by kind (docs/unwind-tables.md).
     pub unsupported: [u64; MAX_UNSUPPORTED_KINDS],
 }
@@ -306,6 +310,10 @@ pub struct Sampler<'obj> {
     ring_cpus: Vec<u32>,
     /// The `unwind_rows` array, mapped into this process (BPF_F_MMAPABLE).
     rows: MappedRows,
+    /// The last `process_info.generation` written: every description of a
+    /// process gets a new one, so the walker never reuses a walk made under
+    /// other mappings.
+    mapping_generation: Cell<u32>,
 }
 
 /// A ring buffer of `bytes` (a power of two) for CPU `cpu`'s samples.
@@ -569,6 +577,7 @@ impl<'obj> Sampler<'obj> {
             ring_cpus: online,
             rows,
             links: RefCell::new(links),
+            mapping_generation: Cell::new(0),
         })
     }
 
@@ -648,8 +657,11 @@ impl<'obj> Sampler<'obj> {
     /// [`MAX_PROCESS_MAPPINGS`], the rest are dropped) to the walker.
     pub fn set_process(&self, pid: u32, mappings: &[ExecMapping]) -> Result<()> {
         let count = mappings.len().min(MAX_PROCESS_MAPPINGS);
+        let generation = self.mapping_generation.get().wrapping_add(1);
+        self.mapping_generation.set(generation);
         let mut value = vec![0u8; 8 + 32 * MAX_PROCESS_MAPPINGS];
         value[0..4].copy_from_slice(&(count as u32).to_ne_bytes());
+        value[4..8].copy_from_slice(&generation.to_ne_bytes());
         for (i, m) in mappings.iter().take(count).enumerate() {
             let at = 8 + 32 * i;
             value[at..at + 8].copy_from_slice(&m.start.to_ne_bytes());
@@ -740,6 +752,7 @@ impl<'obj> Sampler<'obj> {
             lost: read(1)?,
             kernel_stack_errors: read(2)?,
             events_lost: read(3)?,
+            walks_reused: read(STAT_WALKS_REUSED)?,
             unsupported,
         })
     }

@@ -410,6 +410,73 @@ fn c_recursion_300() {
     );
 }
 
+/// `main` calling `left` and `right` in turn, both calling `mid -> spin`.
+/// `left` and `right` have the same frame size, so `mid` and `spin` run at
+/// the same stack addresses with the same registers on either path: only
+/// the return address into `left` or `right` tells them apart.
+fn two_paths_source() -> String {
+    format!(
+        "{DIE_WITH_PARENT}{STOP_FLAG}
+__attribute__((noinline)) void spin(void) {{ for (int i = 0; i < 20000; i++) sink++; }}
+__attribute__((noinline)) void mid(void) {{ spin(); sink++; }}
+__attribute__((noinline)) void left(void) {{ mid(); sink += 1; }}
+__attribute__((noinline)) void right(void) {{ mid(); sink += 2; }}
+int main(void) {{ while (!stop) {{ left(); right(); }} return 0; }}
+"
+    )
+}
+
+/// Each CPU reuses its previous walk when a new one reaches the same
+/// registers, after checking every stack word that walk read. Here the
+/// two paths alternate every few tens of microseconds with identical
+/// registers below `left`/`right`: both must keep about half of the
+/// samples, with exact chains. A walk is reused when the previous sample
+/// on its CPU took the same path, about half of the time: at least a
+/// quarter must be (the debug log's `walks_reused`).
+#[test]
+fn reused_walks_check_every_caller() {
+    let _serial = serial();
+    let program = compile("lsw_uw_paths", &two_paths_source(), NO_FP);
+    let target = Target::run(&program.path);
+    let dir = tempdir();
+    let mut args = profile_args(target.pid, "2", dir.path());
+    args.extend(["--logging".to_string(), "debug".to_string()]);
+    let p = finish(run(&args, TIMEOUT), dir.path());
+    let via = |caller: &'static str| {
+        move |u: &[&str]| complete_chain(u, &["main", caller, "mid", "spin"])
+    };
+    let left = tally(&p.stacks, &program.name, via("left"));
+    let right = tally(&p.stacks, &program.name, via("right"));
+    let both = Tally {
+        matching: left.matching + right.matching,
+        ..left
+    };
+    assert_share(&p, &program.name, "main;left|right;mid;spin", 0.95, both);
+    for (name, t) in [("left", left), ("right", right)] {
+        assert!(
+            t.matching * 10 >= both.matching * 3,
+            "{name} has {} of the {} samples in spin (expected about half):\n{}",
+            t.matching,
+            both.matching,
+            p.out
+        );
+    }
+    let reused: u64 = p
+        .out
+        .stderr
+        .split("walks_reused: ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no walks_reused in the debug log:\n{}", p.out));
+    assert!(
+        reused * 4 >= both.matching,
+        "only {reused} of {} walks were reused:\n{}",
+        both.matching,
+        p.out
+    );
+}
+
 const CPP_SOURCE: &str = r#"
 #include <functional>
 #include <signal.h>

@@ -17,6 +17,14 @@
  * walked per program run (bpf_loop); the walk continues in the same program
  * through tail calls up to MAX_USER_FRAMES. Mappings without CFI fall back to
  * frame pointers. Every sample records how its walk ended.
+ *
+ * Each CPU also remembers its last complete CFI walk: for every step, the
+ * rsp and rbp it started from, the range of pcs its unwind row covers, and
+ * the stack words it read. When one of a new walk's first MEMO_JOIN_FRAMES
+ * frames has the same rsp and rbp as a remembered step and a pc in its
+ * range, and every word the remembered walk read from there on still holds
+ * the same value, the rest of the walk would repeat it step for step: its
+ * frames are copied instead of walked (docs/unwind-tables.md).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -138,7 +146,8 @@ struct {
 struct row_cache_entry {
 	__u64 vaddr;        /* object vaddr the row was looked up for */
 	__u32 object_tag;   /* object_id + 1; 0 marks an empty entry */
-	__u32 padding;
+	__u32 row_end;      /* page offset where the row's rule ends: the next row's
+	                     * pc_low, or UNWIND_PAGE_SIZE */
 	struct unwind_row row;
 };
 
@@ -157,6 +166,60 @@ struct {
 	__type(value, struct row_cache);
 } row_cache SEC(".maps");
 
+/* One step of a remembered walk: the registers it started from. Any frame
+ * whose lookup address (ip, less 1 for a return address) is in
+ * [lookup_lo, lookup_hi) uses the same unwind row, so with the same rsp and
+ * rbp it computes the same CFA and reads the same words. (A PLT row also
+ * depends on the ip itself: its range is empty.) */
+struct memo_regs {
+	__u64 lookup_lo;
+	__u64 lookup_hi;
+	__u64 sp;
+	__u64 bp;
+	__u16 first_check;  /* index in walk_memo.checks of the step's first read */
+	__u8 padding[6];
+};
+
+/* One stack word a remembered walk read: its address and value. */
+struct memo_check {
+	__u64 addr;
+	__u64 value;
+};
+
+/* A complete CFI walk of one process. */
+struct walk_memo {
+	__u32 pid;
+	__u32 generation;   /* process_info.generation of the mappings it used */
+	__u32 frame_count;  /* 0: nothing remembered */
+	__u32 check_count;
+	__u64 end;          /* one past the highest stack byte the walk read */
+	/* Index of the frame with a given rsp: (rsp / STACK_SLOT_BYTES) mod
+	 * MEMO_INDEX_ENTRIES. Entries may be stale; a candidate is checked. */
+	__u8 by_sp[MEMO_INDEX_ENTRIES];
+	struct memo_regs regs[MEMO_FRAMES];
+	__u64 ips[MEMO_FRAMES];
+	/* Every word the walk read, in the order it read them (at most two
+	 * per frame: the return address and the caller's rbp). */
+	struct memo_check checks[MEMO_CHECKS];
+};
+
+/* memos[current] is the remembered walk; the walk in progress records its
+ * steps in the other one, which becomes current if the walk qualifies. */
+struct walk_memos {
+	__u32 current;
+	__u32 padding;
+	struct walk_memo memos[2];
+};
+
+/* Per-CPU remembered walks (a separate map: together with scratch_space
+ * they would exceed the 32 KiB a per-CPU value may have). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct walk_memos);
+} walk_memo SEC(".maps");
+
 /* State of one user-stack walk, carried across tail calls. */
 struct walk_state {
 	__u64 ip;
@@ -171,6 +234,13 @@ struct walk_state {
 	__u8 used_fp;       /* a frame was walked by frame pointers */
 	__u8 missing_table; /* a frame's object had no table loaded yet (walked by frame pointers) */
 	__u8 last_step_fp;  /* st->ip came from a frame-pointer step (may be garbage) */
+	__u8 signal_frame;  /* a step read registers from a signal frame: the walk is not remembered */
+	__u8 joining;       /* the current frame matches the remembered walk's frame memo_next */
+	__u8 join_failed;   /* the remembered walk did not hold: walk every frame */
+	__u8 joined;        /* the frames from memo_next on were copied from the remembered walk */
+	__u32 memo_next;
+	__u32 rec_checks;   /* words recorded so far in the walk being remembered */
+	__u64 rec_end;      /* one past the highest stack byte read so far */
 	/* The page the previous frame's row came from: consecutive frames are
 	 * often in the same page, which then costs no hash lookup. */
 	__u8 cached_page_valid;
@@ -180,10 +250,11 @@ struct walk_state {
 	 * verifier does not track every (lo, hi) pair as a separate state. */
 	__u32 search_lo;
 	__u32 search_hi;
+	__u32 search_end;
 	/* Index of the previous frame's mapping in the process's list. */
 	__u32 last_mapping;
 	/* Bytes of scratch_space.stack_chunk that hold user memory from
-	 * chunk_start on (0: none). */
+	 * chunk_start (8-byte aligned) on (0: none). */
 	__u32 chunk_len;
 	__u64 chunk_start;
 };
@@ -201,9 +272,12 @@ struct scratch_space {
 	 * with). */
 	struct row_cache_entry stack_slots[STACK_SLOT_ENTRIES];
 	struct stack_sample sample;
-	/* A copy of user stack memory (8 spare bytes keep every masked 8-byte
-	 * read in bounds for the verifier). */
-	__u8 stack_chunk[STACK_CHUNK_SIZE + 8];
+	/* A copy of user stack memory, as words: an aligned load is one
+	 * instruction, where a possibly unaligned one compiles to eight. */
+	__u64 stack_chunk[STACK_CHUNK_SIZE / 8];
+	/* The stack from a joined frame's rsp up to the end of what the
+	 * remembered walk read. */
+	__u64 replay_stack[REPLAY_STACK_BYTES / 8];
 };
 
 /* Per-CPU space where a record is assembled before it is copied out. */
@@ -300,10 +374,14 @@ static __always_inline long read_stack_word(struct scratch_space *sc, __u64 addr
 {
 	struct walk_state *st = &sc->state;
 	__u64 offset = addr - st->chunk_start;
-	if (addr >= st->chunk_start && offset + 8 <= st->chunk_len) {
-		*out = *(__u64 *)&sc->stack_chunk[offset & (STACK_CHUNK_SIZE - 1)];
+	if (addr >= st->chunk_start && offset + 8 <= st->chunk_len && (offset & 7) == 0) {
+		*out = sc->stack_chunk[(offset / 8) & (STACK_CHUNK_SIZE / 8 - 1)];
 		return 0;
 	}
+	/* Frames keep their saved words 8-byte aligned; anything else is read
+	 * on its own. */
+	if (addr & 7)
+		return bpf_probe_read_user(out, sizeof(*out), (void *)addr);
 	st->chunk_len = 0;
 	__u32 len = STACK_CHUNK_SIZE;
 	if (bpf_probe_read_user(sc->stack_chunk, STACK_CHUNK_SIZE, (void *)addr) != 0) {
@@ -318,11 +396,12 @@ static __always_inline long read_stack_word(struct scratch_space *sc, __u64 addr
 	}
 	st->chunk_start = addr;
 	st->chunk_len = len;
-	*out = *(__u64 *)&sc->stack_chunk[0];
+	*out = sc->stack_chunk[0];
 	return 0;
 }
 
-/* The last row of the page whose pc_low <= pc_low. */
+/* The last row of the page whose pc_low <= pc_low; st->search_end is set
+ * to where its rule ends (the next row's pc_low, or UNWIND_PAGE_SIZE). */
 static __always_inline struct unwind_row *find_row(struct walk_state *st, __u32 first, __u32 row_count,
 						   __u16 pc_low)
 {
@@ -343,7 +422,14 @@ static __always_inline struct unwind_row *find_row(struct walk_state *st, __u32 
 		else
 			st->search_hi = mid;
 	}
-	__u32 index = first + st->search_lo;
+	__u32 index = first + st->search_lo + 1;
+	struct unwind_row *next = bpf_map_lookup_elem(&unwind_rows, &index);
+	/* Kept in map memory: the verifier tracks no value there, so the
+	 * two outcomes do not double its states. */
+	st->search_end = UNWIND_PAGE_SIZE;
+	if (next && st->search_lo + 1 < row_count)
+		st->search_end = next->pc_low;
+	index--;
 	return bpf_map_lookup_elem(&unwind_rows, &index);
 }
 
@@ -386,7 +472,74 @@ struct walk_context {
 	struct scratch_space *sc;
 	struct process_info *proc;
 	struct row_cache *cache;
+	struct walk_memos *memos;
 };
+
+/* Whether the frame about to be walked (st's registers) is a frame of the
+ * remembered walk of this process under its current mappings; if so, its
+ * index is in st->memo_next. */
+static __always_inline bool join_remembered_walk(struct walk_context *wc, struct walk_state *st)
+{
+	struct walk_memo *memo = &wc->memos->memos[wc->memos->current & 1];
+	if (memo->frame_count == 0 || memo->pid != wc->sc->sample.header.pid ||
+	    memo->generation != wc->proc->generation)
+		return false;
+	__u32 i = memo->by_sp[(st->sp / STACK_SLOT_BYTES) & (MEMO_INDEX_ENTRIES - 1)];
+	if (i >= memo->frame_count)
+		return false;
+	struct memo_regs *r = &memo->regs[i & (MEMO_FRAMES - 1)];
+	__u64 lookup = st->ip - (st->exact_ip ? 0 : 1);
+	if (lookup < r->lookup_lo || lookup >= r->lookup_hi || r->sp != st->sp || r->bp != st->bp)
+		return false;
+	st->memo_next = i;
+	st->joining = 1;
+	return true;
+}
+
+/* Finish the walk with the remembered walk's frames from st->memo_next on,
+ * if every word it read from there on still holds the same value: then,
+ * step by step, walking would compute the same registers again. Returns
+ * false, with st unchanged, if the stack changed or cannot be read. */
+static __always_inline bool replay_remembered_walk(struct scratch_space *sc, struct walk_memo *memo)
+{
+	struct walk_state *st = &sc->state;
+	__u32 m = st->memo_next & (MEMO_FRAMES - 1);
+	__u64 base = st->sp;
+	__u64 span = memo->end - base;
+	if (memo->end <= base || span > REPLAY_STACK_BYTES)
+		return false;
+	if (bpf_probe_read_user(sc->replay_stack, span, (void *)base) != 0)
+		return false;
+	__u32 first = memo->regs[m].first_check;
+#pragma clang loop unroll(disable)
+	for (__u32 i = 0; i < MEMO_CHECKS; i++) {
+		__u32 c = first + i;
+		if (c >= memo->check_count)
+			break;
+		struct memo_check *k = &memo->checks[c & (MEMO_CHECKS - 1)];
+		__u64 offset = k->addr - base;
+		if (offset + 8 > span || (offset & 7) ||
+		    sc->replay_stack[(offset / 8) & (REPLAY_STACK_BYTES / 8 - 1)] != k->value)
+			return false;
+	}
+	/* During a join the walk is at most MEMO_JOIN_FRAMES user frames
+	 * deep, so the copy stays within the record. Both are 64-bit so that
+	 * the verifier sees the checks on the very registers the copy uses
+	 * (not on zero-extended copies of them). */
+	__u64 slot = (__u64)st->kernel_frames + st->user_frames;
+	__u64 frames = (__u64)memo->frame_count - m;
+	if (slot > MAX_KERNEL_FRAMES + MEMO_JOIN_FRAMES || frames == 0 || frames > MEMO_FRAMES)
+		return false;
+	if (bpf_probe_read_kernel(&sc->sample.frames[slot], frames * sizeof(__u64), &memo->ips[m]) != 0)
+		return false;
+	/* The joined frame's own ip may differ from the remembered one (same row). */
+	sc->sample.frames[slot] = st->ip;
+	st->user_frames += frames;
+	st->joined = 1;
+	count(STAT_WALKS_REUSED);
+	finish(st, st->used_fp ? UNWIND_FRAME_POINTER : UNWIND_COMPLETE);
+	return true;
+}
 
 /* Walk one frame: record st->ip, then compute the caller's registers. Returns 1 to stop. */
 static long unwind_step(__u64 index, void *data)
@@ -395,12 +548,15 @@ static long unwind_step(__u64 index, void *data)
 	struct scratch_space *sc = wc->sc;
 	struct process_info *proc = wc->proc;
 	struct row_cache *cache = wc->cache;
-	if (!sc || !proc || !cache)
+	struct walk_memos *memos = wc->memos;
+	if (!sc || !proc || !cache || !memos)
 		return 1;
 	struct walk_state *st = &sc->state;
 	struct stack_sample *s = &sc->sample;
 
 	if (st->done)
+		return 1;
+	if (st->user_frames < MEMO_JOIN_FRAMES && !st->join_failed && join_remembered_walk(wc, st))
 		return 1;
 	__u32 slot = st->kernel_frames + st->user_frames;
 	if (st->user_frames >= MAX_USER_FRAMES || slot >= MAX_KERNEL_FRAMES + MAX_USER_FRAMES) {
@@ -408,6 +564,19 @@ static long unwind_step(__u64 index, void *data)
 		return 1;
 	}
 	s->frames[slot] = st->ip;
+	/* Record this step in the walk being remembered. Beyond MEMO_FRAMES
+	 * the indices wrap and overwrite earlier steps: such a walk is not
+	 * remembered anyway. */
+	struct walk_memo *rec = &memos->memos[(memos->current ^ 1) & 1];
+	struct memo_regs *r = &rec->regs[st->user_frames & (MEMO_FRAMES - 1)];
+	rec->by_sp[(st->sp / STACK_SLOT_BYTES) & (MEMO_INDEX_ENTRIES - 1)] = st->user_frames;
+	/* An empty range: no frame joins at this step unless its row sets one. */
+	r->lookup_lo = 0;
+	r->lookup_hi = 0;
+	r->sp = st->sp;
+	r->bp = st->bp;
+	r->first_check = st->rec_checks;
+	rec->ips[st->user_frames & (MEMO_FRAMES - 1)] = st->ip;
 	st->user_frames++;
 
 	struct exec_mapping *m = mapping_of(st, proc, st->ip);
@@ -431,17 +600,24 @@ static long unwind_step(__u64 index, void *data)
 	__u32 object_id = m->object_id;
 	/* A return address may be one past the end of its function (a call to a
 	 * noreturn function): look up the call instruction instead. */
-	__u64 vaddr = st->ip - m->bias - (st->exact_ip ? 0 : 1);
+	__u64 bias = m->bias;
+	__u64 vaddr = st->ip - bias - (st->exact_ip ? 0 : 1);
+	/* Copied so that m is dead from here on: a live pointer into the
+	 * mapping list would keep the verifier from pruning states below. */
+	__u64 mapping_start = m->start, mapping_end = m->end;
 	struct row_cache_entry *by_sp = &sc->stack_slots[(st->sp / STACK_SLOT_BYTES) & (STACK_SLOT_ENTRIES - 1)];
 	struct row_cache_entry *cached;
 	struct unwind_row row;
+	__u32 row_end;
 	if (by_sp->object_tag == object_id + 1 && by_sp->vaddr == vaddr) {
 		row = by_sp->row;
+		row_end = by_sp->row_end;
 		goto have_row;
 	}
 	cached = &cache->entries[row_cache_slot(object_id, vaddr)];
 	if (cached->object_tag == object_id + 1 && cached->vaddr == vaddr) {
 		row = cached->row;
+		row_end = cached->row_end;
 	} else {
 		__u32 page_number = vaddr >> UNWIND_PAGE_BITS;
 		if (!(st->cached_page_valid && st->cached_key.object_id == object_id &&
@@ -471,12 +647,15 @@ static long unwind_step(__u64 index, void *data)
 			return st->done ? 1 : 0;
 		}
 		row = *found;
+		row_end = st->search_end;
 		cached->vaddr = vaddr;
 		cached->object_tag = object_id + 1;
+		cached->row_end = row_end;
 		cached->row = row;
 	}
 	by_sp->vaddr = vaddr;
 	by_sp->object_tag = object_id + 1;
+	by_sp->row_end = row_end;
 	by_sp->row = row;
 have_row:;
 	__u8 cfa_type = row.cfa_type & CFA_TYPE_MASK;
@@ -484,6 +663,15 @@ have_row:;
 		/* No CFI covers this pc. */
 		frame_pointer_step(st);
 		return st->done ? 1 : 0;
+	}
+	if (cfa_type != CFA_PLT) {
+		/* Every ip of this row (within this mapping) steps the same way.
+		 * A PLT row's CFA depends on the ip itself: no join there. */
+		__u64 page_start = vaddr & ~((__u64)UNWIND_PAGE_SIZE - 1);
+		__u64 lo = page_start + row.pc_low + bias;
+		__u64 hi = page_start + row_end + bias;
+		r->lookup_lo = lo > mapping_start ? lo : mapping_start;
+		r->lookup_hi = hi < mapping_end ? hi : mapping_end;
 	}
 
 	__u64 cfa_offset = row.cfa_offset;
@@ -518,6 +706,7 @@ have_row:;
 		st->ip = regs[2];
 		st->exact_ip = 1;
 		st->last_step_fp = 0;
+		st->signal_frame = 1;
 		return 0;
 	}
 	case CFA_UNSUPPORTED:
@@ -536,13 +725,26 @@ have_row:;
 		finish(st, UNWIND_READ_FAULT);
 		return 1;
 	}
+	/* At most two words per frame: within MEMO_FRAMES frames, the index
+	 * stays below MEMO_CHECKS. */
+	struct memo_check *k = &rec->checks[st->rec_checks++ & (MEMO_CHECKS - 1)];
+	k->addr = cfa - 8;
+	k->value = ra;
+	if (cfa > st->rec_end)
+		st->rec_end = cfa;
 	if (row.fp_type == FP_AT_CFA_OFFSET) {
 		__u64 bp;
-		if (read_stack_word(sc, cfa + (__s64)row.fp_offset * 8, &bp) != 0) {
+		__u64 bp_addr = cfa + (__s64)row.fp_offset * 8;
+		if (read_stack_word(sc, bp_addr, &bp) != 0) {
 			finish(st, UNWIND_READ_FAULT);
 			return 1;
 		}
 		st->bp = bp;
+		k = &rec->checks[st->rec_checks++ & (MEMO_CHECKS - 1)];
+		k->addr = bp_addr;
+		k->value = bp;
+		if (bp_addr + 8 > st->rec_end)
+			st->rec_end = bp_addr + 8;
 	}
 	/* FP_UNSUPPORTED: rbp is unknown from here on; it only matters if a
 	 * caller's CFA is rbp-based, which then reads from a wrong address and
@@ -595,15 +797,38 @@ static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct
 					 struct process_info *proc)
 {
 	__u32 zero = 0;
+	struct walk_state *st = &sc->state;
 	struct walk_context wc = {
 		.sc = sc,
 		.proc = proc,
 		.cache = bpf_map_lookup_elem(&row_cache, &zero),
+		.memos = bpf_map_lookup_elem(&walk_memo, &zero),
 	};
-	if (!wc.proc || !wc.cache)
-		finish(&sc->state, UNWIND_NO_TABLE);
-	else
+	if (!wc.proc || !wc.cache || !wc.memos) {
+		finish(st, UNWIND_NO_TABLE);
+	} else {
 		bpf_loop(FRAMES_PER_PROGRAM, unwind_step, &wc, 0);
+		if (st->joining) {
+			st->joining = 0;
+			if (!replay_remembered_walk(sc, &wc.memos->memos[wc.memos->current & 1])) {
+				/* The stack changed since: walk on from the join. */
+				st->join_failed = 1;
+				bpf_loop(FRAMES_PER_PROGRAM, unwind_step, &wc, 0);
+			}
+		}
+		/* Remember a walk that used CFI for every frame and read nothing
+		 * but the stack words it recorded. */
+		if (st->done && st->status == UNWIND_COMPLETE && !st->joined && !st->signal_frame &&
+		    st->user_frames <= MEMO_FRAMES) {
+			struct walk_memo *recording = &wc.memos->memos[(wc.memos->current ^ 1) & 1];
+			recording->pid = sc->sample.header.pid;
+			recording->generation = wc.proc->generation;
+			recording->frame_count = st->user_frames;
+			recording->check_count = st->rec_checks;
+			recording->end = st->rec_end;
+			wc.memos->current ^= 1;
+		}
+	}
 	if (!sc->state.done) {
 		if (sc->state.user_frames >= MAX_USER_FRAMES) {
 			finish(&sc->state, UNWIND_TRUNCATED);

@@ -27,6 +27,18 @@
  * cover 2 KiB of stack; frames further apart share entries. */
 #define STACK_SLOT_ENTRIES 128
 #define STACK_SLOT_BYTES 16
+/* Each CPU remembers its last complete CFI walk (docs/unwind-tables.md,
+ * "Reusing the previous walk"): frames remembered at most (longer walks are
+ * not remembered), the first frames of a walk that may join the remembered
+ * one, and entries of its index by stack position (STACK_SLOT_BYTES each). */
+#define MEMO_FRAMES 128
+#define MEMO_JOIN_FRAMES 4
+#define MEMO_INDEX_ENTRIES 128
+/* Stack words a remembered walk holds: two per frame (return address, rbp). */
+#define MEMO_CHECKS (2 * MEMO_FRAMES)
+/* Most bytes of stack from a joined frame up to the end of the remembered
+ * walk's reads; a walk reaching further is walked, not reused. */
+#define REPLAY_STACK_BYTES 8192
 /* Unsupported-rule kinds counted separately (see docs/unwind-tables.md). */
 #define MAX_UNSUPPORTED_KINDS 16
 #define TASK_COMM_LEN 16
@@ -50,7 +62,8 @@ enum stat_index {
 	STAT_LOST_RINGBUF = 1,      /* records their CPU's ring buffer had no room for */
 	STAT_KERNEL_STACK_ERROR = 2,/* bpf_get_stack failed for the kernel stack */
 	STAT_EVENTS_LOST = 3,       /* process events the events ring buffer had no room for */
-	STAT_UNSUPPORTED_BASE = 4,  /* + kind: walks stopped by an unsupported rule of that kind */
+	STAT_WALKS_REUSED = 4,      /* walks that took their callers from the CPU's previous walk */
+	STAT_UNSUPPORTED_BASE = 5,  /* + kind: walks stopped by an unsupported rule of that kind */
 	STAT_MAX = STAT_UNSUPPORTED_BASE + MAX_UNSUPPORTED_KINDS,
 };
 
@@ -158,7 +171,8 @@ struct exec_mapping {
  * process_mappings map (key: pid). */
 struct process_info {
 	__u32 mapping_count;
-	__u32 padding;
+	__u32 generation;           /* differs on every update of any process: a remembered
+	                             * walk is only reused under the mappings it was made with */
 	struct exec_mapping mappings[MAX_PROCESS_MAPPINGS];
 };
 
