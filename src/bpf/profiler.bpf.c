@@ -810,11 +810,11 @@ static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct
 		bpf_loop(FRAMES_PER_PROGRAM, unwind_step, &wc, 0);
 		if (st->joining) {
 			st->joining = 0;
-			if (!replay_remembered_walk(sc, &wc.memos->memos[wc.memos->current & 1])) {
-				/* The stack changed since: walk on from the join. */
+			/* If the stack changed since, the walk goes on from the join
+			 * in the next run of this program (below): a second bpf_loop
+			 * here would have the verifier check unwind_step once more. */
+			if (!replay_remembered_walk(sc, &wc.memos->memos[wc.memos->current & 1]))
 				st->join_failed = 1;
-				bpf_loop(FRAMES_PER_PROGRAM, unwind_step, &wc, 0);
-			}
 		}
 		/* Remember a walk that used CFI for every frame and read nothing
 		 * but the stack words it recorded. */
