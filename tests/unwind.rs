@@ -393,6 +393,58 @@ fn c_no_frame_pointers_chain() {
     );
 }
 
+/// `main -> clocks`, which spends its time in `clock_gettime`, answered by
+/// the kernel's vDSO without a system call.
+fn vdso_source() -> String {
+    format!(
+        "{DIE_WITH_PARENT}{STOP_FLAG}#include <time.h>
+__attribute__((noinline)) void clocks(void) {{
+    struct timespec ts;
+    while (!stop) {{ clock_gettime(CLOCK_MONOTONIC, &ts); sink += ts.tv_nsec; }}
+}}
+int main(void) {{ clocks(); sink++; return 0; }}
+"
+    )
+}
+
+/// Frames in the vDSO are named (from the profiler's own vDSO, the same
+/// image), never left as `[vdso]+0x...`, and walks through them complete.
+#[test]
+fn vdso_frames_named() {
+    let _serial = serial();
+    let program = compile("lsw_uw_vdso", &vdso_source(), NO_FP);
+    let target = Target::run(&program.path);
+    let p = profile(&target, "2");
+    let mine = of_process(&p.stacks, &program.name);
+    let unnamed: Vec<&Stack> = mine
+        .iter()
+        .copied()
+        .filter(|(f, _)| f.iter().any(|x| x.starts_with("[vdso]")))
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "vDSO frames left unsymbolized:\n{}\n{}",
+        show(&unnamed),
+        p.out
+    );
+    // glibc calls the vDSO's entry point (`__vdso_clock_gettime`, also
+    // exported as `clock_gettime`) from its own `clock_gettime`.
+    let in_vdso = |u: &[&str]| {
+        u.len() >= 2
+            && u[u.len() - 1].contains("clock_gettime")
+            && u[u.len() - 2].contains("clock_gettime")
+            && complete_chain(&u[..u.len() - 2], &["main", "clocks"])
+    };
+    let t = tally(&p.stacks, &program.name, in_vdso);
+    assert_share(
+        &p,
+        &program.name,
+        "main;clocks;clock_gettime (libc);clock_gettime (vDSO)",
+        0.3,
+        t,
+    );
+}
+
 /// Recursion 300 deep: every one of the 300 frames, in order, between
 /// `main` and the leaf.
 #[test]

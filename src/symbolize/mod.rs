@@ -3,6 +3,9 @@
 //! User addresses are symbolized per object, in one batch per object, by file
 //! offset (blazesym's ELF source with DWARF: line info and inlined functions).
 //! Kernel addresses are symbolized in one batch from `/proc/kallsyms`.
+//! Addresses in a process's `[vdso]` are symbolized in this process's own
+//! vDSO, the same image for every 64-bit process of the running kernel
+//! (blazesym's process source reads it from memory).
 //! Names are demangled here (Rust, then C++ Itanium), keeping the mangled
 //! name as the frame's `system_name`. An address nobody can name becomes
 //! `object+0xFILE_OFFSET` (or `[kernel.kallsyms]+0xADDR`), never dropped.
@@ -15,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use blazesym::symbolize::evict::{Elf as EvictElf, Evict};
-use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer as BlazeSymbolizer};
-use blazesym::MaybeDefault;
+use blazesym::{MaybeDefault, Pid};
 use tracing::debug;
 
 use crate::process::{MappingId, ObjectId};
@@ -27,6 +30,9 @@ pub use source::MappingSource;
 
 /// Name of the mapping kernel frames belong to (as perf and pprof call it).
 pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
+
+/// Name of the kernel's virtual shared object in `/proc/PID/maps`.
+const VDSO_MAPPING_NAME: &str = "[vdso]";
 
 /// The time span and settings a profile covers.
 #[derive(Debug, Clone, Copy)]
@@ -199,6 +205,43 @@ impl Symbolizer {
             .collect()
     }
 
+    /// Lines for each of `offsets` (bytes from the start of a process's
+    /// `[vdso]` mapping), found at the same offsets in this process's own
+    /// vDSO (`/proc/self/maps`). Offsets it cannot name are left out.
+    fn symbolize_vdso(&self, offsets: &[u64]) -> HashMap<u64, Lines> {
+        if offsets.is_empty() {
+            return HashMap::new();
+        }
+        let own = match crate::process::maps::read_maps(std::process::id()) {
+            Ok(entries) => entries.into_iter().find(|e| e.path == VDSO_MAPPING_NAME),
+            Err(err) => {
+                debug!("reading this process's maps for its vDSO: {err}");
+                None
+            }
+        };
+        let Some(own) = own else {
+            return HashMap::new();
+        };
+        let addrs: Vec<u64> = offsets.iter().map(|o| own.start + o).collect();
+        let mut source = Process::new(Pid::Slf);
+        source.debug_syms = false;
+        source.perf_map = false;
+        let inner = self.inner.borrow();
+        let results = match inner.symbolize(&Source::Process(source), Input::AbsAddr(&addrs)) {
+            Ok(r) => r,
+            Err(err) => {
+                debug!("vDSO symbolization failed: {err}");
+                return HashMap::new();
+            }
+        };
+        offsets
+            .iter()
+            .zip(&results)
+            .filter(|(&offset, _)| own.start + offset < own.end)
+            .filter_map(|(&offset, sym)| Some((offset, (lines_of(sym)?, true))))
+            .collect()
+    }
+
     /// Lines for each of `offsets` in `object`. Two passes: DWARF gives
     /// source lines, inlined functions and names; the symbol table supplies
     /// the full path where DWARF built with line tables only (Rust's
@@ -331,16 +374,21 @@ impl Symbolizer {
         // 1. The unique addresses to symbolize.
         let mut kernel_addrs = BTreeSet::new();
         let mut object_offsets: HashMap<ObjectId, BTreeSet<u64>> = HashMap::new();
+        let mut vdso_offsets = BTreeSet::new();
         for (key, _) in aggregator.stacks() {
             kernel_addrs.extend(key.kernel.iter().copied());
             for frame in key.user.iter() {
                 if let Some(m) = frame.mapping {
                     let mapping = tracker.mapping(m);
-                    if let Some(object) = mapping.object {
-                        object_offsets
-                            .entry(object)
-                            .or_default()
-                            .insert(mapping.file_offset_of(frame.address));
+                    let offset = mapping.file_offset_of(frame.address);
+                    match mapping.object {
+                        Some(object) => {
+                            object_offsets.entry(object).or_default().insert(offset);
+                        }
+                        None if mapping.name == VDSO_MAPPING_NAME => {
+                            vdso_offsets.insert(offset);
+                        }
+                        None => {}
                     }
                 }
             }
@@ -365,6 +413,7 @@ impl Symbolizer {
         if self.keep_parsed_objects {
             self.keep_only(&object_offsets);
         }
+        let vdso_lines = self.symbolize_vdso(&vdso_offsets.into_iter().collect::<Vec<_>>());
 
         // 3. Assemble mappings, frames and samples.
         let mut builder = ProfileAssembly::default();
@@ -408,8 +457,14 @@ impl Symbolizer {
                 ));
             }
             for frame in key.user.iter() {
-                let (mapping, lines, symbolized) =
-                    user_frame_lines(&mut builder, &mut profile, tracker, &user_lines, frame);
+                let (mapping, lines, symbolized) = user_frame_lines(
+                    &mut builder,
+                    &mut profile,
+                    tracker,
+                    &user_lines,
+                    &vdso_lines,
+                    frame,
+                );
                 frames.push(builder.frame(
                     &mut profile,
                     FrameKind::User,
@@ -444,11 +499,14 @@ impl Symbolizer {
     }
 }
 
+/// The profile mapping and lines of one user frame, from the symbolized
+/// objects' lines by (object, file offset) and the vDSO's by offset.
 fn user_frame_lines<S: MappingSource + ?Sized>(
     builder: &mut ProfileAssembly,
     profile: &mut Profile,
     tracker: &S,
     user_lines: &HashMap<(ObjectId, u64), Lines>,
+    vdso_lines: &HashMap<u64, Lines>,
     frame: &UserFrame,
 ) -> (Option<usize>, Vec<Line>, bool) {
     let Some(m) = frame.mapping else {
@@ -461,7 +519,12 @@ fn user_frame_lines<S: MappingSource + ?Sized>(
     let mapping = tracker.mapping(m);
     let index = builder.mapping(profile, tracker, m);
     let offset = mapping.file_offset_of(frame.address);
-    match mapping.object.and_then(|o| user_lines.get(&(o, offset))) {
+    let lines = match mapping.object {
+        Some(object) => user_lines.get(&(object, offset)),
+        None if mapping.name == VDSO_MAPPING_NAME => vdso_lines.get(&offset),
+        None => None,
+    };
+    match lines {
         Some((lines, symbolized)) => (Some(index), lines.clone(), *symbolized),
         None => (
             Some(index),
