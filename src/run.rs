@@ -502,8 +502,14 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         aggregator, window, ..
     } = last.pop().context("a run has one window")?;
     let profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
-    for (format, output) in &outputs {
-        let bytes = encode(&profile, *format, cli.pprof_compression)?;
+    // Encode every format before writing any: a run that cannot produce one
+    // of them (a flame graph of no samples) leaves no partial set behind.
+    let encoded = outputs
+        .iter()
+        .map(|(format, output)| Ok((output, encode(&profile, *format, cli.pprof_compression)?)))
+        .collect::<Result<Vec<_>>>()
+        .context("no profile was written")?;
+    for (output, bytes) in encoded {
         disk::write_atomic(output, &bytes)?;
     }
 

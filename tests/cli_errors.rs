@@ -81,6 +81,23 @@ fn pid_that_does_not_exist() {
     assert_empty(dir.path());
 }
 
+/// A run in which the profiled process never ran has no samples: a flame
+/// graph cannot be drawn, and then none of the requested formats is written
+/// (not a pprof file and an empty folded file beside an error).
+#[test]
+fn no_samples_with_a_flame_graph_requested() {
+    let dir = tempdir();
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let mut args = args_with(dir.path(), &["--pids", &pid]);
+    args[3] = "pprof,folded,flame-graph".to_string();
+    let out = run(&args, TIMEOUT);
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    out.assert_error(&["no profile was written", "no samples were collected"]);
+    assert_empty(dir.path());
+}
+
 #[test]
 fn output_directory_under_a_regular_file() {
     let dir = tempdir();

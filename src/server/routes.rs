@@ -155,15 +155,19 @@ struct ProfileQuery {
     sample_freq_hz: Option<u64>,
 }
 
+/// Shortest on-demand profile, seconds: one sampling period at 100 Hz
+/// (anything shorter holds no sample at the usual frequencies).
+const MIN_SECONDS: f64 = 0.01;
+
 fn parse_profile_query(state: &AppState, query: Option<&str>) -> Result<ProfileQuery, String> {
     let pairs = query_pairs(query, &["seconds", "pids", "format", "sample_freq"])?;
     let seconds = match value(&pairs, "seconds") {
         None => DEFAULT_SECONDS.min(state.max_seconds as f64),
         Some(text) => match text.parse::<f64>() {
-            Ok(s) if s.is_finite() && s > 0.0 && s <= state.max_seconds as f64 => s,
+            Ok(s) if s.is_finite() && s >= MIN_SECONDS && s <= state.max_seconds as f64 => s,
             _ => {
                 return Err(format!(
-                    "seconds={text:?} must be a number of seconds above 0 and at most {}",
+                    "seconds={text:?} must be a number of seconds from {MIN_SECONDS} to {}",
                     state.max_seconds
                 ))
             }
@@ -443,6 +447,7 @@ mod tests {
         );
         for bad in [
             "seconds=0",
+            "seconds=1e-9",
             "seconds=61",
             "seconds=abc",
             "seconds=NaN",
