@@ -19,7 +19,8 @@
  * frame pointers. Every sample records how its walk ended.
  *
  * Each CPU also remembers its last complete CFI walk: for every step, the
- * rsp and rbp it started from, the range of pcs its unwind row covers, and
+ * rsp and rbp it started from, the range of lookup addresses (pc, less 1 for
+ * a return address) its unwind row covers, and
  * the stack words it read. When one of a new walk's first MEMO_JOIN_FRAMES
  * frames has the same rsp and rbp as a remembered step and a pc in its
  * range, and every word the remembered walk read from there on still holds
@@ -239,6 +240,7 @@ struct walk_state {
 	__u8 join_failed;   /* the remembered walk did not hold: walk every frame */
 	__u8 joined;        /* the frames from memo_next on were copied from the remembered walk */
 	__u32 memo_next;
+	__u32 generation;   /* process_info.generation when the walk started */
 	__u32 rec_checks;   /* words recorded so far in the walk being remembered */
 	__u64 rec_end;      /* one past the highest stack byte read so far */
 	/* The page the previous frame's row came from: consecutive frames are
@@ -484,6 +486,9 @@ static __always_inline bool join_remembered_walk(struct walk_context *wc, struct
 	if (memo->frame_count == 0 || memo->pid != wc->sc->sample.header.pid ||
 	    memo->generation != wc->proc->generation)
 		return false;
+	/* Replay copies the stack from here up to what the walk read. */
+	if (memo->end <= st->sp || memo->end - st->sp > REPLAY_STACK_BYTES)
+		return false;
 	__u32 i = memo->by_sp[(st->sp / STACK_SLOT_BYTES) & (MEMO_INDEX_ENTRIES - 1)];
 	if (i >= memo->frame_count)
 		return false;
@@ -518,7 +523,7 @@ static __always_inline bool replay_remembered_walk(struct scratch_space *sc, str
 			break;
 		struct memo_check *k = &memo->checks[c & (MEMO_CHECKS - 1)];
 		__u64 offset = k->addr - base;
-		if (offset + 8 > span || (offset & 7) ||
+		if (k->addr < base || offset + 8 > span || (offset & 7) ||
 		    sc->replay_stack[(offset / 8) & (REPLAY_STACK_BYTES / 8 - 1)] != k->value)
 			return false;
 	}
@@ -558,6 +563,10 @@ static long unwind_step(__u64 index, void *data)
 		return 1;
 	if (st->user_frames < MEMO_JOIN_FRAMES && !st->join_failed && join_remembered_walk(wc, st))
 		return 1;
+	/* Make the compiler load the walk state afresh: values it kept in
+	 * registers would carry the bounds of the checks above into the rest
+	 * of the step, and the verifier would check the rest once per bound. */
+	barrier();
 	__u32 slot = st->kernel_frames + st->user_frames;
 	if (st->user_frames >= MAX_USER_FRAMES || slot >= MAX_KERNEL_FRAMES + MAX_USER_FRAMES) {
 		finish(st, UNWIND_TRUNCATED);
@@ -670,8 +679,10 @@ have_row:;
 		__u64 page_start = vaddr & ~((__u64)UNWIND_PAGE_SIZE - 1);
 		__u64 lo = page_start + row.pc_low + bias;
 		__u64 hi = page_start + row_end + bias;
+		/* Below mapping_end - 1, so that the ip of a return address
+		 * (lookup + 1) is inside the mapping too. */
 		r->lookup_lo = lo > mapping_start ? lo : mapping_start;
-		r->lookup_hi = hi < mapping_end ? hi : mapping_end;
+		r->lookup_hi = hi < mapping_end - 1 ? hi : mapping_end - 1;
 	}
 
 	__u64 cfa_offset = row.cfa_offset;
@@ -816,13 +827,14 @@ static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct
 			if (!replay_remembered_walk(sc, &wc.memos->memos[wc.memos->current & 1]))
 				st->join_failed = 1;
 		}
-		/* Remember a walk that used CFI for every frame and read nothing
-		 * but the stack words it recorded. */
+		/* Remember a walk that used CFI for every frame, read nothing
+		 * but the stack words it recorded, and saw one generation of
+		 * the process's mappings (a later program run looks it up anew). */
 		if (st->done && st->status == UNWIND_COMPLETE && !st->joined && !st->signal_frame &&
-		    st->user_frames <= MEMO_FRAMES) {
+		    st->user_frames <= MEMO_FRAMES && st->generation == wc.proc->generation) {
 			struct walk_memo *recording = &wc.memos->memos[(wc.memos->current ^ 1) & 1];
 			recording->pid = sc->sample.header.pid;
-			recording->generation = wc.proc->generation;
+			recording->generation = st->generation;
 			recording->frame_count = st->user_frames;
 			recording->check_count = st->rec_checks;
 			recording->end = st->rec_end;
@@ -959,6 +971,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		send_sample(sc);
 		return 0;
 	}
+	st->generation = proc->generation;
 	return continue_walk(ctx, sc, proc);
 }
 

@@ -39,6 +39,12 @@
 /* Most bytes of stack from a joined frame up to the end of the remembered
  * walk's reads; a walk reaching further is walked, not reused. */
 #define REPLAY_STACK_BYTES 8192
+/* The walker indexes these arrays with masks, keeps frame indices in a u8
+ * (walk_memo.by_sp) and check indices in a u16 (memo_regs.first_check). */
+_Static_assert((MEMO_FRAMES & (MEMO_FRAMES - 1)) == 0 && MEMO_FRAMES <= 256, "MEMO_FRAMES");
+_Static_assert((MEMO_CHECKS & (MEMO_CHECKS - 1)) == 0 && MEMO_CHECKS < 65536, "MEMO_CHECKS");
+_Static_assert((MEMO_INDEX_ENTRIES & (MEMO_INDEX_ENTRIES - 1)) == 0, "MEMO_INDEX_ENTRIES");
+_Static_assert(((REPLAY_STACK_BYTES / 8) & (REPLAY_STACK_BYTES / 8 - 1)) == 0, "REPLAY_STACK_BYTES");
 /* Unsupported-rule kinds counted separately (see docs/unwind-tables.md). */
 #define MAX_UNSUPPORTED_KINDS 16
 #define TASK_COMM_LEN 16
