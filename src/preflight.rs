@@ -62,11 +62,17 @@ pub fn resolve_pids(pids: &[i32]) -> Result<Vec<u32>> {
     Ok(resolved)
 }
 
-/// Error unless `--duration` (seconds) is a finite positive number.
+/// Longest time any seconds option accepts (about 31.7 years): far beyond
+/// any real run, and small enough for every clock computation.
+pub const MAX_SECONDS: f64 = 1e9;
+
+/// Error unless `--duration` (seconds) is above 0 and at most [`MAX_SECONDS`].
 pub fn check_duration(seconds: Option<f64>) -> Result<()> {
     match seconds {
-        Some(s) if !(s.is_finite() && s > 0.0) => {
-            bail!("--duration must be a positive number of seconds, not {s}")
+        Some(s) if !(s.is_finite() && s > 0.0 && s <= MAX_SECONDS) => {
+            bail!(
+                "--duration must be a number of seconds above 0 and at most {MAX_SECONDS}, not {s}"
+            )
         }
         _ => Ok(()),
     }

@@ -73,6 +73,23 @@ fn sample_freq_above_kernel_max() {
 }
 
 #[test]
+fn duration_out_of_range() {
+    for bad in ["0", "-1", "nan", "1e20"] {
+        let dir = tempdir();
+        let out = run(&args_with_duration(dir.path(), bad), TIMEOUT);
+        out.assert_error(&["--duration", "at most"]);
+        assert_empty(dir.path());
+    }
+}
+
+/// [`args_with`], with `seconds` as the `--duration`.
+fn args_with_duration(out_dir: &Path, seconds: &str) -> Vec<String> {
+    let mut args = args_with(out_dir, &[]);
+    args[1] = seconds.to_string();
+    args
+}
+
+#[test]
 fn pid_that_does_not_exist() {
     let dir = tempdir();
     // Above any possible pid_max (at most 2^22).

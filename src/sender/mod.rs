@@ -71,8 +71,9 @@ pub fn hostname() -> String {
 
 /// Seconds from the command line as a duration; errors name the flag.
 pub fn seconds(flag: &str, value: f64) -> Result<Duration> {
-    if !value.is_finite() || value <= 0.0 || value > 1e9 {
-        anyhow::bail!("{flag} must be a positive number of seconds, got {value}");
+    let max = crate::preflight::MAX_SECONDS;
+    if !value.is_finite() || value <= 0.0 || value > max {
+        anyhow::bail!("{flag} must be a number of seconds above 0 and at most {max}, got {value}");
     }
     Ok(Duration::from_secs_f64(value))
 }

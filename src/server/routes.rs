@@ -167,7 +167,7 @@ fn parse_profile_query(state: &AppState, query: Option<&str>) -> Result<ProfileQ
             Ok(s) if s.is_finite() && s >= MIN_SECONDS && s <= state.max_seconds as f64 => s,
             _ => {
                 return Err(format!(
-                    "seconds={text:?} must be a number of seconds from {MIN_SECONDS} to {}",
+                    "seconds={text:?} must be a number of seconds of at least {MIN_SECONDS} and at most {}",
                     state.max_seconds
                 ))
             }
