@@ -5,6 +5,7 @@
 
 use std::fs;
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
@@ -66,16 +67,14 @@ pub fn resolve_pids(pids: &[i32]) -> Result<Vec<u32>> {
 /// any real run, and small enough for every clock computation.
 pub const MAX_SECONDS: f64 = 1e9;
 
-/// Error unless `--duration` (seconds) is above 0 and at most [`MAX_SECONDS`].
-pub fn check_duration(seconds: Option<f64>) -> Result<()> {
-    match seconds {
-        Some(s) if !(s.is_finite() && s > 0.0 && s <= MAX_SECONDS) => {
-            bail!(
-                "--duration must be a number of seconds above 0 and at most {MAX_SECONDS}, not {s}"
-            )
-        }
-        _ => Ok(()),
+/// Seconds from the command line (`--duration`, `--profile-interval`,
+/// timeouts) as a duration. Errors, naming `flag`, unless `value` is above 0
+/// and at most [`MAX_SECONDS`].
+pub fn seconds(flag: &str, value: f64) -> Result<Duration> {
+    if !value.is_finite() || value <= 0.0 || value > MAX_SECONDS {
+        bail!("{flag} must be a number of seconds above 0 and at most {MAX_SECONDS}, got {value}");
     }
+    Ok(Duration::from_secs_f64(value))
 }
 
 /// Create `dir` if needed and make sure `file` can be written there.
@@ -180,10 +179,12 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert!(check_duration(None).is_ok());
-        assert!(check_duration(Some(0.5)).is_ok());
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            assert!(check_duration(Some(bad)).is_err(), "{bad}");
+        assert_eq!(
+            seconds("--duration", 0.5).unwrap(),
+            Duration::from_millis(500)
+        );
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e20] {
+            assert!(seconds("--duration", bad).is_err(), "{bad}");
         }
     }
 

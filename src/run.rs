@@ -169,7 +169,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     let outputs = cli.outputs()?;
     let continuous = cli.profile_interval.is_some() || cli.sender != SenderKind::Disk;
     let interval = continuous
-        .then(|| crate::sender::seconds("--profile-interval", cli.profile_interval.unwrap_or(10.0)))
+        .then(|| preflight::seconds("--profile-interval", cli.profile_interval.unwrap_or(10.0)))
         .transpose()?;
     if interval.is_some_and(|i| i < Duration::from_millis(100)) {
         anyhow::bail!("--profile-interval must be at least 0.1 seconds");
@@ -183,7 +183,10 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     if cli.max_profiles.is_some() && !(continuous && cli.sender == SenderKind::Disk) {
         anyhow::bail!("--max-profiles applies to continuous mode with the disk sender (give --profile-interval)");
     }
-    preflight::check_duration(cli.duration)?;
+    let duration = cli
+        .duration
+        .map(|s| preflight::seconds("--duration", s))
+        .transpose()?;
     let max_sample_rate = preflight::max_sample_rate()?;
     preflight::check_frequency(cli.sample_freq, max_sample_rate)?;
     let pids = preflight::resolve_pids(&cli.pids)?;
@@ -277,7 +280,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0),
         interval.map(|i| i.as_nanos() as u64),
-        cli.duration.map(|s| (s.max(0.0) * 1e9) as u64),
+        duration.map(|d| d.as_nanos() as u64),
         cli.sample_freq,
     );
     let mut totals = Totals::default();
@@ -287,9 +290,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     loader.scan_processes(&config.pids, start);
     {
         let ring = sampler.ring_buffer(pending.clone(), events.clone(), malformed.clone())?;
-        let deadline = cli
-            .duration
-            .map(|s| start + Duration::from_secs_f64(s.max(0.0)));
+        let deadline = duration.map(|d| start + d);
         let drain = |tracker: &mut ProcessTracker,
                      windows: &mut Windows,
                      subscriptions: &mut Subscriptions,
@@ -466,7 +467,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
             totals.account(&closed);
             worker.submit(closed, &tracker);
         }
-        let flush = crate::sender::seconds("--flush-timeout", cli.flush_timeout)
+        let flush = preflight::seconds("--flush-timeout", cli.flush_timeout)
             .unwrap_or(Duration::from_secs(5));
         let report = worker.finish(flush);
         return Ok(RunSummary {

@@ -14,7 +14,7 @@ pub mod worker;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 
@@ -67,15 +67,6 @@ pub fn hostname() -> String {
     } else {
         name
     }
-}
-
-/// Seconds from the command line as a duration; errors name the flag.
-pub fn seconds(flag: &str, value: f64) -> Result<Duration> {
-    let max = crate::preflight::MAX_SECONDS;
-    if !value.is_finite() || value <= 0.0 || value > max {
-        anyhow::bail!("{flag} must be a number of seconds above 0 and at most {max}, got {value}");
-    }
-    Ok(Duration::from_secs_f64(value))
 }
 
 /// Start the sender `cli` asks for (continuous mode). Errors: an invalid

@@ -20,7 +20,7 @@ use reqwest::StatusCode;
 use url::Url;
 
 use super::queue::{Attempt, Backoff, Delivery, Item, Transport};
-use super::{seconds, Sender, SenderReport};
+use super::{Sender, SenderReport};
 use crate::cli::{Cli, Compression};
 use crate::format::pprof;
 use crate::profile::Profile;
@@ -95,7 +95,7 @@ impl HttpConfig {
             url,
             basic,
             token: cli.token.clone().filter(|t| !t.is_empty()),
-            timeout: seconds("--send-timeout", cli.send_timeout)?,
+            timeout: crate::preflight::seconds("--send-timeout", cli.send_timeout)?,
             queue_bytes: cli.send_queue_bytes,
             backoff: Backoff::default(),
         })
