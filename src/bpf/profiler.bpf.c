@@ -32,6 +32,7 @@
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
 #include "profiler.h"
+#include "arch_x86_64.h"
 
 #define PF_KTHREAD 0x00200000
 /* No code lives below this address (mmap_min_addr) or at/above the end of
@@ -513,6 +514,10 @@ static __always_inline bool replay_remembered_walk(struct scratch_space *sc, str
 	__u64 span = memo->end - base;
 	if (memo->end <= base || span > REPLAY_STACK_BYTES)
 		return false;
+	/* Keep the bound on the register the read uses: clang may otherwise
+	 * spill span before the check and reload the unchecked copy, and the
+	 * 6.1 verifier does not carry a bound to a spilled unbounded scalar. */
+	barrier_var(span);
 	if (bpf_probe_read_user(sc->replay_stack, span, (void *)base) != 0)
 		return false;
 	__u32 first = memo->regs[m].first_check;
@@ -923,9 +928,9 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		BPF_CORE_READ_STR_INTO(&h->process_comm, task, group_leader, comm);
 
 	/* The registers at the interrupt. */
-	__u64 ip = ctx->regs.ip, sp = ctx->regs.sp, bp = ctx->regs.bp;
-	/* The context only allows 8-byte loads: cs is the low half of its slot. */
-	bool in_user_mode = (*(volatile __u64 *)&ctx->regs.cs & 3) == 3;
+	const struct sample_regs *regs = sample_regs_of(ctx);
+	__u64 ip = regs->ip, sp = regs->sp, bp = regs->bp;
+	bool in_user_mode = sample_in_user_mode(regs);
 
 	/* Kernel stack, leaf first, from the kernel's own unwinder. A sample
 	 * taken in user mode has none. */

@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * x86-64 registers as the BPF program reads them (the Rust side's register
+ * numbers and rules live in src/unwind/).
+ */
+#ifndef LIGHTSWITCH_ARCH_X86_64_H
+#define LIGHTSWITCH_ARCH_X86_64_H
+
+/*
+ * The registers a perf_event program's context holds at the interrupt: the
+ * kernel's struct pt_regs, whose x86-64 layout is the ptrace ABI (struct
+ * user_regs_struct, 21 eight-byte slots) and so the same on every kernel.
+ *
+ * Declared here, without CO-RE, on purpose: the verifier rewrites loads from
+ * the context by offset and accepts only 8-byte loads, while the kernel's BTF
+ * types pt_regs.cs differently across versions (a 2-byte field on 6.1, a union
+ * with an 8-byte csx since FRED support in 6.9). A CO-RE relocation of the
+ * vmlinux.h field would fail to load on the kernels where it is 2 bytes.
+ */
+struct sample_regs {
+	__u64 r15, r14, r13, r12, bp, bx, r11, r10, r9, r8;
+	__u64 ax, cx, dx, si, di, orig_ax;
+	__u64 ip, cs, flags, sp, ss;
+};
+
+/* The interrupted registers of a perf_event sample (struct bpf_perf_event_data
+ * starts with them). */
+static __always_inline const struct sample_regs *sample_regs_of(struct bpf_perf_event_data *ctx)
+{
+	return (const struct sample_regs *)ctx;
+}
+
+/* True when the sample interrupted user mode: the privilege level (the low
+ * two bits of the code segment selector) is 3. */
+static __always_inline bool sample_in_user_mode(const struct sample_regs *regs)
+{
+	return (regs->cs & 3) == 3;
+}
+
+#endif
