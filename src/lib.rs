@@ -8,6 +8,7 @@
 //! [`server`] answers on-demand profile, heap ([`heap`]) and metrics requests
 //! over HTTP (`--listen`).
 
+pub mod bpf_info;
 pub mod cli;
 pub mod collector;
 pub mod format;

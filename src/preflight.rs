@@ -1,13 +1,16 @@
 //! Checks that the run can succeed, done before anything is loaded, so that
 //! each problem gets its own clear error: a frequency out of range, a pid that
 //! does not exist, an unwritable output path, a kernel without BTF, missing
-//! privileges.
+//! privileges, a kernel too old for the BPF program (a missing helper, map or
+//! program type, found by loading a probe program, not by version number).
 
 use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use libbpf_rs::libbpf_sys;
+use libbpf_rs::{MapType, ProgramType};
 
 /// Where the kernel exports its own BTF (needed for CO-RE relocations).
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -145,6 +148,106 @@ pub fn check_privileges() -> Result<()> {
     Ok(())
 }
 
+/// The oldest kernel the BPF program has been loaded and tested on
+/// (docs/kernels.md).
+pub const TESTED_MINIMUM_KERNEL: &str = "6.1";
+
+/// How a kernel feature the BPF program needs is probed.
+#[derive(Debug, Clone, Copy)]
+pub enum Probe {
+    /// A helper (`enum bpf_func_id` in the kernel's uapi `linux/bpf.h`)
+    /// callable from a program of this type.
+    Helper(ProgramType, libbpf_sys::bpf_func_id),
+    /// A map type the kernel can create.
+    Map(MapType),
+}
+
+/// A kernel feature the BPF program uses: its name as a user would search
+/// for it, the Linux release that added it, and how to probe for it.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelFeature {
+    /// E.g. "the bpf_loop BPF helper".
+    pub name: &'static str,
+    /// The mainline release that added it, e.g. "5.17".
+    pub since: &'static str,
+    /// How its presence is tested.
+    pub probe: Probe,
+}
+
+/// What `src/bpf/profiler.bpf.c` needs beyond a kernel with BTF, newest first
+/// (the first missing one names the minimum). Its `tp_btf` programs (Linux
+/// 5.5) are older than all of these and are not probed: libbpf's program-type
+/// probe cannot load a tracing program without an attach target.
+pub const KERNEL_FEATURES: &[KernelFeature] = &[
+    KernelFeature {
+        name: "the bpf_loop BPF helper",
+        since: "5.17",
+        probe: Probe::Helper(ProgramType::PerfEvent, libbpf_sys::BPF_FUNC_loop),
+    },
+    KernelFeature {
+        name: "the bpf_task_pt_regs BPF helper",
+        since: "5.15",
+        probe: Probe::Helper(ProgramType::PerfEvent, libbpf_sys::BPF_FUNC_task_pt_regs),
+    },
+    KernelFeature {
+        name: "the bpf_get_current_task_btf BPF helper",
+        since: "5.11",
+        probe: Probe::Helper(
+            ProgramType::PerfEvent,
+            libbpf_sys::BPF_FUNC_get_current_task_btf,
+        ),
+    },
+    KernelFeature {
+        name: "BPF ring buffers (BPF_MAP_TYPE_RINGBUF)",
+        since: "5.8",
+        probe: Probe::Map(MapType::RingBuf),
+    },
+];
+
+/// Whether this kernel has `feature`, by loading a minimal probe program or
+/// creating a minimal map (libbpf's `libbpf_probe_bpf_helper` and
+/// `libbpf_probe_bpf_map_type`; needs CAP_BPF).
+pub fn has_kernel_feature(feature: &KernelFeature) -> Result<bool> {
+    let supported = match feature.probe {
+        Probe::Helper(prog, helper) => prog.is_helper_supported(helper),
+        Probe::Map(map) => map.is_supported(),
+    };
+    supported.with_context(|| format!("probing the kernel for {}", feature.name))
+}
+
+/// This kernel's release (`/proc/sys/kernel/osrelease`, as `uname -r`).
+pub fn kernel_release() -> String {
+    fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".to_string())
+}
+
+/// Error naming, in one line, the features of `features` this kernel lacks
+/// and the release that added the newest of them. Run after
+/// [`check_privileges`]: the probes load programs.
+pub fn check_kernel_features(features: &[KernelFeature]) -> Result<()> {
+    let mut missing = Vec::new();
+    for feature in features {
+        if !has_kernel_feature(feature)? {
+            missing.push(feature);
+        }
+    }
+    let Some(newest) = missing.first() else {
+        return Ok(());
+    };
+    let names: Vec<String> = missing
+        .iter()
+        .map(|f| format!("{} (Linux {})", f.name, f.since))
+        .collect();
+    bail!(
+        "kernel {} is too old: it lacks {}; lightswitch needs Linux {} or newer (tested on {} and newer)",
+        kernel_release(),
+        names.join(", "),
+        newest.since,
+        TESTED_MINIMUM_KERNEL
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,5 +308,30 @@ mod tests {
         assert!(sub.is_dir());
         assert!(!file.exists());
         assert!(check_output(dir.path(), dir.path()).is_err());
+    }
+
+    #[test]
+    fn this_kernel_has_every_feature_the_program_needs() {
+        check_kernel_features(KERNEL_FEATURES).unwrap();
+    }
+
+    /// The error path against the real kernel: a helper id past the end of
+    /// `enum bpf_func_id` is one no kernel has.
+    #[test]
+    fn a_missing_feature_is_named_in_one_line() {
+        let absent = KernelFeature {
+            name: "the bpf_from_the_future BPF helper",
+            since: "99.1",
+            probe: Probe::Helper(ProgramType::PerfEvent, 100_000),
+        };
+        let features = [absent, KERNEL_FEATURES[0]];
+        let err = check_kernel_features(&features).unwrap_err().to_string();
+        assert!(!err.contains('\n'), "{err}");
+        assert!(
+            err.contains("lacks the bpf_from_the_future BPF helper (Linux 99.1);"),
+            "{err}"
+        );
+        assert!(err.contains("needs Linux 99.1 or newer"), "{err}");
+        assert!(!err.contains("bpf_loop"), "{err}");
     }
 }

@@ -195,6 +195,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     // The missing privilege is the cause to name first.
     preflight::check_btf()?;
     preflight::check_privileges()?;
+    preflight::check_kernel_features(preflight::KERNEL_FEATURES)?;
     if cli.sender == SenderKind::Disk && !listen_only {
         for (_, output) in &outputs {
             preflight::check_output(&cli.profile_path, output)?;

@@ -9,7 +9,7 @@ use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
@@ -17,7 +17,7 @@ use libbpf_rs::{
     Link, MapCore, MapFlags, MapHandle, MapType, OpenObject, RingBuffer, RingBufferBuilder,
 };
 use perf_event_open_sys as perf;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::skel::{ProfilerSkel, ProfilerSkelBuilder};
 use crate::unwind::row::{Page, RawRow};
@@ -489,6 +489,22 @@ fn attach_cpu_events(skel: &ProfilerSkel<'_>, cpus: &[u32], freq_hz: u64) -> Res
     Ok(links)
 }
 
+/// Log (info) how long loading took and what the verifier processed per program.
+fn log_load_report(skel: &ProfilerSkel<'_>, load_time: Duration) {
+    let p = &skel.progs;
+    let programs = crate::bpf_info::verified_programs(&[
+        ("on_cpu_sample", p.on_cpu_sample.as_fd()),
+        ("walk_user_stack", p.walk_user_stack.as_fd()),
+        ("on_exec", p.on_exec.as_fd()),
+        ("on_exit", p.on_exit.as_fd()),
+    ]);
+    info!(
+        "BPF program on kernel {}: {}",
+        crate::preflight::kernel_release(),
+        crate::bpf_info::load_report(load_time, &programs)
+    );
+}
+
 impl<'obj> Sampler<'obj> {
     /// Load the BPF program with `config` baked in, open a cpu-clock perf event
     /// on every online CPU and attach the program to each. Errors name the
@@ -531,9 +547,11 @@ impl<'obj> Sampler<'obj> {
             open.progs.on_cpu_sample.set_log_level(2);
             open.progs.walk_user_stack.set_log_level(2);
         }
+        let load_started = Instant::now();
         let skel = open
             .load()
             .context("loading the BPF program (the verifier rejected it, or BTF/CAP_BPF is missing; rerun with --libbpf-debug)")?;
+        log_load_report(&skel, load_started.elapsed());
         let mut sample_rings = Vec::with_capacity(online.len());
         for &cpu in &online {
             let ring = create_sample_ring(cpu, ring_bytes)?;
