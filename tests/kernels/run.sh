@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Boots another kernel under qemu (virtme-ng over this machine's root file
+# system) and checks that lightswitch works there:
+#
+#   bash tests/kernels/run.sh 6.1     # Debian 12's own kernel
+#   bash tests/kernels/run.sh 6.12    # Debian 12's backport kernel
+#
+# KERNEL is a Debian release series ("6.1", "6.12") or a full package name
+# ("linux-image-6.1.0-50-amd64"). The newest installed package of the series
+# is used, else the newest one apt offers is installed. Installs what it needs
+# (the kernel package, qemu-system-x86, busybox-static, virtme-ng from PyPI)
+# and builds the release binary if it is missing (LS=... points at another).
+#
+# Checks, one line each, then PASS or FAIL (exit status 0 only on PASS):
+#   load        the BPF program loads (load time and verified instructions
+#               per program are printed for docs/kernels.md)
+#   chain       >= 90% of a running no-frame-pointer program's samples
+#               carry its whole call chain (main;alpha;beta;gamma_;delta;burn)
+#   pprof       the pprof profile of the same run decodes (go tool pprof)
+#   exec-exit   whole-machine run: a program started after the profiler,
+#               through a shell's exec, is sampled with >= 90% whole chains
+#               once past its 1.5 s warm-up phase (main;warm_up;warm_burn:
+#               the warm-up's own share is printed too; under TCG the
+#               tables of a new process take several hundred ms to arrive),
+#               and the run ends with status 0 after the program exited
+#
+# Under TCG (the default: KVM hangs at boot in nested VMs) one kernel takes
+# 1-2 minutes here. KVM=1 uses KVM where it works; KEEP=1 keeps the run's
+# files (under target/kernel-check.*) for a look.
+set -uo pipefail
+
+KERNEL=${1:?usage: tests/kernels/run.sh KERNEL (e.g. 6.1, 6.12, or linux-image-...)}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+LS=${LS:-$ROOT/target/release/lightswitch}
+export DEBIAN_FRONTEND=noninteractive
+
+say() { printf '%-10s %s\n' "$1" "$2"; }
+die() { say setup "$1"; echo FAIL; exit 1; }
+
+# --- The kernel package ------------------------------------------------------
+case "$KERNEL" in
+linux-image-*) pattern="^${KERNEL//./\\.}\$" ;;
+6.1) pattern='^linux-image-6\.1\.0-[0-9]+-amd64$' ;;
+*) pattern="^linux-image-${KERNEL//./\\.}\\.[0-9]+\\+deb[0-9]+-amd64\$" ;;
+esac
+newest() { grep -E "$pattern" | sort -V | tail -1; }
+pkg=$(dpkg-query -W -f='${Package} ${Status}\n' 'linux-image-*' 2>/dev/null |
+    awk '$4 == "installed" {print $1}' | newest)
+apt_updated=0
+if [ -z "$pkg" ]; then
+    apt-get update -qq && apt_updated=1
+    pkg=$(apt-cache search --names-only "${pattern%\$}" | awk '{print $1}' | newest)
+    [ -n "$pkg" ] || die "no Debian package matches kernel $KERNEL"
+fi
+need=()
+for p in "$pkg" qemu-system-x86 busybox-static; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    [ $apt_updated = 1 ] || apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null || die "apt-get install ${need[*]} failed"
+fi
+command -v vng >/dev/null || pip install -q virtme-ng >/dev/null 2>&1 || die "pip install virtme-ng failed"
+vmlinuz=/boot/vmlinuz-${pkg#linux-image-}
+[ -f "$vmlinuz" ] || die "$vmlinuz is missing after installing $pkg"
+if [ ! -x "$LS" ]; then
+    cargo build --release >/dev/null 2>&1 || die "cargo build --release failed"
+fi
+command -v go >/dev/null || die "go is missing (bash scripts/setup.sh installs it)"
+
+# --- The guest's work ------------------------------------------------------------
+# /tmp is private to the guest: everything it shares with us lives under target/.
+mkdir -p "$ROOT/target"
+D=$(mktemp -d "$ROOT/target/kernel-check.XXXXXX")
+[ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$D"' EXIT
+cat >"$D/chain.c" <<'C'
+#include <stdlib.h>
+#include <time.h>
+#define NOINLINE __attribute__((noinline))
+volatile unsigned long sink;
+NOINLINE void burn(unsigned long n) { for (unsigned long i = 0; i < n; i++) sink += i * 2654435761u; }
+NOINLINE void delta(unsigned long n) { burn(n); sink++; }
+NOINLINE void gamma_(unsigned long n) { delta(n); sink++; }
+NOINLINE void beta(unsigned long n) { gamma_(n); sink++; }
+NOINLINE void alpha(unsigned long n) { beta(n); sink++; }
+NOINLINE void warm_burn(unsigned long n) { for (unsigned long i = 0; i < n; i++) sink += i * 40503u; }
+NOINLINE void warm_up(unsigned long n) { warm_burn(n); sink++; }
+static double since(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (t.tv_sec - t0->tv_sec) + (t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+/* chain SECONDS [WARM_UP_SECONDS]: main;warm_up;warm_burn first, then main;alpha;...;burn. */
+int main(int argc, char **argv) {
+    double secs = argc > 1 ? atof(argv[1]) : 10.0, warm = argc > 2 ? atof(argv[2]) : 0.0;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (since(&t0) < warm) warm_up(200000);
+    while (since(&t0) < secs) alpha(200000);
+    return 0;
+}
+C
+gcc -O2 -g -fomit-frame-pointer -fno-optimize-sibling-calls -o "$D/chain" "$D/chain.c" || die "gcc failed"
+cp "$D/chain" "$D/late"
+cat >"$D/guest.sh" <<EOF
+uname -r > $D/uname
+# 1. A program that runs before the profiler starts, profiled by pid.
+$D/chain 14 &
+sleep 0.5
+$LS --pids \$! --duration 10 --profile-format folded,pprof --profile-path $D/pid \\
+    --unwind-cache-dir none --logging info > $D/pid.log 2>&1
+echo \$? > $D/pid.status
+wait
+# 2. Whole machine; a program started later (a shell that execs it) and exits.
+$LS --duration 8 --profile-format folded --profile-path $D/all --unwind-cache-dir none \\
+    --logging info > $D/all.log 2>&1 &
+lspid=\$!
+sleep 2.5
+sh -c "exec $D/late 4 1.5"
+wait \$lspid
+echo \$? > $D/all.status
+EOF
+kvm=--disable-kvm
+[ "${KVM:-0}" = 1 ] && kvm=
+started=$(date +%s)
+timeout 280 vng -r "$vmlinuz" --user root $kvm --rw --memory 2G -- "bash $D/guest.sh" >"$D/vng.log" 2>&1
+[ -s "$D/uname" ] || { tail -5 "$D/vng.log" >&2; die "the VM did not boot ($pkg)"; }
+say kernel "$(cat "$D/uname") ($pkg), guest ran for $(($(date +%s) - started)) s"
+
+# --- Checks ------------------------------------------------------------------
+failed=0
+check() { # name ok(0/1) detail
+    if [ "$2" = 0 ]; then say "$1" "ok: $3"; else say "$1" "FAILED: $3"; failed=1; fi
+}
+share() { # folded file, process name, chain [leaf user frame] -> "samples whole share"
+    python3 - "$@" <<'PY'
+import sys
+path, proc, chain = sys.argv[1:4]
+leaf = sys.argv[4] if len(sys.argv) > 4 else None
+total = whole = 0
+try:
+    lines = open(path).read().splitlines()
+except OSError:
+    lines = []
+for line in lines:
+    stack, _, n = line.rpartition(" ")
+    frames = stack.split(";")
+    user = [f for f in frames if not f.endswith("_[k]")]
+    if frames[0] != proc or (leaf and user[-1] != leaf):
+        continue
+    total += int(n)
+    whole += int(n) if chain in stack else 0
+print(total, whole, f"{whole / total if total else 0:.3f}")
+PY
+}
+CHAIN="main;alpha;beta;gamma_;delta;burn"
+load_line=$(grep -h "BPF program on kernel" "$D/pid.log" 2>/dev/null | sed 's/.*BPF program on kernel [^:]*: //' | head -1)
+if [ -n "$load_line" ]; then
+    check load 0 "$load_line"
+else
+    check load 1 "$(grep -hv '^libbpf' "$D/pid.log" 2>/dev/null | tail -1 | cut -c1-300)"
+fi
+read -r total whole frac <<<"$(share "$D/pid/folded.txt" chain "$CHAIN")"
+ok=1; [ "$total" -gt 0 ] && [ $((whole * 10)) -ge $((total * 9)) ] && ok=0
+check chain $ok "$whole of $total samples of chain carry main;alpha;beta;gamma_;delta;burn (share $frac, need >= 0.9)"
+top=$(go tool pprof -top "$D/pid/profile.pb" 2>&1)
+ok=1; grep -q ' burn$' <<<"$top" && ok=0
+check pprof $ok "$(grep -m1 -E '^ *[0-9.]+[a-z]* +[0-9.]+%' <<<"$top" | tr -s ' ' | cut -c1-120) (go tool pprof -top)"
+read -r total whole frac <<<"$(share "$D/all/folded.txt" late "$CHAIN" burn)"
+read -r w_total w_whole w_frac <<<"$(share "$D/all/folded.txt" late "main;warm_up;warm_burn" warm_burn)"
+ok=1; [ "$total" -gt 0 ] && [ $((whole * 10)) -ge $((total * 9)) ] && [ "$(cat "$D/all.status" 2>/dev/null)" = 0 ] && ok=0
+check exec-exit $ok "program exec'd after the profiler started, after its 1.5 s warm-up: $whole of $total samples whole (share $frac, need >= 0.9); in the warm-up $w_whole of $w_total ($w_frac); run exit status $(cat "$D/all.status" 2>/dev/null || echo none)"
+startup=$(grep -ho "start-up: unwind tables.*" "$D/pid.log" "$D/all.log" 2>/dev/null | sed 's/ (.*//' | tr '\n' ';')
+say info "${startup:-no start-up line}"
+if [ $failed = 0 ]; then echo PASS; else echo FAIL; fi
+exit $failed
