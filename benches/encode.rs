@@ -8,7 +8,7 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use lightswitch::format::{flamegraph, folded, pprof};
 use lightswitch::profile::{Frame, FrameKind, Line, Profile, ProfileMapping, Sample};
-use lightswitch::sampler::UnwindStatus;
+use lightswitch::sample::UnwindStatus;
 
 const FUNCTIONS: usize = 500;
 const DEPTH: usize = 20;

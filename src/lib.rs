@@ -1,7 +1,7 @@
 //! lightswitch: a standalone eBPF CPU profiler for Linux.
 //!
 //! The pipeline (see `DESIGN.md`): [`sampler`] (BPF program on perf events,
-//! ring buffer of [`sampler::RawSample`]s) -> [`process`] (mappings and
+//! ring buffer of [`sample::RawSample`]s) -> [`process`] (mappings and
 //! objects) -> [`profile::aggregate`] (exact stacks) -> [`symbolize`]
 //! (blazesym) -> [`profile::Profile`] -> [`format`] encoders -> [`sender`]s.
 //! [`run`] drives one profiling run; [`cli`] parses the command line;
@@ -18,6 +18,7 @@ pub mod preflight;
 pub mod process;
 pub mod profile;
 pub mod run;
+pub mod sample;
 pub mod sampler;
 pub mod sender;
 pub mod server;

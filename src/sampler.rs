@@ -1,7 +1,8 @@
 //! Sampling: loads the BPF program (`src/bpf/profiler.bpf.c`), opens one
 //! software `cpu-clock` perf event per online CPU in frequency mode, attaches
 //! the program to each, and turns the records the program writes to its
-//! CPU's ring buffer (in the `samples` array of rings) into [`RawSample`]s.
+//! CPU's ring buffer (in the `samples` array of rings) into [`RawSample`]s
+//! (the record types live in [`crate::sample`]).
 //!
 //! Dropping the [`Sampler`] detaches every program and closes every perf event.
 
@@ -19,186 +20,9 @@ use libbpf_rs::{
 use perf_event_open_sys as perf;
 use tracing::{info, warn};
 
+use crate::sample::{process_info_value, ExecMapping, ProcessEvent, RawSample};
 use crate::skel::{ProfilerSkel, ProfilerSkelBuilder};
 use crate::unwind::row::{Page, RawRow};
-
-/// Size of `struct sample_header` in `src/bpf/profiler.h`, bytes.
-const HEADER_SIZE: usize = 64;
-const TASK_COMM_LEN: usize = 16;
-const SAMPLE_FLAG_KERNEL_THREAD: u8 = 1;
-
-/// How the user-stack walk of one sample ended (`enum unwind_status` in
-/// `src/bpf/profiler.h`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum UnwindStatus {
-    /// The walk reached the outermost frame.
-    Complete,
-    /// The walk stopped at the frame limit; outer frames are missing.
-    Truncated,
-    /// Reading the user stack failed part-way.
-    ReadFault,
-    /// A kernel thread: there is no user stack.
-    NoUserStack,
-    /// A frame-pointer walk that stopped where the chain stopped (an
-    /// unreadable or non-increasing frame pointer); whether outer frames
-    /// exist is unknown.
-    FramePointer,
-    /// A PC fell outside every known mapping.
-    NoMapping,
-    /// The object's unwind table was not loaded yet.
-    NoTable,
-    /// A CFI rule the BPF program cannot evaluate.
-    UnsupportedRule,
-    /// A value this version does not know.
-    Unknown(u8),
-}
-
-impl UnwindStatus {
-    fn from_raw(raw: u8) -> Self {
-        match raw {
-            0 => Self::Complete,
-            1 => Self::Truncated,
-            2 => Self::ReadFault,
-            3 => Self::NoUserStack,
-            4 => Self::FramePointer,
-            5 => Self::NoMapping,
-            6 => Self::NoTable,
-            7 => Self::UnsupportedRule,
-            other => Self::Unknown(other),
-        }
-    }
-
-    /// Whether the user stack is known to be incomplete (outer frames missing).
-    pub fn is_incomplete(self) -> bool {
-        !matches!(
-            self,
-            Self::Complete | Self::NoUserStack | Self::FramePointer
-        )
-    }
-
-    /// Short name used in summaries, metrics and the frame that marks an
-    /// incomplete stack.
-    pub fn name(self) -> String {
-        match self {
-            Self::Complete => "complete".into(),
-            Self::Truncated => "truncated".into(),
-            Self::ReadFault => "read_fault".into(),
-            Self::NoUserStack => "no_user_stack".into(),
-            Self::FramePointer => "frame_pointer".into(),
-            Self::NoMapping => "no_mapping".into(),
-            Self::NoTable => "no_table".into(),
-            Self::UnsupportedRule => "unsupported_rule".into(),
-            Self::Unknown(raw) => format!("unknown_{raw}"),
-        }
-    }
-}
-
-/// One sample as the BPF program recorded it: who ran, and both raw stacks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawSample {
-    /// `bpf_ktime_get_ns()` at the sample: CLOCK_MONOTONIC, ns.
-    pub timestamp_ns: u64,
-    /// Process id (thread group id) in the initial pid namespace.
-    pub pid: u32,
-    /// Thread id in the initial pid namespace.
-    pub tid: u32,
-    /// CPU the sample was taken on.
-    pub cpu: u32,
-    /// The process's name (the thread group leader's comm).
-    pub process_comm: String,
-    /// The sampled thread's name (its comm).
-    pub thread_comm: String,
-    /// Whether the task is a kernel thread (no user stack).
-    pub kernel_thread: bool,
-    /// Kernel return addresses, leaf first (absolute kernel addresses).
-    pub kernel_stack: Vec<u64>,
-    /// User addresses, leaf first: the sampled PC, then return addresses.
-    pub user_stack: Vec<u64>,
-    /// How the user-stack walk ended.
-    pub user_status: UnwindStatus,
-}
-
-fn comm_from_bytes(bytes: &[u8]) -> String {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
-}
-
-fn u64_at(data: &[u8], offset: usize) -> u64 {
-    u64::from_ne_bytes(data[offset..offset + 8].try_into().expect("8-byte slice"))
-}
-
-fn u32_at(data: &[u8], offset: usize) -> u32 {
-    u32::from_ne_bytes(data[offset..offset + 4].try_into().expect("4-byte slice"))
-}
-
-fn u16_at(data: &[u8], offset: usize) -> u16 {
-    u16::from_ne_bytes(data[offset..offset + 2].try_into().expect("2-byte slice"))
-}
-
-impl RawSample {
-    /// Parse one ring-buffer record (`struct sample_header` followed by the
-    /// kernel, then the user frames). Errors if the record is shorter than
-    /// its header says.
-    pub fn parse(data: &[u8]) -> Result<Self> {
-        if data.len() < HEADER_SIZE {
-            bail!(
-                "sample record of {} bytes is shorter than its header",
-                data.len()
-            );
-        }
-        let kernel_frames = u16_at(data, 20) as usize;
-        let user_frames = u16_at(data, 22) as usize;
-        let needed = HEADER_SIZE + 8 * (kernel_frames + user_frames);
-        if data.len() < needed {
-            bail!(
-                "sample record of {} bytes, header says {needed}",
-                data.len()
-            );
-        }
-        let frames = |from: usize, count: usize| -> Vec<u64> {
-            (from..from + count)
-                .map(|i| u64_at(data, HEADER_SIZE + 8 * i))
-                .collect()
-        };
-        Ok(RawSample {
-            timestamp_ns: u64_at(data, 0),
-            pid: u32_at(data, 8),
-            tid: u32_at(data, 12),
-            cpu: u32_at(data, 16),
-            user_status: UnwindStatus::from_raw(data[24]),
-            kernel_thread: data[25] & SAMPLE_FLAG_KERNEL_THREAD != 0,
-            process_comm: comm_from_bytes(&data[32..32 + TASK_COMM_LEN]),
-            thread_comm: comm_from_bytes(&data[48..48 + TASK_COMM_LEN]),
-            kernel_stack: frames(0, kernel_frames),
-            user_stack: frames(kernel_frames, user_frames),
-        })
-    }
-}
-
-#[cfg(test)]
-impl RawSample {
-    /// A sample for unit tests: process and thread `pid` named `p`, taken
-    /// at `timestamp_ns`, two kernel frames, the user stack `user` (leaf
-    /// first; complete, or no user stack when empty).
-    pub(crate) fn for_test(pid: u32, timestamp_ns: u64, user: Vec<u64>) -> Self {
-        RawSample {
-            timestamp_ns,
-            pid,
-            tid: pid,
-            cpu: 0,
-            process_comm: "p".into(),
-            thread_comm: "p".into(),
-            kernel_thread: false,
-            kernel_stack: vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020],
-            user_status: if user.is_empty() {
-                UnwindStatus::NoUserStack
-            } else {
-                UnwindStatus::Complete
-            },
-            user_stack: user,
-        }
-    }
-}
 
 /// What to sample.
 #[derive(Debug, Clone, Default)]
@@ -215,64 +39,6 @@ pub struct SamplerConfig {
     pub max_unwind_rows: u32,
 }
 
-/// A notification from the BPF programs about a process (`struct process_event`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProcessEvent {
-    /// The process called exec: its mappings are new.
-    Exec {
-        /// Process id.
-        pid: u32,
-    },
-    /// The process exited.
-    Exit {
-        /// Process id.
-        pid: u32,
-    },
-    /// The walker met a pc in no mapping it knows (e.g. code loaded with dlopen).
-    UnknownMapping {
-        /// Process id.
-        pid: u32,
-        /// The pc.
-        address: u64,
-    },
-}
-
-impl ProcessEvent {
-    /// Parse one `struct process_event` record; `None` for an unknown type or short record.
-    pub fn parse(data: &[u8]) -> Option<Self> {
-        if data.len() < 16 {
-            return None;
-        }
-        let pid = u32_at(data, 4);
-        match u32_at(data, 0) {
-            1 => Some(Self::Exec { pid }),
-            2 => Some(Self::Exit { pid }),
-            3 => Some(Self::UnknownMapping {
-                pid,
-                address: u64_at(data, 8),
-            }),
-            _ => None,
-        }
-    }
-}
-
-/// One executable mapping as the BPF walker sees it (`struct exec_mapping`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExecMapping {
-    /// First address (inclusive).
-    pub start: u64,
-    /// End address (exclusive).
-    pub end: u64,
-    /// Load bias: object vaddr = pc - bias.
-    pub bias: u64,
-    /// Object id of the table to use (`page_key.object_id`).
-    pub object_id: u32,
-    /// Walk this mapping by frame pointers (no table: JIT or anonymous code).
-    pub frame_pointers: bool,
-}
-
-/// Most executable mappings per process the walker holds (`MAX_PROCESS_MAPPINGS`).
-pub const MAX_PROCESS_MAPPINGS: usize = 256;
 /// Unsupported-rule kinds the BPF program counts (`MAX_UNSUPPORTED_KINDS`).
 pub const MAX_UNSUPPORTED_KINDS: usize = 16;
 const STAT_WALKS_REUSED: u32 = 4;
@@ -672,22 +438,11 @@ impl<'obj> Sampler<'obj> {
     }
 
     /// Describe `pid`'s executable mappings (sorted by start; at most
-    /// [`MAX_PROCESS_MAPPINGS`], the rest are dropped) to the walker.
+    /// [`crate::sample::MAX_PROCESS_MAPPINGS`], the rest are dropped) to the walker.
     pub fn set_process(&self, pid: u32, mappings: &[ExecMapping]) -> Result<()> {
-        let count = mappings.len().min(MAX_PROCESS_MAPPINGS);
         let generation = self.mapping_generation.get().wrapping_add(1);
         self.mapping_generation.set(generation);
-        let mut value = vec![0u8; 8 + 32 * MAX_PROCESS_MAPPINGS];
-        value[0..4].copy_from_slice(&(count as u32).to_ne_bytes());
-        value[4..8].copy_from_slice(&generation.to_ne_bytes());
-        for (i, m) in mappings.iter().take(count).enumerate() {
-            let at = 8 + 32 * i;
-            value[at..at + 8].copy_from_slice(&m.start.to_ne_bytes());
-            value[at + 8..at + 16].copy_from_slice(&m.end.to_ne_bytes());
-            value[at + 16..at + 24].copy_from_slice(&m.bias.to_ne_bytes());
-            value[at + 24..at + 28].copy_from_slice(&m.object_id.to_ne_bytes());
-            value[at + 28..at + 32].copy_from_slice(&u32::from(m.frame_pointers).to_ne_bytes());
-        }
+        let value = process_info_value(mappings, generation);
         self.skel
             .maps
             .process_mappings
@@ -759,7 +514,10 @@ impl<'obj> Sampler<'obj> {
                 .stats
                 .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)?
                 .unwrap_or_default();
-            Ok(values.iter().map(|v| u64_at(v, 0)).sum())
+            Ok(values
+                .iter()
+                .filter_map(|v| Some(u64::from_ne_bytes(v.get(..8)?.try_into().ok()?)))
+                .sum())
         };
         let mut unsupported = [0u64; MAX_UNSUPPORTED_KINDS];
         for (kind, slot) in unsupported.iter_mut().enumerate() {
@@ -816,28 +574,75 @@ mod tests {
         assert!(parse_cpu_list("a-b").is_err());
     }
 
+    /// Records the real BPF program wrote parse into the values the kernel
+    /// knows: a thread of this process spinning under its own name, and the
+    /// exit of a child process described to the walker. Needs root.
     #[test]
-    fn record_parses_frames_and_comms() {
-        let mut data = vec![0u8; HEADER_SIZE];
-        data[0..8].copy_from_slice(&123u64.to_ne_bytes());
-        data[8..12].copy_from_slice(&42u32.to_ne_bytes());
-        data[12..16].copy_from_slice(&43u32.to_ne_bytes());
-        data[16..20].copy_from_slice(&1u32.to_ne_bytes());
-        data[20..22].copy_from_slice(&1u16.to_ne_bytes());
-        data[22..24].copy_from_slice(&2u16.to_ne_bytes());
-        data[24] = 1;
-        data[32..35].copy_from_slice(b"app");
-        data[48..51].copy_from_slice(b"thr");
-        for addr in [0xffff_ffff_8100_0000u64, 0x401000, 0x402000] {
-            data.extend_from_slice(&addr.to_ne_bytes());
+    fn records_written_by_the_bpf_program_parse() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+
+        let me = std::process::id();
+        let config = SamplerConfig {
+            sample_freq_hz: 999,
+            pids: vec![me],
+            max_unwind_rows: 1024,
+            ..SamplerConfig::default()
+        };
+        let mut object = MaybeUninit::uninit();
+        let sampler = Sampler::start(&config, &mut object).unwrap();
+        let samples = Rc::new(RefCell::new(Vec::new()));
+        let events = Rc::new(RefCell::new(Vec::new()));
+        let malformed = Rc::new(RefCell::new(0));
+        let ring = sampler
+            .ring_buffer(samples.clone(), events.clone(), malformed.clone())
+            .unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.3")
+            .spawn()
+            .unwrap();
+        sampler.set_process(child.id(), &[]).unwrap();
+
+        let started = crate::timefmt::monotonic_ns();
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinning = stop.clone();
+        let spinner = std::thread::Builder::new()
+            .name("ls-spinner".into())
+            .spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                let tid = unsafe { libc::gettid() } as u32;
+                while !spinning.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+                tid
+            })
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::Relaxed);
+        let tid = spinner.join().unwrap();
+        child.wait().unwrap();
+        poll(&ring, Duration::from_millis(100)).unwrap();
+        let ended = crate::timefmt::monotonic_ns();
+
+        assert_eq!(*malformed.borrow(), 0);
+        let samples = samples.borrow();
+        let spun: Vec<_> = samples.iter().filter(|s| s.tid == tid).collect();
+        assert!(spun.len() >= 100, "{} samples of the spinner", spun.len());
+        let cpus = online_cpus().unwrap();
+        for s in spun {
+            assert_eq!(s.pid, me);
+            assert_eq!(s.thread_comm, "ls-spinner");
+            assert!(!s.kernel_thread);
+            assert!(cpus.contains(&s.cpu), "cpu {}", s.cpu);
+            assert!((started..=ended).contains(&s.timestamp_ns));
+            assert!(!s.user_stack.is_empty());
         }
-        let s = RawSample::parse(&data).unwrap();
-        assert_eq!((s.timestamp_ns, s.pid, s.tid, s.cpu), (123, 42, 43, 1));
-        assert_eq!(s.process_comm, "app");
-        assert_eq!(s.thread_comm, "thr");
-        assert_eq!(s.kernel_stack, vec![0xffff_ffff_8100_0000]);
-        assert_eq!(s.user_stack, vec![0x401000, 0x402000]);
-        assert_eq!(s.user_status, UnwindStatus::Truncated);
-        assert!(RawSample::parse(&data[..data.len() - 1]).is_err());
+        assert!(
+            events
+                .borrow()
+                .contains(&ProcessEvent::Exit { pid: child.id() }),
+            "{:?}",
+            events.borrow()
+        );
     }
 }

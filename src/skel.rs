@@ -3,3 +3,12 @@
 #![allow(clippy::all, missing_docs, non_camel_case_types, dead_code)]
 
 include!(concat!(env!("OUT_DIR"), "/profiler.skel.rs"));
+
+// SAFETY: these generated types mirror the records of src/bpf/profiler.h:
+// repr(C), integers and integer arrays only, with every padding byte an
+// explicit field, so any byte string of their size is a valid value and every
+// byte of a value is initialized.
+unsafe impl plain::Plain for types::sample_header {}
+unsafe impl plain::Plain for types::process_event {}
+unsafe impl plain::Plain for types::process_info {}
+unsafe impl plain::Plain for types::exec_mapping {}

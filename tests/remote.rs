@@ -852,7 +852,7 @@ fn disk_windows_are_files_named_by_start_and_only_the_newest_are_kept() {
 /// A small profile with known stacks, as pprof bytes.
 fn known_profile(start_unix_ns: u64, count: u64) -> Vec<u8> {
     use lightswitch::profile::{Frame, FrameKind, Line, Profile, Sample};
-    use lightswitch::sampler::UnwindStatus;
+    use lightswitch::sample::UnwindStatus;
     use std::sync::Arc;
     let line = |name: &str| Line {
         function: Arc::from(name),

@@ -2,7 +2,7 @@
 //! mapped objects (so the profiler's process tracker and symbolizer read
 //! real ELF files), and samples built from them.
 
-use lightswitch::sampler::{RawSample, UnwindStatus};
+use lightswitch::sample::{RawSample, UnwindStatus};
 
 /// The first executable mapping of this process whose path satisfies
 /// `wanted`: (start, end) addresses.

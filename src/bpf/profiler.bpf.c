@@ -84,6 +84,10 @@ struct {
 	__uint(max_entries, 256 * 1024);
 } events SEC(".maps");
 
+/* Never read: puts struct process_event into the object's BTF, so that the
+ * skeleton generates its Rust type (src/sample.rs parses events with it). */
+const volatile struct process_event process_event_layout = {};
+
 /* Per-CPU counters, indexed by enum stat_index. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -26,7 +26,7 @@ use prost::Message;
 
 use crate::format::pprof::proto;
 use crate::profile::{unwind_marker_name, Frame, FrameKind, Line, Profile, ProfileMapping, Sample};
-use crate::sampler::UnwindStatus;
+use crate::sample::UnwindStatus;
 use crate::symbolize::KERNEL_MAPPING_NAME;
 
 /// Why a body was refused.

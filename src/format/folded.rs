@@ -58,7 +58,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::profile::{Frame, Line, Sample};
-    use crate::sampler::UnwindStatus;
+    use crate::sample::UnwindStatus;
 
     fn line(name: &str) -> Line {
         Line {

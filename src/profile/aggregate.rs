@@ -13,7 +13,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use crate::process::{MappingId, ProcessTracker};
-use crate::sampler::{RawSample, UnwindStatus};
+use crate::sample::{RawSample, UnwindStatus};
 
 /// A user frame: an address, and the mapping it fell in (if any).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -7,7 +7,7 @@ pub mod window;
 
 use std::sync::Arc;
 
-use crate::sampler::UnwindStatus;
+use crate::sample::UnwindStatus;
 
 /// One window's symbolized samples.
 #[derive(Debug, Clone, Default)]

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 
 use crate::process::ProcessTracker;
 use crate::profile::aggregate::{Aggregator, UserFrame};
-use crate::sampler::RawSample;
+use crate::sample::RawSample;
 use crate::symbolize::Window;
 
 /// How long after a window's end it is closed, ns (see the module docs).

@@ -7,7 +7,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::sampler::UnwindStatus;
+use crate::sample::UnwindStatus;
 use crate::sender::queue::Queue;
 
 /// The agent's metrics, shared between the sampling loop and the server.

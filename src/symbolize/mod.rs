@@ -613,7 +613,7 @@ impl ProfileAssembly {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::RawSample;
+    use crate::sample::RawSample;
 
     #[test]
     fn demangles_rust_and_cpp_and_keeps_c() {

@@ -23,7 +23,8 @@ use tracing::{debug, info, warn};
 
 use crate::process::{MappingId, ObjectId, ProcessTracker};
 use crate::profile::aggregate::UserFrame;
-use crate::sampler::{ExecMapping, ProcessEvent, RawSample, Sampler};
+use crate::sample::{ExecMapping, ProcessEvent, RawSample};
+use crate::sampler::Sampler;
 use crate::unwind::row::Page;
 use crate::unwind::UnwindTable;
 

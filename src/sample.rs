@@ -1,0 +1,366 @@
+//! The pipeline's data types: what the BPF program reports (one sample
+//! record, how its user-stack walk ended, process events) and how user space
+//! describes a process's executable mappings to it. The sampler produces
+//! and consumes them; the process tracker, aggregator, symbolizer and
+//! encoders read them.
+//!
+//! The byte layouts are the C structs of `src/bpf/profiler.h` as the
+//! libbpf-rs skeleton generates them from the BPF object's BTF at build time
+//! (`crate::skel::types`): no field offset here is written by hand. The enum
+//! values below mirror `profiler.h`'s enums, which its records carry as
+//! plain integers.
+
+use std::mem::size_of;
+
+use anyhow::{anyhow, bail, Result};
+
+use crate::skel::types;
+
+/// `SAMPLE_FLAG_KERNEL_THREAD` in `struct sample_header.flags`.
+const SAMPLE_FLAG_KERNEL_THREAD: u8 = 1;
+/// `enum event_type`.
+const EVENT_EXEC: u32 = 1;
+const EVENT_EXIT: u32 = 2;
+const EVENT_UNKNOWN_MAPPING: u32 = 3;
+/// `enum mapping_kind`.
+const MAPPING_TABLE: u32 = 0;
+const MAPPING_FRAME_POINTERS: u32 = 1;
+
+/// How the user-stack walk of one sample ended (`enum unwind_status` in
+/// `src/bpf/profiler.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnwindStatus {
+    /// The walk reached the outermost frame.
+    Complete,
+    /// The walk stopped at the frame limit; outer frames are missing.
+    Truncated,
+    /// Reading the user stack failed part-way.
+    ReadFault,
+    /// A kernel thread: there is no user stack.
+    NoUserStack,
+    /// A frame-pointer walk that stopped where the chain stopped (an
+    /// unreadable or non-increasing frame pointer); whether outer frames
+    /// exist is unknown.
+    FramePointer,
+    /// A PC fell outside every known mapping.
+    NoMapping,
+    /// The object's unwind table was not loaded yet.
+    NoTable,
+    /// A CFI rule the BPF program cannot evaluate.
+    UnsupportedRule,
+    /// A value this version does not know.
+    Unknown(u8),
+}
+
+impl UnwindStatus {
+    fn from_raw(raw: u8) -> Self {
+        match raw {
+            0 => Self::Complete,
+            1 => Self::Truncated,
+            2 => Self::ReadFault,
+            3 => Self::NoUserStack,
+            4 => Self::FramePointer,
+            5 => Self::NoMapping,
+            6 => Self::NoTable,
+            7 => Self::UnsupportedRule,
+            other => Self::Unknown(other),
+        }
+    }
+
+    /// Whether the user stack is known to be incomplete (outer frames missing).
+    pub fn is_incomplete(self) -> bool {
+        !matches!(
+            self,
+            Self::Complete | Self::NoUserStack | Self::FramePointer
+        )
+    }
+
+    /// Short name used in summaries, metrics and the frame that marks an
+    /// incomplete stack.
+    pub fn name(self) -> String {
+        match self {
+            Self::Complete => "complete".into(),
+            Self::Truncated => "truncated".into(),
+            Self::ReadFault => "read_fault".into(),
+            Self::NoUserStack => "no_user_stack".into(),
+            Self::FramePointer => "frame_pointer".into(),
+            Self::NoMapping => "no_mapping".into(),
+            Self::NoTable => "no_table".into(),
+            Self::UnsupportedRule => "unsupported_rule".into(),
+            Self::Unknown(raw) => format!("unknown_{raw}"),
+        }
+    }
+}
+
+/// One sample as the BPF program recorded it: who ran, and both raw stacks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawSample {
+    /// `bpf_ktime_get_ns()` at the sample: CLOCK_MONOTONIC, ns.
+    pub timestamp_ns: u64,
+    /// Process id (thread group id) in the initial pid namespace.
+    pub pid: u32,
+    /// Thread id in the initial pid namespace.
+    pub tid: u32,
+    /// CPU the sample was taken on.
+    pub cpu: u32,
+    /// The process's name (the thread group leader's comm).
+    pub process_comm: String,
+    /// The sampled thread's name (its comm).
+    pub thread_comm: String,
+    /// Whether the task is a kernel thread (no user stack).
+    pub kernel_thread: bool,
+    /// Kernel return addresses, leaf first (absolute kernel addresses).
+    pub kernel_stack: Vec<u64>,
+    /// User addresses, leaf first: the sampled PC, then return addresses.
+    pub user_stack: Vec<u64>,
+    /// How the user-stack walk ended.
+    pub user_status: UnwindStatus,
+}
+
+impl RawSample {
+    /// Parse one ring-buffer record: `struct sample_header`, then
+    /// `kernel_frames` kernel addresses, then `user_frames` user addresses
+    /// (u64 each, native endian). Errors if the record is shorter than its
+    /// header says.
+    pub fn parse(data: &[u8]) -> Result<Self> {
+        let mut header = types::sample_header::default();
+        plain::copy_from_bytes(&mut header, data).map_err(|_| {
+            anyhow!(
+                "sample record of {} bytes is shorter than its header ({} bytes)",
+                data.len(),
+                size_of::<types::sample_header>()
+            )
+        })?;
+        let kernel_frames = usize::from(header.kernel_frames);
+        let user_frames = usize::from(header.user_frames);
+        let frames = &data[size_of::<types::sample_header>()..];
+        let frame_bytes = 8 * (kernel_frames + user_frames);
+        if frames.len() < frame_bytes {
+            bail!(
+                "sample record of {} bytes, header says {}",
+                data.len(),
+                size_of::<types::sample_header>() + frame_bytes
+            );
+        }
+        let mut addresses = frames[..frame_bytes]
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().expect("chunks of 8 bytes")));
+        let kernel_stack = addresses.by_ref().take(kernel_frames).collect();
+        Ok(RawSample {
+            timestamp_ns: header.timestamp_ns,
+            pid: header.pid,
+            tid: header.tid,
+            cpu: header.cpu,
+            user_status: UnwindStatus::from_raw(header.user_status),
+            kernel_thread: header.flags & SAMPLE_FLAG_KERNEL_THREAD != 0,
+            process_comm: comm(&header.process_comm),
+            thread_comm: comm(&header.thread_comm),
+            kernel_stack,
+            user_stack: addresses.collect(),
+        })
+    }
+}
+
+/// A `char[TASK_COMM_LEN]` up to its first NUL, invalid UTF-8 replaced.
+fn comm(raw: &[i8]) -> String {
+    let bytes: Vec<u8> = raw
+        .iter()
+        .map(|&c| c as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[cfg(test)]
+impl RawSample {
+    /// A sample for unit tests: process and thread `pid` named `p`, taken
+    /// at `timestamp_ns`, two kernel frames, the user stack `user` (leaf
+    /// first; complete, or no user stack when empty).
+    pub(crate) fn for_test(pid: u32, timestamp_ns: u64, user: Vec<u64>) -> Self {
+        RawSample {
+            timestamp_ns,
+            pid,
+            tid: pid,
+            cpu: 0,
+            process_comm: "p".into(),
+            thread_comm: "p".into(),
+            kernel_thread: false,
+            kernel_stack: vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020],
+            user_status: if user.is_empty() {
+                UnwindStatus::NoUserStack
+            } else {
+                UnwindStatus::Complete
+            },
+            user_stack: user,
+        }
+    }
+}
+
+/// A notification from the BPF programs about a process (`struct process_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessEvent {
+    /// The process called exec: its mappings are new.
+    Exec {
+        /// Process id.
+        pid: u32,
+    },
+    /// The process exited.
+    Exit {
+        /// Process id.
+        pid: u32,
+    },
+    /// The walker met a pc in no mapping it knows (e.g. code loaded with dlopen).
+    UnknownMapping {
+        /// Process id.
+        pid: u32,
+        /// The pc.
+        address: u64,
+    },
+}
+
+impl ProcessEvent {
+    /// Parse one `struct process_event` record; `None` for an unknown type or short record.
+    pub fn parse(data: &[u8]) -> Option<Self> {
+        let mut event = types::process_event::default();
+        plain::copy_from_bytes(&mut event, data).ok()?;
+        let pid = event.pid;
+        match event.r#type {
+            EVENT_EXEC => Some(Self::Exec { pid }),
+            EVENT_EXIT => Some(Self::Exit { pid }),
+            EVENT_UNKNOWN_MAPPING => Some(Self::UnknownMapping {
+                pid,
+                address: event.address,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// One executable mapping as the BPF walker sees it (`struct exec_mapping`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecMapping {
+    /// First address (inclusive).
+    pub start: u64,
+    /// End address (exclusive).
+    pub end: u64,
+    /// Load bias: object vaddr = pc - bias.
+    pub bias: u64,
+    /// Object id of the table to use (`page_key.object_id`).
+    pub object_id: u32,
+    /// Walk this mapping by frame pointers (no table: JIT or anonymous code).
+    pub frame_pointers: bool,
+}
+
+/// Most executable mappings per process the walker holds (`MAX_PROCESS_MAPPINGS`).
+pub const MAX_PROCESS_MAPPINGS: usize = 256;
+
+/// `struct process_info` for the `process_mappings` map: `mappings` (sorted
+/// by start; at most [`MAX_PROCESS_MAPPINGS`], the rest are dropped) under
+/// `generation`, as the bytes of the map value.
+pub(crate) fn process_info_value(mappings: &[ExecMapping], generation: u32) -> Vec<u8> {
+    let mut info = Box::<types::process_info>::default();
+    let count = mappings.len().min(MAX_PROCESS_MAPPINGS);
+    info.mapping_count = count as u32;
+    info.generation = generation;
+    for (raw, m) in info.mappings.iter_mut().zip(&mappings[..count]) {
+        *raw = types::exec_mapping {
+            start: m.start,
+            end: m.end,
+            bias: m.bias,
+            object_id: m.object_id,
+            kind: if m.frame_pointers {
+                MAPPING_FRAME_POINTERS
+            } else {
+                MAPPING_TABLE
+            },
+        };
+    }
+    // SAFETY: process_info is Plain (see crate::skel): integers only, no
+    // padding, so every byte of it is initialized.
+    unsafe { plain::as_bytes(&*info) }.to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_parses_frames_and_comms() {
+        // The layout of struct sample_header in src/bpf/profiler.h, by hand:
+        // an independent check of the generated type the parser uses.
+        let mut data = vec![0u8; 64];
+        data[0..8].copy_from_slice(&123u64.to_ne_bytes());
+        data[8..12].copy_from_slice(&42u32.to_ne_bytes());
+        data[12..16].copy_from_slice(&43u32.to_ne_bytes());
+        data[16..20].copy_from_slice(&1u32.to_ne_bytes());
+        data[20..22].copy_from_slice(&1u16.to_ne_bytes());
+        data[22..24].copy_from_slice(&2u16.to_ne_bytes());
+        data[24] = 1;
+        data[32..35].copy_from_slice(b"app");
+        data[48..51].copy_from_slice(b"thr");
+        for addr in [0xffff_ffff_8100_0000u64, 0x401000, 0x402000] {
+            data.extend_from_slice(&addr.to_ne_bytes());
+        }
+        let s = RawSample::parse(&data).unwrap();
+        assert_eq!((s.timestamp_ns, s.pid, s.tid, s.cpu), (123, 42, 43, 1));
+        assert_eq!(s.process_comm, "app");
+        assert_eq!(s.thread_comm, "thr");
+        assert_eq!(s.kernel_stack, vec![0xffff_ffff_8100_0000]);
+        assert_eq!(s.user_stack, vec![0x401000, 0x402000]);
+        assert_eq!(s.user_status, UnwindStatus::Truncated);
+        assert!(RawSample::parse(&data[..data.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn events_parse_and_unknown_types_do_not() {
+        let record = |kind: u32, pid: u32, address: u64| {
+            let mut data = Vec::new();
+            data.extend_from_slice(&kind.to_ne_bytes());
+            data.extend_from_slice(&pid.to_ne_bytes());
+            data.extend_from_slice(&address.to_ne_bytes());
+            data
+        };
+        assert_eq!(
+            ProcessEvent::parse(&record(1, 7, 0)),
+            Some(ProcessEvent::Exec { pid: 7 })
+        );
+        assert_eq!(
+            ProcessEvent::parse(&record(2, 7, 0)),
+            Some(ProcessEvent::Exit { pid: 7 })
+        );
+        assert_eq!(
+            ProcessEvent::parse(&record(3, 7, 0x4000)),
+            Some(ProcessEvent::UnknownMapping {
+                pid: 7,
+                address: 0x4000
+            })
+        );
+        assert_eq!(ProcessEvent::parse(&record(9, 7, 0)), None);
+        assert_eq!(ProcessEvent::parse(&record(1, 7, 0)[..15]), None);
+    }
+
+    #[test]
+    fn process_info_holds_the_mappings_in_the_c_layout() {
+        let mapping = ExecMapping {
+            start: 0x1000,
+            end: 0x2000,
+            bias: 0x400,
+            object_id: 9,
+            frame_pointers: true,
+        };
+        let value = process_info_value(&[mapping], 5);
+        assert_eq!(value.len(), 8 + 32 * MAX_PROCESS_MAPPINGS);
+        assert_eq!(value[0..4], 1u32.to_ne_bytes());
+        assert_eq!(value[4..8], 5u32.to_ne_bytes());
+        assert_eq!(value[8..16], 0x1000u64.to_ne_bytes());
+        assert_eq!(value[16..24], 0x2000u64.to_ne_bytes());
+        assert_eq!(value[24..32], 0x400u64.to_ne_bytes());
+        assert_eq!(value[32..36], 9u32.to_ne_bytes());
+        assert_eq!(value[36..40], 1u32.to_ne_bytes());
+        let many = vec![mapping; MAX_PROCESS_MAPPINGS + 3];
+        assert_eq!(
+            process_info_value(&many, 1)[0..4],
+            (MAX_PROCESS_MAPPINGS as u32).to_ne_bytes()
+        );
+    }
+}
