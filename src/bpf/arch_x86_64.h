@@ -1,10 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * x86-64 registers as the BPF program reads them (the Rust side's register
- * numbers and rules live in src/unwind/).
+ * x86-64 specifics of the BPF program: the user address space, the signal
+ * frame layout, and the registers as a sample's context holds them (the Rust
+ * side's register numbers and CFI translation: src/unwind/x86_64.rs).
  */
 #ifndef LIGHTSWITCH_ARCH_X86_64_H
 #define LIGHTSWITCH_ARCH_X86_64_H
+
+/* No code lives below this address (mmap_min_addr) or at/above the end of
+ * the x86-64 user address space (47-bit, 4-level page tables). */
+#define USER_MIN_ADDRESS 4096ULL
+#define USER_ADDRESS_LIMIT 0x0000800000000000ULL
+
+/* Offsets in the ucontext a signal trampoline's rsp points at
+ * (struct ucontext: uc_mcontext at 40; struct sigcontext: rbp 80, rsp 120, rip 128). */
+#define UCONTEXT_RBP (40 + 80)
+#define UCONTEXT_RSP (40 + 120)
+#define UCONTEXT_RIP (40 + 128)
 
 /*
  * The registers a perf_event program's context holds at the interrupt: the

@@ -35,17 +35,8 @@
 #include "arch_x86_64.h"
 
 #define PF_KTHREAD 0x00200000
-/* No code lives below this address (mmap_min_addr) or at/above the end of
- * the x86-64 user address space. */
-#define USER_MIN_ADDRESS 4096ULL
-#define USER_ADDRESS_LIMIT 0x0000800000000000ULL
 /* Shortest interval between two unknown-mapping notifications for one pid, ns. */
 #define NOTIFY_INTERVAL_NS (200 * 1000 * 1000ULL)
-/* Offsets in the ucontext a signal trampoline's rsp points at
- * (struct ucontext: uc_mcontext at 40; struct sigcontext: rbp 80, rsp 120, rip 128). */
-#define UCONTEXT_RBP (40 + 80)
-#define UCONTEXT_RSP (40 + 120)
-#define UCONTEXT_RIP (40 + 128)
 
 /* Set by user space before load (read-only data section). */
 const volatile bool filter_pids = false; /* only sample pids in target_pids */

@@ -2,7 +2,8 @@
 //! else `.debug_frame` (of the object, else of its separate debug file).
 //!
 //! gimli parses and evaluates every FDE; each row of gimli's unwind table is
-//! translated into a [`Rule`] (unrepresentable rules become
+//! translated into a [`Rule`] by the architecture's file
+//! ([`super::x86_64`]; unrepresentable rules become
 //! [`Rule::Unsupported`] and are counted by kind). FDE ranges are overlaid
 //! (an FDE with a later start wins where ranges overlap; on equal starts the
 //! later one in the section), gaps get [`Rule::EndOfFunction`], identical
@@ -14,21 +15,16 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, LittleEndian, Register, RegisterRule,
-    UnwindContext, UnwindSection, UnwindTableRow,
+    BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindContext, UnwindSection,
 };
 use object::elf;
 use object::read::elf::{ElfFile64, FileHeader, ProgramHeader};
 use object::{CompressionFormat, Endianness, Object, ObjectSection};
 
 use super::identity::find_debug_file;
-use super::rule::{CfaOffset, Fp, Rule, UnsupportedKind};
+use super::rule::{Rule, UnsupportedKind};
 use super::table::{CfiSource, InvalidTable, RuleAt, UnwindTable, MAX_ADDRESS};
-
-/// x86-64 DWARF register numbers (System V ABI, figure 3.36).
-const RBP: Register = Register(6);
-const RSP: Register = Register(7);
-const RA: Register = Register(16);
+use super::x86_64;
 
 /// Largest decompressed `.debug_frame` accepted, bytes.
 const MAX_SECTION_SIZE: u64 = 1 << 32;
@@ -175,10 +171,10 @@ fn parse_x86_64(bytes: &[u8]) -> Result<ElfFile64<'_, Endianness>, BuildError> {
     let header = file.elf_header();
     let endian = file.endian();
     let machine = header.e_machine(endian);
-    if machine != elf::EM_X86_64 {
+    if machine != x86_64::ELF_MACHINE {
         return Err(BuildError::Unsupported(format!(
             "ELF machine {machine} is not x86-64 ({})",
-            elf::EM_X86_64
+            x86_64::ELF_MACHINE
         )));
     }
     if endian != Endianness::Little {
@@ -230,7 +226,7 @@ fn section_data<'d>(
     Ok((!data.is_empty()).then_some(data))
 }
 
-type Slice<'d> = gimli::EndianSlice<'d, LittleEndian>;
+pub(super) type Slice<'d> = gimli::EndianSlice<'d, LittleEndian>;
 
 /// One rule over an address range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -303,7 +299,7 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
                     let rule = if signal {
                         Rule::SignalFrame
                     } else {
-                        let (rule, kind) = translate(row, section);
+                        let (rule, kind) = x86_64::translate(row, section);
                         kind.into_iter().for_each(&mut count);
                         rule
                     };
@@ -392,73 +388,10 @@ fn merged_rules(spans: &[Span]) -> Vec<RuleAt> {
     rules
 }
 
-/// Translates one gimli row into a rule, with the unsupported kind to count
-/// (for [`UnsupportedKind::RbpRule`] the rule stays usable).
-fn translate<'d, S: UnwindSection<Slice<'d>>>(
-    row: &UnwindTableRow<usize>,
-    section: &S,
-) -> (Rule, Option<UnsupportedKind>) {
-    let unsupported = |kind| (Rule::Unsupported(kind), Some(kind));
-    let ra = row.register(RA);
-    if ra == Some(RegisterRule::Undefined) {
-        return (Rule::Outermost, None);
-    }
-    let cfa = match *row.cfa() {
-        CfaRule::RegisterAndOffset { register, offset } if register == RSP || register == RBP => {
-            match CfaOffset::new(offset) {
-                Some(cfa) => Ok((register, cfa)),
-                None => return unsupported(UnsupportedKind::CfaOffset),
-            }
-        }
-        CfaRule::RegisterAndOffset { .. } => return unsupported(UnsupportedKind::CfaRegister),
-        CfaRule::Expression(expression) => match expression.get(section) {
-            Ok(e) => match plt_threshold(e.0.slice()) {
-                Some(threshold) => Err(threshold),
-                None => return unsupported(UnsupportedKind::CfaExpression),
-            },
-            Err(_) => return unsupported(UnsupportedKind::InvalidCfi),
-        },
-    };
-    if ra != Some(RegisterRule::Offset(-8)) {
-        return unsupported(UnsupportedKind::ReturnAddress);
-    }
-    let fp = match row.register(RBP) {
-        None | Some(RegisterRule::Undefined | RegisterRule::SameValue) => Some(Fp::Unchanged),
-        Some(RegisterRule::Offset(n)) if n % 8 == 0 => {
-            i16::try_from(n / 8).ok().map(Fp::AtCfaOffset)
-        }
-        Some(_) => None,
-    };
-    let kind = fp.is_none().then_some(UnsupportedKind::RbpRule);
-    let fp = fp.unwrap_or(Fp::Unsupported);
-    let rule = match cfa {
-        Ok((RSP, cfa)) => Rule::RspOffset { cfa, fp },
-        Ok((_, cfa)) => Rule::RbpOffset { cfa, fp },
-        Err(threshold) => Rule::Plt { threshold, fp },
-    };
-    (rule, kind)
-}
-
-/// The threshold of the PLT CFA expressions glibc's and binutils' linkers
-/// emit for `.plt`: `DW_OP_breg7 (rsp) 8; DW_OP_breg16 (rip) 0; DW_OP_lit15;
-/// DW_OP_and; DW_OP_lit11 (or lit10); DW_OP_ge; DW_OP_lit3; DW_OP_shl;
-/// DW_OP_plus`, i.e. CFA = rsp + 8 + ((rip & 15) >= threshold) << 3.
-fn plt_threshold(expression: &[u8]) -> Option<u8> {
-    use gimli::constants::*;
-    let lit = |n: u8| DW_OP_lit0.0 + n;
-    let prefix = [DW_OP_breg7.0, 8, DW_OP_breg16.0, 0, lit(15), DW_OP_and.0];
-    let suffix = [DW_OP_ge.0, lit(3), DW_OP_shl.0, DW_OP_plus.0];
-    let rest = expression.strip_prefix(&prefix[..])?;
-    let (&threshold_op, rest) = rest.split_first()?;
-    if rest != suffix {
-        return None;
-    }
-    [10, 11].into_iter().find(|&t| threshold_op == lit(t))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::unwind::rule::{CfaOffset, Fp};
 
     fn rsp(off: i64) -> Rule {
         Rule::RspOffset {
@@ -531,20 +464,6 @@ mod tests {
                 (0x58, Rule::EndOfFunction),
             ]
         );
-    }
-
-    #[test]
-    fn only_the_two_plt_expressions_match() {
-        let plt11 = [0x77, 8, 0x80, 0, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22];
-        assert_eq!(plt_threshold(&plt11), Some(11));
-        let mut plt10 = plt11;
-        plt10[6] = 0x3a;
-        assert_eq!(plt_threshold(&plt10), Some(10));
-        let mut plt12 = plt11;
-        plt12[6] = 0x3c;
-        assert_eq!(plt_threshold(&plt12), None);
-        assert_eq!(plt_threshold(&plt11[..10]), None);
-        assert_eq!(plt_threshold(&[0x77, 8]), None);
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod row;
 pub mod rule;
 pub mod show;
 pub mod table;
+mod x86_64;
 
 pub use builder::{
     build_table, build_table_at, build_table_from_path, build_table_with_debug_file,
