@@ -311,16 +311,8 @@ fn decode(key: &ObjectKey, bytes: &[u8]) -> Result<UnwindTable, CacheError> {
             .ok_or_else(|| CacheError::Invalid(format!("unsupported kind {code}")))?;
         unsupported.insert(kind, count);
     }
-    let stats = TableStats {
-        fdes,
-        rows: 0,
-        pages: 0,
-        bytes: 0,
-        max_page_rows: 0,
-        unsupported,
-        source,
-    };
-    UnwindTable::from_parts(rows, pages, stats).map_err(|e| CacheError::Invalid(e.0))
+    UnwindTable::from_parts(rows, pages, TableStats::from_cfi(fdes, unsupported, source))
+        .map_err(|e| CacheError::Invalid(e.0))
 }
 
 #[cfg(test)]

@@ -58,6 +58,27 @@ pub struct TableStats {
     pub source: CfiSource,
 }
 
+impl TableStats {
+    /// The figures read from the CFI (or a cache file); the ones measured
+    /// on the assembled table (rows, pages, bytes, most rows in a page) are
+    /// zero until [`UnwindTable::from_parts`] fills them in.
+    pub fn from_cfi(
+        fdes: u64,
+        unsupported: BTreeMap<UnsupportedKind, u64>,
+        source: CfiSource,
+    ) -> Self {
+        TableStats {
+            fdes,
+            rows: 0,
+            pages: 0,
+            bytes: 0,
+            max_page_rows: 0,
+            unsupported,
+            source,
+        }
+    }
+}
+
 /// One row with its absolute range, as [`UnwindTable::iter_rows`] yields it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TableRow {
@@ -144,16 +165,7 @@ impl UnwindTable {
                 None => break,
             };
         }
-        let stats = TableStats {
-            fdes,
-            rows: 0,
-            pages: 0,
-            bytes: 0,
-            max_page_rows: 0,
-            unsupported,
-            source,
-        };
-        Self::from_parts(rows, pages, stats)
+        Self::from_parts(rows, pages, TableStats::from_cfi(fdes, unsupported, source))
     }
 
     /// Assembles a table from its parts (as stored in the disk cache),
