@@ -611,13 +611,28 @@ mod tests {
             .spawn(move || {
                 // SAFETY: gettid has no preconditions.
                 let tid = unsafe { libc::gettid() } as u32;
-                while !spinning.load(Ordering::Relaxed) {
+                // 300 ms of this thread's own CPU time (about 300 samples at
+                // 999 Hz), however busy the machine is.
+                let cpu_ns = || {
+                    let mut ts = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 0,
+                    };
+                    // SAFETY: ts is a valid timespec to write.
+                    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+                    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+                };
+                while cpu_ns() < 300_000_000 && !spinning.load(Ordering::Relaxed) {
                     std::hint::spin_loop();
                 }
                 tid
             })
             .unwrap();
-        std::thread::sleep(Duration::from_millis(500));
+        // The stop flag only bounds a machine too busy to give 300 ms in 10 s.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !spinner.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         stop.store(true, Ordering::Relaxed);
         let tid = spinner.join().unwrap();
         child.wait().unwrap();

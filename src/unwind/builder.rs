@@ -226,7 +226,7 @@ fn section_data<'d>(
     Ok((!data.is_empty()).then_some(data))
 }
 
-pub(super) type Slice<'d> = gimli::EndianSlice<'d, LittleEndian>;
+type Slice<'d> = gimli::EndianSlice<'d, LittleEndian>;
 
 /// One rule over an address range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

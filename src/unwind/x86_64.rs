@@ -4,10 +4,9 @@
 //! (its x86-64 counterpart is `src/bpf/arch_x86_64.h`). Another architecture
 //! is another file beside this one, chosen by the object's ELF machine.
 
-use gimli::{CfaRule, Register, RegisterRule, UnwindSection, UnwindTableRow};
+use gimli::{CfaRule, Reader, Register, RegisterRule, UnwindSection, UnwindTableRow};
 use object::elf;
 
-use super::builder::Slice;
 use super::rule::{CfaOffset, Fp, Rule, UnsupportedKind};
 
 /// The ELF `e_machine` of the objects this file's rules describe.
@@ -22,7 +21,7 @@ const RA: Register = Register(16);
 
 /// Translates one gimli row into a rule, with the unsupported kind to count
 /// (for [`UnsupportedKind::RbpRule`] the rule stays usable).
-pub(super) fn translate<'d, S: UnwindSection<Slice<'d>>>(
+pub(super) fn translate<R: Reader<Offset = usize>, S: UnwindSection<R>>(
     row: &UnwindTableRow<usize>,
     section: &S,
 ) -> (Rule, Option<UnsupportedKind>) {
@@ -40,7 +39,7 @@ pub(super) fn translate<'d, S: UnwindSection<Slice<'d>>>(
         }
         CfaRule::RegisterAndOffset { .. } => return unsupported(UnsupportedKind::CfaRegister),
         CfaRule::Expression(expression) => match expression.get(section) {
-            Ok(e) => match plt_threshold(e.0.slice()) {
+            Ok(e) => match e.0.to_slice().ok().and_then(|bytes| plt_threshold(&bytes)) {
                 Some(threshold) => Err(threshold),
                 None => return unsupported(UnsupportedKind::CfaExpression),
             },
