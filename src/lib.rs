@@ -1,6 +1,6 @@
 //! lightswitch: a standalone eBPF CPU profiler for Linux.
 //!
-//! The pipeline (see `DESIGN.md`): [`sampler`] (BPF program on perf events,
+//! The pipeline (see `docs/architecture.md`): [`sampler`] (BPF program on perf events,
 //! ring buffer of [`sample::RawSample`]s) -> [`process`] (mappings and
 //! objects) -> [`profile::aggregate`] (exact stacks) -> [`symbolize`]
 //! (blazesym) -> [`profile::Profile`] -> [`format`] encoders -> [`sender`]s.
