@@ -1,6 +1,6 @@
 //! One profiling run, start to finish: preflight checks, sampling until the
 //! duration ends or a signal arrives, symbolization, encoding and writing.
-//! Each step is delegated to the module that owns it (see DESIGN.md).
+//! Each step is delegated to the module that owns it (docs/architecture.md).
 //!
 //! Continuous mode (`--profile-interval`, or a sender other than `disk`):
 //! samples are cut into windows by their timestamps
