@@ -65,7 +65,20 @@ if [ ${#need[@]} -gt 0 ]; then
     [ $apt_updated = 1 ] || apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null || die "apt-get install ${need[*]} failed"
 fi
-command -v vng >/dev/null || pip install -q virtme-ng >/dev/null 2>&1 || die "pip install virtme-ng failed"
+# virtme-ng's `vng`, on PATH or in the scripts directory of the python3 it
+# was installed for.
+find_vng() {
+    command -v vng && return
+    local dir
+    dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null) &&
+        [ -x "$dir/vng" ] && echo "$dir/vng"
+}
+VNG=$(find_vng)
+if [ -z "$VNG" ]; then
+    python3 -m pip install -q virtme-ng >/dev/null 2>&1 || die "pip install virtme-ng failed"
+    hash -r
+    VNG=$(find_vng) || die "virtme-ng installed, but no vng command found"
+fi
 vmlinuz=/boot/vmlinuz-${pkg#linux-image-}
 [ -f "$vmlinuz" ] || die "$vmlinuz is missing after installing $pkg"
 if [ ! -x "$LS" ]; then
@@ -133,7 +146,7 @@ EOF
 kvm=--disable-kvm
 [ "${KVM:-0}" = 1 ] && kvm=
 started=$(date +%s)
-timeout 280 vng -r "$vmlinuz" --user root $kvm --rw --memory 2G -- "bash $D/guest.sh" >"$D/vng.log" 2>&1
+timeout 280 "$VNG" -r "$vmlinuz" --user root $kvm --rw --memory 2G -- "bash $D/guest.sh" >"$D/vng.log" 2>&1
 [ -s "$D/uname" ] || { tail -5 "$D/vng.log" >&2; die "the VM did not boot ($pkg)"; }
 say kernel "$(cat "$D/uname") ($pkg), guest ran for $(($(date +%s) - started)) s"
 
