@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod collector;
 pub mod format;
+pub mod guard;
 pub mod heap;
 pub mod httpd;
 pub mod preflight;

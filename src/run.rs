@@ -96,12 +96,15 @@ impl std::fmt::Display for RunSummary {
             )?;
             write!(
                 f,
-                "\nwindows: closed={} handed_over={} dropped={} failed={} late_samples={}",
+                "\nwindows: closed={} handed_over={} dropped={} failed={} panicked={} \
+                 late_samples={} samples_missing_mapping={}",
                 c.windows,
                 c.report.windows_sent,
                 c.report.windows_dropped,
                 c.report.windows_failed,
-                c.late_samples
+                c.report.windows_panicked,
+                c.late_samples,
+                c.report.samples_missing_mapping
             )?;
             if let Some(delivery) = &c.report.sender.delivery {
                 write!(f, "\ndelivery: {delivery}")?;
@@ -211,7 +214,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         if let Some(queue) = sender.delivery_queue() {
             metrics.set_delivery_queue(queue);
         }
-        Some(WindowWorker::start(sender)?)
+        Some(WindowWorker::start(sender, metrics.clone())?)
     } else {
         None
     };
@@ -379,7 +382,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
             if last_metrics.elapsed() >= METRICS_PERIOD {
                 last_metrics = Instant::now();
                 // Closed windows and requests took copies of what they need:
-                // processes that exited before the oldest open one can go.
+                // what no sample in an open one can refer to can go.
                 let now = timefmt::monotonic_ns();
                 let windows_since = if listen_only {
                     Some(now)

@@ -253,10 +253,12 @@ impl Symbolizer {
         object: ObjectId,
         offsets: &[u64],
     ) -> Vec<Option<Vec<Line>>> {
+        let Some(path) = tracker.object_open_path(object) else {
+            return vec![None; offsets.len()];
+        };
         let fresh;
         let kept;
         let inner: &BlazeSymbolizer = if self.keep_parsed_objects {
-            let path = tracker.object_open_path(object);
             let size = std::fs::metadata(path).map_or(0, |m| m.len());
             let previous = self
                 .parsed
@@ -277,14 +279,14 @@ impl Symbolizer {
             &fresh
         };
         let pass = |debug_syms: bool| {
-            let mut elf = Elf::new(tracker.object_open_path(object));
+            let mut elf = Elf::new(path);
             elf.debug_syms = debug_syms;
             match inner.symbolize(&Source::Elf(elf), Input::FileOffset(offsets)) {
                 Ok(results) => results,
                 Err(err) => {
                     debug!(
                         "{}: symbolization (debug info: {debug_syms}) failed: {err}",
-                        tracker.object_path(object)
+                        tracker.object_path(object).unwrap_or("?")
                     );
                     Vec::new()
                 }
@@ -378,8 +380,7 @@ impl Symbolizer {
         for (key, _) in aggregator.stacks() {
             kernel_addrs.extend(key.kernel.iter().copied());
             for frame in key.user.iter() {
-                if let Some(m) = frame.mapping {
-                    let mapping = tracker.mapping(m);
+                if let Some(mapping) = frame.mapping.and_then(|m| tracker.mapping(m)) {
                     let offset = mapping.file_offset_of(frame.address);
                     match mapping.object {
                         Some(object) => {
@@ -401,7 +402,7 @@ impl Symbolizer {
         for (object, offsets) in &object_offsets {
             let offsets: Vec<u64> = offsets.iter().copied().collect();
             let results = self.symbolize_object(tracker, *object, &offsets);
-            let name = file_name(tracker.object_path(*object));
+            let name = file_name(tracker.object_path(*object).unwrap_or("[unknown]"));
             for (offset, lines) in offsets.iter().zip(results) {
                 let entry = match lines {
                     Some(lines) => (lines, true),
@@ -430,7 +431,7 @@ impl Symbolizer {
         by_count.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
         for (key, _) in by_count {
             for m in key.user.iter().rev().filter_map(|f| f.mapping) {
-                builder.mapping(&mut profile, tracker, m);
+                let _ = builder.mapping(&mut profile, tracker, m);
             }
         }
         if let (Some(&lo), Some(&hi)) = (kernel_addrs.first(), kernel_addrs.last()) {
@@ -446,7 +447,10 @@ impl Symbolizer {
         for (key, count) in aggregator.stacks() {
             let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len() + 1);
             for &addr in key.kernel.iter() {
-                let (lines, symbolized) = kernel_lines[&addr].clone();
+                let (lines, symbolized) = kernel_lines.get(&addr).cloned().unwrap_or_else(|| {
+                    let name = format!("{KERNEL_MAPPING_NAME}+0x{addr:x}");
+                    (vec![unknown_line(name)], false)
+                });
                 frames.push(builder.frame(
                     &mut profile,
                     FrameKind::Kernel,
@@ -509,15 +513,25 @@ fn user_frame_lines<S: MappingSource + ?Sized>(
     vdso_lines: &HashMap<u64, Lines>,
     frame: &UserFrame,
 ) -> (Option<usize>, Vec<Line>, bool) {
-    let Some(m) = frame.mapping else {
+    // No mapping contains the address, or the mapping was retired before
+    // this window was symbolized (counted at hand-over).
+    let (Some(m), Some(mapping)) = (
+        frame.mapping,
+        frame.mapping.and_then(|m| tracker.mapping(m)),
+    ) else {
         return (
             None,
             vec![unknown_line(format!("[unknown]+0x{:x}", frame.address))],
             false,
         );
     };
-    let mapping = tracker.mapping(m);
-    let index = builder.mapping(profile, tracker, m);
+    let Some(index) = builder.mapping(profile, tracker, m) else {
+        return (
+            None,
+            vec![unknown_line(format!("[unknown]+0x{:x}", frame.address))],
+            false,
+        );
+    };
     let offset = mapping.file_offset_of(frame.address);
     let lines = match mapping.object {
         Some(object) => user_lines.get(&(object, offset)),
@@ -551,18 +565,19 @@ struct ProfileAssembly {
 }
 
 impl ProfileAssembly {
-    /// The profile mapping for tracker mapping `id`. Processes that map the
-    /// same object at the same range share one profile mapping.
+    /// The profile mapping for tracker mapping `id` (`None` if `tracker`
+    /// does not know it). Processes that map the same object at the same
+    /// range share one profile mapping.
     fn mapping<S: MappingSource + ?Sized>(
         &mut self,
         profile: &mut Profile,
         tracker: &S,
         id: MappingId,
-    ) -> usize {
+    ) -> Option<usize> {
         if let Some(&index) = self.mappings.get(&id) {
-            return index;
+            return Some(index);
         }
-        let m = tracker.mapping(id);
+        let m = tracker.mapping(id)?;
         let mapping = ProfileMapping {
             start: m.start,
             limit: m.end,
@@ -580,7 +595,7 @@ impl ProfileAssembly {
                 profile.mappings.len() - 1
             });
         self.mappings.insert(id, index);
-        index
+        Some(index)
     }
 
     fn frame(
@@ -658,7 +673,7 @@ mod tests {
                 .parsed
                 .borrow()
                 .keys()
-                .map(|&object| tracker.object(object).path.clone())
+                .map(|&object| tracker.object(object).expect("known object").path.clone())
                 .collect();
             kept.sort();
             kept
