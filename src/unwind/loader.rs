@@ -240,11 +240,12 @@ impl Drop for UnwindLoader {
 /// librustc_driver). As for every mapped file (and for the profiled
 /// process itself), truncating the file in place while it is mapped would
 /// fault; package managers and linkers replace files instead.
-fn map_object(path: &std::path::Path) -> std::io::Result<memmap2::Mmap> {
+fn map_object(path: &std::path::Path) -> std::io::Result<(std::fs::File, memmap2::Mmap)> {
     let file = std::fs::File::open(path)?;
     // SAFETY: the mapping is private and read-only; see above for the one
     // way it can fault (the file truncated while mapped).
-    unsafe { memmap2::MmapOptions::new().map_copy_read_only(&file) }
+    let map = unsafe { memmap2::MmapOptions::new().map_copy_read_only(&file) }?;
+    Ok((file, map))
 }
 
 /// A build thread: builds the tables of objects of at most `max_bytes`
@@ -259,8 +260,8 @@ fn build_worker(
         let table = match request.source {
             TableSource::File { open, path } => map_object(&open)
                 .with_context(|| format!("reading {}", path.display()))
-                .and_then(|bytes| {
-                    crate::unwind::cached_table_at(cache_dir.as_deref(), &path, &bytes)
+                .and_then(|(file, bytes)| {
+                    crate::unwind::cached_table_at(cache_dir.as_deref(), &path, &file, &bytes)
                 }),
             TableSource::Bytes(bytes) => crate::unwind::cached_table(cache_dir.as_deref(), &bytes),
         };
