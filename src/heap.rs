@@ -17,12 +17,18 @@ use jemalloc_pprof::{JemallocProfCtl, PROF_CTL};
 /// it as the `_rjem_malloc_conf` symbol, a NUL-terminated string): profiling
 /// compiled in and enabled, inactive at start, one sample per 512 KiB
 /// allocated on average; and a background thread that returns freed pages
-/// to the kernel once they have been unused for the decay time (10 s).
-/// Without it, pages freed by a thread that then goes quiet (the start-up
-/// table builds) stay resident for the whole run: about 12 MiB in a
-/// whole-machine start with a cold unwind cache.
+/// to the kernel once they have been unused for the decay time, 1 s
+/// (`dirty_decay_ms:1000`; jemalloc's default is 10 s) with no second,
+/// "muzzy" stage (`muzzy_decay_ms:0`). Without the thread, pages freed by a
+/// thread that then goes quiet (the start-up table builds) stay resident for
+/// the whole run: about 12 MiB in a whole-machine start with a cold unwind
+/// cache. With the 10 s default, what each window's symbolization frees
+/// stayed resident across the next window: under process churn at 997 Hz
+/// with 1 s windows, VmRSS ran 71-176 MiB (RssAnon 56-106 MiB) against
+/// 57-81 MiB (RssAnon 38-71 MiB) with 1 s (issue 18, docs/performance.md).
 pub const DEFAULT_MALLOC_CONF: &[u8] =
-    b"prof:true,prof_active:false,lg_prof_sample:19,background_thread:true\0";
+    b"prof:true,prof_active:false,lg_prof_sample:19,background_thread:true,\
+      dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
 /// The environment variable jemalloc reads its configuration from at start
 /// (it overrides [`DEFAULT_MALLOC_CONF`] option by option).

@@ -12,6 +12,7 @@ pub mod bpf_info;
 pub mod cli;
 pub mod collector;
 pub mod format;
+pub mod guard;
 pub mod heap;
 pub mod httpd;
 pub mod preflight;

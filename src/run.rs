@@ -26,6 +26,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use tracing::{debug, info, warn};
 
+mod summary;
+
+pub use summary::{ContinuousSummary, RunSummary};
+
 use crate::cli::{Cli, Compression, ProfileFormat, SenderKind};
 use crate::format;
 use crate::preflight;
@@ -35,113 +39,13 @@ use crate::profile::Profile;
 use crate::sample::UnwindStatus;
 use crate::sampler::{self, Sampler, SamplerConfig};
 use crate::sender::disk;
-use crate::sender::worker::{WindowWorker, WorkerReport};
+use crate::sender::worker::WindowWorker;
 use crate::server::metrics::Metrics;
 use crate::server::ondemand::{accept_requests, OnDemandWorker, Sampling, Subscriptions};
 use crate::server::{Server, ServerConfig};
 use crate::symbolize::Symbolizer;
 use crate::timefmt;
 use crate::unwind::loader::UnwindLoader;
-
-/// What a run produced, for the summary line.
-#[derive(Debug, Clone)]
-pub struct RunSummary {
-    /// Where the profile was written (one file per format).
-    pub outputs: Vec<std::path::PathBuf>,
-    /// Samples in the profile.
-    pub samples: u64,
-    /// Distinct processes with samples.
-    pub processes: usize,
-    /// Samples lost (a ring buffer full, or records that did not parse).
-    pub lost: u64,
-    /// Samples per unwind result (`complete`, `truncated`, ...).
-    pub unwind: BTreeMap<String, u64>,
-    /// Walks stopped by an unsupported CFI rule, per rule kind.
-    pub unsupported: BTreeMap<String, u64>,
-    /// Continuous mode only: windows and delivery.
-    pub continuous: Option<ContinuousSummary>,
-    /// Listen-only mode (`--listen` alone): on-demand profiles served.
-    pub served: Option<u64>,
-}
-
-/// What a continuous run emitted.
-#[derive(Debug, Clone)]
-pub struct ContinuousSummary {
-    /// Windows closed over the run.
-    pub windows: u64,
-    /// Samples that arrived after their window had closed (counted in the next).
-    pub late_samples: u64,
-    /// What the window worker and the sender did.
-    pub report: WorkerReport,
-}
-
-impl std::fmt::Display for RunSummary {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some(served) = self.served {
-            write!(
-                f,
-                "{served} on-demand profiles served: {} samples read, {} samples lost",
-                self.samples, self.lost
-            )?;
-        } else if let Some(c) = &self.continuous {
-            // Network senders: what was delivered is on the `delivery:` line.
-            let verb = if c.report.sender.delivery.is_some() {
-                "queued for"
-            } else {
-                "written to"
-            };
-            write!(
-                f,
-                "{} windows {verb} {}: {} samples, {} processes, {} samples lost",
-                c.windows, c.report.sender.destination, self.samples, self.processes, self.lost
-            )?;
-            write!(
-                f,
-                "\nwindows: closed={} handed_over={} dropped={} failed={} late_samples={}",
-                c.windows,
-                c.report.windows_sent,
-                c.report.windows_dropped,
-                c.report.windows_failed,
-                c.late_samples
-            )?;
-            if let Some(delivery) = &c.report.sender.delivery {
-                write!(f, "\ndelivery: {delivery}")?;
-            }
-        } else {
-            write!(
-                f,
-                "profile written to {}: {} samples, {} processes, {} samples lost",
-                self.outputs
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                self.samples,
-                self.processes,
-                self.lost
-            )?;
-        }
-        let unwind: Vec<String> = self
-            .unwind
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        if unwind.is_empty() {
-            write!(f, "\nuser stacks: none")?;
-        } else {
-            write!(f, "\nuser stacks: {}", unwind.join(" "))?;
-        }
-        if !self.unsupported.is_empty() {
-            let kinds: Vec<String> = self
-                .unsupported
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            write!(f, "\nunsupported CFI rules: {}", kinds.join(" "))?;
-        }
-        Ok(())
-    }
-}
 
 fn install_stop_handler() -> Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -213,7 +117,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         if let Some(queue) = sender.delivery_queue() {
             metrics.set_delivery_queue(queue);
         }
-        Some(WindowWorker::start(sender)?)
+        Some(WindowWorker::start(sender, metrics.clone())?)
     } else {
         None
     };
@@ -381,7 +285,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
             if last_metrics.elapsed() >= METRICS_PERIOD {
                 last_metrics = Instant::now();
                 // Closed windows and requests took copies of what they need:
-                // processes that exited before the oldest open one can go.
+                // what no sample in an open one can refer to can go.
                 let now = timefmt::monotonic_ns();
                 let windows_since = if listen_only {
                     Some(now)

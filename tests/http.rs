@@ -278,6 +278,15 @@ fn on_demand_profiles() {
     assert!(metrics_after["process_resident_memory_bytes"] > 1e6);
     assert!(metrics_after.contains_key("lightswitch_samples_lost_total"));
     assert!(metrics_after.contains_key("lightswitch_unwind_table_bytes"));
+    // Issue 18: what a retired mapping or a panic in one window cost.
+    assert_eq!(
+        metrics_after["lightswitch_samples_missing_mapping_total"],
+        0.0
+    );
+    assert_eq!(
+        metrics_after["lightswitch_windows_total{outcome=\"panicked\"}"],
+        0.0
+    );
     assert!(metrics_after.contains_key("lightswitch_unwind_results_total{result=\"complete\"}"));
 
     // Overlapping requests, one per process.

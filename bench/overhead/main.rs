@@ -16,15 +16,14 @@
 //! own report. Throttling is read around each run from `/dev/kmsg` and
 //! `kernel.perf_event_max_sample_rate` (restored after each run).
 
+mod churn;
 mod measure;
 mod profiler;
 mod report;
 mod startup;
 mod workload;
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -46,8 +45,11 @@ enum Mode {
     Soak,
     /// lightswitch at 999 Hz for 60 s: peak RSS.
     Rss,
-    /// lightswitch at 999 Hz for 10 minutes while a shell loop starts
-    /// short-lived programs: RSS over time.
+    /// Churn soak: lightswitch in continuous mode (one agent per
+    /// `--windows` length, all at once) for `--churn-seconds` while shell
+    /// loops start short-lived programs: memory, CPU, samples, lost, windows
+    /// written and crashes over time. Fails if an agent crashed, did not
+    /// exit 0, or dropped a window to a panic.
     Churn,
     /// Time from start to the first complete stack and to every running
     /// process covered, with a cold and a warm unwind-table cache.
@@ -78,9 +80,29 @@ struct Args {
     /// Soak and RSS runs: length of the window, s (default 60).
     #[arg(long)]
     long_seconds: Option<f64>,
-    /// Churn run length, s (default 600).
+    /// Churn run length, s (default 600; 20 with --quick).
     #[arg(long)]
     churn_seconds: Option<f64>,
+    /// Churn: window lengths, s, one agent each (all run at once).
+    #[arg(long, value_delimiter = ',', default_value = "10")]
+    windows: Vec<f64>,
+    /// Churn: sampling frequency, Hz.
+    #[arg(long, default_value_t = 997)]
+    churn_freq: u64,
+    /// Churn: what the churn loops start.
+    #[arg(long, value_enum, default_value_t = churn::ChurnLoad::Mixed)]
+    churn_load: churn::ChurnLoad,
+    /// Churn: copies of the churn loop.
+    #[arg(long, default_value_t = 1)]
+    churn_loops: usize,
+    /// Churn: time between two readings, s (default: the run / 60).
+    #[arg(long)]
+    churn_every: Option<f64>,
+    /// Churn: append one tab-separated line per agent and reading to this file
+    /// (window s, t s, VmRSS KiB, RssAnon KiB, CPU %, samples, lost, windows
+    /// written, windows panicked, samples missing a mapping).
+    #[arg(long)]
+    churn_log: Option<PathBuf>,
     /// The workload binary (built by run.sh from workload.c).
     #[arg(long)]
     workload: PathBuf,
@@ -101,7 +123,7 @@ struct Ctx {
     seconds: f64,
     warmup: f64,
     long_seconds: f64,
-    churn_seconds: f64,
+    churn: churn::ChurnConfig,
     doc: PathBuf,
 }
 
@@ -412,118 +434,6 @@ fn long_run(ctx: &Ctx, mode: &str, freq: u64) -> Result<()> {
     write_rows(ctx, mode, &[row], &conditions)
 }
 
-/// lightswitch at 999 Hz in continuous mode while a shell loop starts
-/// short-lived programs; its RSS sampled 60 times over the run.
-fn churn(ctx: &Ctx) -> Result<()> {
-    let total = ctx.churn_seconds;
-    let interval = total / 60.0;
-    eprintln!("overhead: churn for {total} s (RSS every {interval:.1} s)");
-    let watch = measure::ThrottleWatch::start()?;
-    let extra: Vec<String> = [
-        "--profile-interval",
-        "10",
-        "--max-profiles",
-        "2",
-        "--profile-format",
-        "pprof",
-    ]
-    .map(String::from)
-    .to_vec();
-    let mut running = profiler::start(&ctx.tools, Kind::Lightswitch, 999, "churn", &extra)?;
-    let script = format!(
-        "while :; do {} 0.02 >/dev/null; /bin/true; ls / >/dev/null; sleep 0.05; done",
-        shell_quote(&ctx.workload)
-    );
-    let mut shell = Command::new("sh")
-        .args(["-c", &script])
-        .stdin(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .context("starting the churn loop")?;
-    let forks_before = measure::forks()?;
-    let started = Instant::now();
-    // (seconds since the start, VmRSS KiB, RssAnon KiB)
-    let mut rss: Vec<(f64, u64, u64)> = Vec::new();
-    let outcome = (|| -> Result<()> {
-        for i in 1..=60 {
-            let due = started + secs(interval * i as f64);
-            sleep(due.saturating_duration_since(Instant::now()));
-            running.check_alive()?;
-            let read = |field| {
-                measure::status_kib(running.pid(), field)
-                    .with_context(|| format!("reading lightswitch's {field}"))
-            };
-            rss.push((
-                started.elapsed().as_secs_f64(),
-                read("VmRSS")?,
-                read("RssAnon")?,
-            ));
-        }
-        Ok(())
-    })();
-    let forks = measure::forks()?.saturating_sub(forks_before);
-    // SAFETY: kill has no memory-safety preconditions; the group is the loop's own.
-    unsafe { libc::kill(-(shell.id() as i32), libc::SIGTERM) };
-    let _ = shell.wait();
-    outcome?;
-    let hwm = measure::status_kib(running.pid(), "VmHWM");
-    let finished = running.stop(ctx.tools.perf.as_deref())?;
-    let throttling = watch.finish()?;
-    let at = |t: f64| {
-        rss.iter()
-            .find(|(s, _, _)| *s >= t - 1e-6)
-            .or(rss.last())
-            .map(|&(_, k, a)| (k, a))
-            .unwrap_or((0, 0))
-    };
-    let (early, early_anon) = at(total / 5.0);
-    let (end, end_anon) = at(total);
-    let rows: Vec<Vec<String>> = rss
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| (i + 1) % 6 == 0)
-        .map(|(_, (t, k, a))| {
-            vec![
-                format!("{t:.0}"),
-                format!("{:.1}", mib(*k)),
-                format!("{:.1}", mib(*a)),
-            ]
-        })
-        .collect();
-    let conditions = format!(
-        "lightswitch at 999 Hz in continuous mode (10 s windows, pprof to disk) for {total} s \
-         while `sh` runs `workload 0.02; /bin/true; ls /; sleep 0.05` in a loop; no other workload"
-    );
-    let body = format!(
-        "{}\n\n\
-         - processes started during the run (whole machine, `processes` in /proc/stat): {} ({:.1}/s)\n\
-         - RSS at {:.0} s: {:.1} MiB; at the end ({:.0} s): {:.1} MiB; end / early = {:.3} (target ≤ 1.10)\n\
-         - of which RssAnon (private memory, without mapped files and BPF maps): {:.1} MiB and {:.1} MiB, end / early = {:.3}\n\
-         - VmHWM at the end: {} MiB; peak RSS including shutdown: {:.1} MiB\n\
-         - samples {}, lost {}; throttled: {}\n\n\
-         RSS over time:\n\n{}",
-        report::machine_line(ctx.cpus, &conditions),
-        forks,
-        forks as f64 / total,
-        total / 5.0,
-        mib(early),
-        total,
-        mib(end),
-        end as f64 / early.max(1) as f64,
-        mib(early_anon),
-        mib(end_anon),
-        end_anon as f64 / early_anon.max(1) as f64,
-        num(hwm.map(mib), 1),
-        mib(finished.max_rss_kib),
-        finished.samples,
-        finished.lost,
-        if throttling.throttled() { "yes" } else { "no" },
-        report::table(&["s", "VmRSS MiB", "RssAnon MiB"], &rows)
-    );
-    println!("{body}");
-    report::write_block(&ctx.doc, "churn", &body)
-}
-
 fn shell_quote(path: &Path) -> String {
     format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
 }
@@ -551,6 +461,10 @@ fn run(args: &Args) -> Result<()> {
         .context("creating a scratch directory")?;
     let unwind_cache = scratch.path().join("unwind-cache");
     let quick = args.quick;
+    let churn_seconds = args
+        .churn_seconds
+        .unwrap_or(if quick { 20.0 } else { 600.0 });
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let ctx = Ctx {
         tools: Tools {
             lightswitch: std::fs::canonicalize(&args.lightswitch)?,
@@ -559,14 +473,22 @@ fn run(args: &Args) -> Result<()> {
             unwind_cache,
         },
         workload: std::fs::canonicalize(&args.workload)?,
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpus,
         rounds: args.rounds.unwrap_or(if quick { 1 } else { 3 }).max(1),
         seconds: args.seconds.unwrap_or(if quick { 2.0 } else { 10.0 }),
         warmup: args.warmup.unwrap_or(if quick { 1.0 } else { 3.0 }),
         long_seconds: args.long_seconds.unwrap_or(if quick { 5.0 } else { 60.0 }),
-        churn_seconds: args
-            .churn_seconds
-            .unwrap_or(if quick { 20.0 } else { 600.0 }),
+        churn: churn::ChurnConfig {
+            seconds: churn_seconds,
+            windows_s: args.windows.clone(),
+            freq: args.churn_freq,
+            load: args.churn_load,
+            loops: args.churn_loops,
+            every_s: args.churn_every.unwrap_or(churn_seconds / 60.0),
+            log: args.churn_log.clone(),
+            doc: args.doc.clone(),
+            cpus,
+        },
         doc: args.doc.clone(),
     };
     measure::set_sysctl_for_run("kernel.bpf_stats_enabled", "1")?;
@@ -586,7 +508,7 @@ fn run(args: &Args) -> Result<()> {
             Mode::Matrix => matrix(&ctx)?,
             Mode::Soak => long_run(&ctx, "soak", 10_000)?,
             Mode::Rss => long_run(&ctx, "rss", 999)?,
-            Mode::Churn => churn(&ctx)?,
+            Mode::Churn => churn::churn(&ctx.tools, &ctx.workload, &ctx.churn)?,
             Mode::Startup => {
                 startup::startup(&ctx.tools, &ctx.workload, ctx.cpus, quick, &ctx.doc)?
             }

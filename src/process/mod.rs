@@ -9,9 +9,10 @@
 //! An address outside every known mapping (e.g. after `dlopen`) triggers a
 //! re-read of the maps, at most once per [`REFRESH_INTERVAL`] per process.
 
+mod lifetime;
 pub mod maps;
-
-use std::collections::HashSet;
+#[cfg(test)]
+mod tests;
 
 use rustc_hash::FxHashMap;
 use std::fs::File;
@@ -125,84 +126,18 @@ impl Mapping {
 impl ProcessTracker {
     /// The load bias of mapping `id`: object vaddr = address - bias
     /// (wrapping). For mappings without an object, the mapping's start.
-    pub fn load_bias(&self, id: MappingId) -> u64 {
-        let m = self.mapping(id);
-        match m.object {
-            Some(o) => m
-                .start
-                .wrapping_sub(self.object(o).vaddr_of_offset(m.file_offset)),
+    /// `None` if `id` was retired ([`Self::retire_exited`]).
+    pub fn load_bias(&self, id: MappingId) -> Option<u64> {
+        let m = self.mapping(id)?;
+        Some(match m.object.and_then(|o| self.object(o)) {
+            Some(object) => m.start.wrapping_sub(object.vaddr_of_offset(m.file_offset)),
             None => m.start,
-        }
+        })
     }
 
     /// Executable mappings of `pid` known so far, sorted by start address.
     pub fn process_mappings(&self, pid: u32) -> &[MappingId] {
         self.processes.get(&pid).map_or(&[], |p| &p.mappings)
-    }
-
-    /// Forget `pid`'s mapping list (after exec); the next lookup re-reads
-    /// `/proc/PID/maps`. Mappings already seen stay valid for symbolization
-    /// (until [`Self::retire_exited`] drops them once the process has exited).
-    pub fn forget_process(&mut self, pid: u32) {
-        if let Some(process) = self.processes.remove(&pid) {
-            let now = crate::timefmt::monotonic_ns();
-            self.orphans
-                .extend(process.all.into_iter().map(|id| (now, id)));
-        }
-    }
-
-    /// Note that `pid` exited at `now_mono_ns` (CLOCK_MONOTONIC). Its
-    /// mappings stay: samples taken before the exit may still be in the
-    /// ring buffer or in windows not yet symbolized.
-    pub fn process_exited(&mut self, pid: u32, now_mono_ns: u64) {
-        if let Some(process) = self.processes.get_mut(&pid) {
-            process.exited_at_ns.get_or_insert(now_mono_ns);
-        }
-    }
-
-    /// Drop what is known of processes that exited before `before_mono_ns`
-    /// (and of mappings replaced by an exec before then): the caller
-    /// promises that no sample still to be symbolized refers to them, i.e.
-    /// every window open at that time has been handed over. Keeps the
-    /// tracker's memory flat under process churn. Returns how many
-    /// processes were dropped.
-    pub fn retire_exited(&mut self, before_mono_ns: u64) -> usize {
-        let gone: Vec<u32> = self
-            .processes
-            .iter()
-            .filter(|(_, p)| p.exited_at_ns.is_some_and(|t| t < before_mono_ns))
-            .map(|(&pid, _)| pid)
-            .collect();
-        let mut dropped = Vec::new();
-        for pid in &gone {
-            if let Some(process) = self.processes.remove(pid) {
-                dropped.extend(process.all);
-            }
-        }
-        self.orphans.retain(|&(at, id)| {
-            let keep = at >= before_mono_ns;
-            if !keep {
-                dropped.push(id);
-            }
-            keep
-        });
-        // A mapping interned again for a live process (an exec of the same
-        // image, a reused pid) stays.
-        let live: HashSet<MappingId> = self
-            .processes
-            .values()
-            .flat_map(|p| p.all.iter().copied())
-            .collect();
-        dropped.retain(|id| !live.contains(id));
-        for id in dropped {
-            if let Some(m) = self.mappings.remove(&id) {
-                let key = (m.pid, m.start, m.end, m.file_offset);
-                if self.mapping_index.get(&key) == Some(&id) {
-                    self.mapping_index.remove(&key);
-                }
-            }
-        }
-        gone.len()
     }
 
     /// Re-read `pid`'s maps now (a new mapping was reported), unless they
@@ -229,14 +164,18 @@ struct ProcessMaps {
     /// Every mapping interned for this process (older reads included).
     all: Vec<MappingId>,
     last_read: Option<Instant>,
-    /// When it exited (CLOCK_MONOTONIC ns), once known.
+    /// When its exit was noticed (CLOCK_MONOTONIC ns), once it was.
     exited_at_ns: Option<u64>,
+    /// Timestamp (CLOCK_MONOTONIC ns, the samples' clock) of the latest
+    /// sample resolved through these mappings: no window holding a sample
+    /// taken after it refers to them.
+    last_sample_ns: u64,
 }
 
 /// Counters of what the tracker could not do.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct TrackerStats {
-    /// Processes whose maps could not be read (usually: exited before the first read).
+    /// Reads of a process's maps that failed (usually: it had exited).
     pub maps_unreadable: u64,
     /// Executable file mappings whose object could not be opened.
     pub objects_unopenable: u64,
@@ -268,15 +207,15 @@ impl ProcessTracker {
         &self.objects
     }
 
-    /// One object.
-    pub fn object(&self, id: ObjectId) -> &ObjectFile {
-        &self.objects[id.0 as usize]
+    /// One object; `None` for an id this tracker never gave out.
+    pub fn object(&self, id: ObjectId) -> Option<&ObjectFile> {
+        self.objects.get(id.0 as usize)
     }
 
-    /// One mapping. Panics if `id` was retired ([`Self::retire_exited`]),
-    /// which only a caller breaking that method's promise can cause.
-    pub fn mapping(&self, id: MappingId) -> &Mapping {
-        &self.mappings[&id]
+    /// One mapping; `None` once `id` has been retired
+    /// ([`Self::retire_exited`]).
+    pub fn mapping(&self, id: MappingId) -> Option<&Mapping> {
+        self.mappings.get(&id)
     }
 
     /// Mappings currently held (for memory accounting).
@@ -294,43 +233,64 @@ impl ProcessTracker {
         self.processes.len()
     }
 
-    /// The mapping of `pid` containing `addr`. Reads the process's maps on
-    /// first use, and again (rate-limited) when `addr` is in no known mapping.
-    pub fn find_mapping(&mut self, pid: u32, addr: u64) -> Option<MappingId> {
-        if let Some(id) = self.lookup(pid, addr) {
-            return Some(id);
-        }
-        let due = match self.processes.get(&pid).and_then(|p| p.last_read) {
-            None => true,
-            Some(t) => t.elapsed() >= REFRESH_INTERVAL,
-        };
-        if due {
-            self.read_process(pid);
-            return self.lookup(pid, addr);
-        }
-        None
+    /// The mapping of `pid` containing `addr`, for a sample taken at
+    /// `timestamp_ns` (CLOCK_MONOTONIC). See [`Self::find_mappings`].
+    pub fn find_mapping(&mut self, pid: u32, timestamp_ns: u64, addr: u64) -> Option<MappingId> {
+        let mut mapping = None;
+        self.find_mappings(pid, timestamp_ns, 1, |_| addr, |_, m| mapping = m);
+        mapping
     }
 
-    /// [`Self::find_mapping`] for `count` addresses at once (`addr(i)` is
-    /// the i-th; `found(i, mapping)` receives its mapping), with one process
-    /// lookup for all of them and the previous address's mapping tried
-    /// first (consecutive frames are often in the same object).
+    /// The mappings of `count` addresses of one sample of `pid` taken at
+    /// `timestamp_ns` (CLOCK_MONOTONIC ns): `addr(i)` is the i-th address,
+    /// `found(i, mapping)` receives its mapping. One process lookup for all
+    /// of them, the previous address's mapping tried first (consecutive
+    /// frames are often in the same object). The process's maps are read on
+    /// first use, and again (at most once per [`REFRESH_INTERVAL`]) when an
+    /// address is in no known mapping. A sample taken after the exit of the
+    /// process the tracker knows under `pid` belongs to a later process
+    /// with the same pid: the exited one's mappings are never used for it.
     pub fn find_mappings(
         &mut self,
         pid: u32,
+        timestamp_ns: u64,
         count: usize,
         addr: impl Fn(usize) -> u64,
         mut found: impl FnMut(usize, Option<MappingId>),
     ) {
-        let complete = self.lookup_all(pid, count, &addr, &mut found);
-        let due = match self.processes.get(&pid).and_then(|p| p.last_read) {
-            None => true,
-            Some(t) => t.elapsed() >= REFRESH_INTERVAL,
+        let (due, stale) = match self.processes.get(&pid) {
+            None => (true, false),
+            Some(p) => (
+                p.last_read.is_none_or(|t| t.elapsed() >= REFRESH_INTERVAL),
+                p.exited_at_ns.is_some_and(|exit| timestamp_ns > exit),
+            ),
         };
-        if !complete && due {
+        if stale {
+            // Read the new process's maps (the old one's go to the orphans).
+            if due {
+                self.read_process(pid);
+            }
+            if self.is_exited_before(pid, timestamp_ns) {
+                (0..count).for_each(|i| found(i, None));
+                return;
+            }
+        }
+        let complete = self.lookup_all(pid, count, &addr, &mut found);
+        if !complete && due && !stale {
             self.read_process(pid);
             self.lookup_all(pid, count, &addr, &mut found);
         }
+        if let Some(p) = self.processes.get_mut(&pid) {
+            p.last_sample_ns = p.last_sample_ns.max(timestamp_ns);
+        }
+    }
+
+    /// Whether the process known under `pid` exited before `timestamp_ns`.
+    fn is_exited_before(&self, pid: u32, timestamp_ns: u64) -> bool {
+        self.processes
+            .get(&pid)
+            .and_then(|p| p.exited_at_ns)
+            .is_some_and(|exit| timestamp_ns > exit)
     }
 
     /// Whether every address was found.
@@ -366,7 +326,7 @@ impl ProcessTracker {
             } else {
                 complete = false;
             }
-            found(i, hit.map(|p| process.mappings[p]));
+            found(i, hit.and_then(|p| process.mappings.get(p).copied()));
         }
         complete
     }
@@ -378,55 +338,45 @@ impl ProcessTracker {
         }
     }
 
-    fn lookup(&self, pid: u32, addr: u64) -> Option<MappingId> {
-        let process = self.processes.get(&pid)?;
-        let idx = process
-            .ranges
-            .partition_point(|&(start, _)| start <= addr)
-            .checked_sub(1)?;
-        let (_, end) = *process.ranges.get(idx)?;
-        (addr < end).then(|| process.mappings.get(idx).copied())?
-    }
-
     fn read_process(&mut self, pid: u32) {
-        let entries = match maps::read_maps(pid) {
-            Ok(entries) => entries,
+        match maps::read_maps(pid) {
+            Ok(entries) => self.apply_maps(pid, &entries),
             Err(err) => {
                 debug!("pid {pid}: {err:#}");
-                let process = self.processes.entry(pid).or_default();
-                if process.last_read.is_none() {
-                    self.stats.maps_unreadable += 1;
-                }
-                process.last_read = Some(Instant::now());
-                return;
+                self.stats.maps_unreadable += 1;
+                self.processes.entry(pid).or_default().last_read = Some(Instant::now());
             }
-        };
-        let mut ids = Vec::new();
-        for entry in entries.iter().filter(|e| e.executable) {
-            ids.push(self.intern_mapping(pid, entry));
         }
-        ids.sort_by_key(|id| self.mappings[id].start);
-        let ranges = ids
+    }
+
+    /// Take `entries` (a read of `/proc/PID/maps`) as `pid`'s maps from now
+    /// on: its executable mappings are interned (objects opened). If the
+    /// process known under `pid` had exited, this is a new process with the
+    /// same pid, and the old one's mappings retire on their own schedule.
+    pub fn apply_maps(&mut self, pid: u32, entries: &[MapsEntry]) {
+        let mut found: Vec<(u64, u64, MappingId)> = entries
             .iter()
-            .map(|id| (self.mappings[id].start, self.mappings[id].end))
+            .filter(|e| e.executable)
+            .map(|e| (e.start, e.end, self.intern_mapping(pid, e)))
             .collect();
+        found.sort_unstable_by_key(|&(start, _, _)| start);
         let process = self.processes.entry(pid).or_default();
         if let Some(exited) = process.exited_at_ns.take() {
-            // The pid was reused: the old process's mappings retire on its
-            // own schedule.
+            let at = exited.max(process.last_sample_ns);
             self.orphans.extend(
                 std::mem::take(&mut process.all)
                     .into_iter()
-                    .map(|id| (exited, id)),
+                    .map(|id| (at, id)),
             );
+            process.last_sample_ns = 0;
         }
-        for id in &ids {
-            if !process.all.contains(id) {
-                process.all.push(*id);
+        for &(_, _, id) in &found {
+            if !process.all.contains(&id) {
+                process.all.push(id);
             }
         }
-        process.ranges = ranges;
-        process.mappings = ids;
+        process.ranges = found.iter().map(|&(start, end, _)| (start, end)).collect();
+        process.mappings = found.iter().map(|&(_, _, id)| id).collect();
         process.last_read = Some(Instant::now());
     }
 
@@ -493,68 +443,5 @@ impl ProcessTracker {
         });
         self.object_index.insert((entry.dev, entry.inode), id);
         Some(id)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finds_own_code_mapping_and_object() {
-        let mut tracker = ProcessTracker::new();
-        let pid = std::process::id();
-        let addr = finds_own_code_mapping_and_object as *const () as usize as u64;
-        let id = tracker.find_mapping(pid, addr).expect("own code is mapped");
-        let mapping = tracker.mapping(id).clone();
-        assert!(mapping.start <= addr && addr < mapping.end);
-        let object = tracker.object(mapping.object.expect("test binary is a file"));
-        let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        assert_eq!(object.path, exe.to_string_lossy());
-        assert!(object.open_path.exists());
-        // Our own function's vaddr, through the load bias, is in the symbol table.
-        let vaddr = addr.wrapping_sub(tracker.load_bias(id));
-        assert!(vaddr < addr, "a PIE test binary is loaded above its vaddrs");
-        assert!(!object.load_segments.is_empty());
-        assert_eq!(tracker.process_count(), 1);
-    }
-
-    #[test]
-    fn exited_processes_are_retired_only_after_the_promise_point() {
-        let mut tracker = ProcessTracker::new();
-        let pid = std::process::id();
-        let addr =
-            exited_processes_are_retired_only_after_the_promise_point as *const () as usize as u64;
-        let id = tracker.find_mapping(pid, addr).expect("own code is mapped");
-        let held = tracker.mapping_count();
-        assert!(held > 0);
-        // Not exited: nothing goes.
-        assert_eq!(tracker.retire_exited(u64::MAX), 0);
-        // An exec of the same image keeps the ids that are mapped again.
-        let before_exec = tracker.process_mappings(pid).to_vec();
-        tracker.forget_process(pid);
-        assert_eq!(tracker.find_mapping(pid, addr), Some(id));
-        assert_eq!(tracker.retire_exited(u64::MAX), 0);
-        assert_eq!(tracker.process_mappings(pid), &before_exec[..]);
-        assert_eq!(tracker.mapping_count(), held);
-        tracker.process_exited(pid, 1_000);
-        // Windows open since before the exit may still refer to it.
-        assert_eq!(tracker.retire_exited(1_000), 0);
-        assert_eq!(tracker.mapping(id).pid, pid);
-        assert_eq!(tracker.retire_exited(1_001), 1);
-        assert_eq!(tracker.mapping_count(), 0);
-        assert_eq!(tracker.process_count(), 0);
-        // A later sample of the same pid reads its maps afresh, with new ids.
-        let again = tracker.find_mapping(pid, addr).expect("read again");
-        assert_ne!(again, id);
-        assert_eq!(tracker.mapping_count(), held);
-    }
-
-    #[test]
-    fn unknown_address_and_missing_process_are_none() {
-        let mut tracker = ProcessTracker::new();
-        assert_eq!(tracker.find_mapping(std::process::id(), 8), None);
-        assert_eq!(tracker.find_mapping(u32::MAX - 1, 0x400000), None);
-        assert_eq!(tracker.stats().maps_unreadable, 1);
     }
 }

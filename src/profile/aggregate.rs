@@ -73,6 +73,7 @@ pub fn resolve(sample: &RawSample, tracker: &mut ProcessTracker) -> Box<[UserFra
     let mut mappings = vec![None; addresses.len()];
     tracker.find_mappings(
         sample.pid,
+        sample.timestamp_ns,
         addresses.len(),
         |i| addresses[i].address,
         |i, m| mappings[i] = m,

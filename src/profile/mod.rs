@@ -3,6 +3,8 @@
 //! function of a [`Profile`], so they all agree on every count.
 
 pub mod aggregate;
+#[cfg(test)]
+mod handover_tests;
 pub mod window;
 
 use std::sync::Arc;

@@ -11,7 +11,8 @@
 //! so by then every sample of the window has been read. A sample that still
 //! arrives for a closed window (a reader stalled for longer than the slack)
 //! goes to the oldest open window and is counted in [`Windows::late`]; it is
-//! never dropped.
+//! never dropped. Each open window remembers its earliest sample timestamp,
+//! so that [`Windows::open_since_ns`] covers such late samples too.
 //!
 //! When the run has a duration limit, the window containing the limit is the
 //! last one and extends to the moment sampling stops; without a limit, the
@@ -39,6 +40,15 @@ pub struct ClosedWindow {
     pub window: Window,
 }
 
+/// A window still collecting samples.
+#[derive(Debug, Default)]
+struct OpenWindow {
+    aggregator: Aggregator,
+    /// Timestamp of its earliest sample (CLOCK_MONOTONIC ns); below the
+    /// window's start when it holds late samples.
+    earliest_ns: Option<u64>,
+}
+
 /// The open windows of a run and the clocks that place them.
 #[derive(Debug)]
 pub struct Windows {
@@ -48,7 +58,7 @@ pub struct Windows {
     /// Index of the last window when the run has a duration limit.
     last_index: Option<u64>,
     sample_freq_hz: u64,
-    open: BTreeMap<u64, Aggregator>,
+    open: BTreeMap<u64, OpenWindow>,
     /// Every window with a lower index has been closed.
     next_to_close: u64,
     late: u64,
@@ -121,19 +131,29 @@ impl Windows {
             index = self.next_to_close;
             self.late += 1;
         }
-        self.open
-            .entry(index)
-            .or_default()
-            .add_resolved(sample, user);
+        let open = self.open.entry(index).or_default();
+        open.aggregator.add_resolved(sample, user);
+        open.earliest_ns = Some(
+            open.earliest_ns
+                .map_or(sample.timestamp_ns, |t| t.min(sample.timestamp_ns)),
+        );
         self.total += 1;
     }
 
-    /// Start (CLOCK_MONOTONIC ns) of the oldest window not yet closed: every
-    /// sample taken and drained before it is in a closed window. `None` in
-    /// a single-window run, whose one window stays open to the end.
+    /// The earliest timestamp (CLOCK_MONOTONIC ns) a sample in an open
+    /// window can have: the start of the oldest window not yet closed, or
+    /// the timestamp of an earlier (late) sample one of them holds. Every
+    /// sample taken before it is in a closed window. `None` in a
+    /// single-window run, whose one window stays open to the end.
     pub fn open_since_ns(&self) -> Option<u64> {
         self.interval_ns?;
-        Some(self.start_of(self.next_to_close))
+        let start = self.start_of(self.next_to_close);
+        Some(
+            self.open
+                .values()
+                .filter_map(|w| w.earliest_ns)
+                .fold(start, u64::min),
+        )
     }
 
     /// When (CLOCK_MONOTONIC ns) the oldest open window is due to close;
@@ -182,7 +202,7 @@ impl Windows {
         self.next_to_close = index + 1;
         ClosedWindow {
             index,
-            aggregator: self.open.remove(&index).unwrap_or_default(),
+            aggregator: self.open.remove(&index).unwrap_or_default().aggregator,
             window: Window {
                 start_unix_ns: self.t0_unix_ns + (start - self.t0_mono_ns),
                 duration_ns: end_mono_ns.saturating_sub(start),
@@ -232,6 +252,8 @@ mod tests {
         // A straggler for a closed window is counted once, in the next one.
         w.add(&sample(t0 + 10), &mut tracker);
         assert_eq!(w.late(), 1);
+        // The open windows now hold a sample from before their start.
+        assert_eq!(w.open_since_ns(), Some(t0 + 10));
         let rest = w.finish(t0 + 2 * S + S / 2);
         assert_eq!(counts(&rest), vec![2]);
         let all: Vec<&ClosedWindow> = first.iter().chain(&rest).collect();

@@ -6,8 +6,14 @@
 //! Windows wait in a channel of [`MAX_PENDING_WINDOWS`]; if symbolization
 //! falls that far behind, the newest closed window is dropped (counted in
 //! [`WorkerReport::windows_dropped`]) rather than stalling sampling.
+//!
+//! A panic while one window is processed (its snapshot on the sampling
+//! thread, or its symbolization, encoding and sending on the worker) drops
+//! that window only: it is counted in [`WorkerReport::windows_panicked`] and
+//! logged, and both threads go on with the next window.
 
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -15,8 +21,10 @@ use anyhow::{Context, Result};
 use tracing::{debug, warn};
 
 use super::{Sender, SenderReport};
+use crate::guard::contain;
 use crate::process::ProcessTracker;
 use crate::profile::window::ClosedWindow;
+use crate::server::metrics::Metrics;
 use crate::symbolize::source::{ObjectCache, TrackerSnapshot};
 use crate::symbolize::Symbolizer;
 
@@ -37,6 +45,11 @@ pub struct WorkerReport {
     pub windows_dropped: u64,
     /// Windows the sender failed on (encoding or writing; logged).
     pub windows_failed: u64,
+    /// Windows dropped because processing them panicked (logged).
+    pub windows_panicked: u64,
+    /// Samples with a user frame whose mapping had been retired before the
+    /// window was handed over (the frame is left unsymbolized).
+    pub samples_missing_mapping: u64,
     /// The sender's own report.
     pub sender: SenderReport,
 }
@@ -47,21 +60,29 @@ pub struct WindowWorker {
     thread: JoinHandle<WorkerReport>,
     objects: ObjectCache,
     dropped: u64,
+    panicked: u64,
+    missing: u64,
+    metrics: Arc<Metrics>,
 }
 
 impl WindowWorker {
-    /// Start the worker thread, which sends every window's profile to `sender`.
-    pub fn start(sender: Box<dyn Sender>) -> Result<Self> {
+    /// Start the worker thread, which sends every window's profile to
+    /// `sender` and counts what happened to each window in `metrics`.
+    pub fn start(sender: Box<dyn Sender>, metrics: Arc<Metrics>) -> Result<Self> {
         let (tx, rx) = sync_channel(MAX_PENDING_WINDOWS);
+        let worker_metrics = metrics.clone();
         let thread = std::thread::Builder::new()
             .name("lsw-windows".into())
-            .spawn(move || run(rx, sender))
+            .spawn(move || run(rx, sender, &worker_metrics))
             .context("starting the window worker thread")?;
         Ok(WindowWorker {
             tx,
             thread,
             objects: ObjectCache::new(),
             dropped: 0,
+            panicked: 0,
+            missing: 0,
+            metrics,
         })
     }
 
@@ -69,8 +90,21 @@ impl WindowWorker {
     /// `tracker`). Never waits for the worker.
     pub fn submit(&mut self, closed: ClosedWindow, tracker: &ProcessTracker) {
         let started = Instant::now();
-        let snapshot = TrackerSnapshot::capture(&closed.aggregator, tracker, &mut self.objects);
         let index = closed.index;
+        let objects = &mut self.objects;
+        let Some(snapshot) = contain(
+            || format!("window {index} (tracker snapshot)"),
+            || TrackerSnapshot::capture(&closed.aggregator, tracker, objects),
+        ) else {
+            // The object cache may be half updated: start it afresh.
+            self.objects = ObjectCache::new();
+            self.panicked += 1;
+            self.metrics.window_panicked();
+            return;
+        };
+        self.missing += snapshot.missing_samples();
+        self.metrics
+            .add_samples_missing_mapping(snapshot.missing_samples());
         match self
             .tx
             .try_send(Message::Window(Box::new((closed, snapshot))))
@@ -111,32 +145,40 @@ impl WindowWorker {
             }
         };
         report.windows_dropped += self.dropped;
+        report.windows_panicked += self.panicked;
+        report.samples_missing_mapping = self.missing;
         report
     }
 }
 
-fn run(rx: Receiver<Message>, mut sender: Box<dyn Sender>) -> WorkerReport {
-    let symbolizer = Symbolizer::new();
+fn run(rx: Receiver<Message>, mut sender: Box<dyn Sender>, metrics: &Metrics) -> WorkerReport {
+    let mut symbolizer = Symbolizer::new();
     let mut report = WorkerReport::default();
     let mut flush = Duration::from_secs(5);
     for message in rx {
         match message {
             Message::Window(job) => {
                 let (closed, snapshot) = *job;
-                let started = Instant::now();
-                let profile =
-                    symbolizer.build_profile(&closed.aggregator, &snapshot, closed.window);
-                debug!(
-                    "window {}: {} samples symbolized in {:?}",
-                    closed.index,
-                    profile.total_samples(),
-                    started.elapsed()
+                let index = closed.index;
+                let sent = contain(
+                    || format!("window {index}"),
+                    || send_window(&symbolizer, sender.as_mut(), &closed, &snapshot),
                 );
-                match sender.send(&profile) {
-                    Ok(()) => report.windows_sent += 1,
-                    Err(err) => {
+                match sent {
+                    Some(Ok(())) => {
+                        report.windows_sent += 1;
+                        metrics.window_written();
+                    }
+                    Some(Err(err)) => {
                         report.windows_failed += 1;
-                        warn!("window {}: {err:#}", closed.index);
+                        metrics.window_failed();
+                        warn!("window {index}: {err:#}");
+                    }
+                    None => {
+                        // Its caches may be half updated: start afresh.
+                        symbolizer = Symbolizer::new();
+                        report.windows_panicked += 1;
+                        metrics.window_panicked();
                     }
                 }
             }
@@ -148,4 +190,22 @@ fn run(rx: Receiver<Message>, mut sender: Box<dyn Sender>) -> WorkerReport {
     }
     report.sender = sender.finish(Instant::now() + flush);
     report
+}
+
+/// Symbolize one window and hand its profile to the sender.
+fn send_window(
+    symbolizer: &Symbolizer,
+    sender: &mut dyn Sender,
+    closed: &ClosedWindow,
+    snapshot: &TrackerSnapshot,
+) -> Result<()> {
+    let started = Instant::now();
+    let profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
+    debug!(
+        "window {}: {} samples symbolized in {:?}",
+        closed.index,
+        profile.total_samples(),
+        started.elapsed()
+    );
+    sender.send(&profile)
 }

@@ -22,6 +22,10 @@ pub struct Metrics {
     sampling_freq_hz: AtomicU64,
     windows_closed: AtomicU64,
     windows_dropped: AtomicU64,
+    windows_written: AtomicU64,
+    windows_failed: AtomicU64,
+    windows_panicked: AtomicU64,
+    samples_missing_mapping: AtomicU64,
     profile_requests: Mutex<HashMap<&'static str, u64>>,
     profile_requests_active: AtomicU64,
     delivery: OnceLock<Arc<Queue>>,
@@ -74,6 +78,28 @@ impl Metrics {
     pub fn set_windows(&self, closed: u64, dropped: u64) {
         self.windows_closed.store(closed, Ordering::Relaxed);
         self.windows_dropped.store(dropped, Ordering::Relaxed);
+    }
+
+    /// Continuous mode: a window was symbolized and handed to the sender
+    /// (written, for the disk sender).
+    pub fn window_written(&self) {
+        self.windows_written.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Continuous mode: the sender failed on a window (encoding or writing).
+    pub fn window_failed(&self) {
+        self.windows_failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A window or on-demand profile was dropped because processing it panicked.
+    pub fn window_panicked(&self) {
+        self.windows_panicked.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `n` more samples had a user frame whose mapping had been retired
+    /// before their window was handed over (the frame is left unsymbolized).
+    pub fn add_samples_missing_mapping(&self, n: u64) {
+        self.samples_missing_mapping.fetch_add(n, Ordering::Relaxed);
     }
 
     /// The network sender's queue, whose delivery counters are exported.
@@ -156,11 +182,24 @@ impl Metrics {
             &mut out,
             "lightswitch_windows_total",
             "counter",
-            "Continuous mode: windows closed, and dropped because symbolization fell behind.",
+            "Windows closed, dropped because symbolization fell behind, written (handed to the \
+             sender), failed in the sender, and dropped because processing them panicked \
+             (panicked also counts on-demand profiles).",
             &[
                 ("outcome=\"closed\"", get(&self.windows_closed)),
                 ("outcome=\"dropped\"", get(&self.windows_dropped)),
+                ("outcome=\"written\"", get(&self.windows_written)),
+                ("outcome=\"failed\"", get(&self.windows_failed)),
+                ("outcome=\"panicked\"", get(&self.windows_panicked)),
             ],
+        );
+        family(
+            &mut out,
+            "lightswitch_samples_missing_mapping_total",
+            "counter",
+            "Samples with a user frame whose mapping had been retired before its window was \
+             handed over (the frame is left unsymbolized).",
+            &[("", get(&self.samples_missing_mapping))],
         );
         if let Some(queue) = self.delivery.get() {
             let d = queue.stats();

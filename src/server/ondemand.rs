@@ -22,6 +22,7 @@ use tokio::sync::oneshot;
 use tracing::debug;
 
 use crate::cli::{Compression, ProfileFormat};
+use crate::guard::contain;
 use crate::process::ProcessTracker;
 use crate::profile::aggregate::{Aggregator, UserFrame};
 use crate::profile::window::CLOSE_SLACK_NS;
@@ -276,7 +277,17 @@ impl OnDemandWorker {
     /// Hand a closed subscription over, with what symbolizing it needs from
     /// `tracker`. Never waits for the worker.
     pub fn submit(&mut self, closed: ClosedSubscription, tracker: &ProcessTracker) {
-        let snapshot = TrackerSnapshot::capture(&closed.aggregator, tracker, &mut self.objects);
+        let objects = &mut self.objects;
+        let Some(snapshot) = contain(
+            || "on-demand profile (tracker snapshot)".into(),
+            || TrackerSnapshot::capture(&closed.aggregator, tracker, objects),
+        ) else {
+            self.objects = ObjectCache::new();
+            let _ = closed.reply.send(Err(RequestError::Failed(
+                "processing the profile failed (a bug: see the agent's log)".into(),
+            )));
+            return;
+        };
         if let Err(job) = self.tx.send(Box::new((closed, snapshot))) {
             let (closed, _) = *job.0;
             let _ = closed.reply.send(Err(RequestError::Failed(
@@ -321,23 +332,43 @@ fn run(rx: Receiver<Job>) {
         if closed.reply.is_closed() {
             continue;
         }
-        let started = std::time::Instant::now();
-        let profile = symbolizer.build_profile(&closed.aggregator, &snapshot, closed.window);
-        let reply = if profile.total_samples() == 0 && closed.format == ProfileFormat::FlameGraph {
-            Err(RequestError::NoSamples(
-                "no samples were collected, so there is no flame graph to draw".into(),
+        let reply = contain(
+            || "on-demand profile".into(),
+            || answer(symbolizer, &closed, &snapshot),
+        )
+        .unwrap_or_else(|| {
+            // Its caches may be half updated: start afresh.
+            cached = None;
+            Err(RequestError::Failed(
+                "processing the profile failed (a bug: see the agent's log)".into(),
             ))
-        } else {
-            crate::run::encode(&profile, closed.format, Compression::Gzip)
-                .map_err(|e| RequestError::Failed(format!("{e:#}")))
-        };
-        debug!(
-            "on-demand profile: {} samples symbolized and encoded in {:?}",
-            profile.total_samples(),
-            started.elapsed()
-        );
+        });
         let _ = closed.reply.send(reply);
     }
+}
+
+/// Symbolize and encode one closed subscription.
+fn answer(
+    symbolizer: &Symbolizer,
+    closed: &ClosedSubscription,
+    snapshot: &TrackerSnapshot,
+) -> Reply {
+    let started = std::time::Instant::now();
+    let profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
+    let reply = if profile.total_samples() == 0 && closed.format == ProfileFormat::FlameGraph {
+        Err(RequestError::NoSamples(
+            "no samples were collected, so there is no flame graph to draw".into(),
+        ))
+    } else {
+        crate::run::encode(&profile, closed.format, Compression::Gzip)
+            .map_err(|e| RequestError::Failed(format!("{e:#}")))
+    };
+    debug!(
+        "on-demand profile: {} samples symbolized and encoded in {:?}",
+        profile.total_samples(),
+        started.elapsed()
+    );
+    reply
 }
 
 #[cfg(test)]

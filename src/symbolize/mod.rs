@@ -10,6 +10,7 @@
 //! name as the frame's `system_name`. An address nobody can name becomes
 //! `object+0xFILE_OFFSET` (or `[kernel.kallsyms]+0xADDR`), never dropped.
 
+mod assembly;
 pub mod kernel;
 pub mod source;
 
@@ -23,9 +24,10 @@ use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer as BlazeSymbol
 use blazesym::{MaybeDefault, Pid};
 use tracing::debug;
 
-use crate::process::{MappingId, ObjectId};
-use crate::profile::aggregate::{Aggregator, UserFrame};
-use crate::profile::{unwind_marker_name, Frame, FrameKind, Line, Profile, ProfileMapping, Sample};
+use crate::process::ObjectId;
+use crate::profile::aggregate::Aggregator;
+use crate::profile::{unwind_marker_name, FrameKind, Line, Profile, ProfileMapping, Sample};
+use assembly::{user_frame_lines, ProfileAssembly};
 pub use source::MappingSource;
 
 /// Name of the mapping kernel frames belong to (as perf and pprof call it).
@@ -253,10 +255,12 @@ impl Symbolizer {
         object: ObjectId,
         offsets: &[u64],
     ) -> Vec<Option<Vec<Line>>> {
+        let Some(path) = tracker.object_open_path(object) else {
+            return vec![None; offsets.len()];
+        };
         let fresh;
         let kept;
         let inner: &BlazeSymbolizer = if self.keep_parsed_objects {
-            let path = tracker.object_open_path(object);
             let size = std::fs::metadata(path).map_or(0, |m| m.len());
             let previous = self
                 .parsed
@@ -277,14 +281,14 @@ impl Symbolizer {
             &fresh
         };
         let pass = |debug_syms: bool| {
-            let mut elf = Elf::new(tracker.object_open_path(object));
+            let mut elf = Elf::new(path);
             elf.debug_syms = debug_syms;
             match inner.symbolize(&Source::Elf(elf), Input::FileOffset(offsets)) {
                 Ok(results) => results,
                 Err(err) => {
                     debug!(
                         "{}: symbolization (debug info: {debug_syms}) failed: {err}",
-                        tracker.object_path(object)
+                        tracker.object_path(object).unwrap_or("?")
                     );
                     Vec::new()
                 }
@@ -372,27 +376,7 @@ impl Symbolizer {
         window: Window,
     ) -> Profile {
         // 1. The unique addresses to symbolize.
-        let mut kernel_addrs = BTreeSet::new();
-        let mut object_offsets: HashMap<ObjectId, BTreeSet<u64>> = HashMap::new();
-        let mut vdso_offsets = BTreeSet::new();
-        for (key, _) in aggregator.stacks() {
-            kernel_addrs.extend(key.kernel.iter().copied());
-            for frame in key.user.iter() {
-                if let Some(m) = frame.mapping {
-                    let mapping = tracker.mapping(m);
-                    let offset = mapping.file_offset_of(frame.address);
-                    match mapping.object {
-                        Some(object) => {
-                            object_offsets.entry(object).or_default().insert(offset);
-                        }
-                        None if mapping.name == VDSO_MAPPING_NAME => {
-                            vdso_offsets.insert(offset);
-                        }
-                        None => {}
-                    }
-                }
-            }
-        }
+        let (kernel_addrs, object_offsets, vdso_offsets) = unique_addresses(aggregator, tracker);
 
         // 2. Symbolize them in batches.
         let kernel_addrs: Vec<u64> = kernel_addrs.into_iter().collect();
@@ -401,7 +385,7 @@ impl Symbolizer {
         for (object, offsets) in &object_offsets {
             let offsets: Vec<u64> = offsets.iter().copied().collect();
             let results = self.symbolize_object(tracker, *object, &offsets);
-            let name = file_name(tracker.object_path(*object));
+            let name = file_name(tracker.object_path(*object).unwrap_or("[unknown]"));
             for (offset, lines) in offsets.iter().zip(results) {
                 let entry = match lines {
                     Some(lines) => (lines, true),
@@ -430,7 +414,7 @@ impl Symbolizer {
         by_count.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
         for (key, _) in by_count {
             for m in key.user.iter().rev().filter_map(|f| f.mapping) {
-                builder.mapping(&mut profile, tracker, m);
+                let _ = builder.mapping(&mut profile, tracker, m);
             }
         }
         if let (Some(&lo), Some(&hi)) = (kernel_addrs.first(), kernel_addrs.last()) {
@@ -446,7 +430,10 @@ impl Symbolizer {
         for (key, count) in aggregator.stacks() {
             let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len() + 1);
             for &addr in key.kernel.iter() {
-                let (lines, symbolized) = kernel_lines[&addr].clone();
+                let (lines, symbolized) = kernel_lines.get(&addr).cloned().unwrap_or_else(|| {
+                    let name = format!("{KERNEL_MAPPING_NAME}+0x{addr:x}");
+                    (vec![unknown_line(name)], false)
+                });
                 frames.push(builder.frame(
                     &mut profile,
                     FrameKind::Kernel,
@@ -499,115 +486,41 @@ impl Symbolizer {
     }
 }
 
-/// The profile mapping and lines of one user frame, from the symbolized
-/// objects' lines by (object, file offset) and the vDSO's by offset.
-fn user_frame_lines<S: MappingSource + ?Sized>(
-    builder: &mut ProfileAssembly,
-    profile: &mut Profile,
+/// The unique addresses of `aggregator`'s stacks, as symbolization batches
+/// them: kernel addresses, file offsets per object, and offsets in `[vdso]`
+/// mappings. Frames whose mapping `tracker` does not know are left out.
+type UniqueAddresses = (
+    BTreeSet<u64>,
+    HashMap<ObjectId, BTreeSet<u64>>,
+    BTreeSet<u64>,
+);
+
+fn unique_addresses<S: MappingSource + ?Sized>(
+    aggregator: &Aggregator,
     tracker: &S,
-    user_lines: &HashMap<(ObjectId, u64), Lines>,
-    vdso_lines: &HashMap<u64, Lines>,
-    frame: &UserFrame,
-) -> (Option<usize>, Vec<Line>, bool) {
-    let Some(m) = frame.mapping else {
-        return (
-            None,
-            vec![unknown_line(format!("[unknown]+0x{:x}", frame.address))],
-            false,
-        );
-    };
-    let mapping = tracker.mapping(m);
-    let index = builder.mapping(profile, tracker, m);
-    let offset = mapping.file_offset_of(frame.address);
-    let lines = match mapping.object {
-        Some(object) => user_lines.get(&(object, offset)),
-        None if mapping.name == VDSO_MAPPING_NAME => vdso_lines.get(&offset),
-        None => None,
-    };
-    match lines {
-        Some((lines, symbolized)) => (Some(index), lines.clone(), *symbolized),
-        None => (
-            Some(index),
-            vec![unknown_line(format!(
-                "{}+0x{offset:x}",
-                file_name(&mapping.name)
-            ))],
-            false,
-        ),
-    }
-}
-
-/// What makes two frames the same location: kind, profile mapping, address,
-/// and (for unwind markers, which have no address) the marker's name.
-type FrameKey = (FrameKind, Option<usize>, u64, Option<Arc<str>>);
-
-/// Deduplication state while a profile is assembled.
-#[derive(Default)]
-struct ProfileAssembly {
-    kernel_mapping: Option<usize>,
-    mappings: HashMap<MappingId, usize>,
-    distinct_mappings: HashMap<ProfileMapping, usize>,
-    frames: HashMap<FrameKey, usize>,
-}
-
-impl ProfileAssembly {
-    /// The profile mapping for tracker mapping `id`. Processes that map the
-    /// same object at the same range share one profile mapping.
-    fn mapping<S: MappingSource + ?Sized>(
-        &mut self,
-        profile: &mut Profile,
-        tracker: &S,
-        id: MappingId,
-    ) -> usize {
-        if let Some(&index) = self.mappings.get(&id) {
-            return index;
+) -> UniqueAddresses {
+    let mut kernel_addrs = BTreeSet::new();
+    let mut object_offsets: HashMap<ObjectId, BTreeSet<u64>> = HashMap::new();
+    let mut vdso_offsets = BTreeSet::new();
+    for (key, _) in aggregator.stacks() {
+        kernel_addrs.extend(key.kernel.iter().copied());
+        for frame in key.user.iter() {
+            let Some(mapping) = frame.mapping.and_then(|m| tracker.mapping(m)) else {
+                continue;
+            };
+            let offset = mapping.file_offset_of(frame.address);
+            match mapping.object {
+                Some(object) => {
+                    object_offsets.entry(object).or_default().insert(offset);
+                }
+                None if mapping.name == VDSO_MAPPING_NAME => {
+                    vdso_offsets.insert(offset);
+                }
+                None => {}
+            }
         }
-        let m = tracker.mapping(id);
-        let mapping = ProfileMapping {
-            start: m.start,
-            limit: m.end,
-            file_offset: m.file_offset,
-            filename: m.name.clone(),
-            build_id: m
-                .object
-                .and_then(|o| tracker.object_build_id(o).map(kernel::hex)),
-        };
-        let index = *self
-            .distinct_mappings
-            .entry(mapping.clone())
-            .or_insert_with(|| {
-                profile.mappings.push(mapping);
-                profile.mappings.len() - 1
-            });
-        self.mappings.insert(id, index);
-        index
     }
-
-    fn frame(
-        &mut self,
-        profile: &mut Profile,
-        kind: FrameKind,
-        address: u64,
-        mapping: Option<usize>,
-        lines: Vec<Line>,
-        symbolized: bool,
-    ) -> usize {
-        // Markers have no address; they are told apart by their name.
-        let marker = (kind == FrameKind::UnwindMarker).then(|| lines[0].function.clone());
-        *self
-            .frames
-            .entry((kind, mapping, address, marker))
-            .or_insert_with(|| {
-                profile.frames.push(Frame {
-                    kind,
-                    address,
-                    mapping,
-                    lines,
-                    symbolized,
-                });
-                profile.frames.len() - 1
-            })
-    }
+    (kernel_addrs, object_offsets, vdso_offsets)
 }
 
 #[cfg(test)]
@@ -658,7 +571,7 @@ mod tests {
                 .parsed
                 .borrow()
                 .keys()
-                .map(|&object| tracker.object(object).path.clone())
+                .map(|&object| tracker.object(object).expect("known object").path.clone())
                 .collect();
             kept.sort();
             kept

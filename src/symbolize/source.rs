@@ -4,6 +4,7 @@
 //! sampling goes on, from a [`TrackerSnapshot`] of just the mappings and
 //! objects the window's stacks use.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -15,30 +16,32 @@ use tracing::debug;
 use crate::process::{Mapping, MappingId, ObjectId, ProcessTracker};
 use crate::profile::aggregate::Aggregator;
 
-/// Mappings and objects by id, as [`crate::symbolize::Symbolizer::build_profile`] needs them.
+/// Mappings and objects by id, as [`crate::symbolize::Symbolizer::build_profile`]
+/// needs them. Every lookup answers `None` for an id the source does not
+/// (or no longer) know; the symbolizer leaves such frames unsymbolized.
 pub trait MappingSource {
-    /// The mapping `id` (panics if the source does not know it: a bug).
-    fn mapping(&self, id: MappingId) -> &Mapping;
+    /// The mapping `id`.
+    fn mapping(&self, id: MappingId) -> Option<&Mapping>;
     /// Path of object `id` as the process saw it (for names and messages).
-    fn object_path(&self, id: ObjectId) -> &str;
+    fn object_path(&self, id: ObjectId) -> Option<&str>;
     /// A path that opens exactly object `id` from the profiler (`/proc/self/fd/N`).
-    fn object_open_path(&self, id: ObjectId) -> &Path;
+    fn object_open_path(&self, id: ObjectId) -> Option<&Path>;
     /// GNU build ID of object `id`, if it has one.
     fn object_build_id(&self, id: ObjectId) -> Option<&[u8]>;
 }
 
 impl MappingSource for ProcessTracker {
-    fn mapping(&self, id: MappingId) -> &Mapping {
+    fn mapping(&self, id: MappingId) -> Option<&Mapping> {
         ProcessTracker::mapping(self, id)
     }
-    fn object_path(&self, id: ObjectId) -> &str {
-        &self.object(id).path
+    fn object_path(&self, id: ObjectId) -> Option<&str> {
+        Some(&self.object(id)?.path)
     }
-    fn object_open_path(&self, id: ObjectId) -> &Path {
-        &self.object(id).open_path
+    fn object_open_path(&self, id: ObjectId) -> Option<&Path> {
+        Some(&self.object(id)?.open_path)
     }
     fn object_build_id(&self, id: ObjectId) -> Option<&[u8]> {
-        self.object(id).build_id.as_deref()
+        self.object(id)?.build_id.as_deref()
     }
 }
 
@@ -64,31 +67,46 @@ pub type ObjectCache = HashMap<ObjectId, Arc<SnapshotObject>>;
 pub struct TrackerSnapshot {
     mappings: HashMap<MappingId, Mapping>,
     objects: HashMap<ObjectId, Arc<SnapshotObject>>,
+    missing_samples: u64,
 }
 
 impl TrackerSnapshot {
     /// Copy what `aggregator`'s stacks need from `tracker`. Objects are
     /// taken from `cache` or duplicated into it (if duplicating a descriptor
-    /// fails, the tracker's own path is used).
+    /// fails, the tracker's own path is used). A mapping the tracker no
+    /// longer holds (retired) is left out: its frames stay unsymbolized and
+    /// their samples are counted in [`Self::missing_samples`].
     pub fn capture(
         aggregator: &Aggregator,
         tracker: &ProcessTracker,
         cache: &mut ObjectCache,
     ) -> Self {
         let mut snapshot = TrackerSnapshot::default();
-        for (key, _) in aggregator.stacks() {
+        for (key, count) in aggregator.stacks() {
+            let mut missing = false;
             for id in key.user.iter().filter_map(|f| f.mapping) {
                 if snapshot.mappings.contains_key(&id) {
                     continue;
                 }
-                let mapping = tracker.mapping(id).clone();
+                let Some(mapping) = tracker.mapping(id) else {
+                    missing = true;
+                    continue;
+                };
                 if let Some(object) = mapping.object {
-                    let entry = cache
-                        .entry(object)
-                        .or_insert_with(|| Arc::new(duplicate(tracker, object)));
-                    snapshot.objects.insert(object, entry.clone());
+                    let entry = match cache.entry(object) {
+                        Entry::Occupied(e) => Some(e.get().clone()),
+                        Entry::Vacant(v) => {
+                            duplicate(tracker, object).map(|dup| v.insert(Arc::new(dup)).clone())
+                        }
+                    };
+                    if let Some(entry) = entry {
+                        snapshot.objects.insert(object, entry);
+                    }
                 }
-                snapshot.mappings.insert(id, mapping);
+                snapshot.mappings.insert(id, mapping.clone());
+            }
+            if missing {
+                snapshot.missing_samples += count;
             }
         }
         // Objects no window in flight uses go (with their descriptors), so
@@ -98,10 +116,17 @@ impl TrackerSnapshot {
         });
         snapshot
     }
+
+    /// Samples with a user frame whose mapping the tracker had already
+    /// retired when the snapshot was taken (each such frame is left
+    /// unsymbolized).
+    pub fn missing_samples(&self) -> u64 {
+        self.missing_samples
+    }
 }
 
-fn duplicate(tracker: &ProcessTracker, id: ObjectId) -> SnapshotObject {
-    let object = tracker.object(id);
+fn duplicate(tracker: &ProcessTracker, id: ObjectId) -> Option<SnapshotObject> {
+    let object = tracker.object(id)?;
     let (open_path, file) = match object.file.try_clone() {
         Ok(file) => (
             PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
@@ -112,25 +137,25 @@ fn duplicate(tracker: &ProcessTracker, id: ObjectId) -> SnapshotObject {
             (object.open_path.clone(), None)
         }
     };
-    SnapshotObject {
+    Some(SnapshotObject {
         path: object.path.clone(),
         open_path,
         build_id: object.build_id.clone(),
         _file: file,
-    }
+    })
 }
 
 impl MappingSource for TrackerSnapshot {
-    fn mapping(&self, id: MappingId) -> &Mapping {
-        &self.mappings[&id]
+    fn mapping(&self, id: MappingId) -> Option<&Mapping> {
+        self.mappings.get(&id)
     }
-    fn object_path(&self, id: ObjectId) -> &str {
-        &self.objects[&id].path
+    fn object_path(&self, id: ObjectId) -> Option<&str> {
+        Some(&self.objects.get(&id)?.path)
     }
-    fn object_open_path(&self, id: ObjectId) -> &Path {
-        &self.objects[&id].open_path
+    fn object_open_path(&self, id: ObjectId) -> Option<&Path> {
+        Some(&self.objects.get(&id)?.open_path)
     }
     fn object_build_id(&self, id: ObjectId) -> Option<&[u8]> {
-        self.objects[&id].build_id.as_deref()
+        self.objects.get(&id)?.build_id.as_deref()
     }
 }

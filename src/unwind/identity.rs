@@ -2,6 +2,8 @@
 //! debug-file lookup.
 
 use std::fmt;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use object::read::elf::ElfFile64;
@@ -30,10 +32,41 @@ impl ObjectKey {
     /// with one (of 1 to [`MAX_BUILD_ID_LEN`] bytes), else the hash of the
     /// bytes. Never fails: unparsable files are keyed by content too.
     pub fn for_object(bytes: &[u8]) -> ObjectKey {
+        Self::for_object_or(bytes, || xxhash_rust::xxh3::xxh3_128(bytes))
+    }
+
+    /// [`Self::for_object`], with the content hash of an object without a
+    /// build ID computed by `content_hash` instead of from `bytes`: when
+    /// `bytes` is a mapping of the file, hashing it would make every page of
+    /// the file resident in this process (200 MB for rustc's libLLVM, the
+    /// start-up peak of issue 18), where [`content_hash`] reads it a chunk
+    /// at a time. Only the ELF headers and notes of `bytes` are read.
+    pub fn for_object_or(bytes: &[u8], content_hash: impl FnOnce() -> u128) -> ObjectKey {
         match build_id(bytes) {
             Ok(Some(id)) if (1..=MAX_BUILD_ID_LEN).contains(&id.len()) => ObjectKey::BuildId(id),
-            _ => ObjectKey::ContentHash(xxhash_rust::xxh3::xxh3_128(bytes)),
+            _ => ObjectKey::ContentHash(content_hash()),
         }
+    }
+}
+
+/// Bytes [`content_hash`] reads at a time.
+pub const HASH_CHUNK_BYTES: usize = 1 << 20;
+
+/// XXH3-128 of the whole content of `file` (the value
+/// [`ObjectKey::ContentHash`] holds for those bytes), read
+/// [`HASH_CHUNK_BYTES`] at a time from offset 0 (the file's position is
+/// not used).
+pub fn content_hash(file: &File) -> std::io::Result<u128> {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; HASH_CHUNK_BYTES];
+    let mut offset = 0u64;
+    loop {
+        let n = file.read_at(&mut buf, offset)?;
+        if n == 0 {
+            return Ok(hasher.digest128());
+        }
+        hasher.update(&buf[..n]);
+        offset += n as u64;
     }
 }
 
@@ -123,5 +156,19 @@ mod tests {
         assert_eq!(garbage, ObjectKey::for_object(b"not an ELF file"));
         assert_ne!(garbage, ObjectKey::for_object(b"not an ELF file!"));
         assert_eq!(garbage.to_string().len(), "xxh3-".len() + 32);
+    }
+
+    #[test]
+    fn content_hash_of_a_file_read_in_chunks_is_the_hash_of_its_bytes() {
+        let mut file = tempfile::tempfile().expect("tempfile");
+        let bytes: Vec<u8> = (0..HASH_CHUNK_BYTES * 2 + 12345)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        std::io::Write::write_all(&mut file, &bytes).expect("write");
+        let hashed = content_hash(&file).expect("read");
+        assert_eq!(
+            ObjectKey::for_object_or(&bytes, || hashed),
+            ObjectKey::for_object(&bytes)
+        );
     }
 }

@@ -241,11 +241,12 @@ impl Drop for UnwindLoader {
 /// librustc_driver). As for every mapped file (and for the profiled
 /// process itself), truncating the file in place while it is mapped would
 /// fault; package managers and linkers replace files instead.
-fn map_object(path: &std::path::Path) -> std::io::Result<memmap2::Mmap> {
+fn map_object(path: &std::path::Path) -> std::io::Result<(std::fs::File, memmap2::Mmap)> {
     let file = std::fs::File::open(path)?;
     // SAFETY: the mapping is private and read-only; see above for the one
     // way it can fault (the file truncated while mapped).
-    unsafe { memmap2::MmapOptions::new().map_copy_read_only(&file) }
+    let map = unsafe { memmap2::MmapOptions::new().map_copy_read_only(&file) }?;
+    Ok((file, map))
 }
 
 /// A build thread: builds the tables of objects of at most `max_bytes`
@@ -260,8 +261,8 @@ fn build_worker(
         let table = match request.source {
             TableSource::File { open, path } => map_object(&open)
                 .with_context(|| format!("reading {}", path.display()))
-                .and_then(|bytes| {
-                    crate::unwind::cached_table_at(cache_dir.as_deref(), &path, &bytes)
+                .and_then(|(file, bytes)| {
+                    crate::unwind::cached_table_at(cache_dir.as_deref(), &path, &file, &bytes)
                 }),
             TableSource::Bytes(bytes) => crate::unwind::cached_table(cache_dir.as_deref(), &bytes),
         };
@@ -416,7 +417,7 @@ impl UnwindLoader {
                 continue;
             }
             previous = frame.mapping;
-            let Some(object) = frame.mapping.and_then(|m| tracker.mapping(m).object) else {
+            let Some(object) = frame.mapping.and_then(|m| tracker.mapping(m)?.object) else {
                 continue;
             };
             let now = self.clock;
@@ -426,12 +427,18 @@ impl UnwindLoader {
                     match t.state {
                         TableState::Building => self.queue.bump(object.0),
                         TableState::Evicted => {
-                            self.request(object.0, tracker, file_source(tracker, object), 1)
+                            if let Some(source) = file_source(tracker, object) {
+                                self.request(object.0, tracker, source, 1)
+                            }
                         }
                         TableState::Loaded { .. } | TableState::Failed => {}
                     }
                 }
-                None => self.request(object.0, tracker, file_source(tracker, object), 1),
+                None => {
+                    if let Some(source) = file_source(tracker, object) {
+                        self.request(object.0, tracker, source, 1)
+                    }
+                }
             }
         }
     }
@@ -452,7 +459,7 @@ impl UnwindLoader {
             ProcessEvent::Exec { pid } => {
                 sampler.remove_process(pid);
                 self.described.remove(&pid);
-                tracker.forget_process(pid);
+                tracker.forget_process(pid, crate::timefmt::monotonic_ns());
                 self.describe(pid, tracker, sampler);
             }
             ProcessEvent::UnknownMapping { pid, address } => {
@@ -475,7 +482,9 @@ impl UnwindLoader {
         let name = if object_id == VDSO_OBJECT_ID {
             "[vdso]".to_string()
         } else {
-            tracker.object(ObjectId(object_id)).path.clone()
+            tracker
+                .object(ObjectId(object_id))
+                .map_or_else(|| format!("object {object_id}"), |o| o.path.clone())
         };
         self.tables.insert(
             object_id,
@@ -499,8 +508,15 @@ impl UnwindLoader {
         );
     }
 
-    fn exec_mapping(&mut self, pid: u32, id: MappingId, tracker: &ProcessTracker) -> ExecMapping {
-        let m = tracker.mapping(id);
+    /// How the walker unwinds through mapping `id` of `pid` (`None` if the
+    /// tracker no longer holds it).
+    fn exec_mapping(
+        &mut self,
+        pid: u32,
+        id: MappingId,
+        tracker: &ProcessTracker,
+    ) -> Option<ExecMapping> {
+        let m = tracker.mapping(id)?;
         let frame_pointers = ExecMapping {
             start: m.start,
             end: m.end,
@@ -508,17 +524,17 @@ impl UnwindLoader {
             object_id: 0,
             frame_pointers: true,
         };
-        if let Some(object) = m.object {
+        if let Some((object, source)) = m.object.and_then(|o| Some((o, file_source(tracker, o)?))) {
             if !self.tables.contains_key(&object.0) {
-                self.request(object.0, tracker, file_source(tracker, object), 0);
+                self.request(object.0, tracker, source, 0);
             }
-            return ExecMapping {
+            return Some(ExecMapping {
                 start: m.start,
                 end: m.end,
-                bias: tracker.load_bias(id),
+                bias: tracker.load_bias(id).unwrap_or(m.start),
                 object_id: object.0,
                 frame_pointers: false,
-            };
+            });
         }
         if m.name == "[vdso]" {
             match read_vdso(pid, m.start, m.end) {
@@ -526,18 +542,18 @@ impl UnwindLoader {
                     if !self.tables.contains_key(&VDSO_OBJECT_ID) {
                         self.request(VDSO_OBJECT_ID, tracker, TableSource::Bytes(bytes), 0);
                     }
-                    return ExecMapping {
+                    return Some(ExecMapping {
                         start: m.start,
                         end: m.end,
                         bias: m.start.wrapping_sub(first_vaddr),
                         object_id: VDSO_OBJECT_ID,
                         frame_pointers: false,
-                    };
+                    });
                 }
                 Err(err) => debug!("pid {pid}: cannot read the vDSO: {err:#}"),
             }
         }
-        frame_pointers
+        Some(frame_pointers)
     }
 
     /// Tell the walker about `pid`'s executable mappings, queuing tables for
@@ -557,7 +573,7 @@ impl UnwindLoader {
         }
         let mappings: Vec<ExecMapping> = ids
             .iter()
-            .map(|&id| self.exec_mapping(pid, id, tracker))
+            .filter_map(|&id| self.exec_mapping(pid, id, tracker))
             .collect();
         match sampler.set_process(pid, &mappings) {
             Ok(()) => {
@@ -691,12 +707,12 @@ impl UnwindLoader {
     }
 }
 
-fn file_source(tracker: &ProcessTracker, object: ObjectId) -> TableSource {
-    let file = tracker.object(object);
-    TableSource::File {
+fn file_source(tracker: &ProcessTracker, object: ObjectId) -> Option<TableSource> {
+    let file = tracker.object(object)?;
+    Some(TableSource::File {
         open: file.open_path.clone(),
         path: PathBuf::from(&file.path),
-    }
+    })
 }
 
 /// Read the vDSO image of `pid` (`/proc/PID/mem` at its mapping) and the

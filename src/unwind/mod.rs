@@ -38,29 +38,42 @@ pub use table::{CfiSource, TableRow, TableStats, UnwindTable};
 /// valid entry, else built with [`build_table`] and stored there. Without a
 /// cache directory the table is just built.
 pub fn cached_table(cache_dir: Option<&Path>, elf_bytes: &[u8]) -> anyhow::Result<UnwindTable> {
-    cached(cache_dir, elf_bytes, || build_table(elf_bytes))
+    cached(
+        cache_dir,
+        || ObjectKey::for_object(elf_bytes),
+        || build_table(elf_bytes),
+    )
 }
 
-/// Like [`cached_table`], building with [`build_table_at`]: an object
-/// without CFI gets its `.debug_frame` from its separate debug file (found by
-/// build ID, or by `.gnu_debuglink` next to `path`).
+/// Like [`cached_table`] for the object file `file` mapped as `elf_bytes`,
+/// building with [`build_table_at`]: an object without CFI gets its
+/// `.debug_frame` from its separate debug file (found by build ID, or by
+/// `.gnu_debuglink` next to `path`). An object without a build ID is keyed
+/// by the hash of `file` read in chunks, so that its mapping does not become
+/// resident ([`ObjectKey::for_object_or`]).
 pub fn cached_table_at(
     cache_dir: Option<&Path>,
     path: &Path,
+    file: &std::fs::File,
     elf_bytes: &[u8],
 ) -> anyhow::Result<UnwindTable> {
-    cached(cache_dir, elf_bytes, || build_table_at(path, elf_bytes))
+    let key = || {
+        ObjectKey::for_object_or(elf_bytes, || {
+            identity::content_hash(file).unwrap_or_else(|_| xxhash_rust::xxh3::xxh3_128(elf_bytes))
+        })
+    };
+    cached(cache_dir, key, || build_table_at(path, elf_bytes))
 }
 
 fn cached(
     cache_dir: Option<&Path>,
-    elf_bytes: &[u8],
+    key: impl FnOnce() -> ObjectKey,
     build: impl FnOnce() -> Result<UnwindTable, BuildError>,
 ) -> anyhow::Result<UnwindTable> {
     let Some(dir) = cache_dir else {
         return Ok(build()?);
     };
-    let key = ObjectKey::for_object(elf_bytes);
+    let key = key();
     let (table, outcome) = cache::get_or_build(dir, &key, build)?;
     debug!("unwind table {key}: {outcome:?}");
     Ok(table)
@@ -73,12 +86,12 @@ mod tests {
     #[test]
     fn cached_table_builds_once_then_reads_the_cache() {
         let path = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
-        let Ok(bytes) = std::fs::read(path) else {
+        let (Ok(bytes), Ok(file)) = (std::fs::read(path), std::fs::File::open(path)) else {
             eprintln!("skipped: {} is absent", path.display());
             return;
         };
         let dir = tempfile::tempdir().expect("tempdir");
-        let built = cached_table_at(Some(dir.path()), path, &bytes).expect("built");
+        let built = cached_table_at(Some(dir.path()), path, &file, &bytes).expect("built");
         let entry = cache::entry_path(dir.path(), &ObjectKey::for_object(&bytes));
         assert!(entry.exists());
         assert_eq!(

@@ -1,0 +1,108 @@
+//! What a run reports when it ends: [`RunSummary`] and the lines it prints.
+
+use std::collections::BTreeMap;
+
+use crate::sender::worker::WorkerReport;
+
+/// What a run produced, for the summary line.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// Where the profile was written (one file per format).
+    pub outputs: Vec<std::path::PathBuf>,
+    /// Samples in the profile.
+    pub samples: u64,
+    /// Distinct processes with samples.
+    pub processes: usize,
+    /// Samples lost (a ring buffer full, or records that did not parse).
+    pub lost: u64,
+    /// Samples per unwind result (`complete`, `truncated`, ...).
+    pub unwind: BTreeMap<String, u64>,
+    /// Walks stopped by an unsupported CFI rule, per rule kind.
+    pub unsupported: BTreeMap<String, u64>,
+    /// Continuous mode only: windows and delivery.
+    pub continuous: Option<ContinuousSummary>,
+    /// Listen-only mode (`--listen` alone): on-demand profiles served.
+    pub served: Option<u64>,
+}
+
+/// What a continuous run emitted.
+#[derive(Debug, Clone)]
+pub struct ContinuousSummary {
+    /// Windows closed over the run.
+    pub windows: u64,
+    /// Samples that arrived after their window had closed (counted in the next).
+    pub late_samples: u64,
+    /// What the window worker and the sender did.
+    pub report: WorkerReport,
+}
+
+impl std::fmt::Display for RunSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(served) = self.served {
+            write!(
+                f,
+                "{served} on-demand profiles served: {} samples read, {} samples lost",
+                self.samples, self.lost
+            )?;
+        } else if let Some(c) = &self.continuous {
+            // Network senders: what was delivered is on the `delivery:` line.
+            let verb = if c.report.sender.delivery.is_some() {
+                "queued for"
+            } else {
+                "written to"
+            };
+            write!(
+                f,
+                "{} windows {verb} {}: {} samples, {} processes, {} samples lost",
+                c.windows, c.report.sender.destination, self.samples, self.processes, self.lost
+            )?;
+            write!(
+                f,
+                "\nwindows: closed={} handed_over={} dropped={} failed={} panicked={} \
+                 late_samples={} samples_missing_mapping={}",
+                c.windows,
+                c.report.windows_sent,
+                c.report.windows_dropped,
+                c.report.windows_failed,
+                c.report.windows_panicked,
+                c.late_samples,
+                c.report.samples_missing_mapping
+            )?;
+            if let Some(delivery) = &c.report.sender.delivery {
+                write!(f, "\ndelivery: {delivery}")?;
+            }
+        } else {
+            write!(
+                f,
+                "profile written to {}: {} samples, {} processes, {} samples lost",
+                self.outputs
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                self.samples,
+                self.processes,
+                self.lost
+            )?;
+        }
+        let unwind: Vec<String> = self
+            .unwind
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        if unwind.is_empty() {
+            write!(f, "\nuser stacks: none")?;
+        } else {
+            write!(f, "\nuser stacks: {}", unwind.join(" "))?;
+        }
+        if !self.unsupported.is_empty() {
+            let kinds: Vec<String> = self
+                .unsupported
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            write!(f, "\nunsupported CFI rules: {}", kinds.join(" "))?;
+        }
+        Ok(())
+    }
+}
