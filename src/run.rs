@@ -92,7 +92,11 @@ impl std::fmt::Display for RunSummary {
             write!(
                 f,
                 "{} windows {verb} {}: {} samples, {} processes, {} samples lost",
-                c.windows, c.report.sender.destination, self.samples, self.processes, self.lost
+                c.report.windows_sent,
+                c.report.sender.destination,
+                self.samples,
+                self.processes,
+                self.lost
             )?;
             write!(
                 f,
@@ -232,6 +236,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                 token: cli.listen_token.clone(),
                 max_seconds: cli.listen_max_seconds,
                 max_requests: cli.listen_max_requests,
+                max_connections: cli.listen_max_connections,
                 pids: config.pids.clone(),
                 max_sample_freq_hz: max_sample_rate,
             },

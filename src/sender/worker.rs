@@ -37,8 +37,45 @@ pub struct WorkerReport {
     pub windows_dropped: u64,
     /// Windows the sender failed on (encoding or writing; logged).
     pub windows_failed: u64,
+    /// The first of those failures, as logged.
+    pub first_error: Option<String>,
     /// The sender's own report.
     pub sender: SenderReport,
+}
+
+impl WorkerReport {
+    /// Why the run did not deliver everything it closed, or `None` if it
+    /// did: windows that failed to be written or sent (naming the first
+    /// error), windows dropped because symbolization fell behind, and
+    /// profiles a network sender dropped or the server refused.
+    pub fn failure(&self) -> Option<String> {
+        let mut lost = Vec::new();
+        if self.windows_failed > 0 {
+            lost.push(format!(
+                "{} windows failed (first: {})",
+                self.windows_failed,
+                self.first_error.as_deref().unwrap_or("unknown")
+            ));
+        }
+        if self.windows_dropped > 0 {
+            lost.push(format!(
+                "{} windows dropped (symbolization fell behind)",
+                self.windows_dropped
+            ));
+        }
+        if let Some(d) = self.sender.delivery.as_ref() {
+            if d.dropped + d.rejected > 0 {
+                lost.push(format!(
+                    "{} profiles not delivered to {} (dropped={} rejected={})",
+                    d.dropped + d.rejected,
+                    self.sender.destination,
+                    d.dropped,
+                    d.rejected
+                ));
+            }
+        }
+        (!lost.is_empty()).then(|| lost.join("; "))
+    }
 }
 
 /// Handle to the worker thread.
@@ -136,7 +173,9 @@ fn run(rx: Receiver<Message>, mut sender: Box<dyn Sender>) -> WorkerReport {
                     Ok(()) => report.windows_sent += 1,
                     Err(err) => {
                         report.windows_failed += 1;
-                        warn!("window {}: {err:#}", closed.index);
+                        let message = format!("window {}: {err:#}", closed.index);
+                        warn!("{message}");
+                        report.first_error.get_or_insert(message);
                     }
                 }
             }

@@ -7,6 +7,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::httpd::serve::ConnectionStats;
 use crate::sampler::UnwindStatus;
 use crate::sender::queue::Queue;
 
@@ -25,6 +26,7 @@ pub struct Metrics {
     profile_requests: Mutex<HashMap<&'static str, u64>>,
     profile_requests_active: AtomicU64,
     delivery: OnceLock<Arc<Queue>>,
+    connections: Arc<ConnectionStats>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -90,6 +92,11 @@ impl Metrics {
     /// On-demand profile requests in progress, and the change of that count.
     pub fn profile_requests_active(&self) -> &AtomicU64 {
         &self.profile_requests_active
+    }
+
+    /// The `--listen` server's connection counters (its accept loop adds to them).
+    pub fn connections(&self) -> Arc<ConnectionStats> {
+        self.connections.clone()
     }
 
     /// The metrics in Prometheus text format; `rss_bytes` is the process's
@@ -160,6 +167,19 @@ impl Metrics {
             &[
                 ("outcome=\"closed\"", get(&self.windows_closed)),
                 ("outcome=\"dropped\"", get(&self.windows_dropped)),
+            ],
+        );
+        let c = &self.connections;
+        family(
+            &mut out,
+            "lightswitch_http_connections_total",
+            "counter",
+            "HTTP API: connections served, closed because --listen-max-connections \
+             were open, and failed accept() calls (e.g. out of file descriptors).",
+            &[
+                ("outcome=\"accepted\"", get(&c.accepted)),
+                ("outcome=\"refused\"", get(&c.refused)),
+                ("outcome=\"accept_error\"", get(&c.accept_errors)),
             ],
         );
         if let Some(queue) = self.delivery.get() {
