@@ -69,7 +69,7 @@ fn spawn_listening(mut cmd: Command) -> (Child, String) {
     (child, url)
 }
 
-/// A `lightswitch collector` subprocess; killed on drop.
+/// A `lightswitch collector` (or agent with `--listen`) subprocess; killed on drop.
 struct Collector {
     child: Child,
     url: String,
@@ -254,30 +254,51 @@ fn connections_beyond_the_limit_are_closed_and_the_rest_still_served() {
     collector.assert_alive();
 }
 
+/// Set the open-file limit of the running process `pid` (prlimit(2)).
+fn set_open_files(pid: u32, n: u64) {
+    let limit = libc::rlimit {
+        rlim_cur: n,
+        rlim_max: n,
+    };
+    // SAFETY: prlimit on our own child with a valid rlimit; old value not read.
+    let rc = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            &limit,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
+
 #[test]
 fn agent_http_api_survives_running_out_of_descriptors() {
     let _serial = common::serial();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let url = format!("http://127.0.0.1:{port}");
     let mut cmd = Command::new(BIN);
-    cmd.args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--unwind-cache-dir", "none"]);
-    limit_open_files(&mut cmd, 128);
-    let mut agent = Lightswitch::spawn_command(cmd);
-    let client = http();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while client.get(format!("{url}/healthz")).send().is_err() {
-        assert!(Instant::now() < deadline, "/healthz never answered");
-        thread::sleep(Duration::from_millis(100));
-    }
+    cmd.args(["--listen", "127.0.0.1:0", "--unwind-cache-dir", "none"]);
+    // The banner comes once sampling is set up (BPF loaded).
+    let (child, url) = spawn_listening(cmd);
+    let mut agent = Collector { child, url };
+    let url = agent.url.clone();
+    // The process tracker holds a descriptor per mapped object, as many as
+    // the machine runs: leave 64 more than the agent holds now.
+    let pid = agent.child.id();
+    let open = fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count() as u64;
+    set_open_files(pid, open + 64);
     let idle = idle_connections(authority(&url), 200);
     thread::sleep(Duration::from_secs(1));
     drop(idle);
-    let healthz = client.get(format!("{url}/healthz")).send().unwrap();
+    // Answered again once the clients are gone (the accept back-off is at most 1 s).
+    let client = http();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let healthz = loop {
+        match client.get(format!("{url}/healthz")).send() {
+            Ok(r) => break r,
+            Err(e) if Instant::now() > deadline => panic!("/healthz: {e}"),
+            Err(_) => thread::sleep(Duration::from_millis(200)),
+        }
+    };
     assert_eq!(healthz.status(), 200);
     let metrics = client
         .get(format!("{url}/metrics"))
@@ -292,9 +313,21 @@ fn agent_http_api_survives_running_out_of_descriptors() {
         })
         .expect("accept_error counter in /metrics");
     assert!(errors.parse::<u64>().unwrap() > 0, "{metrics}");
-    assert!(agent.is_running());
-    agent.signal(libc::SIGINT);
-    agent.wait(Duration::from_secs(30)).assert_success();
+    agent.assert_alive();
+    // SAFETY: plain kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = agent.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not stop on SIGINT"
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status:?}");
 }
 
 // ---------------------------------------------------------------------------
