@@ -42,8 +42,9 @@ fn limit_open_files(cmd: &mut Command, n: u64) {
 }
 
 /// Start `cmd` and wait (at most 60 s) for the stdout line with the
-/// `http://127.0.0.1:PORT` it listens on; returns the child and that URL.
-fn spawn_listening(mut cmd: Command) -> (Child, String) {
+/// `http://127.0.0.1:PORT` it listens on; returns the child, that URL and
+/// the stdout lines after it.
+fn spawn_listening(mut cmd: Command) -> (Child, String, mpsc::Receiver<String>) {
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -66,7 +67,7 @@ fn spawn_listening(mut cmd: Command) -> (Child, String) {
         .unwrap_or_else(|| panic!("unexpected banner {line:?}"))
         .trim_end_matches(',')
         .to_string();
-    (child, url)
+    (child, url, rx)
 }
 
 /// A `lightswitch collector` (or agent with `--listen`) subprocess; killed on drop.
@@ -84,7 +85,7 @@ impl Collector {
         if let Some(n) = open_files {
             limit_open_files(&mut cmd, n);
         }
-        let (child, url) = spawn_listening(cmd);
+        let (child, url, _) = spawn_listening(cmd);
         Collector { child, url }
     }
 
@@ -278,7 +279,7 @@ fn agent_http_api_survives_running_out_of_descriptors() {
     let mut cmd = Command::new(BIN);
     cmd.args(["--listen", "127.0.0.1:0", "--unwind-cache-dir", "none"]);
     // The banner comes once sampling is set up (BPF loaded).
-    let (child, url) = spawn_listening(cmd);
+    let (child, url, _) = spawn_listening(cmd);
     let mut agent = Collector { child, url };
     let url = agent.url.clone();
     // The process tracker holds a descriptor per mapped object, as many as
@@ -328,6 +329,43 @@ fn agent_http_api_survives_running_out_of_descriptors() {
         thread::sleep(Duration::from_millis(100));
     };
     assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn the_collector_stops_on_sigint_and_sigterm_and_says_so() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let dir = common::tempdir();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["collector", "--listen", "127.0.0.1:0", "--storage"])
+            .arg(dir.path().join("store"));
+        // As a background job of a script: SIGINT ignored on entry.
+        // SAFETY: signal(2) only changes the child's disposition.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        let (mut child, url, lines) = spawn_listening(cmd);
+        // An idle keep-alive connection does not hold the stop up.
+        let _idle = TcpStream::connect(authority(&url)).unwrap();
+        // SAFETY: plain kill(2) on our own child.
+        assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
+        let said = lines.recv_timeout(Duration::from_secs(10));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the collector did not stop on signal {signal}");
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(said.as_deref(), Ok("collector stopped"), "signal {signal}");
+        assert!(status.success(), "signal {signal}: {status:?}");
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -494,7 +532,7 @@ fn profiles_and_collector_storage_are_private_under_a_lax_umask() {
             Ok(())
         });
     }
-    let (child, url) = spawn_listening(cmd);
+    let (child, url, _) = spawn_listening(cmd);
     let collector = Collector { child, url };
     let r = http()
         .post(collector.profiles_url())
