@@ -192,10 +192,11 @@ pub struct Cli {
     #[arg(long, default_value_t = 4)]
     pub listen_max_requests: usize,
 
-    /// Connections the --listen server serves at once; more are closed as
-    /// soon as accepted. A client has 10 s to send a request's headers, and
-    /// an idle connection is closed after 10 s. A failed accept() (out of
-    /// file descriptors) is logged and retried.
+    /// Connections the --listen server serves at once. When all are taken,
+    /// connections idle for over 1 s are closed to make room, and a new one
+    /// that finds none within 0.25 s is closed. A client has 10 s to send a
+    /// request's headers; an idle connection is closed after 10 s. A failed
+    /// accept() (out of file descriptors) is logged and retried.
     #[arg(long, default_value_t = crate::httpd::serve::DEFAULT_MAX_CONNECTIONS)]
     pub listen_max_connections: usize,
 }
@@ -276,9 +277,10 @@ pub enum Command {
         /// a time, so memory does not grow with their number.
         #[arg(long, default_value_t = crate::collector::DEFAULT_MAX_MERGE_PROFILES)]
         max_merge_profiles: usize,
-        /// Connections served at once; more are closed as soon as accepted.
-        /// A client has 10 s to send a request's headers, and an idle
-        /// connection is closed after 10 s.
+        /// Connections served at once. When all are taken, connections idle
+        /// for over 1 s are closed to make room, and a new one that finds
+        /// none within 0.25 s is closed. A client has 10 s to send a
+        /// request's headers; an idle connection is closed after 10 s.
         #[arg(long, default_value_t = crate::httpd::serve::DEFAULT_MAX_CONNECTIONS)]
         max_connections: usize,
     },

@@ -236,19 +236,30 @@ fn collector_survives_running_out_of_descriptors_and_drops_idle_connections() {
 }
 
 #[test]
-fn connections_beyond_the_limit_are_closed_and_the_rest_still_served() {
+fn idle_connections_make_room_and_a_burst_beyond_the_limit_is_closed() {
     let dir = common::tempdir();
     let mut collector =
         Collector::start(&dir.path().join("store"), &["--max-connections", "4"], None);
     let address = authority(&collector.url).to_string();
-    let idle = idle_connections(&address, 4);
+    // Every slot held by an idle connection older than a second: a client
+    // with a request still gets in, and the idle ones are closed for it.
+    let mut idle = idle_connections(&address, 4);
+    thread::sleep(Duration::from_millis(1500));
+    let r = http().get(collector.profiles_url()).send().unwrap();
+    assert_eq!(r.status(), 200);
+    drop(r);
+    assert!(closed_by_server(&mut idle[0], Duration::from_secs(2)));
+    drop(idle);
     thread::sleep(Duration::from_millis(300));
+    // Four fresh connections take every slot: a fifth is closed at once.
+    let fresh = idle_connections(&address, 4);
+    thread::sleep(Duration::from_millis(100));
     let mut surplus = TcpStream::connect(&address).unwrap();
     assert!(
-        closed_by_server(&mut surplus, Duration::from_secs(5)),
+        closed_by_server(&mut surplus, Duration::from_millis(900)),
         "a fifth connection was kept open over --max-connections 4"
     );
-    drop(idle);
+    drop(fresh);
     thread::sleep(Duration::from_millis(300));
     let r = http().get(collector.profiles_url()).send().unwrap();
     assert_eq!(r.status(), 200);

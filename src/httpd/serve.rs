@@ -7,8 +7,11 @@
 //!   1 s; the server keeps running. Connection errors (a client that gave
 //!   up before it was accepted) are ignored.
 //! - At most [`ConnectionLimits::max_connections`] connections are served
-//!   at once. A connection beyond that is accepted and closed at once, so
-//!   neither the kernel's backlog nor the process's descriptors fill up.
+//!   at once. When all are taken, connections idle between requests (for
+//!   at least a second) are closed to make room, and a new connection that
+//!   finds no room within a quarter second is closed, so neither the
+//!   kernel's backlog nor the process's descriptors fill up, and idle
+//!   connections cannot lock out a client with a request.
 //! - A client must send a request's headers within
 //!   [`ConnectionLimits::header_timeout`]; the same limit closes a
 //!   keep-alive connection that sits idle between requests (hyper's
@@ -19,13 +22,13 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, warn};
 
 /// Connections served at once by default (`--listen-max-connections`,
@@ -81,9 +84,40 @@ fn is_connection_error(e: &std::io::Error) -> bool {
     )
 }
 
+/// What every connection task shares with the accept loop.
+struct Shared {
+    router: Router,
+    limits: ConnectionLimits,
+    stats: Arc<ConnectionStats>,
+    /// One permit per connection served.
+    slots: Arc<Semaphore>,
+    /// One permit per connection waiting for a slot.
+    waiting: Arc<Semaphore>,
+    /// `true` once the server stops: connections finish their request and close.
+    stop: watch::Receiver<bool>,
+    /// Bumped when every slot is taken: connections idle between requests
+    /// for at least [`SHED_MIN_AGE`] close, making room.
+    shed: watch::Sender<u64>,
+}
+
+/// Youngest connection closed to make room when every slot is taken: a
+/// client that just connected gets this long to send its request.
+const SHED_MIN_AGE: Duration = Duration::from_secs(1);
+/// How long a connection that found every slot taken waits for one.
+const SLOT_WAIT: Duration = Duration::from_millis(250);
+/// Connections that may wait for a slot at once; more are closed at once.
+const MAX_WAITING: usize = 64;
+
 /// Serve `router` on `listener` under `limits` until `shutdown` completes;
 /// then stop accepting, let requests in progress finish, and return once
 /// every connection is closed. Counts go to `stats`.
+///
+/// When every slot is taken, connections idle between requests for at
+/// least [`SHED_MIN_AGE`] are asked to close, and the new connection
+/// waits up to [`SLOT_WAIT`] for one of their slots (at most
+/// [`MAX_WAITING`] wait; the rest are closed at once): a flood of idle
+/// connections cannot keep a client that sends a request out for longer
+/// than that.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -92,8 +126,16 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let max = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
-    let slots = Arc::new(Semaphore::new(max));
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let (stop_tx, stop) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        router,
+        limits,
+        stats,
+        slots: Arc::new(Semaphore::new(max)),
+        waiting: Arc::new(Semaphore::new(MAX_WAITING)),
+        stop,
+        shed: watch::Sender::new(0),
+    });
     let mut backoff = ACCEPT_BACKOFF_MIN;
     tokio::pin!(shutdown);
     loop {
@@ -101,14 +143,14 @@ pub async fn serve(
             () = &mut shutdown => break,
             accepted = listener.accept() => accepted,
         };
-        let stream = match accepted {
+        match accepted {
             Ok((stream, _)) => {
                 backoff = ACCEPT_BACKOFF_MIN;
-                stream
+                admit(&shared, stream);
             }
-            Err(e) if is_connection_error(&e) => continue,
+            Err(e) if is_connection_error(&e) => {}
             Err(e) => {
-                let errors = stats.accept_errors.fetch_add(1, Ordering::Relaxed) + 1;
+                let errors = shared.stats.accept_errors.fetch_add(1, Ordering::Relaxed) + 1;
                 if backoff == ACCEPT_BACKOFF_MIN {
                     warn!(
                         "accepting a connection failed ({e}; {errors} failures so far): retrying"
@@ -119,42 +161,80 @@ pub async fn serve(
                     () = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                continue;
             }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            let refused = stats.refused.fetch_add(1, Ordering::Relaxed) + 1;
-            if refused.is_power_of_two() {
-                warn!("{max} connections are open: closing new ones ({refused} so far)");
-            }
-            drop(stream);
-            continue;
-        };
-        stats.accepted.fetch_add(1, Ordering::Relaxed);
-        let service = TowerToHyperService::new(router.clone());
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_timeout);
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(connection);
-            let served = tokio::select! {
-                served = connection.as_mut() => served,
-                _ = stop.changed() => {
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-            };
-            if let Err(e) = served {
-                debug!("connection closed: {e}");
-            }
-        });
+        }
     }
     drop(listener);
     let _ = stop_tx.send(true);
     // Every slot back: every connection has closed.
-    let _ = slots.acquire_many(max as u32).await;
+    let _ = shared.slots.acquire_many(max as u32).await;
+}
+
+/// Serve `stream` in a task of its own if a slot is free or frees up
+/// soon (see [`serve`]); otherwise close it and count it refused.
+fn admit(shared: &Arc<Shared>, stream: TcpStream) {
+    if let Ok(slot) = shared.slots.clone().try_acquire_owned() {
+        tokio::spawn(serve_connection(shared.clone(), stream, slot));
+        return;
+    }
+    shared
+        .shed
+        .send_modify(|generation| *generation = generation.wrapping_add(1));
+    let Ok(waiting) = shared.waiting.clone().try_acquire_owned() else {
+        refuse(&shared.stats, shared.slots.available_permits());
+        return;
+    };
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        let slot = tokio::time::timeout(SLOT_WAIT, shared.slots.clone().acquire_owned()).await;
+        drop(waiting);
+        match slot {
+            Ok(Ok(slot)) => serve_connection(shared, stream, slot).await,
+            _ => refuse(&shared.stats, 0),
+        }
+    });
+}
+
+/// Count (and now and then log) a connection closed for want of a slot.
+fn refuse(stats: &ConnectionStats, free: usize) {
+    let refused = stats.refused.fetch_add(1, Ordering::Relaxed) + 1;
+    if refused.is_power_of_two() {
+        warn!("every connection slot is taken ({free} free): closing new connections ({refused} so far)");
+    }
+}
+
+/// Serve HTTP/1 on `stream` until the client or the server closes it.
+async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, slot: OwnedSemaphorePermit) {
+    let _slot = slot;
+    shared.stats.accepted.fetch_add(1, Ordering::Relaxed);
+    let accepted = Instant::now();
+    let mut stop = shared.stop.clone();
+    let mut shed = shared.shed.subscribe();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(shared.limits.header_timeout);
+    let service = TowerToHyperService::new(shared.router.clone());
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let served = loop {
+        tokio::select! {
+            served = connection.as_mut() => break served,
+            _ = stop.changed() => {
+                connection.as_mut().graceful_shutdown();
+                break connection.await;
+            }
+            _ = shed.changed() => {
+                // Closes the connection if it is between requests; one in
+                // progress is answered first.
+                if accepted.elapsed() >= SHED_MIN_AGE {
+                    connection.as_mut().graceful_shutdown();
+                    break connection.await;
+                }
+            }
+        }
+    };
+    if let Err(e) = served {
+        debug!("connection closed: {e}");
+    }
 }
