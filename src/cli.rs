@@ -192,7 +192,8 @@ pub struct Cli {
     #[arg(long, default_value_t = 4)]
     pub listen_max_requests: usize,
 
-    /// Connections the --listen server serves at once. When all are taken,
+    /// Connections the --listen server serves at once (at most a quarter
+    /// of the open-file limit, `ulimit -n`). When all are taken,
     /// connections idle for over 1 s are closed to make room, and a new one
     /// that finds none within 0.25 s is closed. A client has 10 s to send a
     /// request's headers; an idle connection is closed after 10 s. A failed
@@ -277,7 +278,8 @@ pub enum Command {
         /// a time, so memory does not grow with their number.
         #[arg(long, default_value_t = crate::collector::DEFAULT_MAX_MERGE_PROFILES)]
         max_merge_profiles: usize,
-        /// Connections served at once. When all are taken, connections idle
+        /// Connections served at once (at most a quarter of `ulimit -n`).
+        /// When all are taken, connections idle
         /// for over 1 s are closed to make room, and a new one that finds
         /// none within 0.25 s is closed. A client has 10 s to send a
         /// request's headers; an idle connection is closed after 10 s.

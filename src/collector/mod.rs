@@ -41,7 +41,8 @@ pub struct CollectorConfig {
     pub max_concurrent_ingests: usize,
     /// Most stored profiles one merge request may cover.
     pub max_merge_profiles: usize,
-    /// Connections served at once; more are closed as soon as accepted.
+    /// Connections served at once (at most a quarter of the open-file
+    /// limit; see [`crate::httpd::serve`]).
     pub max_connections: usize,
 }
 

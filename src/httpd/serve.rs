@@ -47,7 +47,8 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// What a server allows each client.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionLimits {
-    /// Connections served at once; more are closed as soon as accepted.
+    /// Connections served at once (at most a quarter of the open-file
+    /// limit, whatever is asked).
     pub max_connections: usize,
     /// Time a client has to send a request's headers, and the longest an
     /// idle keep-alive connection stays open.
@@ -108,6 +109,35 @@ const SLOT_WAIT: Duration = Duration::from_millis(250);
 /// Connections that may wait for a slot at once; more are closed at once.
 const MAX_WAITING: usize = 64;
 
+/// The process's soft limit on open files (`ulimit -n`), if it has one.
+fn open_file_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct it is given.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
+}
+
+/// Connections served at once: `configured`, but at most a quarter of the
+/// open-file limit `nofile`, so that connections (with those waiting for a
+/// slot, a quarter as many again) never take the descriptors the rest of
+/// the process needs (BPF objects, perf events, the objects of profiled
+/// processes).
+fn slots_for(configured: usize, nofile: Option<u64>) -> usize {
+    let cap = nofile.map_or(usize::MAX, |n| usize::try_from(n / 4).unwrap_or(usize::MAX));
+    let slots = configured.min(cap).clamp(1, Semaphore::MAX_PERMITS);
+    if slots < configured {
+        warn!(
+            "serving at most {slots} connections at once, a quarter of the open-file limit \
+             ({} descriptors)",
+            nofile.unwrap_or(0)
+        );
+    }
+    slots
+}
+
 /// Serve `router` on `listener` under `limits` until `shutdown` completes;
 /// then stop accepting, let requests in progress finish, and return once
 /// every connection is closed. Counts go to `stats`.
@@ -125,14 +155,14 @@ pub async fn serve(
     stats: Arc<ConnectionStats>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let max = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
+    let max = slots_for(limits.max_connections, open_file_limit());
     let (stop_tx, stop) = watch::channel(false);
     let shared = Arc::new(Shared {
         router,
         limits,
         stats,
         slots: Arc::new(Semaphore::new(max)),
-        waiting: Arc::new(Semaphore::new(MAX_WAITING)),
+        waiting: Arc::new(Semaphore::new((max / 4).clamp(1, MAX_WAITING))),
         stop,
         shed: watch::Sender::new(0),
     });
@@ -236,5 +266,19 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, slot: OwnedSem
     };
     if let Err(e) = served {
         debug!("connection closed: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_take_at_most_a_quarter_of_the_descriptors() {
+        assert_eq!(slots_for(256, Some(1024)), 256);
+        assert_eq!(slots_for(256, Some(128)), 32);
+        assert_eq!(slots_for(256, None), 256);
+        assert_eq!(slots_for(10, Some(1 << 20)), 10);
+        assert_eq!(slots_for(256, Some(2)), 1);
     }
 }

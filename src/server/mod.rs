@@ -39,7 +39,8 @@ pub struct ServerConfig {
     /// (`--listen-token` / `LIGHTSWITCH_LISTEN_TOKEN`; set but empty is an
     /// error at start).
     pub token: Option<String>,
-    /// Connections served at once; more are closed as soon as accepted.
+    /// Connections served at once (at most a quarter of the open-file
+    /// limit; see [`crate::httpd::serve`]).
     pub max_connections: usize,
     /// Longest on-demand profile, seconds.
     pub max_seconds: u64,
