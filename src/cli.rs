@@ -178,8 +178,9 @@ pub struct Cli {
     pub listen: Option<String>,
 
     /// Require `Authorization: Bearer TOKEN` on every --listen endpoint
-    /// except `/healthz` (401 otherwise). Prefer the environment variable:
-    /// a command-line argument is visible in the process list.
+    /// except `/healthz` (401 otherwise). Set but empty is an error at
+    /// start. Prefer the environment variable: a command-line argument is
+    /// visible in the process list.
     #[arg(long, env = "LIGHTSWITCH_LISTEN_TOKEN", hide_env_values = true)]
     pub listen_token: Option<String>,
 
@@ -190,6 +191,15 @@ pub struct Cli {
     /// On-demand profile requests in progress at once; more get 429.
     #[arg(long, default_value_t = 4)]
     pub listen_max_requests: usize,
+
+    /// Connections the --listen server serves at once (at most a quarter
+    /// of the open-file limit, `ulimit -n`). When all are taken,
+    /// connections idle for over 1 s are closed to make room, and a new one
+    /// that finds none within 0.25 s is closed. A client has 10 s to send a
+    /// request's headers; an idle connection is closed after 10 s. A failed
+    /// accept() (out of file descriptors) is logged and retried.
+    #[arg(long, default_value_t = crate::httpd::serve::DEFAULT_MAX_CONNECTIONS)]
+    pub listen_max_connections: usize,
 }
 
 /// Where profiles are sent.
@@ -247,14 +257,34 @@ pub enum Command {
         #[arg(long)]
         storage: PathBuf,
         /// Require `Authorization: Bearer TOKEN` on every request (401
-        /// otherwise). Prefer the environment variable: a command-line
-        /// argument is visible in the process list.
+        /// otherwise). Set but empty is an error at start. Prefer the
+        /// environment variable: a command-line argument is visible in the
+        /// process list.
         #[arg(long, env = "LIGHTSWITCH_COLLECTOR_TOKEN", hide_env_values = true)]
         token: Option<String>,
-        /// Largest accepted request body, bytes (413 above it). A gzip'd body
-        /// may expand to at most 64 times this much.
+        /// Largest accepted request body, bytes (413 above it).
         #[arg(long, default_value_t = 32 * 1024 * 1024)]
         max_body_bytes: usize,
+        /// Largest size a gzip'd body may decompress to, bytes (413 above
+        /// it; decompression stops there, so a bomb costs at most this).
+        #[arg(long, default_value_t = crate::collector::DEFAULT_MAX_DECODED_BYTES)]
+        max_decoded_bytes: usize,
+        /// Request bodies read and decoded at once; more wait their turn
+        /// (408 after 60 s).
+        #[arg(long, default_value_t = 2)]
+        max_concurrent_ingests: usize,
+        /// Most stored profiles one `GET /v1/profiles/merged` may cover
+        /// (413 beyond, naming how many matched). Profiles are merged one at
+        /// a time, so memory does not grow with their number.
+        #[arg(long, default_value_t = crate::collector::DEFAULT_MAX_MERGE_PROFILES)]
+        max_merge_profiles: usize,
+        /// Connections served at once (at most a quarter of `ulimit -n`).
+        /// When all are taken, connections idle
+        /// for over 1 s are closed to make room, and a new one that finds
+        /// none within 0.25 s is closed. A client has 10 s to send a
+        /// request's headers; an idle connection is closed after 10 s.
+        #[arg(long, default_value_t = crate::httpd::serve::DEFAULT_MAX_CONNECTIONS)]
+        max_connections: usize,
     },
 }
 

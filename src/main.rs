@@ -47,6 +47,10 @@ fn main() {
         storage,
         token,
         max_body_bytes,
+        max_decoded_bytes,
+        max_concurrent_ingests,
+        max_merge_profiles,
+        max_connections,
     }) = &cli.command
     {
         let config = lightswitch::collector::CollectorConfig {
@@ -54,6 +58,10 @@ fn main() {
             storage: storage.clone(),
             token: token.clone(),
             max_body_bytes: *max_body_bytes,
+            max_decoded_bytes: *max_decoded_bytes,
+            max_concurrent_ingests: *max_concurrent_ingests,
+            max_merge_profiles: *max_merge_profiles,
+            max_connections: *max_connections,
         };
         if let Err(err) = lightswitch::collector::run(&config) {
             eprintln!("error: {err:#}");
@@ -62,7 +70,15 @@ fn main() {
         return;
     }
     match lightswitch::run::run(&cli) {
-        Ok(summary) => println!("{summary}"),
+        Ok(summary) => {
+            println!("{summary}");
+            // Continuous mode: a run that lost windows or deliveries says
+            // so in its exit status too.
+            if let Some(failure) = summary.continuous.and_then(|c| c.report.failure()) {
+                eprintln!("error: {failure}");
+                std::process::exit(1);
+            }
+        }
         Err(err) => {
             eprintln!("error: {err:#}");
             std::process::exit(1);

@@ -138,6 +138,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                 token: cli.listen_token.clone(),
                 max_seconds: cli.listen_max_seconds,
                 max_requests: cli.listen_max_requests,
+                max_connections: cli.listen_max_connections,
                 pids: config.pids.clone(),
                 max_sample_freq_hz: max_sample_rate,
             },

@@ -103,7 +103,9 @@ pub fn day(unix_ns: u64) -> String {
 }
 
 /// A time given as integer nanoseconds since the Unix epoch, or as RFC 3339
-/// in UTC (`2024-05-01T12:00:00Z`, optional fraction). `None` if it is neither.
+/// in UTC (`2024-05-01T12:00:00Z`, optional fraction). `None` if it is
+/// neither, or if it is not representable as u64 nanoseconds (RFC 3339
+/// times from 1970 up to 2554-07-21T23:34:33.709551615Z).
 pub fn parse(text: &str) -> Option<u64> {
     let text = text.trim();
     if let Ok(ns) = text.parse::<u64>() {
@@ -136,8 +138,13 @@ pub fn parse(text: &str) -> Option<u64> {
         }
         Some(_) => return None,
     };
+    // Checked: a date past 2554-07-21 does not fit in u64 nanoseconds and
+    // must be refused, not wrapped to some earlier time.
     let days = u64::try_from(days_from_civil(year, month, day)).ok()?;
-    Some((days * SECS_PER_DAY + hour * 3600 + minute * 60 + second) * NS_PER_SEC + nanos)
+    days.checked_mul(SECS_PER_DAY)?
+        .checked_add(hour * 3600 + minute * 60 + second)?
+        .checked_mul(NS_PER_SEC)?
+        .checked_add(nanos)
 }
 
 #[cfg(test)]
@@ -157,6 +164,17 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(parse("yesterday"), None);
         assert_eq!(parse("2024-13-01T00:00:00Z"), None);
+    }
+
+    #[test]
+    fn times_past_u64_nanoseconds_are_refused_not_wrapped() {
+        let last = u64::MAX;
+        assert_eq!(rfc3339(last), "2554-07-21T23:34:33.709Z");
+        assert_eq!(parse("2554-07-21T23:34:33.709551615Z"), Some(last));
+        assert_eq!(parse("2554-07-21T23:34:33.709551616Z"), None);
+        assert_eq!(parse("2554-07-22T00:00:00Z"), None);
+        assert_eq!(parse("9999-12-31T23:59:59Z"), None);
+        assert_eq!(parse("18446744073709551616"), None);
     }
 
     #[test]

@@ -273,3 +273,31 @@ fn listen_address_that_cannot_be_bound() {
         assert_empty(dir.path());
     }
 }
+
+#[test]
+fn an_empty_token_is_an_error_not_an_open_door() {
+    // A secret that failed to render: the variable is set, but empty.
+    let cases: [(&str, &[&str]); 3] = [
+        ("LIGHTSWITCH_LISTEN_TOKEN", &["--listen", "0.0.0.0:0"]),
+        (
+            "LIGHTSWITCH_TOKEN",
+            &["--sender", "remote", "--profile-interval", "1"],
+        ),
+        ("LIGHTSWITCH_COLLECTOR_TOKEN", &[]),
+    ];
+    for (variable, extra) in cases {
+        let dir = tempdir();
+        let mut cmd = Command::new(BIN);
+        cmd.env(variable, "");
+        if variable == "LIGHTSWITCH_COLLECTOR_TOKEN" {
+            let storage = dir.path().join("store");
+            cmd.args(["collector", "--listen", "127.0.0.1:0", "--storage"])
+                .arg(&storage);
+        } else {
+            cmd.args(args_with(dir.path(), extra));
+        }
+        let out = run_command(cmd, TIMEOUT);
+        out.assert_error(&[variable, "set but empty"]);
+        assert_empty(dir.path());
+    }
+}

@@ -50,7 +50,13 @@ pub fn decode_body(
     max_raw_bytes: usize,
 ) -> Result<(proto::Profile, Vec<u8>), BodyError> {
     let raw = if is_gzip(body) {
-        let mut raw = Vec::new();
+        // Sized once from the gzip trailer's ISIZE (the decoded size mod
+        // 2^32, a hint only), capped by the limit: no reallocation copies
+        // for an honest body, and a bomb's buffer stops at the limit.
+        let hint = body
+            .last_chunk::<4>()
+            .map_or(0, |isize| u32::from_le_bytes(*isize) as usize);
+        let mut raw = Vec::with_capacity(hint.min(max_raw_bytes.saturating_add(1)));
         let limit = max_raw_bytes as u64 + 1;
         GzDecoder::new(body)
             .take(limit)

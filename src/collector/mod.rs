@@ -14,17 +14,36 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
+use crate::httpd::serve::{serve, ConnectionLimits, ConnectionStats};
+use crate::httpd::server_token;
+
+/// Most stored profiles one `GET /v1/profiles/merged` may cover, by default.
+pub const DEFAULT_MAX_MERGE_PROFILES: usize = 20_000;
+
+/// Largest size a request body may decompress to by default, bytes.
+pub const DEFAULT_MAX_DECODED_BYTES: usize = 64 * 1024 * 1024;
+
 /// How the collector runs (from `lightswitch collector`'s flags).
 #[derive(Clone)]
 pub struct CollectorConfig {
     /// `HOST:PORT` to listen on (port 0 picks a free one; the address is printed).
     pub listen: String,
-    /// Storage directory.
+    /// Storage directory (created 0700; profiles are stored 0600).
     pub storage: PathBuf,
-    /// Bearer token every request must carry, if set.
+    /// Bearer token every request must carry, if set (`--token` /
+    /// `LIGHTSWITCH_COLLECTOR_TOKEN`; set but empty is an error at start).
     pub token: Option<String>,
     /// Largest accepted request body, bytes.
     pub max_body_bytes: usize,
+    /// Largest size a body may decompress to, bytes.
+    pub max_decoded_bytes: usize,
+    /// Request bodies read and decoded at once (the rest wait).
+    pub max_concurrent_ingests: usize,
+    /// Most stored profiles one merge request may cover.
+    pub max_merge_profiles: usize,
+    /// Connections served at once (at most a quarter of the open-file
+    /// limit; see [`crate::httpd::serve`]).
+    pub max_connections: usize,
 }
 
 impl std::fmt::Debug for CollectorConfig {
@@ -34,32 +53,58 @@ impl std::fmt::Debug for CollectorConfig {
             .field("storage", &self.storage)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_decoded_bytes", &self.max_decoded_bytes)
+            .field("max_concurrent_ingests", &self.max_concurrent_ingests)
+            .field("max_merge_profiles", &self.max_merge_profiles)
+            .field("max_connections", &self.max_connections)
             .finish()
     }
 }
 
-/// Run the collector until the process is stopped. Prints
-/// `collector listening on http://ADDR, storing in DIR` on stdout once it
-/// accepts connections. Errors: the storage directory cannot be created,
-/// or the address cannot be bound.
-pub fn run(config: &CollectorConfig) -> Result<()> {
-    if config.max_body_bytes == 0 {
-        anyhow::bail!("--max-body-bytes must be at least 1");
+impl CollectorConfig {
+    fn check(&self) -> Result<()> {
+        for (flag, value) in [
+            ("--max-body-bytes", self.max_body_bytes),
+            ("--max-decoded-bytes", self.max_decoded_bytes),
+            ("--max-concurrent-ingests", self.max_concurrent_ingests),
+            ("--max-merge-profiles", self.max_merge_profiles),
+            ("--max-connections", self.max_connections),
+        ] {
+            if value == 0 {
+                anyhow::bail!("{flag} must be at least 1");
+            }
+        }
+        if self.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            // Before anything is created; server_token says it again after binding.
+            server_token(
+                self.token.as_deref(),
+                TOKEN_NAMES,
+                ([127, 0, 0, 1], 0).into(),
+            )?;
+        }
+        Ok(())
     }
-    let storage = storage::Storage::open(&config.storage)?;
-    let state = server::AppState {
-        storage: Arc::new(storage),
-        token: config
-            .token
-            .as_deref()
-            .filter(|t| !t.is_empty())
-            .map(Arc::from),
-        max_body_bytes: config.max_body_bytes,
-    };
+}
+
+/// The collector token's flag and variable, for messages.
+const TOKEN_NAMES: &str = "--token / LIGHTSWITCH_COLLECTOR_TOKEN";
+
+/// Run the collector until SIGINT or SIGTERM. Prints `collector listening
+/// on http://ADDR, storing in DIR` on stdout once it accepts connections,
+/// and `collector stopped` when a signal has stopped it (after requests in
+/// progress finished). Errors: a bad limit or an empty token, the storage
+/// directory cannot be created, or the address cannot be bound.
+pub fn run(config: &CollectorConfig) -> Result<()> {
+    config.check()?;
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let notify = stop.clone();
+    // Installed over an inherited SIG_IGN (a background job's SIGINT).
+    ctrlc::set_handler(move || notify.notify_one()).context("installing signal handlers")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("lsw-collector")
         .enable_io()
+        .enable_time()
         .build()
         .context("starting the collector's runtime")?;
     runtime.block_on(async {
@@ -67,16 +112,39 @@ pub fn run(config: &CollectorConfig) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
         let address = listener.local_addr().context("reading the bound address")?;
-        let mut stdout = std::io::stdout().lock();
-        let _ = writeln!(
-            stdout,
+        let state = server::AppState {
+            token: server_token(config.token.as_deref(), TOKEN_NAMES, address)?,
+            storage: Arc::new(storage::Storage::open(&config.storage)?),
+            max_body_bytes: config.max_body_bytes,
+            max_decoded_bytes: config.max_decoded_bytes,
+            ingests: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_ingests)),
+            max_merge_profiles: config.max_merge_profiles,
+        };
+        say(&format!(
             "collector listening on http://{address}, storing in {}",
             config.storage.display()
-        );
-        let _ = stdout.flush();
-        drop(stdout);
-        axum::serve(listener, server::router(state))
-            .await
-            .context("serving HTTP")
+        ));
+        let limits = ConnectionLimits {
+            max_connections: config.max_connections,
+            ..ConnectionLimits::default()
+        };
+        let stats = Arc::new(ConnectionStats::default());
+        serve(
+            listener,
+            server::router(state),
+            limits,
+            stats,
+            stop.notified(),
+        )
+        .await;
+        say("collector stopped");
+        Ok(())
     })
+}
+
+/// A line on stdout, flushed (scripts wait for it).
+fn say(line: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}");
+    let _ = stdout.flush();
 }

@@ -6,25 +6,39 @@
 //!   RFC 3339), else from the profile's `time_nanos`/`duration_nanos`, else
 //!   the time of receipt. 200 with a JSON description of what was stored;
 //!   400 with a message if the body is not a valid pprof profile; 413 if it
-//!   is over `--max-body-bytes` (or decompresses to more than 64 times that).
+//!   is over `--max-body-bytes` or decompresses to more than
+//!   `--max-decoded-bytes` (decompression is streamed and stops there). At
+//!   most `--max-concurrent-ingests` bodies are read and decoded at once;
+//!   others wait, and a request not done within [`INGEST_TIMEOUT`] gets 408.
 //! - `GET /v1/profiles?host=&from=&to=`: JSON list of stored profiles whose
 //!   window overlaps `[from, to)`, oldest first.
 //! - `GET /v1/profiles/merged?from=&to=&host=&format=pprof|flame-graph|folded`:
 //!   those profiles merged into one ([`super::merge`]); pprof is gzip'd.
-//!   404 if no profile matches.
+//!   Stored profiles are read and merged one at a time, so memory holds
+//!   the merged result and one input. 404 if no profile matches; 413 if
+//!   more than `--max-merge-profiles` match (the message says how many).
+//!   Headers `X-Lightswitch-Merged-Profiles` and
+//!   `X-Lightswitch-Skipped-Profiles` (unreadable files) say what went in.
+//!
+//! Times (headers and `from`/`to`) outside what u64 nanoseconds hold
+//! (after 2554-07-21) are refused with 400 naming the value.
 //!
 //! With a token configured, every request needs `Authorization: Bearer
 //! TOKEN` (401 otherwise, checked before the body is read).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
+use axum::handler::Handler;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use tokio::sync::Semaphore;
+use tower_http::timeout::TimeoutLayer;
 use tracing::{info, warn};
 
 use super::merge::{self, BodyError};
@@ -35,28 +49,55 @@ use crate::httpd::{blocking, check_bearer, text};
 use crate::sender::remote::{HOST_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
 use crate::timefmt;
 
-/// How much a gzip'd body may expand, relative to the body size limit.
-pub const MAX_EXPANSION: usize = 64;
+/// Longest a `POST /v1/profiles` may take, waiting for its turn and
+/// reading its body included (a slow client is answered 408 and dropped).
+pub const INGEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What every handler shares.
 #[derive(Clone)]
 pub struct AppState {
     /// Where profiles go.
     pub storage: Arc<Storage>,
-    /// Required bearer token, if any.
+    /// Required bearer token, if any (never empty: see
+    /// [`crate::httpd::server_token`]).
     pub token: Option<Arc<str>>,
     /// Largest accepted body, bytes.
     pub max_body_bytes: usize,
+    /// Largest size a body may decompress to, bytes (also the bound when
+    /// stored profiles are read back for a merge).
+    pub max_decoded_bytes: usize,
+    /// Bodies read and decoded at once: one permit per ingest in progress.
+    pub ingests: Arc<Semaphore>,
+    /// Most stored profiles one merge request may cover.
+    pub max_merge_profiles: usize,
 }
 
-/// The collector's routes with body limit and authentication.
+/// The collector's routes with body limits, the ingest limit and timeout,
+/// and authentication.
 pub fn router(state: AppState) -> Router {
+    let ingest_limits = (
+        TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, INGEST_TIMEOUT),
+        middleware::from_fn_with_state(state.clone(), one_of_few_ingests),
+    );
     Router::new()
-        .route("/v1/profiles", get(list).post(ingest))
+        .route("/v1/profiles", get(list).post(ingest.layer(ingest_limits)))
         .route("/v1/profiles/merged", get(merged))
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
+}
+
+/// Let a body be read and decoded only while fewer than
+/// `--max-concurrent-ingests` others are (the rest wait their turn).
+async fn one_of_few_ingests(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Ok(_permit) = state.ingests.acquire().await else {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "the collector is stopping");
+    };
+    next.run(request).await
 }
 
 fn json(status: StatusCode, body: String) -> Response {
@@ -87,13 +128,17 @@ fn query_value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> 
         .filter(|v| !v.is_empty())
 }
 
+/// The times a header or query parameter may give, for error messages.
+const TIME_FORMS: &str = "expected ns since the Unix epoch or an RFC 3339 UTC time, \
+     1970-01-01T00:00:00Z to 2554-07-21T23:34:33Z";
+
 /// A time query parameter; errors are the 400 message.
 fn time_param(pairs: &[(String, String)], key: &str) -> Result<Option<u64>, String> {
     match query_value(pairs, key) {
         None => Ok(None),
-        Some(v) => timefmt::parse(v).map(Some).ok_or_else(|| {
-            format!("{key}={v:?} is neither ns since the Unix epoch nor an RFC 3339 UTC time")
-        }),
+        Some(v) => timefmt::parse(v)
+            .map(Some)
+            .ok_or_else(|| format!("{key}={v:?} is not a time ({TIME_FORMS})")),
     }
 }
 
@@ -143,7 +188,12 @@ fn header_time(headers: &HeaderMap, name: &str) -> Result<Option<u64>, String> {
         .ok()
         .and_then(timefmt::parse)
         .map(Some)
-        .ok_or_else(|| format!("header {name} is not a time"))
+        .ok_or_else(|| {
+            format!(
+                "header {name}: {:?} is not a time ({TIME_FORMS})",
+                String::from_utf8_lossy(value.as_bytes())
+            )
+        })
 }
 
 fn ingest_blocking(
@@ -152,11 +202,15 @@ fn ingest_blocking(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response {
-    let max_raw = state.max_body_bytes.saturating_mul(MAX_EXPANSION);
-    let (profile, raw) = match merge::decode_body(body, max_raw) {
+    let (profile, raw) = match merge::decode_body(body, state.max_decoded_bytes) {
         Ok(decoded) => decoded,
         Err(BodyError::Malformed(message)) => return text(StatusCode::BAD_REQUEST, message),
-        Err(BodyError::TooLarge(message)) => return text(StatusCode::PAYLOAD_TOO_LARGE, message),
+        Err(BodyError::TooLarge(message)) => {
+            return text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("{message} (--max-decoded-bytes)"),
+            )
+        }
     };
     let pairs = query_pairs(query.as_deref());
     let host = headers
@@ -178,7 +232,7 @@ fn ingest_blocking(
             });
             (
                 start,
-                e.unwrap_or(start + profile.duration_nanos.max(0) as u64),
+                e.unwrap_or(start.saturating_add(profile.duration_nanos.max(0) as u64)),
             )
         }
     };
@@ -274,23 +328,53 @@ fn merged_blocking(state: &AppState, query: Option<String>) -> Response {
             "no stored profile matches host/from/to",
         );
     }
-    let max_raw = state.max_body_bytes.saturating_mul(MAX_EXPANSION);
-    let mut profiles = Vec::with_capacity(stored.len());
-    for p in &stored {
+    if stored.len() > state.max_merge_profiles {
+        return text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "{} stored profiles match, more than the {} one merge may cover \
+                 (--max-merge-profiles): narrow from/to or host",
+                stored.len(),
+                state.max_merge_profiles
+            ),
+        );
+    }
+    let (merged, skipped) = merge_stored(state, &stored);
+    encode_merged(&merged, format, skipped)
+}
+
+/// Merge `stored` reading one file at a time: memory holds the merged
+/// result and one input, however many inputs there are. Returns the merge
+/// and the number of files skipped because they could not be read or
+/// decoded (logged).
+fn merge_stored(state: &AppState, stored: &[StoredProfile]) -> (merge::Merged, usize) {
+    let mut skipped = 0;
+    let inputs = stored.iter().filter_map(|p| {
         let decoded = state
             .storage
             .read(p)
             .map_err(|e| format!("{e:#}"))
-            .and_then(|bytes| merge::decode_body(&bytes, max_raw).map_err(|e| format!("{e:?}")));
+            .and_then(|bytes| {
+                merge::decode_body(&bytes, state.max_decoded_bytes).map_err(|e| format!("{e:?}"))
+            });
         match decoded {
-            Ok((proto, _)) => profiles.push(merge::profile_from_pprof(&proto)),
-            Err(e) => warn!("skipping {}: {e}", p.path.display()),
+            Ok((proto, _)) => Some(merge::profile_from_pprof(&proto)),
+            Err(e) => {
+                warn!("skipping {}: {e}", p.path.display());
+                skipped += 1;
+                None
+            }
         }
-    }
-    let merged = merge::merge(profiles);
+    });
+    let merged = merge::merge(inputs);
     if merged.mixed_frequencies {
         warn!("merged profiles with different sampling frequencies; cpu time uses the first's");
     }
+    (merged, skipped)
+}
+
+/// The answer to a merge: `merged` encoded as `format`.
+fn encode_merged(merged: &merge::Merged, format: ProfileFormat, skipped: usize) -> Response {
     let content_type = match format {
         ProfileFormat::Pprof => "application/vnd.google.protobuf",
         ProfileFormat::FlameGraph => "image/svg+xml",
@@ -305,6 +389,7 @@ fn merged_blocking(state: &AppState, query: Option<String>) -> Response {
             .status(StatusCode::OK)
             .header(header::CONTENT_TYPE, content_type)
             .header("X-Lightswitch-Merged-Profiles", merged.inputs.to_string())
+            .header("X-Lightswitch-Skipped-Profiles", skipped.to_string())
             .body(Body::from(bytes))
             .unwrap_or_else(|e| text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
         Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")),

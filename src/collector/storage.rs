@@ -6,14 +6,18 @@
 //!
 //! Writes are durable: a temporary file in the destination directory,
 //! fsync, rename, fsync of the directory (and of directories created on
-//! the way). The names carry everything a listing needs, so listing reads
+//! the way). Directories are created 0700 and files 0600 (less the umask):
+//! profiles name every sampled process and hold kernel addresses. The names carry everything a listing needs, so listing reads
 //! directories only. Temporary files start with `.` and are never listed.
 
 use std::fs::{self, File};
 use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+
+use crate::sender::disk::PROFILE_MODE;
 
 const SUFFIX: &str = ".pb.gz";
 
@@ -85,6 +89,13 @@ pub struct Storage {
     root: PathBuf,
 }
 
+/// A builder of directories only their owner may enter (0700 less the umask).
+fn private_dir() -> fs::DirBuilder {
+    let mut builder = fs::DirBuilder::new();
+    builder.mode(0o700);
+    builder
+}
+
 fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -102,7 +113,7 @@ fn create_dirs(root: &Path, dir: &Path) -> Result<()> {
             create_dirs(root, parent)?;
         }
     }
-    match fs::create_dir(dir) {
+    match private_dir().create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
         Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
@@ -125,7 +136,10 @@ fn parse_name(name: &str) -> Option<(u64, u64)> {
 impl Storage {
     /// Use (and create if missing) `root`. Errors if it cannot be created.
     pub fn open(root: &Path) -> Result<Self> {
-        fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+        private_dir()
+            .recursive(true)
+            .create(root)
+            .with_context(|| format!("creating {}", root.display()))?;
         Ok(Storage {
             root: root.to_path_buf(),
         })
@@ -156,6 +170,7 @@ impl Storage {
         let path = dir.join(&name);
         let mut tmp = tempfile::Builder::new()
             .prefix(".tmp-")
+            .permissions(fs::Permissions::from_mode(PROFILE_MODE))
             .tempfile_in(&dir)
             .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
         tmp.write_all(gzipped)
@@ -165,7 +180,6 @@ impl Storage {
             .with_context(|| format!("syncing {}", path.display()))?;
         tmp.persist(&path)
             .with_context(|| format!("renaming into {}", path.display()))?;
-        let _ = fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644));
         sync_dir(&dir)?;
         Ok(StoredProfile {
             host,
@@ -257,6 +271,11 @@ mod tests {
             .path
             .starts_with(dir.path().join("store/web-1/2024-05-01")));
         assert_eq!(storage.read(&a).unwrap(), b"a");
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        // Private whatever the umask (0022 or 0077 here) allows.
+        assert_eq!(mode(&a.path), 0o600);
+        assert_eq!(mode(&dir.path().join("store")), 0o700);
+        assert_eq!(mode(&dir.path().join("store/web-1/2024-05-01")), 0o700);
         let all = storage.list(&Filter::default()).unwrap();
         assert_eq!(all.len(), 3);
         assert_eq!(all[0].start_unix_ns, t);

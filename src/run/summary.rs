@@ -54,7 +54,11 @@ impl std::fmt::Display for RunSummary {
             write!(
                 f,
                 "{} windows {verb} {}: {} samples, {} processes, {} samples lost",
-                c.windows, c.report.sender.destination, self.samples, self.processes, self.lost
+                c.report.windows_sent,
+                c.report.sender.destination,
+                self.samples,
+                self.processes,
+                self.lost
             )?;
             write!(
                 f,

@@ -9,6 +9,7 @@
 
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -19,7 +20,16 @@ use super::{Sender, SenderReport};
 use crate::cli::{Compression, ProfileFormat};
 use crate::profile::Profile;
 
-/// Write `bytes` to `path` atomically. Errors name the path.
+/// Mode of the profiles lightswitch writes (and the collector stores),
+/// before the caller's umask: readable by the owner only, as perf writes
+/// `perf.data`. A profile names every sampled process and command and
+/// holds raw kernel addresses, which would defeat KASLR where
+/// `kernel.kptr_restrict` hides them from other users.
+pub const PROFILE_MODE: u32 = 0o600;
+
+/// Write `bytes` to `path` atomically, as a new file of mode
+/// [`PROFILE_MODE`] less the umask (replacing a file keeps no old mode).
+/// Errors name the path.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
         .parent()
@@ -28,7 +38,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     // The directory may have gone since the run started: make it again
     // rather than lose the profile.
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+    let mut tmp = tempfile::Builder::new()
+        .permissions(fs::Permissions::from_mode(PROFILE_MODE))
+        .tempfile_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
     tmp.write_all(bytes)
         .with_context(|| format!("writing {}", path.display()))?;
@@ -37,8 +49,6 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .with_context(|| format!("syncing {}", path.display()))?;
     tmp.persist(path)
         .with_context(|| format!("renaming into {}", path.display()))?;
-    // NamedTempFile creates 0600 files; a profile is as readable as any new file.
-    let _ = fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o644));
     Ok(())
 }
 
@@ -185,6 +195,25 @@ mod tests {
         write_atomic(&path, b"two").unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"two");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn profiles_are_private_whatever_the_umask_allows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.pb");
+        // SAFETY: umask only swaps the process's file-mode mask.
+        let old = unsafe { libc::umask(0o022) };
+        let written = write_atomic(&path, b"x");
+        let mode = fs::metadata(&path).map(|m| m.permissions().mode() & 0o777);
+        // A stricter umask makes it stricter still.
+        unsafe { libc::umask(0o277) };
+        let strict = write_atomic(&path, b"y");
+        let strict_mode = fs::metadata(&path).map(|m| m.permissions().mode() & 0o777);
+        unsafe { libc::umask(old) };
+        written.unwrap();
+        strict.unwrap();
+        assert_eq!(mode.unwrap(), 0o600);
+        assert_eq!(strict_mode.unwrap(), 0o400);
     }
 
     #[test]

@@ -91,10 +91,16 @@ impl HttpConfig {
         if cli.send_queue_bytes == 0 {
             anyhow::bail!("--send-queue-bytes must be at least 1");
         }
+        if cli.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            anyhow::bail!(
+                "--token / LIGHTSWITCH_TOKEN is set but empty: give a token, or unset it \
+                 to send without one"
+            );
+        }
         Ok(HttpConfig {
             url,
             basic,
-            token: cli.token.clone().filter(|t| !t.is_empty()),
+            token: cli.token.clone(),
             timeout: crate::preflight::seconds("--send-timeout", cli.send_timeout)?,
             queue_bytes: cli.send_queue_bytes,
             backoff: Backoff::default(),

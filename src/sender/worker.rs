@@ -50,8 +50,51 @@ pub struct WorkerReport {
     /// Samples with a user frame whose mapping had been retired before the
     /// window was handed over (the frame is left unsymbolized).
     pub samples_missing_mapping: u64,
+    /// The first of the failed windows' errors, as logged.
+    pub first_error: Option<String>,
     /// The sender's own report.
     pub sender: SenderReport,
+}
+
+impl WorkerReport {
+    /// Why the run did not deliver everything it closed, or `None` if it
+    /// did: windows that failed to be written or sent (naming the first
+    /// error), windows dropped because symbolization fell behind, and
+    /// profiles a network sender dropped or the server refused.
+    pub fn failure(&self) -> Option<String> {
+        let mut lost = Vec::new();
+        if self.windows_failed > 0 {
+            lost.push(format!(
+                "{} windows failed (first: {})",
+                self.windows_failed,
+                self.first_error.as_deref().unwrap_or("unknown")
+            ));
+        }
+        if self.windows_panicked > 0 {
+            lost.push(format!(
+                "{} windows dropped because processing them panicked (logged)",
+                self.windows_panicked
+            ));
+        }
+        if self.windows_dropped > 0 {
+            lost.push(format!(
+                "{} windows dropped (symbolization fell behind)",
+                self.windows_dropped
+            ));
+        }
+        if let Some(d) = self.sender.delivery.as_ref() {
+            if d.dropped + d.rejected > 0 {
+                lost.push(format!(
+                    "{} profiles not delivered to {} (dropped={} rejected={})",
+                    d.dropped + d.rejected,
+                    self.sender.destination,
+                    d.dropped,
+                    d.rejected
+                ));
+            }
+        }
+        (!lost.is_empty()).then(|| lost.join("; "))
+    }
 }
 
 /// Handle to the worker thread.
@@ -172,7 +215,9 @@ fn run(rx: Receiver<Message>, mut sender: Box<dyn Sender>, metrics: &Metrics) ->
                     Some(Err(err)) => {
                         report.windows_failed += 1;
                         metrics.window_failed();
-                        warn!("window {index}: {err:#}");
+                        let message = format!("window {index}: {err:#}");
+                        warn!("{message}");
+                        report.first_error.get_or_insert(message);
                     }
                     None => {
                         // Its caches may be half updated: start afresh.

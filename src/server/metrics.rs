@@ -7,6 +7,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::httpd::serve::ConnectionStats;
 use crate::sample::UnwindStatus;
 use crate::sender::queue::Queue;
 
@@ -29,6 +30,7 @@ pub struct Metrics {
     profile_requests: Mutex<HashMap<&'static str, u64>>,
     profile_requests_active: AtomicU64,
     delivery: OnceLock<Arc<Queue>>,
+    connections: Arc<ConnectionStats>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -118,6 +120,11 @@ impl Metrics {
         &self.profile_requests_active
     }
 
+    /// The `--listen` server's connection counters (its accept loop adds to them).
+    pub fn connections(&self) -> Arc<ConnectionStats> {
+        self.connections.clone()
+    }
+
     /// The metrics in Prometheus text format; `rss_bytes` is the process's
     /// resident memory, read by the caller.
     pub fn render(&self, rss_bytes: Option<u64>) -> String {
@@ -200,6 +207,19 @@ impl Metrics {
             "Samples with a user frame whose mapping had been retired before its window was \
              handed over (the frame is left unsymbolized).",
             &[("", get(&self.samples_missing_mapping))],
+        );
+        let c = &self.connections;
+        family(
+            &mut out,
+            "lightswitch_http_connections_total",
+            "counter",
+            "HTTP API: connections served, closed because --listen-max-connections \
+             were open, and failed accept() calls (e.g. out of file descriptors).",
+            &[
+                ("outcome=\"accepted\"", get(&c.accepted)),
+                ("outcome=\"refused\"", get(&c.refused)),
+                ("outcome=\"accept_error\"", get(&c.accept_errors)),
+            ],
         );
         if let Some(queue) = self.delivery.get() {
             let d = queue.stats();

@@ -22,6 +22,8 @@ use anyhow::{Context, Result};
 use tokio::sync::oneshot;
 use tracing::warn;
 
+use crate::httpd::serve::{serve, ConnectionLimits};
+use crate::httpd::server_token;
 use metrics::Metrics;
 use ondemand::ProfileRequest;
 
@@ -33,8 +35,13 @@ pub const DEFAULT_SECONDS: f64 = 30.0;
 pub struct ServerConfig {
     /// `HOST:PORT`, `:PORT` or `PORT` (the last two bind 127.0.0.1).
     pub listen: String,
-    /// Bearer token required on every endpoint but `/healthz`, if set.
+    /// Bearer token required on every endpoint but `/healthz`, if set
+    /// (`--listen-token` / `LIGHTSWITCH_LISTEN_TOKEN`; set but empty is an
+    /// error at start).
     pub token: Option<String>,
+    /// Connections served at once (at most a quarter of the open-file
+    /// limit; see [`crate::httpd::serve`]).
+    pub max_connections: usize,
     /// Longest on-demand profile, seconds.
     pub max_seconds: u64,
     /// On-demand profile requests in progress at once (429 beyond).
@@ -54,6 +61,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("max_seconds", &self.max_seconds)
             .field("max_requests", &self.max_requests)
+            .field("max_connections", &self.max_connections)
             .field("pids", &self.pids)
             .field("max_sample_freq_hz", &self.max_sample_freq_hz)
             .finish()
@@ -79,9 +87,11 @@ pub struct Server {
 }
 
 impl Server {
-    /// Bind `config.listen` and serve on a thread of its own. Profile
-    /// requests are sent to the sampling loop over `requests`. Errors: the
-    /// address cannot be bound, or a bad limit.
+    /// Bind `config.listen` and serve on a thread of its own
+    /// ([`crate::httpd::serve`]: accept errors survived, connections and
+    /// header time limited). Profile requests are sent to the sampling loop
+    /// over `requests`. Errors: the address cannot be bound, a bad limit,
+    /// or a token that is set but empty.
     pub fn start(
         config: &ServerConfig,
         requests: Sender<ProfileRequest>,
@@ -93,6 +103,9 @@ impl Server {
         if config.max_requests == 0 {
             anyhow::bail!("--listen-max-requests must be at least 1");
         }
+        if config.max_connections == 0 {
+            anyhow::bail!("--listen-max-connections must be at least 1");
+        }
         let address = bind_address(&config.listen);
         let listener =
             TcpListener::bind(&address).with_context(|| format!("cannot listen on {address}"))?;
@@ -100,11 +113,22 @@ impl Server {
             .set_nonblocking(true)
             .context("making the listening socket non-blocking")?;
         let bound = listener.local_addr().context("reading the bound address")?;
-        let state = routes::AppState::new(config, requests, metrics);
+        let token = server_token(
+            config.token.as_deref(),
+            "--listen-token / LIGHTSWITCH_LISTEN_TOKEN",
+            bound,
+        )?;
+        let limits = ConnectionLimits {
+            max_connections: config.max_connections,
+            ..ConnectionLimits::default()
+        };
+        let stats = metrics.connections();
+        let state = routes::AppState::new(config, token, requests, metrics);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("lsw-http")
             .enable_io()
+            .enable_time()
             .build()
             .context("starting the HTTP server's runtime")?;
         let (shutdown, stopped) = oneshot::channel::<()>();
@@ -113,11 +137,11 @@ impl Server {
             .spawn(move || {
                 let served = runtime.block_on(async move {
                     let listener = tokio::net::TcpListener::from_std(listener)?;
-                    axum::serve(listener, routes::router(state))
-                        .with_graceful_shutdown(async move {
-                            let _ = stopped.await;
-                        })
-                        .await
+                    let stopped = async move {
+                        let _ = stopped.await;
+                    };
+                    serve(listener, routes::router(state), limits, stats, stopped).await;
+                    std::io::Result::Ok(())
                 });
                 if let Err(err) = served {
                     warn!("the HTTP server stopped: {err}");

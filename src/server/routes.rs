@@ -49,19 +49,17 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// The state of a server configured by `config`, handing profile
+    /// The state of a server configured by `config`, requiring `token`
+    /// (already checked: [`crate::httpd::server_token`]), handing profile
     /// requests to `requests` and exporting `metrics`.
     pub fn new(
         config: &ServerConfig,
+        token: Option<Arc<str>>,
         requests: Sender<ProfileRequest>,
         metrics: Arc<Metrics>,
     ) -> Self {
         AppState {
-            token: config
-                .token
-                .as_deref()
-                .filter(|t| !t.is_empty())
-                .map(Arc::from),
+            token,
             requests: Arc::new(Mutex::new(requests)),
             metrics,
             max_seconds: config.max_seconds,
@@ -417,9 +415,11 @@ mod tests {
                 token: None,
                 max_seconds: 60,
                 max_requests: 2,
+                max_connections: 8,
                 pids,
                 max_sample_freq_hz: 1000,
             },
+            None,
             tx,
             Arc::new(Metrics::default()),
         )

@@ -1,6 +1,12 @@
 //! Pieces shared by lightswitch's two HTTP servers (axum): the on-demand
 //! endpoints of `--listen` (`src/server/`) and the collector
-//! (`src/collector/`).
+//! (`src/collector/`): the accept loop with its limits ([`serve`]),
+//! bearer tokens, and plain-text and blocking responses.
+
+pub mod serve;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
 
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -27,6 +33,34 @@ pub async fn blocking(f: impl FnOnce() -> Response + Send + 'static) -> Response
             format!("internal error: {e}"),
         )
     })
+}
+
+/// The bearer token a server listening on `address` requires, from the
+/// flag or environment variable that `names` names (for messages, e.g.
+/// `--listen-token / LIGHTSWITCH_LISTEN_TOKEN`). A token that is set but
+/// empty (or only white space: a secret that failed to render) is an
+/// error, never "no authentication"; no token on an address other than
+/// loopback is allowed with a warning.
+pub fn server_token(
+    token: Option<&str>,
+    names: &str,
+    address: SocketAddr,
+) -> anyhow::Result<Option<Arc<str>>> {
+    match token {
+        Some(t) if t.trim().is_empty() => anyhow::bail!(
+            "{names} is set but empty: give a token, or unset it to serve without authentication"
+        ),
+        Some(t) => Ok(Some(Arc::from(t))),
+        None => {
+            if !address.ip().is_loopback() {
+                tracing::warn!(
+                    "listening on {address} without a token ({names}): anyone who can reach \
+                     this address can use the API"
+                );
+            }
+            Ok(None)
+        }
+    }
 }
 
 /// Compare without an early exit, so timing does not reveal the token.
@@ -80,5 +114,17 @@ mod tests {
         assert!(check_bearer(&with("Basic s3cret"), "s3cret").is_some());
         assert!(check_bearer(&with("bearer s3cret"), "s3cret").is_none());
         assert!(same(b"abc", b"abc") && !same(b"abc", b"abd") && !same(b"abc", b"ab"));
+    }
+
+    #[test]
+    fn an_empty_token_is_an_error_not_no_authentication() {
+        let any: SocketAddr = "0.0.0.0:80".parse().unwrap();
+        for empty in ["", " ", "\n"] {
+            let err = server_token(Some(empty), "--token / TOKEN_VAR", any).unwrap_err();
+            assert!(err.to_string().contains("TOKEN_VAR"), "{err}");
+        }
+        let token = server_token(Some("s3cret"), "--token", any).unwrap();
+        assert_eq!(token.as_deref(), Some("s3cret"));
+        assert!(server_token(None, "--token", any).unwrap().is_none());
     }
 }
