@@ -418,7 +418,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         .collect::<Result<Vec<_>>>()
         .context("no profile was written")?;
     for (output, bytes) in encoded {
-        disk::write_atomic(output, &bytes)?;
+        disk::write_atomic(output, &bytes, cli.profile_mode)?;
     }
 
     Ok(RunSummary {

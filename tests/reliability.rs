@@ -506,6 +506,25 @@ fn profiles_and_collector_storage_are_private_under_a_lax_umask() {
     common::run_command(cmd, Duration::from_secs(60)).assert_success();
     assert_eq!(mode(&dir.path().join("profile.pb")), 0o600);
     assert_eq!(mode(&dir.path().join("folded.txt")), 0o600);
+    // Loosened on purpose.
+    let loose = dir.path().join("loose");
+    let out = common::run(
+        &[
+            "--duration",
+            "0.5",
+            "--profile-format",
+            "folded",
+            "--profile-mode",
+            "640",
+            "--unwind-cache-dir",
+            "none",
+            "--profile-path",
+            common::s(&loose),
+        ],
+        Duration::from_secs(60),
+    );
+    out.assert_success();
+    assert_eq!(mode(&loose.join("folded.txt")) & 0o770, 0o640 & 0o770);
 
     let store = dir.path().join("store");
     let mut cmd = Command::new(BIN);

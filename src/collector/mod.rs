@@ -28,8 +28,12 @@ pub const DEFAULT_MAX_DECODED_BYTES: usize = 64 * 1024 * 1024;
 pub struct CollectorConfig {
     /// `HOST:PORT` to listen on (port 0 picks a free one; the address is printed).
     pub listen: String,
-    /// Storage directory (created 0700; profiles are stored 0600).
+    /// Storage directory.
     pub storage: PathBuf,
+    /// Mode of stored profiles before the umask (default
+    /// [`crate::sender::disk::PROFILE_MODE`]); directories get the matching
+    /// search bits.
+    pub profile_mode: u32,
     /// Bearer token every request must carry, if set (`--token` /
     /// `LIGHTSWITCH_COLLECTOR_TOKEN`; set but empty is an error at start).
     pub token: Option<String>,
@@ -51,6 +55,7 @@ impl std::fmt::Debug for CollectorConfig {
         f.debug_struct("CollectorConfig")
             .field("listen", &self.listen)
             .field("storage", &self.storage)
+            .field("profile_mode", &format_args!("{:o}", self.profile_mode))
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_decoded_bytes", &self.max_decoded_bytes)
@@ -114,7 +119,10 @@ pub fn run(config: &CollectorConfig) -> Result<()> {
         let address = listener.local_addr().context("reading the bound address")?;
         let state = server::AppState {
             token: server_token(config.token.as_deref(), TOKEN_NAMES, address)?,
-            storage: Arc::new(storage::Storage::open(&config.storage)?),
+            storage: Arc::new(storage::Storage::open(
+                &config.storage,
+                config.profile_mode,
+            )?),
             max_body_bytes: config.max_body_bytes,
             max_decoded_bytes: config.max_decoded_bytes,
             ingests: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_ingests)),

@@ -6,8 +6,9 @@
 //!
 //! Writes are durable: a temporary file in the destination directory,
 //! fsync, rename, fsync of the directory (and of directories created on
-//! the way). Directories are created 0700 and files 0600 (less the umask):
-//! profiles name every sampled process and hold kernel addresses. The names carry everything a listing needs, so listing reads
+//! the way). Files are created 0600 and directories 0700 by default (less
+//! the umask; `--profile-mode` loosens both): profiles name every sampled
+//! process and hold kernel addresses. The names carry everything a listing needs, so listing reads
 //! directories only. Temporary files start with `.` and are never listed.
 
 use std::fs::{self, File};
@@ -16,8 +17,6 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-
-use crate::sender::disk::PROFILE_MODE;
 
 const SUFFIX: &str = ".pb.gz";
 
@@ -87,12 +86,15 @@ pub fn sanitize_host(host: &str) -> String {
 #[derive(Debug)]
 pub struct Storage {
     root: PathBuf,
+    /// Mode of stored files (before the umask).
+    file_mode: u32,
 }
 
-/// A builder of directories only their owner may enter (0700 less the umask).
-fn private_dir() -> fs::DirBuilder {
+/// A builder of directories for files of `file_mode`: its read and write
+/// bits, and search where it reads (0600 -> 0700, 0640 -> 0750), less the umask.
+fn dir_builder(file_mode: u32) -> fs::DirBuilder {
     let mut builder = fs::DirBuilder::new();
-    builder.mode(0o700);
+    builder.mode(file_mode | ((file_mode & 0o444) >> 2));
     builder
 }
 
@@ -104,16 +106,16 @@ fn sync_dir(dir: &Path) -> Result<()> {
 
 /// Create `dir` and any missing parents up to `root`, syncing each parent
 /// that gained an entry.
-fn create_dirs(root: &Path, dir: &Path) -> Result<()> {
+fn create_dirs(root: &Path, dir: &Path, file_mode: u32) -> Result<()> {
     if dir.is_dir() {
         return Ok(());
     }
     if let Some(parent) = dir.parent() {
         if parent != root && parent.starts_with(root) {
-            create_dirs(root, parent)?;
+            create_dirs(root, parent, file_mode)?;
         }
     }
-    match private_dir().create(dir) {
+    match dir_builder(file_mode).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
         Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
@@ -134,14 +136,16 @@ fn parse_name(name: &str) -> Option<(u64, u64)> {
 }
 
 impl Storage {
-    /// Use (and create if missing) `root`. Errors if it cannot be created.
-    pub fn open(root: &Path) -> Result<Self> {
-        private_dir()
+    /// Use (and create if missing) `root`, storing files of `file_mode`
+    /// (before the umask). Errors if it cannot be created.
+    pub fn open(root: &Path, file_mode: u32) -> Result<Self> {
+        dir_builder(file_mode)
             .recursive(true)
             .create(root)
             .with_context(|| format!("creating {}", root.display()))?;
         Ok(Storage {
             root: root.to_path_buf(),
+            file_mode,
         })
     }
 
@@ -164,13 +168,13 @@ impl Storage {
             .root
             .join(&host)
             .join(crate::timefmt::day(start_unix_ns));
-        create_dirs(&self.root, &dir)?;
+        create_dirs(&self.root, &dir, self.file_mode)?;
         let hash = xxhash_rust::xxh3::xxh3_64(gzipped);
         let name = format!("{start_unix_ns}-{end_unix_ns}-{hash:016x}{SUFFIX}");
         let path = dir.join(&name);
         let mut tmp = tempfile::Builder::new()
             .prefix(".tmp-")
-            .permissions(fs::Permissions::from_mode(PROFILE_MODE))
+            .permissions(fs::Permissions::from_mode(self.file_mode))
             .tempfile_in(&dir)
             .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
         tmp.write_all(gzipped)
@@ -255,11 +259,12 @@ impl Storage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sender::disk::PROFILE_MODE;
 
     #[test]
     fn stores_lists_and_filters() {
         let dir = tempfile::tempdir().unwrap();
-        let storage = Storage::open(&dir.path().join("store")).unwrap();
+        let storage = Storage::open(&dir.path().join("store"), PROFILE_MODE).unwrap();
         let s = 1_000_000_000u64;
         let t = 1_714_564_800 * s;
         let a = storage.store("web-1", t, t + s, b"a").unwrap();

@@ -20,17 +20,30 @@ use super::{Sender, SenderReport};
 use crate::cli::{Compression, ProfileFormat};
 use crate::profile::Profile;
 
-/// Mode of the profiles lightswitch writes (and the collector stores),
-/// before the caller's umask: readable by the owner only, as perf writes
-/// `perf.data`. A profile names every sampled process and command and
-/// holds raw kernel addresses, which would defeat KASLR where
-/// `kernel.kptr_restrict` hides them from other users.
+/// Default mode of the profiles lightswitch writes (and the collector
+/// stores), before the caller's umask (`--profile-mode` changes it):
+/// readable by the owner only, as perf writes `perf.data`. A profile names
+/// every sampled process and command and holds raw kernel addresses, which
+/// would defeat KASLR where `kernel.kptr_restrict` hides them from other
+/// users.
 pub const PROFILE_MODE: u32 = 0o600;
 
-/// Write `bytes` to `path` atomically, as a new file of mode
-/// [`PROFILE_MODE`] less the umask (replacing a file keeps no old mode).
-/// Errors name the path.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Parse `--profile-mode`: octal permission bits (`600`, `0640`), at most
+/// `0666` (profiles are not executable).
+pub fn parse_mode(text: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(text.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("{text:?} is not an octal file mode such as 600 or 640"))?;
+    if mode & !0o666 != 0 {
+        return Err(format!(
+            "{text:?}: a profile's mode may only have read and write bits (at most 666)"
+        ));
+    }
+    Ok(mode)
+}
+
+/// Write `bytes` to `path` atomically, as a new file of `mode` less the
+/// umask (replacing a file keeps no old mode). Errors name the path.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -39,7 +52,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     // rather than lose the profile.
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut tmp = tempfile::Builder::new()
-        .permissions(fs::Permissions::from_mode(PROFILE_MODE))
+        .permissions(fs::Permissions::from_mode(mode))
         .tempfile_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
     tmp.write_all(bytes)
@@ -123,22 +136,26 @@ pub struct WindowFiles {
     outputs: Vec<(ProfileFormat, PathBuf)>,
     compression: Compression,
     max_profiles: Option<usize>,
+    mode: u32,
     written: Vec<PathBuf>,
     count: u64,
 }
 
 impl WindowFiles {
-    /// Write each window in every `(format, base path)` of `outputs`,
-    /// keeping the newest `max_profiles` files per format if given.
+    /// Write each window in every `(format, base path)` of `outputs` as
+    /// files of `mode` (less the umask), keeping the newest `max_profiles`
+    /// files per format if given.
     pub fn new(
         outputs: Vec<(ProfileFormat, PathBuf)>,
         compression: Compression,
         max_profiles: Option<usize>,
+        mode: u32,
     ) -> Self {
         WindowFiles {
             outputs,
             compression,
             max_profiles,
+            mode,
             written: Vec::new(),
             count: 0,
         }
@@ -157,7 +174,7 @@ impl Sender for WindowFiles {
             }
             let bytes = crate::run::encode(profile, *format, self.compression)?;
             let path = window_path(base, profile.start_unix_ns);
-            write_atomic(&path, &bytes)?;
+            write_atomic(&path, &bytes, self.mode)?;
             debug!("profile written to {}", path.display());
             self.count += 1;
             self.written.push(path);
@@ -191,8 +208,8 @@ mod tests {
     fn writes_and_replaces() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.txt");
-        write_atomic(&path, b"one").unwrap();
-        write_atomic(&path, b"two").unwrap();
+        write_atomic(&path, b"one", PROFILE_MODE).unwrap();
+        write_atomic(&path, b"two", PROFILE_MODE).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"two");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
     }
@@ -203,17 +220,25 @@ mod tests {
         let path = dir.path().join("p.pb");
         // SAFETY: umask only swaps the process's file-mode mask.
         let old = unsafe { libc::umask(0o022) };
-        let written = write_atomic(&path, b"x");
+        let written = write_atomic(&path, b"x", PROFILE_MODE);
         let mode = fs::metadata(&path).map(|m| m.permissions().mode() & 0o777);
         // A stricter umask makes it stricter still.
         unsafe { libc::umask(0o277) };
-        let strict = write_atomic(&path, b"y");
+        let strict = write_atomic(&path, b"y", PROFILE_MODE);
         let strict_mode = fs::metadata(&path).map(|m| m.permissions().mode() & 0o777);
+        // Loosened on purpose (--profile-mode 644), the umask still applies.
+        unsafe { libc::umask(0o022) };
+        let loose = write_atomic(&path, b"z", parse_mode("666").unwrap());
+        let loose_mode = fs::metadata(&path).map(|m| m.permissions().mode() & 0o777);
         unsafe { libc::umask(old) };
         written.unwrap();
         strict.unwrap();
+        loose.unwrap();
         assert_eq!(mode.unwrap(), 0o600);
         assert_eq!(strict_mode.unwrap(), 0o400);
+        assert_eq!(loose_mode.unwrap(), 0o644);
+        assert_eq!(parse_mode("0640"), Ok(0o640));
+        assert!(parse_mode("755").is_err() && parse_mode("rw").is_err());
     }
 
     #[test]
@@ -227,7 +252,7 @@ mod tests {
             "profile-20240501T120000.000Z.pb"
         );
         for i in 0..5 {
-            write_atomic(&window_path(&base, t + i * second), b"x").unwrap();
+            write_atomic(&window_path(&base, t + i * second), b"x", PROFILE_MODE).unwrap();
         }
         fs::write(dir.path().join("profile.pb"), b"keep").unwrap();
         fs::write(dir.path().join("profile-other.pb"), b"keep").unwrap();

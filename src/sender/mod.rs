@@ -77,6 +77,7 @@ pub fn start(cli: &Cli) -> Result<Box<dyn Sender>> {
             cli.outputs()?,
             cli.pprof_compression,
             cli.max_profiles,
+            cli.profile_mode,
         ))),
         SenderKind::Remote => {
             let url = cli
