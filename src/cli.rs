@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 pub use crate::format::pprof::Compression;
+use crate::unwind::identity::DEFAULT_DEBUG_ROOT;
 
 /// Output format of the written profile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -102,6 +103,13 @@ pub struct Cli {
     /// (`none` disables the cache).
     #[arg(long, default_value = "/var/cache/lightswitch/unwind")]
     pub unwind_cache_dir: String,
+
+    /// Directories separate debug files are looked up in, in order
+    /// (comma-separated or repeated): `DIR/.build-id/xx/yyyy.debug` by the
+    /// object's build ID, then its `.gnu_debuglink` name next to it and
+    /// under `DIR/<object's directory>`.
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = DEFAULT_DEBUG_ROOT)]
+    pub debug_dirs: Vec<PathBuf>,
 
     /// Show libbpf's debug output, including the BPF verifier log.
     #[arg(long)]
@@ -234,6 +242,10 @@ pub enum Command {
     ShowUnwind {
         /// Path of an ELF executable or shared library.
         path: PathBuf,
+        /// Directories its separate debug file (for `.debug_frame`) is
+        /// looked up in, as for profiling.
+        #[arg(long, value_delimiter = ',', num_args = 1.., default_value = DEFAULT_DEBUG_ROOT)]
+        debug_dirs: Vec<PathBuf>,
     },
     /// Receive profiles over HTTP (from `--sender=remote`, or raw/gzip pprof
     /// from any client), store them under --storage, and serve them back:
@@ -259,6 +271,15 @@ pub enum Command {
 }
 
 impl Cli {
+    /// The directories separate debug files are looked up in: the
+    /// subcommand's `--debug-dirs` for `show-unwind`, else the top-level one.
+    pub fn debug_dirs(&self) -> &[PathBuf] {
+        match &self.command {
+            Some(Command::ShowUnwind { debug_dirs, .. }) => debug_dirs,
+            _ => &self.debug_dirs,
+        }
+    }
+
     /// Each output format (duplicates removed, in the given order) with the
     /// file it is written to: `--profile-path` joined with `--profile-name`
     /// or the format's default file name. Errors when `--profile-name` is
