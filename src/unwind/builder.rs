@@ -146,12 +146,15 @@ pub fn build_table_with_debug_file(
     Err(BuildError::NoCfi)
 }
 
+/// `.eh_frame`'s bytes and the base addresses its pointers are relative to.
+type EhFrameData<'d> = (Cow<'d, [u8]>, BaseAddresses);
+
 /// The `.eh_frame` of `file` with the base addresses its pointers are
 /// relative to: its `.eh_frame` section, or for an object without section
 /// headers the one `PT_GNU_EH_FRAME` points at ([`eh_frame_hdr`]).
 fn eh_frame_of<'d>(
     file: &ElfFile64<'d, Endianness>,
-) -> Result<Option<(Cow<'d, [u8]>, BaseAddresses)>, BuildError> {
+) -> Result<Option<EhFrameData<'d>>, BuildError> {
     if file.elf_section_table().is_empty() {
         return Ok(eh_frame_hdr::eh_frame_from_segments(file)?
             .map(|found| (Cow::Borrowed(found.data), found.bases())));
