@@ -528,10 +528,23 @@ fn frame_pointer_functions_use_rbp_rules() {
 #[test]
 fn debug_frame_and_separate_debug_file() {
     let Some(c) = Compiled::new() else { return };
+    // Enough functions that zstd shrinks .debug_frame (objcopy leaves a
+    // section uncompressed when compressing would not make it smaller).
+    let callers: String = (0..64)
+        .map(|i| {
+            format!(
+                "int f{i}(int x) {{ volatile char b[{}]; b[x & 7] = 1; return mid(x + {i}) + b[1]; }}\n",
+                i * 8 + 16
+            )
+        })
+        .collect();
     let lib = c.gcc(
         "libdf.so",
-        "int leaf(int x) { return x * 3; }\n\
-         int mid(int x) { volatile char b[300]; b[x & 255] = 1; return leaf(x) + b[0]; }\n",
+        &format!(
+            "int leaf(int x) {{ return x * 3; }}\n\
+             int mid(int x) {{ volatile char b[300]; b[x & 255] = 1; return leaf(x) + b[0]; }}\n\
+             {callers}"
+        ),
         &[
             "-shared",
             "-nostdlib",
