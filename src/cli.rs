@@ -108,7 +108,7 @@ pub struct Cli {
     /// (comma-separated or repeated): `DIR/.build-id/xx/yyyy.debug` by the
     /// object's build ID, then its `.gnu_debuglink` name next to it and
     /// under `DIR/<object's directory>`.
-    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = DEFAULT_DEBUG_ROOT)]
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_DEBUG_ROOT)]
     pub debug_dirs: Vec<PathBuf>,
 
     /// Show libbpf's debug output, including the BPF verifier log.
@@ -244,7 +244,7 @@ pub enum Command {
         path: PathBuf,
         /// Directories its separate debug file (for `.debug_frame`) is
         /// looked up in, as for profiling.
-        #[arg(long, value_delimiter = ',', num_args = 1.., default_value = DEFAULT_DEBUG_ROOT)]
+        #[arg(long, value_delimiter = ',', default_value = DEFAULT_DEBUG_ROOT)]
         debug_dirs: Vec<PathBuf>,
     },
     /// Receive profiles over HTTP (from `--sender=remote`, or raw/gzip pprof
@@ -304,5 +304,31 @@ impl Cli {
                 (f, self.profile_path.join(name))
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dirs(args: &[&str]) -> Vec<PathBuf> {
+        let cli = Cli::try_parse_from(std::iter::once("lightswitch").chain(args.iter().copied()))
+            .expect("parses");
+        cli.debug_dirs().to_vec()
+    }
+
+    #[test]
+    fn debug_dirs_default_split_repeat_and_reach_show_unwind() {
+        let default = vec![PathBuf::from("/usr/lib/debug")];
+        let ab = vec![PathBuf::from("/a"), PathBuf::from("/b")];
+        assert_eq!(dirs(&[]), default);
+        assert_eq!(dirs(&["--debug-dirs", "/a,/b"]), ab);
+        assert_eq!(dirs(&["--debug-dirs", "/a", "--debug-dirs", "/b"]), ab);
+        assert_eq!(dirs(&["show-unwind", "/bin/true"]), default);
+        // The path after the list is the object, not one more directory.
+        assert_eq!(
+            dirs(&["show-unwind", "--debug-dirs", "/a,/b", "/bin/true"]),
+            ab
+        );
     }
 }
