@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 pub use crate::format::pprof::Compression;
+use crate::unwind::identity::DEFAULT_DEBUG_ROOT;
 
 /// Output format of the written profile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -108,6 +109,13 @@ pub struct Cli {
     /// (`none` disables the cache).
     #[arg(long, default_value = "/var/cache/lightswitch/unwind")]
     pub unwind_cache_dir: String,
+
+    /// Directories separate debug files are looked up in, in order
+    /// (comma-separated or repeated): `DIR/.build-id/xx/yyyy.debug` by the
+    /// object's build ID, then its `.gnu_debuglink` name next to it and
+    /// under `DIR/<object's directory>`.
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_DEBUG_ROOT)]
+    pub debug_dirs: Vec<PathBuf>,
 
     /// Show libbpf's debug output, including the BPF verifier log.
     #[arg(long)]
@@ -250,6 +258,10 @@ pub enum Command {
     ShowUnwind {
         /// Path of an ELF executable or shared library.
         path: PathBuf,
+        /// Directories its separate debug file (for `.debug_frame`) is
+        /// looked up in, as for profiling.
+        #[arg(long, value_delimiter = ',', default_value = DEFAULT_DEBUG_ROOT)]
+        debug_dirs: Vec<PathBuf>,
     },
     /// Receive profiles over HTTP (from `--sender=remote`, or raw/gzip pprof
     /// from any client), store them under --storage, and serve them back:
@@ -300,6 +312,15 @@ pub enum Command {
 }
 
 impl Cli {
+    /// The directories separate debug files are looked up in: the
+    /// subcommand's `--debug-dirs` for `show-unwind`, else the top-level one.
+    pub fn debug_dirs(&self) -> &[PathBuf] {
+        match &self.command {
+            Some(Command::ShowUnwind { debug_dirs, .. }) => debug_dirs,
+            _ => &self.debug_dirs,
+        }
+    }
+
     /// Each output format (duplicates removed, in the given order) with the
     /// file it is written to: `--profile-path` joined with `--profile-name`
     /// or the format's default file name. Errors when `--profile-name` is
@@ -324,5 +345,31 @@ impl Cli {
                 (f, self.profile_path.join(name))
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dirs(args: &[&str]) -> Vec<PathBuf> {
+        let cli = Cli::try_parse_from(std::iter::once("lightswitch").chain(args.iter().copied()))
+            .expect("parses");
+        cli.debug_dirs().to_vec()
+    }
+
+    #[test]
+    fn debug_dirs_default_split_repeat_and_reach_show_unwind() {
+        let default = vec![PathBuf::from("/usr/lib/debug")];
+        let ab = vec![PathBuf::from("/a"), PathBuf::from("/b")];
+        assert_eq!(dirs(&[]), default);
+        assert_eq!(dirs(&["--debug-dirs", "/a,/b"]), ab);
+        assert_eq!(dirs(&["--debug-dirs", "/a", "--debug-dirs", "/b"]), ab);
+        assert_eq!(dirs(&["show-unwind", "/bin/true"]), default);
+        // The path after the list is the object, not one more directory.
+        assert_eq!(
+            dirs(&["show-unwind", "--debug-dirs", "/a,/b", "/bin/true"]),
+            ab
+        );
     }
 }

@@ -29,7 +29,8 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    if let Some(Command::ShowUnwind { path }) = &cli.command {
+    lightswitch::unwind::identity::set_debug_dirs(cli.debug_dirs().to_vec());
+    if let Some(Command::ShowUnwind { path, .. }) = &cli.command {
         match lightswitch::unwind::show::show_unwind(path) {
             Ok(text) => {
                 // A closed pipe (`| head`) is not an error worth reporting.

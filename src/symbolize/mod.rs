@@ -1,7 +1,9 @@
 //! Symbolization: turns the aggregated stacks of a window into a [`Profile`].
 //!
 //! User addresses are symbolized per object, in one batch per object, by file
-//! offset (blazesym's ELF source with DWARF: line info and inlined functions).
+//! offset (blazesym's ELF source with DWARF: line info and inlined functions;
+//! DWARF from the object, its `.gnu_debuglink` target or its debug file by
+//! build ID under the debug directories; see [`objects`]).
 //! Kernel addresses are symbolized in one batch from `/proc/kallsyms`.
 //! Addresses in a process's `[vdso]` are symbolized in this process's own
 //! vDSO, the same image for every 64-bit process of the running kernel
@@ -11,15 +13,16 @@
 //! `object+0xFILE_OFFSET` (or `[kernel.kallsyms]+0xADDR`), never dropped.
 
 mod assembly;
+mod elf_file;
 pub mod kernel;
+mod objects;
 pub mod source;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use blazesym::symbolize::evict::{Elf as EvictElf, Evict};
-use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
+use blazesym::symbolize::source::{Kernel, Process, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer as BlazeSymbolizer};
 use blazesym::{MaybeDefault, Pid};
 use tracing::debug;
@@ -124,10 +127,12 @@ fn file_name(path: &str) -> &str {
 pub struct Symbolizer {
     inner: std::cell::RefCell<BlazeSymbolizer>,
     keep_parsed_objects: bool,
-    /// Objects whose parsed data `inner` holds: the path blazesym opened
-    /// (its cache key) and the file size in bytes.
-    parsed: std::cell::RefCell<HashMap<ObjectId, (PathBuf, u64)>>,
+    /// Objects whose parsed data `inner` holds.
+    parsed: std::cell::RefCell<HashMap<ObjectId, objects::ParsedObject>>,
     kernel_build_id: Option<String>,
+    /// Where separate debug files are looked up (by build ID, and for
+    /// `.gnu_debuglink` names).
+    debug_dirs: Vec<PathBuf>,
 }
 
 /// Total size (bytes) of the object files whose parsed data a continuous
@@ -142,13 +147,17 @@ impl Default for Symbolizer {
 
 impl Symbolizer {
     /// A symbolizer with line info and inlined functions enabled (names are
-    /// demangled by [`demangle`], not by blazesym).
+    /// demangled by [`demangle`], not by blazesym), looking for separate
+    /// debug files under the process's debug directories
+    /// ([`crate::unwind::identity::debug_dirs`]).
     pub fn new() -> Self {
+        let debug_dirs = crate::unwind::identity::debug_dirs().to_vec();
         Symbolizer {
-            inner: std::cell::RefCell::new(Self::blazesym()),
+            inner: std::cell::RefCell::new(Self::blazesym(&debug_dirs)),
             keep_parsed_objects: true,
             parsed: Default::default(),
             kernel_build_id: kernel::kernel_build_id(),
+            debug_dirs,
         }
     }
 
@@ -162,8 +171,9 @@ impl Symbolizer {
         }
     }
 
-    fn blazesym() -> BlazeSymbolizer {
+    fn blazesym(debug_dirs: &[PathBuf]) -> BlazeSymbolizer {
         BlazeSymbolizer::builder()
+            .set_debug_dirs(Some(debug_dirs))
             .enable_code_info(true)
             .enable_inlined_fns(true)
             .enable_demangling(false)
@@ -242,128 +252,6 @@ impl Symbolizer {
             .filter(|(&offset, _)| own.start + offset < own.end)
             .filter_map(|(&offset, sym)| Some((offset, (lines_of(sym)?, true))))
             .collect()
-    }
-
-    /// Lines for each of `offsets` in `object`. Two passes: DWARF gives
-    /// source lines, inlined functions and names; the symbol table supplies
-    /// the full path where DWARF built with line tables only (Rust's
-    /// `line-tables-only`) names a function without its module, and names
-    /// functions that have no DWARF at all.
-    fn symbolize_object<S: MappingSource + ?Sized>(
-        &self,
-        tracker: &S,
-        object: ObjectId,
-        offsets: &[u64],
-    ) -> Vec<Option<Vec<Line>>> {
-        let Some(path) = tracker.object_open_path(object) else {
-            return vec![None; offsets.len()];
-        };
-        let fresh;
-        let kept;
-        let inner: &BlazeSymbolizer = if self.keep_parsed_objects {
-            let size = std::fs::metadata(path).map_or(0, |m| m.len());
-            let previous = self
-                .parsed
-                .borrow_mut()
-                .insert(object, (path.to_path_buf(), size));
-            if let Some((old_path, _)) = previous.filter(|(old_path, _)| old_path != path) {
-                // The same object reached through another descriptor: what
-                // blazesym cached under the old path would never be used
-                // (unless another object is now reached through it).
-                if !self.parsed.borrow().values().any(|(p, _)| *p == old_path) {
-                    self.evict(&old_path);
-                }
-            }
-            kept = self.inner.borrow();
-            &kept
-        } else {
-            fresh = Self::blazesym();
-            &fresh
-        };
-        let pass = |debug_syms: bool| {
-            let mut elf = Elf::new(path);
-            elf.debug_syms = debug_syms;
-            match inner.symbolize(&Source::Elf(elf), Input::FileOffset(offsets)) {
-                Ok(results) => results,
-                Err(err) => {
-                    debug!(
-                        "{}: symbolization (debug info: {debug_syms}) failed: {err}",
-                        tracker.object_path(object).unwrap_or("?")
-                    );
-                    Vec::new()
-                }
-            }
-        };
-        let symbols = pass(false);
-        let debug = pass(true);
-        (0..offsets.len())
-            .map(|i| {
-                let symbol = symbols.get(i).and_then(|s| s.as_sym());
-                let mut lines = debug.get(i).and_then(lines_of);
-                match (&mut lines, symbol) {
-                    (Some(lines), Some(symbol)) => {
-                        // Only where DWARF's name is the short form of the
-                        // same function (`hot` for `unwind_test::hot`): other
-                        // toolchains' symbol names carry their own decorations
-                        // (Go's `.abi0`) that DWARF rightly leaves out.
-                        let full = demangle(&symbol.name);
-                        if let Some(outer) = lines.last_mut() {
-                            if full.ends_with(&format!("::{}", outer.function)) {
-                                outer.function = Arc::from(full);
-                                outer.system_name = Arc::from(symbol.name.as_ref());
-                            }
-                        }
-                    }
-                    (None, Some(symbol)) => lines = Some(vec![line_of(&symbol.name, None)]),
-                    _ => {}
-                }
-                lines
-            })
-            .collect()
-    }
-
-    /// Drop blazesym's data for `path` (a file it opened before).
-    fn evict(&self, path: &Path) {
-        if let Err(err) = self
-            .inner
-            .borrow_mut()
-            .evict(&Evict::Elf(EvictElf::new(path)))
-        {
-            debug!("symbolizer: evicting {}: {err}", path.display());
-        }
-    }
-
-    /// After a window: keep the parsed data of the objects it used (`used`)
-    /// while their files total at most [`PARSED_OBJECTS_BUDGET_BYTES`], and
-    /// evict everything else. Over the budget, blazesym starts afresh, which
-    /// also drops what it holds for separate debug files (`.gnu_debuglink`
-    /// targets are cached under their own paths, which eviction by object
-    /// path does not reach).
-    fn keep_only<V>(&self, used: &HashMap<ObjectId, V>) {
-        let mut parsed = self.parsed.borrow_mut();
-        let kept: u64 = parsed
-            .iter()
-            .filter(|(object, _)| used.contains_key(*object))
-            .map(|(_, (_, size))| size)
-            .sum();
-        if kept > PARSED_OBJECTS_BUDGET_BYTES {
-            debug!(
-                "symbolizer: this window's objects total {kept} bytes, over the budget: none kept"
-            );
-            *self.inner.borrow_mut() = Self::blazesym();
-            parsed.clear();
-            return;
-        }
-        let (keep, drop): (HashMap<_, _>, HashMap<_, _>) = parsed
-            .drain()
-            .partition(|(object, _)| used.contains_key(object));
-        for (path, _) in drop.values() {
-            // A path a kept object is also reached through stays.
-            if !keep.values().any(|(p, _)| p == path) {
-                self.evict(path);
-            }
-        }
-        *parsed = keep;
     }
 
     /// Symbolize every stack in `aggregator` and build the window's profile.

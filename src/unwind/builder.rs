@@ -1,5 +1,7 @@
-//! Builds an [`UnwindTable`] from an x86-64 ELF object's CFI: `.eh_frame`,
-//! else `.debug_frame` (of the object, else of its separate debug file).
+//! Builds an [`UnwindTable`] from an x86-64 ELF object's CFI: `.eh_frame`
+//! (for an object without section headers, the one `PT_GNU_EH_FRAME`
+//! points at), else `.debug_frame` (of the object, else of its separate
+//! debug file).
 //!
 //! gimli parses and evaluates every FDE; each row of gimli's unwind table is
 //! translated into a [`Rule`] by the architecture's file
@@ -21,6 +23,7 @@ use object::elf;
 use object::read::elf::{ElfFile64, FileHeader, ProgramHeader};
 use object::{CompressionFormat, Endianness, Object, ObjectSection};
 
+use super::eh_frame_hdr;
 use super::identity::find_debug_file;
 use super::rule::{Rule, UnsupportedKind};
 use super::table::{CfiSource, InvalidTable, RuleAt, UnwindTable, MAX_ADDRESS};
@@ -51,6 +54,10 @@ pub enum BuildError {
     /// back to frame pointers).
     #[error("no call frame information (.eh_frame or .debug_frame)")]
     NoCfi,
+    /// The `PT_GNU_EH_FRAME` segment (`.eh_frame_hdr`) of an object without
+    /// section headers is malformed or points outside the object.
+    #[error("malformed PT_GNU_EH_FRAME: {0}")]
+    EhFrameHdr(String),
     /// The CFI section is malformed.
     #[error("malformed {section}: {error}")]
     Cfi {
@@ -59,7 +66,8 @@ pub enum BuildError {
         /// gimli's error.
         error: gimli::Error,
     },
-    /// A compressed `.debug_frame` that could not be decompressed.
+    /// A compressed (zlib or zstd) `.debug_frame` that could not be
+    /// decompressed.
     #[error("cannot decompress {section}: {reason}")]
     Compression {
         /// The section name.
@@ -113,20 +121,12 @@ pub fn build_table_with_debug_file(
     debug_file: Option<&[u8]>,
 ) -> Result<UnwindTable, BuildError> {
     let file = parse_x86_64(elf_bytes)?;
-    if let Some(section) = file.section_by_name(".eh_frame") {
-        if let Some(data) = section_data(&section, ".eh_frame")? {
-            let mut eh_frame = EhFrame::new(&data, LittleEndian);
-            eh_frame.set_address_size(8);
-            let address_of = |name| file.section_by_name(name).map_or(0, |s| s.address());
-            let bases = BaseAddresses::default()
-                .set_eh_frame(section.address())
-                .set_eh_frame_hdr(address_of(".eh_frame_hdr"))
-                .set_text(address_of(".text"))
-                .set_got(address_of(".got"));
-            let table = build_from_section(&eh_frame, &bases, CfiSource::EhFrame)?;
-            if table.stats().fdes > 0 {
-                return Ok(table);
-            }
+    if let Some((data, bases)) = eh_frame_of(&file)? {
+        let mut eh_frame = EhFrame::new(&data, LittleEndian);
+        eh_frame.set_address_size(8);
+        let table = build_from_section(&eh_frame, &bases, CfiSource::EhFrame)?;
+        if table.stats().fdes > 0 {
+            return Ok(table);
         }
     }
     let debug = debug_file.map(parse_x86_64).transpose()?;
@@ -144,6 +144,31 @@ pub fn build_table_with_debug_file(
         }
     }
     Err(BuildError::NoCfi)
+}
+
+/// `.eh_frame`'s bytes and the base addresses its pointers are relative to.
+type EhFrameData<'d> = (Cow<'d, [u8]>, BaseAddresses);
+
+/// The `.eh_frame` of `file` with the base addresses its pointers are
+/// relative to: its `.eh_frame` section, or for an object without section
+/// headers the one `PT_GNU_EH_FRAME` points at ([`eh_frame_hdr`]).
+fn eh_frame_of<'d>(
+    file: &ElfFile64<'d, Endianness>,
+) -> Result<Option<EhFrameData<'d>>, BuildError> {
+    if file.elf_section_table().is_empty() {
+        return Ok(eh_frame_hdr::eh_frame_from_segments(file)?
+            .map(|found| (Cow::Borrowed(found.data), found.bases())));
+    }
+    let Some(section) = file.section_by_name(".eh_frame") else {
+        return Ok(None);
+    };
+    let address_of = |name| file.section_by_name(name).map_or(0, |s| s.address());
+    let bases = BaseAddresses::default()
+        .set_eh_frame(section.address())
+        .set_eh_frame_hdr(address_of(".eh_frame_hdr"))
+        .set_text(address_of(".text"))
+        .set_got(address_of(".got"));
+    Ok(section_data(&section, ".eh_frame")?.map(|data| (data, bases)))
 }
 
 /// The lowest `p_vaddr` of the object's `PT_LOAD` segments: the virtual
@@ -195,35 +220,47 @@ fn section_data<'d>(
     name: &'static str,
 ) -> Result<Option<Cow<'d, [u8]>>, BuildError> {
     let compressed = section.compressed_data()?;
+    let err = |reason: String| BuildError::Compression {
+        section: name,
+        reason,
+    };
+    let size = compressed.uncompressed_size;
     let data = match compressed.format {
         CompressionFormat::None => Cow::Borrowed(compressed.data),
-        CompressionFormat::Zlib => {
-            let err = |reason: String| BuildError::Compression {
-                section: name,
-                reason,
-            };
-            let size = compressed.uncompressed_size;
-            if size > MAX_SECTION_SIZE {
-                return Err(err(format!("{size} bytes uncompressed")));
-            }
-            let mut out = Vec::with_capacity(size as usize);
-            flate2::read::ZlibDecoder::new(compressed.data)
-                .take(size)
-                .read_to_end(&mut out)
+        CompressionFormat::Zlib => Cow::Owned(decompress(
+            flate2::read::ZlibDecoder::new(compressed.data),
+            size,
+            err,
+        )?),
+        CompressionFormat::Zstandard => {
+            let decoder = zstd::stream::read::Decoder::with_buffer(compressed.data)
                 .map_err(|e| err(e.to_string()))?;
-            if out.len() as u64 != size {
-                return Err(err(format!("{} of {size} bytes", out.len())));
-            }
-            Cow::Owned(out)
+            Cow::Owned(decompress(decoder, size, err)?)
         }
-        other => {
-            return Err(BuildError::Compression {
-                section: name,
-                reason: format!("{other:?} compression is not supported"),
-            })
-        }
+        other => return Err(err(format!("{other:?} compression is not supported"))),
     };
     Ok((!data.is_empty()).then_some(data))
+}
+
+/// Reads exactly `size` bytes (at most [`MAX_SECTION_SIZE`]) from
+/// `decoder`.
+fn decompress(
+    decoder: impl Read,
+    size: u64,
+    err: impl Fn(String) -> BuildError,
+) -> Result<Vec<u8>, BuildError> {
+    if size > MAX_SECTION_SIZE {
+        return Err(err(format!("{size} bytes uncompressed")));
+    }
+    let mut out = Vec::with_capacity(size as usize);
+    decoder
+        .take(size)
+        .read_to_end(&mut out)
+        .map_err(|e| err(e.to_string()))?;
+    if out.len() as u64 != size {
+        return Err(err(format!("{} of {size} bytes", out.len())));
+    }
+    Ok(out)
 }
 
 type Slice<'d> = gimli::EndianSlice<'d, LittleEndian>;

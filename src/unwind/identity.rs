@@ -5,11 +5,13 @@ use std::fmt;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use object::read::elf::ElfFile64;
 use object::{Endianness, Object};
 
-/// Where distributions install separate debug files.
+/// Where distributions install separate debug files: the default of
+/// [`debug_dirs`].
 pub const DEFAULT_DEBUG_ROOT: &str = "/usr/lib/debug";
 
 /// Longest build ID used as a key, bytes (real ones are 8 to 20 bytes).
@@ -91,48 +93,87 @@ pub fn build_id(elf: &[u8]) -> Result<Option<Vec<u8>>, object::Error> {
     Ok(file.build_id()?.map(<[u8]>::to_vec))
 }
 
+/// Sets the directories separate debug files are looked up in, for the
+/// whole process (`--debug-dirs`): the profiler's unwind tables and
+/// symbolizers all read [`debug_dirs`]. Call once at start-up, before any
+/// table is built or address symbolized; returns `false` (and changes
+/// nothing) when they were already set.
+pub fn set_debug_dirs(dirs: Vec<PathBuf>) -> bool {
+    DEBUG_DIRS.set(dirs).is_ok()
+}
+
+/// The directories separate debug files are looked up in: those given to
+/// [`set_debug_dirs`], else [`DEFAULT_DEBUG_ROOT`] alone.
+pub fn debug_dirs() -> &'static [PathBuf] {
+    DEBUG_DIRS.get_or_init(|| vec![PathBuf::from(DEFAULT_DEBUG_ROOT)])
+}
+
+static DEBUG_DIRS: OnceLock<Vec<PathBuf>> = OnceLock::new();
+
 /// Finds the separate debug file of the object at `path` (whose bytes are
-/// `elf`) under [`DEFAULT_DEBUG_ROOT`]; see [`find_debug_file_in`].
+/// `elf`) under [`debug_dirs`]; see [`find_debug_file_in`].
 pub fn find_debug_file(path: &Path, elf: &[u8]) -> Option<PathBuf> {
-    find_debug_file_in(path, elf, Path::new(DEFAULT_DEBUG_ROOT))
+    find_debug_file_in(path, elf, debug_dirs())
 }
 
 /// Finds the separate debug file of the object at `path`, the way gdb does:
-/// `ROOT/.build-id/xx/yyyy.debug` for build ID `xxyyyy` (its build ID must
-/// match), then the `.gnu_debuglink` name in the object's directory, its
-/// `.debug/` subdirectory and `ROOT/<object's directory>` (its CRC32 must
-/// match the link's).
-pub fn find_debug_file_in(path: &Path, elf: &[u8], debug_root: &Path) -> Option<PathBuf> {
+/// by build ID ([`find_debug_file_by_build_id`]), then the `.gnu_debuglink`
+/// name in the object's directory, its `.debug/` subdirectory and
+/// `ROOT/<object's directory>` for each `ROOT` of `debug_dirs` (its CRC32
+/// must match the link's).
+pub fn find_debug_file_in(path: &Path, elf: &[u8], debug_dirs: &[PathBuf]) -> Option<PathBuf> {
     let file = ElfFile64::<Endianness>::parse(elf).ok()?;
-    if let Ok(Some(id)) = file.build_id() {
-        if id.len() >= 2 {
-            let candidate = debug_root
-                .join(".build-id")
-                .join(hex(&id[..1]))
-                .join(format!("{}.debug", hex(&id[1..])));
-            let matches = std::fs::read(&candidate)
-                .ok()
-                .and_then(|bytes| build_id(&bytes).ok().flatten())
-                .is_some_and(|other| other == id);
-            if matches {
-                return Some(candidate);
-            }
-        }
+    if let Some(found) = file
+        .build_id()
+        .ok()
+        .flatten()
+        .and_then(|id| find_debug_file_by_build_id(id, debug_dirs))
+    {
+        return Some(found);
     }
     let (name, crc) = file.gnu_debuglink().ok().flatten()?;
     let name = Path::new(std::str::from_utf8(name).ok()?);
     let dir = path.parent()?;
     let relative_dir = dir.strip_prefix("/").unwrap_or(dir);
-    [
-        dir.join(name),
-        dir.join(".debug").join(name),
-        debug_root.join(relative_dir).join(name),
-    ]
-    .into_iter()
-    .find(|candidate| {
-        candidate != path
-            && std::fs::read(candidate).is_ok_and(|bytes| crc32fast::hash(&bytes) == crc)
-    })
+    [dir.join(name), dir.join(".debug").join(name)]
+        .into_iter()
+        .chain(
+            debug_dirs
+                .iter()
+                .map(|root| root.join(relative_dir).join(name)),
+        )
+        .find(|candidate| {
+            candidate != path && map(candidate).is_some_and(|bytes| crc32fast::hash(&bytes) == crc)
+        })
+}
+
+/// The debug file of the object whose GNU build ID is `id` (at least 2
+/// bytes): the first `ROOT/.build-id/xx/yyyy.debug` (`xx` the first byte in
+/// hex, `yyyy` the rest) among the `ROOT`s of `debug_dirs` that is an ELF
+/// file with the same build ID.
+pub fn find_debug_file_by_build_id(id: &[u8], debug_dirs: &[PathBuf]) -> Option<PathBuf> {
+    if id.len() < 2 {
+        return None;
+    }
+    let relative = Path::new(".build-id")
+        .join(hex(&id[..1]))
+        .join(format!("{}.debug", hex(&id[1..])));
+    debug_dirs
+        .iter()
+        .map(|root| root.join(&relative))
+        .find(|candidate| {
+            map(candidate)
+                .and_then(|bytes| build_id(&bytes).ok().flatten())
+                .is_some_and(|other| other == id)
+        })
+}
+
+/// The file at `path`, mapped read-only (debug files can be hundreds of MB).
+fn map(path: &Path) -> Option<memmap2::Mmap> {
+    let file = std::fs::File::open(path).ok()?;
+    // SAFETY: read-only private mapping; a file truncated under us can fault,
+    // the same risk every ELF reader of mapped files (blazesym's too) takes.
+    unsafe { memmap2::Mmap::map(&file) }.ok()
 }
 
 #[cfg(test)]
@@ -170,5 +211,39 @@ mod tests {
             ObjectKey::for_object_or(&bytes, || hashed),
             ObjectKey::for_object(&bytes)
         );
+    }
+
+    #[test]
+    fn debug_file_by_build_id_is_the_first_matching_one_among_the_debug_dirs() {
+        let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        let Ok(bytes) = std::fs::read(libc) else {
+            eprintln!("skipped: {} is absent", libc.display());
+            return;
+        };
+        let id = build_id(&bytes).expect("parses").expect("build ID");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let roots: Vec<PathBuf> = ["missing", "wrong", "right", "also-right"]
+            .iter()
+            .map(|name| dir.path().join(name))
+            .collect();
+        let at = |root: &Path| {
+            root.join(".build-id")
+                .join(hex(&id[..1]))
+                .join(format!("{}.debug", hex(&id[1..])))
+        };
+        for (root, contents) in roots[1..].iter().zip([&b"not ELF"[..], &bytes, &bytes]) {
+            std::fs::create_dir_all(at(root).parent().expect("parent")).expect("mkdir");
+            std::fs::write(at(root), contents).expect("write");
+        }
+        assert_eq!(
+            find_debug_file_by_build_id(&id, &roots),
+            Some(at(&roots[2]))
+        );
+        assert_eq!(
+            find_debug_file_in(Path::new("/elsewhere/libc.so.6"), &bytes, &roots),
+            Some(at(&roots[2]))
+        );
+        assert_eq!(find_debug_file_by_build_id(&id, &roots[..2]), None);
+        assert_eq!(find_debug_file_by_build_id(&id[..1], &roots), None);
     }
 }

@@ -3,7 +3,9 @@
 //! `docs/unwind-tables.md`, C layout in `src/bpf/profiler.h`).
 //!
 //! [`loader`] keeps the BPF walker supplied with process descriptions and tables.
-//! [`builder`] evaluates the CFI with gimli into [`rule::Rule`]s, which
+//! [`builder`] evaluates the CFI with gimli into [`rule::Rule`]s (for
+//! objects without section headers, `eh_frame_hdr` finds `.eh_frame`
+//! through `PT_GNU_EH_FRAME`), which
 //! [`table`] splits into pages ([`UnwindTable`]); [`identity`] keys objects
 //! (build ID, else content hash) and finds separate debug files; [`cache`]
 //! keeps built tables on disk; [`show`] renders a table for
@@ -15,6 +17,7 @@ use tracing::debug;
 
 pub mod builder;
 pub mod cache;
+pub(crate) mod eh_frame_hdr;
 pub mod identity;
 pub mod loader;
 #[cfg(test)]

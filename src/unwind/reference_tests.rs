@@ -528,10 +528,23 @@ fn frame_pointer_functions_use_rbp_rules() {
 #[test]
 fn debug_frame_and_separate_debug_file() {
     let Some(c) = Compiled::new() else { return };
+    // Enough functions that zstd shrinks .debug_frame (objcopy leaves a
+    // section uncompressed when compressing would not make it smaller).
+    let callers: String = (0..64)
+        .map(|i| {
+            format!(
+                "int f{i}(int x) {{ volatile char b[{}]; b[x & 7] = 1; return mid(x + {i}) + b[1]; }}\n",
+                i * 8 + 16
+            )
+        })
+        .collect();
     let lib = c.gcc(
         "libdf.so",
-        "int leaf(int x) { return x * 3; }\n\
-         int mid(int x) { volatile char b[300]; b[x & 255] = 1; return leaf(x) + b[0]; }\n",
+        &format!(
+            "int leaf(int x) {{ return x * 3; }}\n\
+             int mid(int x) {{ volatile char b[300]; b[x & 255] = 1; return leaf(x) + b[0]; }}\n\
+             {callers}"
+        ),
         &[
             "-shared",
             "-nostdlib",
@@ -587,17 +600,26 @@ fn debug_frame_and_separate_debug_file() {
         table
     );
 
-    // A zlib-compressed .debug_frame gives the same table.
-    let compressed = c.path("libdf.zdebug");
-    run(Command::new("objcopy")
-        .arg("--compress-debug-sections=zlib")
-        .arg(&debug)
-        .arg(&compressed));
-    let compressed_bytes = std::fs::read(&compressed).expect("read");
-    assert_eq!(
-        build_table_with_debug_file(&stripped_bytes, Some(&compressed_bytes)).expect("zlib"),
-        table
-    );
+    // A zlib- or zstd-compressed .debug_frame gives the same table.
+    for format in ["zlib", "zstd"] {
+        let compressed = c.path(&format!("libdf.{format}.debug"));
+        run(Command::new("objcopy")
+            .arg(format!("--compress-debug-sections={format}"))
+            .arg(&debug)
+            .arg(&compressed));
+        let compressed_bytes = std::fs::read(&compressed).expect("read");
+        let file = object::File::parse(&*compressed_bytes).expect("parses");
+        let section = file.section_by_name(".debug_frame").expect(".debug_frame");
+        let expected = match format {
+            "zlib" => object::CompressionFormat::Zlib,
+            _ => object::CompressionFormat::Zstandard,
+        };
+        assert_eq!(section.compressed_data().expect("data").format, expected);
+        assert_eq!(
+            build_table_with_debug_file(&stripped_bytes, Some(&compressed_bytes)).expect(format),
+            table
+        );
+    }
 }
 
 #[test]

@@ -1,0 +1,211 @@
+//! Symbolization of one object's addresses (blazesym's ELF source, helped
+//! by [`super::elf_file`] where blazesym finds nothing), and the cache of
+//! parsed objects a continuous [`Symbolizer`] keeps between windows.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use blazesym::symbolize::evict::{Elf as EvictElf, Evict};
+use blazesym::symbolize::source::{Elf, Source};
+use blazesym::symbolize::{Input, Symbolizer as BlazeSymbolizer};
+use tracing::debug;
+
+use super::elf_file::ObjectFile;
+use super::{demangle, line_of, lines_of, MappingSource, Symbolizer, PARSED_OBJECTS_BUDGET_BYTES};
+use crate::process::ObjectId;
+use crate::profile::Line;
+
+/// The files blazesym parsed for one object: their paths (its cache keys:
+/// the object as opened, and the separate debug file this module found by
+/// build ID) and their total size, bytes.
+pub(super) struct ParsedObject {
+    path: PathBuf,
+    debug_file: Option<PathBuf>,
+    bytes: u64,
+}
+
+impl ParsedObject {
+    fn paths(&self) -> impl Iterator<Item = &Path> {
+        std::iter::once(self.path.as_path()).chain(self.debug_file.as_deref())
+    }
+}
+
+impl Symbolizer {
+    /// Lines for each of `offsets` in `object`. Two passes: DWARF gives
+    /// source lines, inlined functions and names; the symbol table supplies
+    /// the full path where DWARF built with line tables only (Rust's
+    /// `line-tables-only`) names a function without its module, and names
+    /// functions that have no DWARF at all. DWARF comes from the object,
+    /// its `.gnu_debuglink` target, or the debug file found by its build ID
+    /// under the debug directories (addressed there by virtual address).
+    /// Objects without section headers are named from their dynamic symbol
+    /// table (found through `PT_DYNAMIC`).
+    pub(super) fn symbolize_object<S: MappingSource + ?Sized>(
+        &self,
+        tracker: &S,
+        object: ObjectId,
+        offsets: &[u64],
+    ) -> Vec<Option<Vec<Line>>> {
+        let Some(path) = tracker.object_open_path(object) else {
+            return vec![None; offsets.len()];
+        };
+        let file = ObjectFile::open(path);
+        let debug_file = file
+            .as_ref()
+            .and_then(|f| f.debug_file_by_build_id(&self.debug_dirs));
+        let fresh;
+        let kept;
+        let inner: &BlazeSymbolizer = if self.keep_parsed_objects {
+            self.note_parsed(object, path, debug_file.clone());
+            kept = self.inner.borrow();
+            &kept
+        } else {
+            fresh = Self::blazesym(&self.debug_dirs);
+            &fresh
+        };
+        let symbolize = |path: &Path, debug_syms: bool, input: Input<&[u64]>| {
+            let mut elf = Elf::new(path);
+            elf.debug_syms = debug_syms;
+            inner
+                .symbolize(&Source::Elf(elf), input)
+                .unwrap_or_else(|err| {
+                    debug!(
+                        "{}: symbolization (debug info: {debug_syms}) failed: {err}",
+                        path.display()
+                    );
+                    Vec::new()
+                })
+        };
+        let symbols = symbolize(path, false, Input::FileOffset(offsets));
+        let vaddrs: Vec<Option<u64>> = offsets
+            .iter()
+            .map(|&o| file.as_ref()?.virtual_address(o))
+            .collect();
+        let mut debug: Vec<Option<Vec<Line>>> = match &debug_file {
+            Some(debug_path) => {
+                let known: Vec<u64> = vaddrs.iter().flatten().copied().collect();
+                let mut results = symbolize(debug_path, true, Input::VirtOffset(&known))
+                    .into_iter()
+                    .map(|sym| lines_of(&sym));
+                vaddrs
+                    .iter()
+                    .map(|v| v.and_then(|_| results.next().flatten()))
+                    .collect()
+            }
+            None => symbolize(path, true, Input::FileOffset(offsets))
+                .iter()
+                .map(lines_of)
+                .collect(),
+        };
+        debug.resize(offsets.len(), None);
+        let dynamic = file.as_ref().and_then(ObjectFile::dynamic_symbols);
+        debug
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut lines)| {
+                let symbol = symbols.get(i).and_then(|s| s.as_sym());
+                match (&mut lines, symbol) {
+                    (Some(lines), Some(symbol)) => {
+                        // Only where DWARF's name is the short form of the
+                        // same function (`hot` for `unwind_test::hot`): other
+                        // toolchains' symbol names carry their own decorations
+                        // (Go's `.abi0`) that DWARF rightly leaves out.
+                        let full = demangle(&symbol.name);
+                        if let Some(outer) = lines.last_mut() {
+                            if full.ends_with(&format!("::{}", outer.function)) {
+                                outer.function = Arc::from(full);
+                                outer.system_name = Arc::from(symbol.name.as_ref());
+                            }
+                        }
+                    }
+                    (None, Some(symbol)) => lines = Some(vec![line_of(&symbol.name, None)]),
+                    (None, None) => {
+                        let name = dynamic
+                            .as_ref()
+                            .zip(vaddrs[i])
+                            .and_then(|(d, v)| d.name_of(v));
+                        lines = name.map(|name| vec![line_of(name, None)]);
+                    }
+                    _ => {}
+                }
+                lines
+            })
+            .collect()
+    }
+
+    /// Records that blazesym now holds parsed data for `object`, opened at
+    /// `path` (with `debug_file`); data it held for the same object under
+    /// other paths is evicted (unless another object is reached through
+    /// them).
+    fn note_parsed(&self, object: ObjectId, path: &Path, debug_file: Option<PathBuf>) {
+        let bytes = std::iter::once(path)
+            .chain(debug_file.as_deref())
+            .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+            .sum();
+        let previous = self.parsed.borrow_mut().insert(
+            object,
+            ParsedObject {
+                path: path.to_path_buf(),
+                debug_file,
+                bytes,
+            },
+        );
+        let Some(previous) = previous else {
+            return;
+        };
+        for old in previous.paths() {
+            let in_use = self
+                .parsed
+                .borrow()
+                .values()
+                .any(|p| p.paths().any(|p| p == old));
+            if !in_use {
+                self.evict(old);
+            }
+        }
+    }
+
+    /// Drop blazesym's data for `path` (a file it opened before).
+    fn evict(&self, path: &Path) {
+        if let Err(err) = self
+            .inner
+            .borrow_mut()
+            .evict(&Evict::Elf(EvictElf::new(path)))
+        {
+            debug!("symbolizer: evicting {}: {err}", path.display());
+        }
+    }
+
+    /// After a window: keep the parsed data of the objects it used (`used`)
+    /// while their files total at most [`PARSED_OBJECTS_BUDGET_BYTES`], and
+    /// evict everything else. Over the budget, blazesym starts afresh, which
+    /// also drops what it holds for `.gnu_debuglink` targets (cached under
+    /// their own paths, which eviction by object path does not reach).
+    pub(super) fn keep_only<V>(&self, used: &HashMap<ObjectId, V>) {
+        let mut parsed = self.parsed.borrow_mut();
+        let kept: u64 = parsed
+            .iter()
+            .filter(|(object, _)| used.contains_key(*object))
+            .map(|(_, p)| p.bytes)
+            .sum();
+        if kept > PARSED_OBJECTS_BUDGET_BYTES {
+            debug!(
+                "symbolizer: this window's objects total {kept} bytes, over the budget: none kept"
+            );
+            *self.inner.borrow_mut() = Self::blazesym(&self.debug_dirs);
+            parsed.clear();
+            return;
+        }
+        let (keep, drop): (HashMap<_, _>, HashMap<_, _>) = parsed
+            .drain()
+            .partition(|(object, _)| used.contains_key(object));
+        for old in drop.values().flat_map(ParsedObject::paths) {
+            // A path a kept object is also reached through stays.
+            if !keep.values().any(|p| p.paths().any(|p| p == old)) {
+                self.evict(old);
+            }
+        }
+        *parsed = keep;
+    }
+}
