@@ -254,13 +254,14 @@ impl Symbolizer {
         tracker: &S,
         object: ObjectId,
         offsets: &[u64],
+        keep: bool,
     ) -> Vec<Option<Vec<Line>>> {
         let Some(path) = tracker.object_open_path(object) else {
             return vec![None; offsets.len()];
         };
         let fresh;
         let kept;
-        let inner: &BlazeSymbolizer = if self.keep_parsed_objects {
+        let inner: &BlazeSymbolizer = if keep {
             let size = std::fs::metadata(path).map_or(0, |m| m.len());
             let previous = self
                 .parsed
@@ -333,27 +334,39 @@ impl Symbolizer {
         }
     }
 
-    /// After a window: keep the parsed data of the objects it used (`used`)
-    /// while their files total at most [`PARSED_OBJECTS_BUDGET_BYTES`], and
-    /// evict everything else. Over the budget, blazesym starts afresh, which
-    /// also drops what it holds for separate debug files (`.gnu_debuglink`
-    /// targets are cached under their own paths, which eviction by object
-    /// path does not reach).
+    /// Whether the files of the objects a window uses (`used`) total at most
+    /// [`PARSED_OBJECTS_BUDGET_BYTES`]. If not, everything kept so far is
+    /// dropped (blazesym starts afresh, which also drops what it holds for
+    /// separate debug files: `.gnu_debuglink` targets are cached under their
+    /// own paths, which eviction by object path does not reach), and the
+    /// window's objects are symbolized one at a time, each one's parsed data
+    /// dropped as soon as its addresses are done, as in one-shot runs: memory
+    /// peaks at the largest object, not at the sum of them (issue 18: 600-775
+    /// MB of objects in one window while Rust builds run on the machine).
+    fn fits_budget<S: MappingSource + ?Sized, V>(
+        &self,
+        tracker: &S,
+        used: &HashMap<ObjectId, V>,
+    ) -> bool {
+        let total: u64 = used
+            .keys()
+            .filter_map(|&object| tracker.object_open_path(object))
+            .map(|path| std::fs::metadata(path).map_or(0, |m| m.len()))
+            .sum();
+        if total <= PARSED_OBJECTS_BUDGET_BYTES {
+            return true;
+        }
+        debug!("symbolizer: this window's objects total {total} bytes, over the budget: none kept");
+        *self.inner.borrow_mut() = Self::blazesym();
+        self.parsed.borrow_mut().clear();
+        false
+    }
+
+    /// After a window whose objects fit the budget ([`Self::fits_budget`]):
+    /// keep the parsed data of the objects it used (`used`) and evict
+    /// everything else.
     fn keep_only<V>(&self, used: &HashMap<ObjectId, V>) {
         let mut parsed = self.parsed.borrow_mut();
-        let kept: u64 = parsed
-            .iter()
-            .filter(|(object, _)| used.contains_key(*object))
-            .map(|(_, (_, size))| size)
-            .sum();
-        if kept > PARSED_OBJECTS_BUDGET_BYTES {
-            debug!(
-                "symbolizer: this window's objects total {kept} bytes, over the budget: none kept"
-            );
-            *self.inner.borrow_mut() = Self::blazesym();
-            parsed.clear();
-            return;
-        }
         let (keep, drop): (HashMap<_, _>, HashMap<_, _>) = parsed
             .drain()
             .partition(|(object, _)| used.contains_key(object));
@@ -382,9 +395,10 @@ impl Symbolizer {
         let kernel_addrs: Vec<u64> = kernel_addrs.into_iter().collect();
         let kernel_lines = self.symbolize_kernel(&kernel_addrs);
         let mut user_lines: HashMap<(ObjectId, u64), Lines> = HashMap::new();
+        let keep = self.keep_parsed_objects && self.fits_budget(tracker, &object_offsets);
         for (object, offsets) in &object_offsets {
             let offsets: Vec<u64> = offsets.iter().copied().collect();
-            let results = self.symbolize_object(tracker, *object, &offsets);
+            let results = self.symbolize_object(tracker, *object, &offsets, keep);
             let name = file_name(tracker.object_path(*object).unwrap_or("[unknown]"));
             for (offset, lines) in offsets.iter().zip(results) {
                 let entry = match lines {
@@ -394,7 +408,7 @@ impl Symbolizer {
                 user_lines.insert((*object, *offset), entry);
             }
         }
-        if self.keep_parsed_objects {
+        if keep {
             self.keep_only(&object_offsets);
         }
         let vdso_lines = self.symbolize_vdso(&vdso_offsets.into_iter().collect::<Vec<_>>());
