@@ -14,6 +14,7 @@ use std::path::Path;
 use tracing::debug;
 
 pub mod builder;
+mod builds;
 pub mod cache;
 pub mod identity;
 pub mod loader;
