@@ -67,6 +67,8 @@ pub struct ChurnConfig {
 struct Reading {
     /// Seconds since the agents started.
     t_s: f64,
+    /// Peak VmRSS since the agent started (`VmHWM`), KiB.
+    vm_hwm_kib: u64,
     vm_rss_kib: u64,
     rss_anon_kib: u64,
     /// CPU used since the previous reading, % of one CPU.
@@ -218,6 +220,7 @@ impl Agent {
         self.cpu = cpu;
         self.readings.push(Reading {
             t_s,
+            vm_hwm_kib: measure::status_kib(pid, "VmHWM").unwrap_or(0),
             vm_rss_kib: measure::status_kib(pid, "VmRSS").unwrap_or(0),
             rss_anon_kib: measure::status_kib(pid, "RssAnon").unwrap_or(0),
             cpu_pct,
@@ -337,9 +340,10 @@ const MISSING: &str = "lightswitch_samples_missing_mapping_total";
 fn log_line(agent: &Agent, r: &Reading) -> String {
     let m = |s| r.metric(s).map_or("-".to_string(), |v| format!("{v:.0}"));
     format!(
-        "{}\t{:.0}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+        "{}\t{:.0}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
         agent.window_s,
         r.t_s,
+        r.vm_hwm_kib,
         r.vm_rss_kib,
         r.rss_anon_kib,
         num(r.cpu_pct, 1),
@@ -351,18 +355,22 @@ fn log_line(agent: &Agent, r: &Reading) -> String {
     )
 }
 
-/// What one agent's readings say about memory: start-up peak (VmHWM is not
-/// read: the largest VmRSS of the first minute), steady VmRSS (median from
-/// minute 5, or from a fifth of the run in shorter runs) and the spread of
-/// RssAnon over that span.
+/// What one agent's readings say about memory: start-up peak (VmHWM at the
+/// first reading after a minute), steady VmRSS (median from minute 5, or
+/// from a fifth of the run in shorter runs) and the spread of RssAnon over
+/// that span.
 fn memory_summary(agent: &Agent, seconds: f64) -> String {
     let steady_from = if seconds >= 600.0 {
         300.0
     } else {
         seconds / 5.0
     };
-    let early = agent.readings.iter().filter(|r| r.t_s <= 60.0);
-    let peak = early.map(|r| r.vm_rss_kib).max().unwrap_or(0);
+    let peak = agent
+        .readings
+        .iter()
+        .find(|r| r.t_s >= 60.0)
+        .or(agent.readings.last())
+        .map_or(0, |r| r.vm_hwm_kib);
     let steady: Vec<&Reading> = agent
         .readings
         .iter()
@@ -370,7 +378,7 @@ fn memory_summary(agent: &Agent, seconds: f64) -> String {
         .collect();
     if steady.is_empty() {
         return format!(
-            "start-up peak VmRSS {:.1} MiB; not yet at the steady span (from {steady_from:.0} s)",
+            "start-up peak (VmHWM) {:.1} MiB; not yet at the steady span (from {steady_from:.0} s)",
             mib(peak)
         );
     }
@@ -385,7 +393,7 @@ fn memory_summary(agent: &Agent, seconds: f64) -> String {
     let first = steady[0].rss_anon_kib.max(1) as f64;
     let last = steady[steady.len() - 1].rss_anon_kib as f64;
     format!(
-        "start-up peak VmRSS {:.1} MiB ({:.2}x steady); from {steady_from:.0} s: VmRSS median {:.1} MiB, \
+        "start-up peak (VmHWM at 1 min) {:.1} MiB ({:.2}x steady VmRSS); from {steady_from:.0} s: VmRSS median {:.1} MiB, \
          RssAnon median {:.1} MiB, range {:.1}-{:.1} MiB ({:+.0}%/{:+.0}% of the median), end/start of span {:.3}",
         mib(peak),
         peak as f64 / rss.max(1.0),
@@ -440,6 +448,7 @@ fn render(config: &ChurnConfig, agents: &[Agent], forks: u64, elapsed_s: f64) ->
     let header = [
         "s",
         "window",
+        "VmHWM MiB",
         "VmRSS MiB",
         "RssAnon MiB",
         "CPU %",
@@ -468,6 +477,7 @@ fn render(config: &ChurnConfig, agents: &[Agent], forks: u64, elapsed_s: f64) ->
             rows.push(vec![
                 format!("{:.0}", r.t_s),
                 agent.label(),
+                format!("{:.1}", mib(r.vm_hwm_kib)),
                 format!("{:.1}", mib(r.vm_rss_kib)),
                 format!("{:.1}", mib(r.rss_anon_kib)),
                 num(r.cpu_pct, 1),
