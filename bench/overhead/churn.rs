@@ -266,6 +266,8 @@ pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()>
         .iter()
         .map(|&w| Agent::start(tools, config, w))
         .collect::<Result<Vec<_>>>()?;
+    // The time and load average of the start, not of each rewrite.
+    let machine = report::machine_line(config.cpus, "{conditions}");
     let churn = Churn::start(config, workload)?;
     let forks_before = measure::forks()?;
     let started = Instant::now();
@@ -291,7 +293,8 @@ pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()>
             }
         }
         let forks = measure::forks()?.saturating_sub(forks_before);
-        report::write_block(&config.doc, "churn", &render(config, &agents, forks, t_s))?;
+        let body = render(config, &machine, &agents, forks, t_s);
+        report::write_block(&config.doc, "churn", &body)?;
         if agents.iter().all(|a| a.running.is_none()) {
             break;
         }
@@ -301,7 +304,13 @@ pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()>
         agent.stop(tools);
     }
     let forks = measure::forks()?.saturating_sub(forks_before);
-    let body = render(config, &agents, forks, started.elapsed().as_secs_f64());
+    let body = render(
+        config,
+        &machine,
+        &agents,
+        forks,
+        started.elapsed().as_secs_f64(),
+    );
     println!("{body}");
     report::write_block(&config.doc, "churn", &body)?;
     let failed: Vec<String> = agents
@@ -411,7 +420,15 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
-fn render(config: &ChurnConfig, agents: &[Agent], forks: u64, elapsed_s: f64) -> String {
+/// The report; `machine` is [`report::machine_line`] as of the start, with
+/// `{conditions}` where the run's conditions go.
+fn render(
+    config: &ChurnConfig,
+    machine: &str,
+    agents: &[Agent],
+    forks: u64,
+    elapsed_s: f64,
+) -> String {
     let conditions = format!(
         "lightswitch at {} Hz in continuous mode (pprof to disk, 3 kept), one agent per window length \
          ({} s), all at once, for {} s ({:.0} s so far) under the `{:?}` churn load x{}; {} processes started \
@@ -430,7 +447,7 @@ fn render(config: &ChurnConfig, agents: &[Agent], forks: u64, elapsed_s: f64) ->
         forks,
         forks as f64 / elapsed_s.max(1.0)
     );
-    let mut out = report::machine_line(config.cpus, &conditions);
+    let mut out = machine.replace("{conditions}", &conditions);
     out.push_str("\n\n");
     for agent in agents {
         let state = match (&agent.crash, &agent.exit) {
