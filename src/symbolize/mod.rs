@@ -114,8 +114,9 @@ fn file_name(path: &str) -> &str {
 /// Symbolizes windows of samples. [`Symbolizer::new`] keeps blazesym's
 /// parsed objects (symbol tables, DWARF) from one window to the next, which
 /// spares continuous mode from parsing them again every window. Only the
-/// objects the latest window used are kept, and only while their files
-/// total at most [`PARSED_OBJECTS_BUDGET_BYTES`]; everything else is evicted
+/// objects the latest window used are kept, only those of at most
+/// [`KEPT_OBJECT_MAX_BYTES`], and only while their files total at most
+/// [`PARSED_OBJECTS_BUDGET_BYTES`]; everything else is evicted
 /// after each window, so memory follows the working set of objects, not
 /// every object that ever came and went (process churn).
 /// [`Symbolizer::one_shot`] releases each object's data as soon as its
@@ -133,6 +134,16 @@ pub struct Symbolizer {
 /// Total size (bytes) of the object files whose parsed data a continuous
 /// [`Symbolizer`] keeps between windows.
 pub const PARSED_OBJECTS_BUDGET_BYTES: u64 = 64 << 20;
+
+/// Largest object file (bytes) whose parsed data a continuous [`Symbolizer`]
+/// keeps between windows. Bigger ones (the agent's own binary, 35 MB with
+/// 22 MB of DWARF; rustc's libraries, 150-200 MB) are parsed again for every
+/// window that needs them and dropped right after, so that what stays
+/// between windows does not depend on which big programs happened to run:
+/// with all-or-nothing keeping, an agent's RssAnon between windows flipped
+/// between 15 and 40 MiB as the window's objects met the budget or not
+/// (issue 18).
+pub const KEPT_OBJECT_MAX_BYTES: u64 = 32 << 20;
 
 impl Default for Symbolizer {
     fn default() -> Self {
@@ -334,37 +345,47 @@ impl Symbolizer {
         }
     }
 
-    /// Whether the files of the objects a window uses (`used`) total at most
-    /// [`PARSED_OBJECTS_BUDGET_BYTES`]. If not, everything kept so far is
-    /// dropped (blazesym starts afresh, which also drops what it holds for
-    /// separate debug files: `.gnu_debuglink` targets are cached under their
-    /// own paths, which eviction by object path does not reach), and the
-    /// window's objects are symbolized one at a time, each one's parsed data
-    /// dropped as soon as its addresses are done, as in one-shot runs: memory
-    /// peaks at the largest object, not at the sum of them (issue 18: 600-775
-    /// MB of objects in one window while Rust builds run on the machine).
-    fn fits_budget<S: MappingSource + ?Sized, V>(
+    /// Which of the objects a window uses (`used`) keep their parsed data
+    /// after it, with their file sizes: those of at most
+    /// [`KEPT_OBJECT_MAX_BYTES`], while they total at most
+    /// [`PARSED_OBJECTS_BUDGET_BYTES`]. The others are symbolized one at a
+    /// time, each with its parsed data dropped as soon as its addresses are
+    /// done, as in one-shot runs: memory peaks at the largest object, not at
+    /// the sum of them (issue 18: 600-775 MB of objects in one window while
+    /// Rust builds ran on the machine). If even the small ones are over the
+    /// budget, nothing is kept and blazesym starts afresh, which also drops
+    /// what it holds for separate debug files (`.gnu_debuglink` targets are
+    /// cached under their own paths, which eviction by object path does not
+    /// reach).
+    fn objects_to_keep<S: MappingSource + ?Sized, V>(
         &self,
         tracker: &S,
         used: &HashMap<ObjectId, V>,
-    ) -> bool {
-        let total: u64 = used
+    ) -> HashMap<ObjectId, u64> {
+        if !self.keep_parsed_objects {
+            return HashMap::new();
+        }
+        let small: HashMap<ObjectId, u64> = used
             .keys()
-            .filter_map(|&object| tracker.object_open_path(object))
-            .map(|path| std::fs::metadata(path).map_or(0, |m| m.len()))
-            .sum();
+            .filter_map(|&object| {
+                let size = std::fs::metadata(tracker.object_open_path(object)?)
+                    .ok()?
+                    .len();
+                (size <= KEPT_OBJECT_MAX_BYTES).then_some((object, size))
+            })
+            .collect();
+        let total: u64 = small.values().sum();
         if total <= PARSED_OBJECTS_BUDGET_BYTES {
-            return true;
+            return small;
         }
         debug!("symbolizer: this window's objects total {total} bytes, over the budget: none kept");
         *self.inner.borrow_mut() = Self::blazesym();
         self.parsed.borrow_mut().clear();
-        false
+        HashMap::new()
     }
 
-    /// After a window whose objects fit the budget ([`Self::fits_budget`]):
-    /// keep the parsed data of the objects it used (`used`) and evict
-    /// everything else.
+    /// After a window: keep the parsed data of the objects
+    /// [`Self::objects_to_keep`] chose (`used`) and evict everything else.
     fn keep_only<V>(&self, used: &HashMap<ObjectId, V>) {
         let mut parsed = self.parsed.borrow_mut();
         let (keep, drop): (HashMap<_, _>, HashMap<_, _>) = parsed
@@ -395,9 +416,10 @@ impl Symbolizer {
         let kernel_addrs: Vec<u64> = kernel_addrs.into_iter().collect();
         let kernel_lines = self.symbolize_kernel(&kernel_addrs);
         let mut user_lines: HashMap<(ObjectId, u64), Lines> = HashMap::new();
-        let keep = self.keep_parsed_objects && self.fits_budget(tracker, &object_offsets);
+        let kept = self.objects_to_keep(tracker, &object_offsets);
         for (object, offsets) in &object_offsets {
             let offsets: Vec<u64> = offsets.iter().copied().collect();
+            let keep = kept.contains_key(object);
             let results = self.symbolize_object(tracker, *object, &offsets, keep);
             let name = file_name(tracker.object_path(*object).unwrap_or("[unknown]"));
             for (offset, lines) in offsets.iter().zip(results) {
@@ -408,8 +430,8 @@ impl Symbolizer {
                 user_lines.insert((*object, *offset), entry);
             }
         }
-        if keep {
-            self.keep_only(&object_offsets);
+        if self.keep_parsed_objects {
+            self.keep_only(&kept);
         }
         let vdso_lines = self.symbolize_vdso(&vdso_offsets.into_iter().collect::<Vec<_>>());
 
