@@ -67,6 +67,8 @@ pub struct ChurnConfig {
 struct Reading {
     /// Seconds since the agents started.
     t_s: f64,
+    /// Peak VmRSS since the agent started (`VmHWM`), KiB.
+    vm_hwm_kib: u64,
     vm_rss_kib: u64,
     rss_anon_kib: u64,
     /// CPU used since the previous reading, % of one CPU.
@@ -218,6 +220,7 @@ impl Agent {
         self.cpu = cpu;
         self.readings.push(Reading {
             t_s,
+            vm_hwm_kib: measure::status_kib(pid, "VmHWM").unwrap_or(0),
             vm_rss_kib: measure::status_kib(pid, "VmRSS").unwrap_or(0),
             rss_anon_kib: measure::status_kib(pid, "RssAnon").unwrap_or(0),
             cpu_pct,
@@ -263,6 +266,8 @@ pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()>
         .iter()
         .map(|&w| Agent::start(tools, config, w))
         .collect::<Result<Vec<_>>>()?;
+    // The time and load average of the start, not of each rewrite.
+    let machine = report::machine_line(config.cpus, "{conditions}");
     let churn = Churn::start(config, workload)?;
     let forks_before = measure::forks()?;
     let started = Instant::now();
@@ -288,7 +293,8 @@ pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()>
             }
         }
         let forks = measure::forks()?.saturating_sub(forks_before);
-        report::write_block(&config.doc, "churn", &render(config, &agents, forks, t_s))?;
+        let body = render(config, &machine, &agents, forks, t_s);
+        report::write_block(&config.doc, "churn", &body)?;
         if agents.iter().all(|a| a.running.is_none()) {
             break;
         }
@@ -298,7 +304,13 @@ pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()>
         agent.stop(tools);
     }
     let forks = measure::forks()?.saturating_sub(forks_before);
-    let body = render(config, &agents, forks, started.elapsed().as_secs_f64());
+    let body = render(
+        config,
+        &machine,
+        &agents,
+        forks,
+        started.elapsed().as_secs_f64(),
+    );
     println!("{body}");
     report::write_block(&config.doc, "churn", &body)?;
     let failed: Vec<String> = agents
@@ -337,9 +349,10 @@ const MISSING: &str = "lightswitch_samples_missing_mapping_total";
 fn log_line(agent: &Agent, r: &Reading) -> String {
     let m = |s| r.metric(s).map_or("-".to_string(), |v| format!("{v:.0}"));
     format!(
-        "{}\t{:.0}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+        "{}\t{:.0}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
         agent.window_s,
         r.t_s,
+        r.vm_hwm_kib,
         r.vm_rss_kib,
         r.rss_anon_kib,
         num(r.cpu_pct, 1),
@@ -351,18 +364,22 @@ fn log_line(agent: &Agent, r: &Reading) -> String {
     )
 }
 
-/// What one agent's readings say about memory: start-up peak (VmHWM is not
-/// read: the largest VmRSS of the first minute), steady VmRSS (median from
-/// minute 5, or from a fifth of the run in shorter runs) and the spread of
-/// RssAnon over that span.
+/// What one agent's readings say about memory: start-up peak (VmHWM at the
+/// first reading after a minute), steady VmRSS (median from minute 5, or
+/// from a fifth of the run in shorter runs) and the spread of RssAnon over
+/// that span.
 fn memory_summary(agent: &Agent, seconds: f64) -> String {
     let steady_from = if seconds >= 600.0 {
         300.0
     } else {
         seconds / 5.0
     };
-    let early = agent.readings.iter().filter(|r| r.t_s <= 60.0);
-    let peak = early.map(|r| r.vm_rss_kib).max().unwrap_or(0);
+    let peak = agent
+        .readings
+        .iter()
+        .find(|r| r.t_s >= 60.0)
+        .or(agent.readings.last())
+        .map_or(0, |r| r.vm_hwm_kib);
     let steady: Vec<&Reading> = agent
         .readings
         .iter()
@@ -370,7 +387,7 @@ fn memory_summary(agent: &Agent, seconds: f64) -> String {
         .collect();
     if steady.is_empty() {
         return format!(
-            "start-up peak VmRSS {:.1} MiB; not yet at the steady span (from {steady_from:.0} s)",
+            "start-up peak (VmHWM) {:.1} MiB; not yet at the steady span (from {steady_from:.0} s)",
             mib(peak)
         );
     }
@@ -385,7 +402,7 @@ fn memory_summary(agent: &Agent, seconds: f64) -> String {
     let first = steady[0].rss_anon_kib.max(1) as f64;
     let last = steady[steady.len() - 1].rss_anon_kib as f64;
     format!(
-        "start-up peak VmRSS {:.1} MiB ({:.2}x steady); from {steady_from:.0} s: VmRSS median {:.1} MiB, \
+        "start-up peak (VmHWM at 1 min) {:.1} MiB ({:.2}x steady VmRSS); from {steady_from:.0} s: VmRSS median {:.1} MiB, \
          RssAnon median {:.1} MiB, range {:.1}-{:.1} MiB ({:+.0}%/{:+.0}% of the median), end/start of span {:.3}",
         mib(peak),
         peak as f64 / rss.max(1.0),
@@ -403,7 +420,15 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
-fn render(config: &ChurnConfig, agents: &[Agent], forks: u64, elapsed_s: f64) -> String {
+/// The report; `machine` is [`report::machine_line`] as of the start, with
+/// `{conditions}` where the run's conditions go.
+fn render(
+    config: &ChurnConfig,
+    machine: &str,
+    agents: &[Agent],
+    forks: u64,
+    elapsed_s: f64,
+) -> String {
     let conditions = format!(
         "lightswitch at {} Hz in continuous mode (pprof to disk, 3 kept), one agent per window length \
          ({} s), all at once, for {} s ({:.0} s so far) under the `{:?}` churn load x{}; {} processes started \
@@ -422,7 +447,7 @@ fn render(config: &ChurnConfig, agents: &[Agent], forks: u64, elapsed_s: f64) ->
         forks,
         forks as f64 / elapsed_s.max(1.0)
     );
-    let mut out = report::machine_line(config.cpus, &conditions);
+    let mut out = machine.replace("{conditions}", &conditions);
     out.push_str("\n\n");
     for agent in agents {
         let state = match (&agent.crash, &agent.exit) {
@@ -440,6 +465,7 @@ fn render(config: &ChurnConfig, agents: &[Agent], forks: u64, elapsed_s: f64) ->
     let header = [
         "s",
         "window",
+        "VmHWM MiB",
         "VmRSS MiB",
         "RssAnon MiB",
         "CPU %",
@@ -468,6 +494,7 @@ fn render(config: &ChurnConfig, agents: &[Agent], forks: u64, elapsed_s: f64) ->
             rows.push(vec![
                 format!("{:.0}", r.t_s),
                 agent.label(),
+                format!("{:.1}", mib(r.vm_hwm_kib)),
                 format!("{:.1}", mib(r.vm_rss_kib)),
                 format!("{:.1}", mib(r.rss_anon_kib)),
                 num(r.cpu_pct, 1),

@@ -117,8 +117,9 @@ fn file_name(path: &str) -> &str {
 /// Symbolizes windows of samples. [`Symbolizer::new`] keeps blazesym's
 /// parsed objects (symbol tables, DWARF) from one window to the next, which
 /// spares continuous mode from parsing them again every window. Only the
-/// objects the latest window used are kept, and only while their files
-/// total at most [`PARSED_OBJECTS_BUDGET_BYTES`]; everything else is evicted
+/// objects the latest window used are kept, only those of at most
+/// [`KEPT_OBJECT_MAX_BYTES`], and only while their files total at most
+/// [`PARSED_OBJECTS_BUDGET_BYTES`]; everything else is evicted
 /// after each window, so memory follows the working set of objects, not
 /// every object that ever came and went (process churn).
 /// [`Symbolizer::one_shot`] releases each object's data as soon as its
@@ -138,6 +139,16 @@ pub struct Symbolizer {
 /// Total size (bytes) of the object files whose parsed data a continuous
 /// [`Symbolizer`] keeps between windows.
 pub const PARSED_OBJECTS_BUDGET_BYTES: u64 = 64 << 20;
+
+/// Largest object file (bytes) whose parsed data a continuous [`Symbolizer`]
+/// keeps between windows. Bigger ones (the agent's own binary, 35 MB with
+/// 22 MB of DWARF; rustc's libraries, 150-200 MB) are parsed again for every
+/// window that needs them and dropped right after, so that what stays
+/// between windows does not depend on which big programs happened to run:
+/// with all-or-nothing keeping, an agent's RssAnon between windows flipped
+/// between 15 and 40 MiB as the window's objects met the budget or not
+/// (issue 18).
+pub const KEPT_OBJECT_MAX_BYTES: u64 = 32 << 20;
 
 impl Default for Symbolizer {
     fn default() -> Self {
@@ -270,9 +281,11 @@ impl Symbolizer {
         let kernel_addrs: Vec<u64> = kernel_addrs.into_iter().collect();
         let kernel_lines = self.symbolize_kernel(&kernel_addrs);
         let mut user_lines: HashMap<(ObjectId, u64), Lines> = HashMap::new();
+        let kept = self.objects_to_keep(tracker, &object_offsets);
         for (object, offsets) in &object_offsets {
             let offsets: Vec<u64> = offsets.iter().copied().collect();
-            let results = self.symbolize_object(tracker, *object, &offsets);
+            let keep = kept.contains_key(object);
+            let results = self.symbolize_object(tracker, *object, &offsets, keep);
             let name = file_name(tracker.object_path(*object).unwrap_or("[unknown]"));
             for (offset, lines) in offsets.iter().zip(results) {
                 let entry = match lines {
@@ -283,7 +296,7 @@ impl Symbolizer {
             }
         }
         if self.keep_parsed_objects {
-            self.keep_only(&object_offsets);
+            self.keep_only(&kept);
         }
         let vdso_lines = self.symbolize_vdso(&vdso_offsets.into_iter().collect::<Vec<_>>());
 

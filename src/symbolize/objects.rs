@@ -12,17 +12,19 @@ use blazesym::symbolize::{Input, Symbolizer as BlazeSymbolizer};
 use tracing::debug;
 
 use super::elf_file::ObjectFile;
-use super::{demangle, line_of, lines_of, MappingSource, Symbolizer, PARSED_OBJECTS_BUDGET_BYTES};
+use super::{
+    demangle, line_of, lines_of, MappingSource, Symbolizer, KEPT_OBJECT_MAX_BYTES,
+    PARSED_OBJECTS_BUDGET_BYTES,
+};
 use crate::process::ObjectId;
 use crate::profile::Line;
 
 /// The files blazesym parsed for one object: their paths (its cache keys:
 /// the object as opened, and the separate debug file this module found by
-/// build ID) and their total size, bytes.
+/// build ID).
 pub(super) struct ParsedObject {
     path: PathBuf,
     debug_file: Option<PathBuf>,
-    bytes: u64,
 }
 
 impl ParsedObject {
@@ -32,7 +34,8 @@ impl ParsedObject {
 }
 
 impl Symbolizer {
-    /// Lines for each of `offsets` in `object`. Two passes: DWARF gives
+    /// Lines for each of `offsets` in `object`, its parsed data kept for
+    /// later windows when `keep` ([`Self::objects_to_keep`]). Two passes: DWARF gives
     /// source lines, inlined functions and names; the symbol table supplies
     /// the full path where DWARF built with line tables only (Rust's
     /// `line-tables-only`) names a function without its module, and names
@@ -46,6 +49,7 @@ impl Symbolizer {
         tracker: &S,
         object: ObjectId,
         offsets: &[u64],
+        keep: bool,
     ) -> Vec<Option<Vec<Line>>> {
         let Some(path) = tracker.object_open_path(object) else {
             return vec![None; offsets.len()];
@@ -56,7 +60,7 @@ impl Symbolizer {
             .and_then(|f| f.debug_file_by_build_id(&self.debug_dirs));
         let fresh;
         let kept;
-        let inner: &BlazeSymbolizer = if self.keep_parsed_objects {
+        let inner: &BlazeSymbolizer = if keep {
             self.note_parsed(object, path, debug_file.clone());
             kept = self.inner.borrow();
             &kept
@@ -139,16 +143,11 @@ impl Symbolizer {
     /// other paths is evicted (unless another object is reached through
     /// them).
     fn note_parsed(&self, object: ObjectId, path: &Path, debug_file: Option<PathBuf>) {
-        let bytes = std::iter::once(path)
-            .chain(debug_file.as_deref())
-            .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
-            .sum();
         let previous = self.parsed.borrow_mut().insert(
             object,
             ParsedObject {
                 path: path.to_path_buf(),
                 debug_file,
-                bytes,
             },
         );
         let Some(previous) = previous else {
@@ -177,26 +176,48 @@ impl Symbolizer {
         }
     }
 
-    /// After a window: keep the parsed data of the objects it used (`used`)
-    /// while their files total at most [`PARSED_OBJECTS_BUDGET_BYTES`], and
-    /// evict everything else. Over the budget, blazesym starts afresh, which
-    /// also drops what it holds for `.gnu_debuglink` targets (cached under
-    /// their own paths, which eviction by object path does not reach).
+    /// Which of the objects a window uses (`used`) keep their parsed data
+    /// after it, with their file sizes: those of at most
+    /// [`KEPT_OBJECT_MAX_BYTES`], while they total at most
+    /// [`PARSED_OBJECTS_BUDGET_BYTES`]. The others are symbolized one at a
+    /// time, each with its parsed data dropped as soon as its addresses are
+    /// done, as in one-shot runs: memory peaks at the largest object, not at
+    /// the sum of them (issue 18: 600-775 MB of objects in one window while
+    /// Rust builds ran on the machine). If even the small ones are over the
+    /// budget, nothing is kept and blazesym starts afresh, which also drops
+    /// what it holds for `.gnu_debuglink` targets (cached under their own
+    /// paths, which eviction by object path does not reach).
+    pub(super) fn objects_to_keep<S: MappingSource + ?Sized, V>(
+        &self,
+        tracker: &S,
+        used: &HashMap<ObjectId, V>,
+    ) -> HashMap<ObjectId, u64> {
+        if !self.keep_parsed_objects {
+            return HashMap::new();
+        }
+        let small: HashMap<ObjectId, u64> = used
+            .keys()
+            .filter_map(|&object| {
+                let size = std::fs::metadata(tracker.object_open_path(object)?)
+                    .ok()?
+                    .len();
+                (size <= KEPT_OBJECT_MAX_BYTES).then_some((object, size))
+            })
+            .collect();
+        let total: u64 = small.values().sum();
+        if total <= PARSED_OBJECTS_BUDGET_BYTES {
+            return small;
+        }
+        debug!("symbolizer: this window's objects total {total} bytes, over the budget: none kept");
+        *self.inner.borrow_mut() = Self::blazesym(&self.debug_dirs);
+        self.parsed.borrow_mut().clear();
+        HashMap::new()
+    }
+
+    /// After a window: keep the parsed data of the objects
+    /// [`Self::objects_to_keep`] chose (`used`) and evict everything else.
     pub(super) fn keep_only<V>(&self, used: &HashMap<ObjectId, V>) {
         let mut parsed = self.parsed.borrow_mut();
-        let kept: u64 = parsed
-            .iter()
-            .filter(|(object, _)| used.contains_key(*object))
-            .map(|(_, p)| p.bytes)
-            .sum();
-        if kept > PARSED_OBJECTS_BUDGET_BYTES {
-            debug!(
-                "symbolizer: this window's objects total {kept} bytes, over the budget: none kept"
-            );
-            *self.inner.borrow_mut() = Self::blazesym(&self.debug_dirs);
-            parsed.clear();
-            return;
-        }
         let (keep, drop): (HashMap<_, _>, HashMap<_, _>) = parsed
             .drain()
             .partition(|(object, _)| used.contains_key(object));

@@ -16,6 +16,7 @@ use std::path::Path;
 use tracing::debug;
 
 pub mod builder;
+mod builds;
 pub mod cache;
 pub(crate) mod eh_frame_hdr;
 pub mod identity;
