@@ -112,7 +112,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     // Continuous mode: the sender (and its thread) starts before sampling,
     // so that a bad URL fails the run before anything is loaded.
     let mut worker = if continuous {
-        let sender = crate::sender::start(cli)?;
+        let sender = crate::sender::start(cli.sender_config()?)?;
         if let Some(queue) = sender.delivery_queue() {
             metrics.set_delivery_queue(queue);
         }
