@@ -9,7 +9,8 @@
 //! vDSO, the same image for every 64-bit process of the running kernel
 //! (blazesym's process source reads it from memory).
 //! Each place names come from is a [`sources::SymbolSource`]: the kernel
-//! ([`kernel`]), ELF objects (`objects`), the vDSO (`vdso`).
+//! ([`kernel`]), ELF objects (`objects`), the vDSO (`vdso`), JIT perf maps
+//! for anonymous executable memory (`perf_map`).
 //! Names are demangled here (Rust, then C++ Itanium), keeping the mangled
 //! name as the frame's `system_name`. An address nobody can name becomes
 //! `object+0xFILE_OFFSET` (or `[kernel.kallsyms]+0xADDR`), never dropped.
@@ -19,6 +20,7 @@ mod elf_file;
 pub mod kernel;
 mod lines;
 mod objects;
+mod perf_map;
 pub mod source;
 mod sources;
 mod vdso;
@@ -62,6 +64,7 @@ pub struct Symbolizer {
     kernel: kernel::Kallsyms,
     objects: objects::ElfObjects,
     vdso: vdso::Vdso,
+    perf_maps: perf_map::PerfMaps,
     kernel_build_id: Option<String>,
 }
 
@@ -107,14 +110,15 @@ impl Symbolizer {
             kernel: kernel::Kallsyms::new(),
             objects: objects::ElfObjects::new(debug_dirs, keep_parsed_objects),
             vdso: vdso::Vdso::new(),
+            perf_maps: perf_map::PerfMaps::default(),
             kernel_build_id: kernel::kernel_build_id(),
         }
     }
 
     /// The symbol sources, in the order they are asked which frames are
     /// theirs.
-    fn sources(&self) -> [&dyn SymbolSource; 3] {
-        [&self.kernel, &self.objects, &self.vdso]
+    fn sources(&self) -> [&dyn SymbolSource; 4] {
+        [&self.kernel, &self.objects, &self.vdso, &self.perf_maps]
     }
 
     /// Symbolize every stack in `aggregator` and build the window's profile.

@@ -1,0 +1,267 @@
+//! Frames in code generated at run time, named from the perf map the
+//! generating program writes (`/tmp/perf-PID.map`), profiled end to end as
+//! root with real BPF sampling:
+//! - a small C program that copies two functions' machine code into
+//!   anonymous executable memory, writes their names to its perf map and
+//!   runs them: directly, and inside its own PID and mount namespaces with
+//!   a private `/tmp` (the map is then only under `/proc/PID/root/tmp`,
+//!   named by the process's namespace pid);
+//! - `node --perf-basic-prof` running a chain of named JavaScript
+//!   functions (skipped, with the reason printed, where node is absent).
+//!
+//! Needs root (BPF, namespaces), gcc, util-linux's `unshare`; node from
+//! scripts/setup.sh.
+
+mod common;
+
+use std::fs;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Longest any single profiler run may take before the test gives up.
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A program that generates `jit_outer` (frame, call `jit_inner`) and
+/// `jit_inner` (frame, count `n` down) into an anonymous mapping, names
+/// them in `/tmp/perf-PID.map` and calls `jit_outer` forever from `main`.
+fn jit_source() -> String {
+    format!(
+        r#"{DIE_WITH_PARENT}
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+static const unsigned char inner[] = {{
+    0x55,                   /* push rbp */
+    0x48, 0x89, 0xe5,       /* mov rbp, rsp */
+    0x48, 0x89, 0xf8,       /* mov rax, rdi */
+    0x48, 0xff, 0xc8,       /* 1: dec rax */
+    0x75, 0xfb,             /* jnz 1b */
+    0x5d,                   /* pop rbp */
+    0xc3,                   /* ret */
+}};
+#define OUTER 64
+static const unsigned char outer[] = {{
+    0x55,                         /* push rbp */
+    0x48, 0x89, 0xe5,             /* mov rbp, rsp */
+    0xe8, 0xb7, 0xff, 0xff, 0xff, /* call jit_inner (0 - (OUTER + 9)) */
+    0x5d,                         /* pop rbp */
+    0xc3,                         /* ret */
+}};
+int main(void) {{
+    unsigned char *code = mmap(0, 4096, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (code == MAP_FAILED) return 1;
+    memcpy(code, inner, sizeof inner);
+    memcpy(code + OUTER, outer, sizeof outer);
+    if (mprotect(code, 4096, PROT_READ | PROT_EXEC)) return 1;
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/perf-%d.map", (int)getpid());
+    FILE *map = fopen(path, "w");
+    if (!map) return 1;
+    fprintf(map, "%lx %zx jit_inner\n", (unsigned long)code, sizeof inner);
+    fprintf(map, "%lx %zx jit_outer\n", (unsigned long)(code + OUTER), sizeof outer);
+    fclose(map);
+    void (*run)(unsigned long) = (void (*)(unsigned long))(code + OUTER);
+    for (;;) run(100000000);
+}}
+"#
+    )
+}
+
+/// Profile process `pid` for 2 s and return its folded stacks (process
+/// name `name`) with the run's output text.
+fn profile(pid: u32, name: &str) -> (Vec<Stack>, String) {
+    let dir = tempdir();
+    let pid = pid.to_string();
+    let out = run(
+        &[
+            "--pids",
+            &pid,
+            "--duration",
+            "2",
+            "--sample-freq",
+            "499",
+            "--profile-format",
+            "folded",
+            "--profile-path",
+            s(dir.path()),
+        ],
+        TIMEOUT,
+    );
+    out.assert_success();
+    let stacks = read_folded(&dir.path().join("folded.txt"));
+    let mine: Vec<Stack> = of_process(&stacks, name).into_iter().cloned().collect();
+    (mine, out.to_string())
+}
+
+/// Samples of `stacks` whose user frames hold `chain` (root to leaf,
+/// contiguous).
+fn with_chain(stacks: &[Stack], chain: &[&str]) -> u64 {
+    stacks
+        .iter()
+        .filter(|(frames, _)| user_frames(frames).windows(chain.len()).any(|w| w == chain))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Require `chain` in at least 90% of `stacks`' (at least 100) samples.
+fn assert_chain(stacks: &[Stack], chain: &[&str], out: &str) {
+    let all = total(stacks);
+    let hit = with_chain(stacks, chain);
+    let refs: Vec<&Stack> = stacks.iter().collect();
+    assert!(all >= 100, "only {all} samples:\n{}\n{out}", show(&refs));
+    assert!(
+        hit as f64 >= 0.9 * all as f64,
+        "{hit} of {all} samples have {}:\n{}\n{out}",
+        chain.join(";"),
+        show(&refs)
+    );
+}
+
+/// Wait until process `pid`'s perf map (as it sees it) names `jit_outer`.
+fn wait_for_map(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ns_pid = fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))?
+                    .split_whitespace()
+                    .last()?
+                    .parse::<u32>()
+                    .ok()
+            });
+        let map = ns_pid.and_then(|n| {
+            fs::read_to_string(format!("/proc/{pid}/root/tmp/perf-{n}.map")).ok()
+        });
+        if map.is_some_and(|m| m.contains("jit_outer")) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no perf map for {pid} in 10 s");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The generated functions are named from the perf map, and the walk goes
+/// on through their frames into `main`.
+#[test]
+fn perf_map_names_generated_code() {
+    let _serial = serial();
+    let program = compile("lsw_jit", &jit_source(), FP_FLAGS);
+    let workload = Workload::spawn(&program);
+    wait_for_map(workload.pid());
+    let (stacks, out) = profile(workload.pid(), &program.name);
+    let _ = fs::remove_file(format!("/tmp/perf-{}.map", workload.pid()));
+    assert_chain(&stacks, &["main", "jit_outer", "jit_inner"], &out);
+}
+
+/// A process in its own PID and mount namespaces writes its perf map to
+/// its private `/tmp` under its namespace pid; it is found there.
+#[test]
+fn perf_map_inside_pid_and_mount_namespaces() {
+    let _serial = serial();
+    let program = compile("lsw_jitns", &jit_source(), FP_FLAGS);
+    let script = format!("mount -t tmpfs tmpfs /tmp && exec {}", s(&program.path));
+    let mut unshare = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount", "--mount-proc", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("running unshare (util-linux)");
+    let _kill = KillOnDrop(&mut unshare);
+    let pid = find_process(&program.name);
+    wait_for_map(pid);
+    assert!(
+        !std::path::Path::new(&format!("/tmp/perf-{pid}.map")).exists(),
+        "the map must be visible only inside the namespace"
+    );
+    let (stacks, out) = profile(pid, &program.name);
+    assert_chain(&stacks, &["main", "jit_outer", "jit_inner"], &out);
+}
+
+/// `node --perf-basic-prof` names its JavaScript functions in its perf
+/// map; the chain `outerJsWork -> innerJsWork` is named.
+#[test]
+fn node_perf_basic_prof() {
+    let _serial = serial();
+    if Command::new("node").arg("--version").output().is_err() {
+        eprintln!("skipped: node is not installed (scripts/setup.sh installs nodejs)");
+        return;
+    }
+    let dir = tempdir();
+    let script = dir.path().join("jit.js");
+    fs::write(
+        &script,
+        "function innerJsWork(n) { let s = 0; for (let i = 0; i < n; i++) s = (s + i * 31) | 0; return s; }\n\
+         function outerJsWork() { let t = 0; for (let k = 0; k < 50; k++) t ^= innerJsWork(100000); return t; }\n\
+         const end = Date.now() + 20000; let x = 0;\n\
+         while (Date.now() < end) x ^= outerJsWork();\n\
+         console.log(x);\n",
+    )
+    .expect("write script");
+    let mut node = Command::new("node")
+        .arg("--perf-basic-prof")
+        .arg(&script)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("node");
+    let pid = node.id();
+    let map = format!("/tmp/perf-{pid}.map");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !fs::read_to_string(&map).is_ok_and(|m| m.contains("innerJsWork")) {
+        assert!(Instant::now() < deadline, "node wrote no map naming innerJsWork");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).expect("comm");
+    let (stacks, out) = profile(pid, comm.trim_end());
+    let _ = node.kill();
+    let _ = node.wait();
+    let _ = fs::remove_file(&map);
+    let all = total(&stacks);
+    let named: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| frames.iter().any(|f| f.contains("innerJsWork")))
+        .map(|(_, n)| n)
+        .sum();
+    let refs: Vec<&Stack> = stacks.iter().collect();
+    assert!(all >= 100, "only {all} samples:\n{out}");
+    assert!(
+        named as f64 >= 0.9 * all as f64,
+        "{named} of {all} samples name innerJsWork:\n{}\n{out}",
+        show(&refs)
+    );
+}
+
+/// The pid (as this test sees it) of the process whose `comm` is `name`,
+/// waiting up to 10 s for it to appear.
+fn find_process(name: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = fs::read_dir("/proc").ok().and_then(|entries| {
+            entries.flatten().find_map(|e| {
+                let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+                let comm = fs::read_to_string(e.path().join("comm")).ok()?;
+                (comm.trim_end() == name).then_some(pid)
+            })
+        });
+        if let Some(pid) = found {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "{name} did not start in 10 s");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills (and reaps) a child when dropped.
+struct KillOnDrop<'a>(&'a mut Child);
+
+impl Drop for KillOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
