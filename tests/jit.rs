@@ -166,7 +166,14 @@ fn perf_map_names_generated_code() {
 fn perf_map_inside_pid_and_mount_namespaces() {
     let _serial = serial();
     let program = compile("lsw_jitns", &jit_source(), FP_FLAGS);
-    let script = format!("mount -t tmpfs tmpfs /tmp && exec {}", s(&program.path));
+    // Outside /tmp, which the namespace's own tmpfs hides.
+    let outside = tempfile::Builder::new()
+        .prefix("lsw-test-")
+        .tempdir_in("/var/tmp")
+        .expect("tempdir in /var/tmp");
+    let binary = outside.path().join(&program.name);
+    fs::copy(&program.path, &binary).expect("copy the program");
+    let script = format!("mount -t tmpfs tmpfs /tmp && exec {}", s(&binary));
     let mut unshare = Command::new("unshare")
         .args(["--pid", "--fork", "--mount", "--mount-proc", "sh", "-c", &script])
         .stdin(Stdio::null())
@@ -184,7 +191,8 @@ fn perf_map_inside_pid_and_mount_namespaces() {
 }
 
 /// `node --perf-basic-prof` names its JavaScript functions in its perf
-/// map; the chain `outerJsWork -> innerJsWork` is named.
+/// map: `outerJsWork` (into which the optimizing compiler inlines
+/// `innerJsWork`) or `innerJsWork` is named on nearly every sample.
 #[test]
 fn node_perf_basic_prof() {
     let _serial = serial();
@@ -224,14 +232,14 @@ fn node_perf_basic_prof() {
     let all = total(&stacks);
     let named: u64 = stacks
         .iter()
-        .filter(|(frames, _)| frames.iter().any(|f| f.contains("innerJsWork")))
+        .filter(|(frames, _)| frames.iter().any(|f| f.contains("JsWork")))
         .map(|(_, n)| n)
         .sum();
     let refs: Vec<&Stack> = stacks.iter().collect();
     assert!(all >= 100, "only {all} samples:\n{out}");
     assert!(
         named as f64 >= 0.9 * all as f64,
-        "{named} of {all} samples name innerJsWork:\n{}\n{out}",
+        "{named} of {all} samples name a JsWork function:\n{}\n{out}",
         show(&refs)
     );
 }
