@@ -21,8 +21,9 @@ use url::Url;
 
 use super::queue::{Attempt, Backoff, Delivery, Item, Transport};
 use super::{Sender, SenderReport};
-use crate::cli::{Cli, Compression};
+use crate::cli::Cli;
 use crate::format::pprof;
+use crate::format::Compression;
 use crate::profile::Profile;
 
 /// Default endpoint of the remote sender: a local `lightswitch collector`.
