@@ -136,9 +136,8 @@ fn wait_for_map(pid: u32) {
                     .parse::<u32>()
                     .ok()
             });
-        let map = ns_pid.and_then(|n| {
-            fs::read_to_string(format!("/proc/{pid}/root/tmp/perf-{n}.map")).ok()
-        });
+        let map = ns_pid
+            .and_then(|n| fs::read_to_string(format!("/proc/{pid}/root/tmp/perf-{n}.map")).ok());
         if map.is_some_and(|m| m.contains("jit_outer")) {
             return;
         }
@@ -175,7 +174,15 @@ fn perf_map_inside_pid_and_mount_namespaces() {
     fs::copy(&program.path, &binary).expect("copy the program");
     let script = format!("mount -t tmpfs tmpfs /tmp && exec {}", s(&binary));
     let mut unshare = Command::new("unshare")
-        .args(["--pid", "--fork", "--mount", "--mount-proc", "sh", "-c", &script])
+        .args([
+            "--pid",
+            "--fork",
+            "--mount",
+            "--mount-proc",
+            "sh",
+            "-c",
+            &script,
+        ])
         .stdin(Stdio::null())
         .spawn()
         .expect("running unshare (util-linux)");
@@ -221,7 +228,10 @@ fn node_perf_basic_prof() {
     let map = format!("/tmp/perf-{pid}.map");
     let deadline = Instant::now() + Duration::from_secs(15);
     while !fs::read_to_string(&map).is_ok_and(|m| m.contains("innerJsWork")) {
-        assert!(Instant::now() < deadline, "node wrote no map naming innerJsWork");
+        assert!(
+            Instant::now() < deadline,
+            "node wrote no map naming innerJsWork"
+        );
         thread::sleep(Duration::from_millis(50));
     }
     let comm = fs::read_to_string(format!("/proc/{pid}/comm")).expect("comm");

@@ -11,6 +11,7 @@
 
 mod lifetime;
 pub mod maps;
+pub mod perf_map;
 #[cfg(test)]
 mod tests;
 
@@ -18,6 +19,7 @@ use rustc_hash::FxHashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::debug;
@@ -140,6 +142,11 @@ impl ProcessTracker {
         self.processes.get(&pid).map_or(&[], |p| &p.mappings)
     }
 
+    /// The JIT perf map of `pid`, if it had one when its maps were read.
+    pub fn perf_map(&self, pid: u32) -> Option<&Arc<perf_map::PerfMapFile>> {
+        self.processes.get(&pid)?.perf_map.as_ref()
+    }
+
     /// Re-read `pid`'s maps now (a new mapping was reported), unless they
     /// were read within [`REFRESH_INTERVAL`].
     pub fn refresh_process(&mut self, pid: u32) {
@@ -170,6 +177,9 @@ struct ProcessMaps {
     /// sample resolved through these mappings: no window holding a sample
     /// taken after it refers to them.
     last_sample_ns: u64,
+    /// Its JIT perf map, opened when its maps first showed executable
+    /// anonymous memory and the map existed.
+    perf_map: Option<Arc<perf_map::PerfMapFile>>,
 }
 
 /// Counters of what the tracker could not do.
@@ -369,6 +379,10 @@ impl ProcessTracker {
                     .map(|id| (at, id)),
             );
             process.last_sample_ns = 0;
+            process.perf_map = None;
+        }
+        if process.perf_map.is_none() && perf_map::may_have_perf_map(entries) {
+            process.perf_map = perf_map::PerfMapFile::open(pid).map(Arc::new);
         }
         for &(_, _, id) in &found {
             if !process.all.contains(&id) {

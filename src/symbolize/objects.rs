@@ -50,9 +50,10 @@ pub(super) struct ElfObjects {
 impl SymbolSource for ElfObjects {
     fn locate(&self, frame: FrameRef<'_>) -> Option<Site> {
         match frame {
-            FrameRef::User { address, mapping } => {
-                Some((u64::from(mapping.object?.0), mapping.file_offset_of(address)))
-            }
+            FrameRef::User { address, mapping } => Some((
+                u64::from(mapping.object?.0),
+                mapping.file_offset_of(address),
+            )),
             FrameRef::Kernel(_) => None,
         }
     }

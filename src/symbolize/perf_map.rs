@@ -9,7 +9,9 @@
 //! The file is the one the process sees: under its root
 //! (`/proc/PID/root/tmp/...`), named by its pid in its own PID namespace
 //! (the last `NSpid` of `/proc/PID/status`), so that containers' maps are
-//! found. Maps are re-read from where the last read stopped when they grew,
+//! found; the process tracker opens it while the process lives
+//! ([`crate::process::perf_map`]), which keeps it readable after the
+//! process and its mount namespace are gone. Maps are re-read from where the last read stopped when they grew,
 //! from the start when they were replaced or shrank; a process's map is
 //! kept while the windows name frames of it (after its exit too, since its
 //! last map is still right for its samples).
@@ -19,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use tracing::debug;
@@ -28,6 +30,7 @@ use super::lines::{line_of, Lines};
 use super::sources::{Batch, FrameRef, Site, SymbolSource};
 use super::vdso::VDSO_MAPPING_NAME;
 use super::MappingSource;
+use crate::process::perf_map::perf_map_path;
 
 /// Most bytes of one perf map read (a long-running node process writes a
 /// few MB; this bounds what a runaway map costs).
@@ -52,7 +55,7 @@ impl SymbolSource for PerfMaps {
         }
     }
 
-    fn symbolize(&self, _tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines> {
+    fn symbolize(&self, tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines> {
         let mut maps = self.maps.borrow_mut();
         maps.retain(|&pid, _| batch.contains_key(&u64::from(pid)));
         let mut lines = HashMap::new();
@@ -60,9 +63,13 @@ impl SymbolSource for PerfMaps {
             let Ok(pid) = u32::try_from(group) else {
                 continue;
             };
-            let map = match maps.remove(&pid) {
-                Some(map) => map.refreshed(pid),
-                None => PerfMap::open(pid),
+            let path = tracker.perf_map(pid).map(Path::to_path_buf);
+            let path = path.or_else(|| perf_map_path(pid));
+            let map = match (maps.remove(&pid), path) {
+                (Some(map), Some(path)) => map.refreshed(&path),
+                (Some(map), None) => Some(map),
+                (None, Some(path)) => PerfMap::open(&path),
+                (None, None) => None,
             };
             let Some(map) = map else {
                 continue;
@@ -78,27 +85,6 @@ impl SymbolSource for PerfMaps {
     }
 }
 
-/// The path of process `pid`'s perf map as it sees it:
-/// `/proc/PID/root/tmp/perf-NSPID.map`. `None` when the process is gone.
-pub(super) fn perf_map_path(pid: u32) -> Option<PathBuf> {
-    let ns_pid = namespace_pid(pid)?;
-    Some(PathBuf::from(format!(
-        "/proc/{pid}/root/tmp/perf-{ns_pid}.map"
-    )))
-}
-
-/// Process `pid`'s id in its own (innermost) PID namespace: the last field
-/// of `NSpid` in `/proc/PID/status` (kernels before 4.1 have no `NSpid`:
-/// `pid` itself).
-pub(super) fn namespace_pid(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let ns_pid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .and_then(|l| l.split_whitespace().last()?.parse().ok());
-    Some(ns_pid.unwrap_or(pid))
-}
-
 /// One process's perf map as read so far.
 #[derive(Debug)]
 struct PerfMap {
@@ -111,33 +97,28 @@ struct PerfMap {
 }
 
 impl PerfMap {
-    /// Reads process `pid`'s perf map; `None` when it has none.
-    fn open(pid: u32) -> Option<PerfMap> {
-        let path = perf_map_path(pid)?;
+    /// Reads the perf map at `path`; `None` when there is none.
+    fn open(path: &Path) -> Option<PerfMap> {
         let mut map = PerfMap {
             identity: (0, 0),
             consumed: 0,
             entries: BTreeMap::new(),
         };
-        map.read_from(&path).ok()?;
+        map.read_from(path).ok()?;
         Some(map)
     }
 
     /// This map brought up to date with the file: the lines added since
     /// the last read, or the whole file again if it was replaced or
-    /// shrank. A map whose process has exited stays as it is; one whose
-    /// file is gone from a live process is dropped.
-    fn refreshed(mut self, pid: u32) -> Option<PerfMap> {
-        let Some(path) = perf_map_path(pid) else {
-            return Some(self);
-        };
-        match self.read_from(&path) {
+    /// shrank (`path`: where it is read now). `None` when it cannot be
+    /// read any more.
+    fn refreshed(mut self, path: &Path) -> Option<PerfMap> {
+        match self.read_from(path) {
             Ok(()) => Some(self),
-            Err(err) if Path::new(&format!("/proc/{pid}")).exists() => {
+            Err(err) => {
                 debug!("{}: {err}", path.display());
                 None
             }
-            Err(_) => Some(self),
         }
     }
 
@@ -208,6 +189,7 @@ fn parse_line(line: &[u8]) -> Option<(u64, u64, &str)> {
 #[cfg(test)]
 mod tests {
     use std::io::Write;
+    use std::path::PathBuf;
 
     use super::*;
 
@@ -217,7 +199,10 @@ mod tests {
             parse_line(b"7f00a000 1c0 LazyCompile:*work /a.js:1"),
             Some((0x7f00_a000, 0x1c0, "LazyCompile:*work /a.js:1"))
         );
-        assert_eq!(parse_line(b"0x10 0x20 py::f:/x.py"), Some((0x10, 0x20, "py::f:/x.py")));
+        assert_eq!(
+            parse_line(b"0x10 0x20 py::f:/x.py"),
+            Some((0x10, 0x20, "py::f:/x.py"))
+        );
         for bad in [&b"123"[..], b"xyz 10 f", b"10 zz f", b"10 20 ", b"\xff 1 f"] {
             assert_eq!(parse_line(bad), None, "{bad:?}");
         }
@@ -251,21 +236,21 @@ mod tests {
         let _remove = RemoveOnDrop(path.clone());
         writeln!(file, "1000 100 first").unwrap();
         write!(file, "2000 100 second").unwrap(); // no newline yet
-        let map = PerfMap::open(pid).expect("read");
+        let map = PerfMap::open(&path).expect("read");
         assert_eq!(map.name_of(0x1080), Some("first"));
         assert_eq!(map.name_of(0x2000), None, "incomplete line");
         writeln!(file, "\n3000 10 third").unwrap();
-        let map = map.refreshed(pid).expect("still there");
+        let map = map.refreshed(&path).expect("still there");
         assert_eq!(map.name_of(0x20ff), Some("second"));
         assert_eq!(map.name_of(0x3000), Some("third"));
         assert_eq!(map.name_of(0x1080), Some("first"));
         // Replaced by a shorter file: read again from the start.
         std::fs::write(&path, "4000 10 fourth\n").unwrap();
-        let map = map.refreshed(pid).expect("replaced");
+        let map = map.refreshed(&path).expect("replaced");
         assert_eq!(map.name_of(0x1080), None);
         assert_eq!(map.name_of(0x4000), Some("fourth"));
         std::fs::remove_file(&path).unwrap();
-        assert!(map.refreshed(pid).is_none(), "gone from a live process");
+        assert!(map.refreshed(&path).is_none(), "gone from a live process");
     }
 
     struct RemoveOnDrop(PathBuf);
