@@ -12,7 +12,7 @@ use object::read::elf::{Dyn, ElfFile64, GnuHashTable, HashTable, ProgramHeader, 
 use object::{Endianness, Object, StringTable};
 
 use crate::unwind::eh_frame_hdr::loaded_bytes;
-use crate::unwind::identity::find_debug_file_by_build_id;
+use crate::unwind::identity::{find_debug_file_by_build_id, find_debug_file_in};
 
 /// Size of one `Elf64_Sym`, bytes.
 const SYM64_SIZE: u64 = 24;
@@ -70,6 +70,27 @@ impl ObjectFile {
             return None;
         }
         find_debug_file_by_build_id(file.build_id().ok()??, debug_dirs)
+    }
+
+    /// The GNU build ID of an object whose debug information is nowhere
+    /// on this machine: no DWARF of its own (`.debug_info`), no debug file
+    /// by build ID under `debug_dirs`, no `.gnu_debuglink` target (looked
+    /// for beside `real_path`, the object's path as its process saw it,
+    /// and under `debug_dirs`). `None` otherwise, and for objects without a
+    /// build ID.
+    pub fn build_id_without_local_debug_info(
+        &self,
+        real_path: &Path,
+        debug_dirs: &[PathBuf],
+    ) -> Option<Vec<u8>> {
+        let file = self.elf()?;
+        if file.section_by_name(".debug_info").is_some() {
+            return None;
+        }
+        let id = file.build_id().ok()??.to_vec();
+        find_debug_file_in(real_path, &self.map, debug_dirs)
+            .is_none()
+            .then_some(id)
     }
 
     /// The function symbols of the dynamic symbol table of an object without

@@ -16,6 +16,7 @@
 //! `object+0xFILE_OFFSET` (or `[kernel.kallsyms]+0xADDR`), never dropped.
 
 mod assembly;
+pub mod debuginfod;
 mod elf_file;
 pub mod kernel;
 mod lines;

@@ -13,6 +13,7 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolizer as BlazeSymbolizer};
 use tracing::debug;
 
+use super::debuginfod::Debuginfod;
 use super::elf_file::ObjectFile;
 use super::lines::{demangle, file_name, line_of, lines_of, unknown_line, Lines};
 use super::sources::{Batch, FrameRef, Site, SymbolSource};
@@ -45,6 +46,8 @@ pub(super) struct ElfObjects {
     /// Where separate debug files are looked up (by build ID, and for
     /// `.gnu_debuglink` names).
     debug_dirs: Vec<PathBuf>,
+    /// Where debug files found nowhere on this machine are fetched from.
+    debuginfod: Option<Arc<Debuginfod>>,
 }
 
 impl SymbolSource for ElfObjects {
@@ -91,7 +94,8 @@ impl SymbolSource for ElfObjects {
 
 impl ElfObjects {
     /// An object source looking for separate debug files under
-    /// `debug_dirs`; `keep_parsed_objects` keeps parsed objects between
+    /// `debug_dirs` (and from the debuginfod servers set up by
+    /// [`super::debuginfod::configure`]); `keep_parsed_objects` keeps parsed objects between
     /// windows (see [`super::Symbolizer`]).
     pub(super) fn new(debug_dirs: Vec<PathBuf>, keep_parsed_objects: bool) -> Self {
         ElfObjects {
@@ -99,6 +103,7 @@ impl ElfObjects {
             keep_parsed_objects,
             parsed: Default::default(),
             debug_dirs,
+            debuginfod: super::debuginfod::client(),
         }
     }
 
@@ -109,7 +114,8 @@ impl ElfObjects {
     /// `line-tables-only`) names a function without its module, and names
     /// functions that have no DWARF at all. DWARF comes from the object,
     /// its `.gnu_debuglink` target, or the debug file found by its build ID
-    /// under the debug directories (addressed there by virtual address).
+    /// under the debug directories or fetched from a debuginfod server
+    /// (addressed there by virtual address).
     /// Objects without section headers are named from their dynamic symbol
     /// table (found through `PT_DYNAMIC`).
     fn symbolize_object(
@@ -123,9 +129,10 @@ impl ElfObjects {
             return vec![None; offsets.len()];
         };
         let file = ObjectFile::open(path);
-        let debug_file = file
-            .as_ref()
-            .and_then(|f| f.debug_file_by_build_id(&self.debug_dirs));
+        let debug_file = file.as_ref().and_then(|f| {
+            f.debug_file_by_build_id(&self.debug_dirs)
+                .or_else(|| self.remote_debug_file(tracker, object, f))
+        });
         let fresh;
         let kept;
         let inner: &BlazeSymbolizer = if keep {
@@ -204,6 +211,21 @@ impl ElfObjects {
                 lines
             })
             .collect()
+    }
+
+    /// The debug file of `object` (opened as `file`) from debuginfod, when
+    /// a server is set and the object's debug information is nowhere on
+    /// this machine.
+    fn remote_debug_file(
+        &self,
+        tracker: &dyn MappingSource,
+        object: ObjectId,
+        file: &ObjectFile,
+    ) -> Option<PathBuf> {
+        let debuginfod = self.debuginfod.as_ref()?;
+        let real_path = Path::new(tracker.object_path(object)?);
+        let id = file.build_id_without_local_debug_info(real_path, &self.debug_dirs)?;
+        debuginfod.debuginfo(&id)
     }
 
     /// Records that blazesym now holds parsed data for `object`, opened at
