@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::fs;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -197,6 +196,10 @@ fn stripped_binary_named_from_a_debuginfod_server() {
         chain.join(";"),
         show(&refs)
     );
+    // libc's debug file may be fetched too (a failure where it is
+    // installed neither here nor on the server).
+    let counts = debuginfod_counts(&out);
+    assert_eq!(counts.get("fetched"), Some(&1), "{out}");
     let cached = cache.path().join(&id).join("debuginfo");
     assert_eq!(build_id(&cached), id, "the cached debug file");
 
@@ -221,5 +224,21 @@ fn stripped_binary_named_from_a_debuginfod_server() {
         "{placeholders} of {all} samples end in lsw_dinfod+0x...:\n{}\n{out}",
         show(&refs)
     );
+    let counts = debuginfod_counts(&out);
+    assert_eq!(counts.get("fetched"), Some(&0), "{out}");
+    assert!(counts.get("failed").is_some_and(|&n| n >= 1), "{out}");
     assert!(!empty.path().join(&id).join("debuginfo").exists());
+}
+
+/// The counts of the summary line `debuginfod: fetched=N cached=N failed=N`.
+fn debuginfod_counts(out: &str) -> std::collections::BTreeMap<String, u64> {
+    out.lines()
+        .find_map(|l| l.strip_prefix("debuginfod:"))
+        .unwrap_or_else(|| panic!("no debuginfod line:\n{out}"))
+        .split_whitespace()
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
 }
