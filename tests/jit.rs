@@ -6,6 +6,8 @@
 //!   runs them: directly, and inside its own PID and mount namespaces with
 //!   a private `/tmp` (the map is then only under `/proc/PID/root/tmp`,
 //!   named by the process's namespace pid);
+//! - the same program naming them in a jitdump file (`jit-PID.dump`) that
+//!   it maps executable, the way writers of that format mark it;
 //! - `node --perf-basic-prof` running a chain of named JavaScript
 //!   functions (skipped, with the reason printed, where node is absent).
 //!
@@ -70,6 +72,47 @@ int main(void) {{
 }}
 "#
     )
+}
+
+/// The same generated functions, named in a jitdump file (`jit-PID.dump`
+/// beside the program) that the program maps executable, as writers of the
+/// format do for profilers to find it, instead of a perf map.
+fn jitdump_source() -> String {
+    let source = jit_source();
+    let start = source.find("    char path[64];").expect("perf map part");
+    let end = source.find("    void (*run)").expect("run part");
+    let jitdump = r#"    char exe[4096], path[4200];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return 1;
+    exe[n] = 0;
+    *strrchr(exe, '/') = 0;
+    snprintf(path, sizeof path, "%s/jit-%d.dump", exe, (int)getpid());
+    FILE *dump = fopen(path, "w+");
+    if (!dump) return 1;
+    unsigned int header[6] = {0x4A695444, 1, 40, 62, 0, (unsigned int)getpid()};
+    unsigned long long stamp_flags[2] = {0, 0};
+    fwrite(header, sizeof header, 1, dump);
+    fwrite(stamp_flags, sizeof stamp_flags, 1, dump);
+    fflush(dump);
+    if (mmap(0, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE, fileno(dump), 0) == MAP_FAILED) return 1;
+    const char *names[2] = {"jd_inner", "jd_outer"};
+    unsigned char *addrs[2] = {code, code + OUTER};
+    unsigned long long sizes[2] = {sizeof inner, sizeof outer};
+    for (int i = 0; i < 2; i++) {
+        unsigned int rec[2] = {0, (unsigned int)(16 + 40 + strlen(names[i]) + 1 + sizes[i])};
+        unsigned long long stamp = 0;
+        unsigned int ids[2] = {(unsigned int)getpid(), (unsigned int)getpid()};
+        unsigned long long load[4] = {(unsigned long long)addrs[i], (unsigned long long)addrs[i], sizes[i], (unsigned long long)i};
+        fwrite(rec, sizeof rec, 1, dump);
+        fwrite(&stamp, sizeof stamp, 1, dump);
+        fwrite(ids, sizeof ids, 1, dump);
+        fwrite(load, sizeof load, 1, dump);
+        fwrite(names[i], strlen(names[i]) + 1, 1, dump);
+        fwrite(addrs[i], sizes[i], 1, dump);
+    }
+    fflush(dump);
+"#;
+    format!("{}{jitdump}{}", &source[..start], &source[end..])
 }
 
 /// Profile process `pid` for 2 s and return its folded stacks (process
@@ -157,6 +200,26 @@ fn perf_map_names_generated_code() {
     let (stacks, out) = profile(workload.pid(), &program.name);
     let _ = fs::remove_file(format!("/tmp/perf-{}.map", workload.pid()));
     assert_chain(&stacks, &["main", "jit_outer", "jit_inner"], &out);
+}
+
+/// Generated functions named only in a jitdump file the process mapped.
+#[test]
+fn jitdump_names_generated_code() {
+    let _serial = serial();
+    let program = compile("lsw_jitdump", &jitdump_source(), FP_FLAGS);
+    let workload = Workload::spawn(&program);
+    let dump = program.dir().join(format!("jit-{}.dump", workload.pid()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !fs::read(&dump).is_ok_and(|d| d.windows(8).any(|w| w == b"jd_outer")) {
+        assert!(
+            Instant::now() < deadline,
+            "no jitdump at {}",
+            dump.display()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let (stacks, out) = profile(workload.pid(), &program.name);
+    assert_chain(&stacks, &["main", "jd_outer", "jd_inner"], &out);
 }
 
 /// A process in its own PID and mount namespaces writes its perf map to

@@ -9,9 +9,9 @@
 //! An address outside every known mapping (e.g. after `dlopen`) triggers a
 //! re-read of the maps, at most once per [`REFRESH_INTERVAL`] per process.
 
+pub mod jit;
 mod lifetime;
 pub mod maps;
-pub mod perf_map;
 #[cfg(test)]
 mod tests;
 
@@ -143,8 +143,14 @@ impl ProcessTracker {
     }
 
     /// The JIT perf map of `pid`, if it had one when its maps were read.
-    pub fn perf_map(&self, pid: u32) -> Option<&Arc<perf_map::PerfMapFile>> {
+    pub fn perf_map(&self, pid: u32) -> Option<&Arc<jit::JitFile>> {
         self.processes.get(&pid)?.perf_map.as_ref()
+    }
+
+    /// The jitdump file of `pid`, if it had mapped one when its maps were
+    /// read.
+    pub fn jitdump(&self, pid: u32) -> Option<&Arc<jit::JitFile>> {
+        self.processes.get(&pid)?.jitdump.as_ref()
     }
 
     /// Re-read `pid`'s maps now (a new mapping was reported), unless they
@@ -179,7 +185,9 @@ struct ProcessMaps {
     last_sample_ns: u64,
     /// Its JIT perf map, opened when its maps first showed executable
     /// anonymous memory and the map existed.
-    perf_map: Option<Arc<perf_map::PerfMapFile>>,
+    perf_map: Option<Arc<jit::JitFile>>,
+    /// Its jitdump file, opened when its maps first showed it.
+    jitdump: Option<Arc<jit::JitFile>>,
 }
 
 /// Counters of what the tracker could not do.
@@ -380,9 +388,15 @@ impl ProcessTracker {
             );
             process.last_sample_ns = 0;
             process.perf_map = None;
+            process.jitdump = None;
         }
-        if process.perf_map.is_none() && perf_map::may_have_perf_map(entries) {
-            process.perf_map = perf_map::PerfMapFile::open(pid).map(Arc::new);
+        if jit::has_anonymous_code(entries) {
+            if process.perf_map.is_none() {
+                process.perf_map = jit::JitFile::perf_map(pid).map(Arc::new);
+            }
+            if process.jitdump.is_none() {
+                process.jitdump = jit::JitFile::jitdump(pid, entries).map(Arc::new);
+            }
         }
         for &(_, _, id) in &found {
             if !process.all.contains(&id) {

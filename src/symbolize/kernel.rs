@@ -32,7 +32,7 @@ impl Kallsyms {
 }
 
 impl SymbolSource for Kallsyms {
-    fn locate(&self, frame: FrameRef<'_>) -> Option<Site> {
+    fn locate(&self, _tracker: &dyn MappingSource, frame: FrameRef<'_>) -> Option<Site> {
         match frame {
             FrameRef::Kernel(address) => Some((0, address)),
             FrameRef::User { .. } => None,

@@ -9,8 +9,9 @@
 //! vDSO, the same image for every 64-bit process of the running kernel
 //! (blazesym's process source reads it from memory).
 //! Each place names come from is a [`sources::SymbolSource`]: the kernel
-//! ([`kernel`]), ELF objects (`objects`), the vDSO (`vdso`), JIT perf maps
-//! for anonymous executable memory (`perf_map`).
+//! ([`kernel`]), ELF objects (`objects`), the vDSO (`vdso`), and for
+//! anonymous executable memory (JIT code) jitdump files (`jitdump`, for
+//! processes that mapped one) and perf maps (`perf_map`).
 //! Names are demangled here (Rust, then C++ Itanium), keeping the mangled
 //! name as the frame's `system_name`. An address nobody can name becomes
 //! `object+0xFILE_OFFSET` (or `[kernel.kallsyms]+0xADDR`), never dropped.
@@ -18,6 +19,7 @@
 mod assembly;
 pub mod debuginfod;
 mod elf_file;
+mod jitdump;
 pub mod kernel;
 mod lines;
 mod objects;
@@ -65,6 +67,7 @@ pub struct Symbolizer {
     kernel: kernel::Kallsyms,
     objects: objects::ElfObjects,
     vdso: vdso::Vdso,
+    jitdumps: jitdump::JitDumps,
     perf_maps: perf_map::PerfMaps,
     kernel_build_id: Option<String>,
 }
@@ -111,6 +114,7 @@ impl Symbolizer {
             kernel: kernel::Kallsyms::new(),
             objects: objects::ElfObjects::new(debug_dirs, keep_parsed_objects),
             vdso: vdso::Vdso::new(),
+            jitdumps: jitdump::JitDumps::default(),
             perf_maps: perf_map::PerfMaps::default(),
             kernel_build_id: kernel::kernel_build_id(),
         }
@@ -118,8 +122,14 @@ impl Symbolizer {
 
     /// The symbol sources, in the order they are asked which frames are
     /// theirs.
-    fn sources(&self) -> [&dyn SymbolSource; 4] {
-        [&self.kernel, &self.objects, &self.vdso, &self.perf_maps]
+    fn sources(&self) -> [&dyn SymbolSource; 5] {
+        [
+            &self.kernel,
+            &self.objects,
+            &self.vdso,
+            &self.jitdumps,
+            &self.perf_maps,
+        ]
     }
 
     /// Symbolize every stack in `aggregator` and build the window's profile.

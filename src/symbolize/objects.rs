@@ -51,7 +51,7 @@ pub(super) struct ElfObjects {
 }
 
 impl SymbolSource for ElfObjects {
-    fn locate(&self, frame: FrameRef<'_>) -> Option<Site> {
+    fn locate(&self, _tracker: &dyn MappingSource, frame: FrameRef<'_>) -> Option<Site> {
         match frame {
             FrameRef::User { address, mapping } => Some((
                 u64::from(mapping.object?.0),

@@ -10,7 +10,7 @@
 //! (`/proc/PID/root/tmp/...`), named by its pid in its own PID namespace
 //! (the last `NSpid` of `/proc/PID/status`), so that containers' maps are
 //! found; the process tracker opens it while the process lives
-//! ([`crate::process::perf_map`]), which keeps it readable after the
+//! ([`crate::process::jit`]), which keeps it readable after the
 //! process and its mount namespace are gone. Maps are re-read from where the last read stopped when they grew,
 //! from the start when they were replaced or shrank; a process's map is
 //! kept while the windows name frames of it (after its exit too, since its
@@ -30,7 +30,7 @@ use super::lines::{line_of, Lines};
 use super::sources::{Batch, FrameRef, Site, SymbolSource};
 use super::vdso::VDSO_MAPPING_NAME;
 use super::MappingSource;
-use crate::process::perf_map::perf_map_path;
+use crate::process::jit::perf_map_path;
 
 /// Most bytes of one perf map read (a long-running node process writes a
 /// few MB; this bounds what a runaway map costs).
@@ -44,7 +44,7 @@ pub(super) struct PerfMaps {
 }
 
 impl SymbolSource for PerfMaps {
-    fn locate(&self, frame: FrameRef<'_>) -> Option<Site> {
+    fn locate(&self, _tracker: &dyn MappingSource, frame: FrameRef<'_>) -> Option<Site> {
         match frame {
             FrameRef::User { address, mapping }
                 if mapping.object.is_none() && mapping.name != VDSO_MAPPING_NAME =>
@@ -85,6 +85,51 @@ impl SymbolSource for PerfMaps {
     }
 }
 
+/// Named ranges of generated code, none overlapping: a range added later
+/// replaces the earlier ones it overlaps (code generated again where other
+/// code was).
+#[derive(Debug, Default)]
+pub(super) struct CodeRanges {
+    /// By start: `(end, name)`.
+    entries: BTreeMap<u64, (u64, Arc<str>)>,
+}
+
+impl CodeRanges {
+    /// Adds `[start, end)`, dropping the earlier ranges it overlaps.
+    pub(super) fn insert(&mut self, start: u64, end: u64, name: Arc<str>) {
+        if end <= start {
+            return;
+        }
+        let overlapped: Vec<u64> = self
+            .entries
+            .range(..end)
+            .rev()
+            .take_while(|(_, (e, _))| *e > start)
+            .map(|(&s, _)| s)
+            .collect();
+        for s in overlapped {
+            self.entries.remove(&s);
+        }
+        self.entries.insert(start, (end, name));
+    }
+
+    /// The range starting at `start`, removed: `(end, name)`.
+    pub(super) fn take(&mut self, start: u64) -> Option<(u64, Arc<str>)> {
+        self.entries.remove(&start)
+    }
+
+    /// The name of the code holding `address`.
+    pub(super) fn name_of(&self, address: u64) -> Option<&str> {
+        let (_, (end, name)) = self.entries.range(..=address).next_back()?;
+        (address < *end).then_some(name.as_ref())
+    }
+
+    /// Forget every range.
+    pub(super) fn clear(&mut self) {
+        self.entries.clear();
+    }
+}
+
 /// One process's perf map as read so far.
 #[derive(Debug)]
 struct PerfMap {
@@ -92,8 +137,7 @@ struct PerfMap {
     identity: (u64, u64),
     /// Bytes consumed: up to the end of the last complete line.
     consumed: u64,
-    /// Code ranges by start: `(end, name)`, none overlapping.
-    entries: BTreeMap<u64, (u64, Arc<str>)>,
+    ranges: CodeRanges,
 }
 
 impl PerfMap {
@@ -102,7 +146,7 @@ impl PerfMap {
         let mut map = PerfMap {
             identity: (0, 0),
             consumed: 0,
-            entries: BTreeMap::new(),
+            ranges: CodeRanges::default(),
         };
         map.read_from(path).ok()?;
         Some(map)
@@ -129,7 +173,7 @@ impl PerfMap {
         if identity != self.identity || meta.len() < self.consumed {
             self.identity = identity;
             self.consumed = 0;
-            self.entries.clear();
+            self.ranges.clear();
         }
         let limit = meta.len().min(MAX_PERF_MAP_BYTES);
         if limit <= self.consumed {
@@ -142,35 +186,17 @@ impl PerfMap {
         let complete = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         for line in text[..complete].split(|&b| b == b'\n') {
             if let Some((start, size, name)) = parse_line(line) {
-                self.insert(start, start.saturating_add(size), Arc::from(name));
+                self.ranges
+                    .insert(start, start.saturating_add(size), Arc::from(name));
             }
         }
         self.consumed += complete as u64;
         Ok(())
     }
 
-    /// Adds `[start, end)`, dropping the earlier ranges it overlaps.
-    fn insert(&mut self, start: u64, end: u64, name: Arc<str>) {
-        if end <= start {
-            return;
-        }
-        let overlapped: Vec<u64> = self
-            .entries
-            .range(..end)
-            .rev()
-            .take_while(|(_, (e, _))| *e > start)
-            .map(|(&s, _)| s)
-            .collect();
-        for s in overlapped {
-            self.entries.remove(&s);
-        }
-        self.entries.insert(start, (end, name));
-    }
-
     /// The name of the code holding `address`.
     fn name_of(&self, address: u64) -> Option<&str> {
-        let (_, (end, name)) = self.entries.range(..=address).next_back()?;
-        (address < *end).then_some(name.as_ref())
+        self.ranges.name_of(address)
     }
 }
 
@@ -210,11 +236,7 @@ mod tests {
 
     #[test]
     fn later_ranges_replace_the_ones_they_overlap() {
-        let mut map = PerfMap {
-            identity: (0, 0),
-            consumed: 0,
-            entries: BTreeMap::new(),
-        };
+        let mut map = CodeRanges::default();
         map.insert(0x100, 0x200, Arc::from("a"));
         map.insert(0x200, 0x300, Arc::from("b"));
         map.insert(0x400, 0x500, Arc::from("c"));

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use tracing::debug;
 
-use crate::process::perf_map::PerfMapFile;
+use crate::process::jit::JitFile;
 use crate::process::{Mapping, MappingId, ObjectId, ProcessTracker};
 use crate::profile::aggregate::Aggregator;
 
@@ -32,6 +32,9 @@ pub trait MappingSource {
     /// A path that reads process `pid`'s JIT perf map from the profiler
     /// (`/proc/self/fd/N`), if the tracker opened one.
     fn perf_map(&self, pid: u32) -> Option<&Path>;
+    /// A path that reads process `pid`'s jitdump file from the profiler
+    /// (`/proc/self/fd/N`), if the tracker opened one.
+    fn jitdump(&self, pid: u32) -> Option<&Path>;
 }
 
 impl MappingSource for ProcessTracker {
@@ -49,6 +52,9 @@ impl MappingSource for ProcessTracker {
     }
     fn perf_map(&self, pid: u32) -> Option<&Path> {
         Some(&ProcessTracker::perf_map(self, pid)?.open_path)
+    }
+    fn jitdump(&self, pid: u32) -> Option<&Path> {
+        Some(&ProcessTracker::jitdump(self, pid)?.open_path)
     }
 }
 
@@ -76,7 +82,9 @@ pub struct TrackerSnapshot {
     objects: HashMap<ObjectId, Arc<SnapshotObject>>,
     /// The open perf maps of the window's processes (shared with the
     /// tracker: each stays open, at the same path, while either holds it).
-    perf_maps: HashMap<u32, Arc<PerfMapFile>>,
+    perf_maps: HashMap<u32, Arc<JitFile>>,
+    /// The open jitdump files of the window's processes (shared likewise).
+    jitdumps: HashMap<u32, Arc<JitFile>>,
     missing_samples: u64,
 }
 
@@ -95,6 +103,9 @@ impl TrackerSnapshot {
         for (key, count) in aggregator.stacks() {
             if let Some(perf_map) = tracker.perf_map(key.pid) {
                 snapshot.perf_maps.insert(key.pid, perf_map.clone());
+            }
+            if let Some(jitdump) = tracker.jitdump(key.pid) {
+                snapshot.jitdumps.insert(key.pid, jitdump.clone());
             }
             let mut missing = false;
             for id in key.user.iter().filter_map(|f| f.mapping) {
@@ -173,5 +184,8 @@ impl MappingSource for TrackerSnapshot {
     }
     fn perf_map(&self, pid: u32) -> Option<&Path> {
         Some(&self.perf_maps.get(&pid)?.open_path)
+    }
+    fn jitdump(&self, pid: u32) -> Option<&Path> {
+        Some(&self.jitdumps.get(&pid)?.open_path)
     }
 }

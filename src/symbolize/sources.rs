@@ -39,8 +39,9 @@ pub(super) type Batch = BTreeMap<u64, BTreeSet<u64>>;
 /// One place frame names come from.
 pub(super) trait SymbolSource {
     /// The site at which this source names `frame`, or `None` when the
-    /// frame is not this source's (the next source is asked).
-    fn locate(&self, frame: FrameRef<'_>) -> Option<Site>;
+    /// frame is not this source's (the next source is asked). `tracker`
+    /// tells what is known of the frame's process and objects.
+    fn locate(&self, tracker: &dyn MappingSource, frame: FrameRef<'_>) -> Option<Site>;
 
     /// Lines (innermost first) for every site of `batch`, with whether each
     /// was named (`false` for a placeholder such as `object+0xOFFSET`). A
@@ -55,6 +56,7 @@ pub(super) trait SymbolSource {
 /// symbolizer's list), the lines of its sites.
 pub(super) struct Resolved<'s> {
     sources: &'s [&'s dyn SymbolSource],
+    tracker: &'s dyn MappingSource,
     lines: Vec<HashMap<Site, Lines>>,
 }
 
@@ -63,12 +65,12 @@ impl<'s> Resolved<'s> {
     /// the first source that locates it; frames none locates are left out.
     pub(super) fn resolve<'f>(
         sources: &'s [&'s dyn SymbolSource],
-        tracker: &dyn MappingSource,
+        tracker: &'s dyn MappingSource,
         frames: impl Iterator<Item = FrameRef<'f>>,
     ) -> Self {
         let mut batches: Vec<Batch> = vec![Batch::new(); sources.len()];
         for frame in frames {
-            if let Some((index, (group, address))) = locate(sources, frame) {
+            if let Some((index, (group, address))) = locate(sources, tracker, frame) {
                 batches[index].entry(group).or_default().insert(address);
             }
         }
@@ -83,19 +85,27 @@ impl<'s> Resolved<'s> {
                 }
             })
             .collect();
-        Resolved { sources, lines }
+        Resolved {
+            sources,
+            tracker,
+            lines,
+        }
     }
 
     /// The lines a source gave `frame`, if any located and named it.
     pub(super) fn lines(&self, frame: FrameRef<'_>) -> Option<&Lines> {
-        let (index, site) = locate(self.sources, frame)?;
+        let (index, site) = locate(self.sources, self.tracker, frame)?;
         self.lines[index].get(&site)
     }
 }
 
-fn locate(sources: &[&dyn SymbolSource], frame: FrameRef<'_>) -> Option<(usize, Site)> {
+fn locate(
+    sources: &[&dyn SymbolSource],
+    tracker: &dyn MappingSource,
+    frame: FrameRef<'_>,
+) -> Option<(usize, Site)> {
     sources
         .iter()
         .enumerate()
-        .find_map(|(index, source)| Some((index, source.locate(frame)?)))
+        .find_map(|(index, source)| Some((index, source.locate(tracker, frame)?)))
 }

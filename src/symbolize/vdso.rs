@@ -31,7 +31,7 @@ impl Vdso {
 }
 
 impl SymbolSource for Vdso {
-    fn locate(&self, frame: FrameRef<'_>) -> Option<Site> {
+    fn locate(&self, _tracker: &dyn MappingSource, frame: FrameRef<'_>) -> Option<Site> {
         match frame {
             FrameRef::User { address, mapping }
                 if mapping.object.is_none() && mapping.name == VDSO_MAPPING_NAME =>
