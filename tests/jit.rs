@@ -9,7 +9,9 @@
 //! - the same program naming them in a jitdump file (`jit-PID.dump`) that
 //!   it maps executable, the way writers of that format mark it;
 //! - `node --perf-basic-prof` running a chain of named JavaScript
-//!   functions (skipped, with the reason printed, where node is absent).
+//!   functions (skipped, with the reason printed, where node is absent);
+//! - CPython 3.12+ `-X perf` (skipped, with the reason printed, where no
+//!   such Python is found).
 //!
 //! Needs root (BPF, namespaces), gcc, util-linux's `unshare`; node from
 //! scripts/setup.sh.
@@ -284,6 +286,7 @@ fn node_perf_basic_prof() {
     let mut node = Command::new("node")
         .arg("--perf-basic-prof")
         .arg(&script)
+        .current_dir(dir.path())
         .stdout(Stdio::null())
         .spawn()
         .expect("node");
@@ -313,6 +316,91 @@ fn node_perf_basic_prof() {
     assert!(
         named as f64 >= 0.9 * all as f64,
         "{named} of {all} samples name a JsWork function:\n{}\n{out}",
+        show(&refs)
+    );
+}
+
+/// A CPython of at least 3.12 (whose `-X perf` writes a perf map naming
+/// each Python function's trampoline): `python3.13`, `python3.12` or
+/// `python3` on the PATH, else one of pyenv's versions.
+fn python_with_perf_maps() -> Option<String> {
+    let pyenv = std::env::var("PYENV_ROOT").unwrap_or_else(|_| {
+        format!("{}/.pyenv", std::env::var("HOME").unwrap_or_default())
+    });
+    let mut candidates: Vec<String> = ["python3.13", "python3.12", "python3"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    if let Ok(versions) = fs::read_dir(format!("{pyenv}/versions")) {
+        let mut found: Vec<String> = versions
+            .flatten()
+            .map(|v| format!("{}/bin/python3", v.path().display()))
+            .collect();
+        found.sort();
+        candidates.extend(found.into_iter().rev());
+    }
+    candidates.into_iter().find(|python| {
+        Command::new(python)
+            .args(["-c", "import sys; sys.exit(sys.version_info < (3, 12))"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// CPython 3.12+ `-X perf` names the trampolines of Python functions in
+/// its perf map; most samples carry `inner_py_work`/`outer_py_work`.
+#[test]
+fn python_x_perf() {
+    let _serial = serial();
+    let Some(python) = python_with_perf_maps() else {
+        eprintln!("skipped: no CPython 3.12 or later found (python3.12, python3.13, pyenv)");
+        return;
+    };
+    let dir = tempdir();
+    let script = dir.path().join("work.py");
+    fs::write(
+        &script,
+        "import time\n\
+         def inner_py_work(n):\n    s = 0\n    for i in range(n):\n        s = (s + i * 31) & 0xffffffff\n    return s\n\
+         def outer_py_work():\n    t = 0\n    for _ in range(5):\n        t ^= inner_py_work(20000)\n    return t\n\
+         end = time.time() + 20\nx = 0\nwhile time.time() < end:\n    x ^= outer_py_work()\nprint(x)\n",
+    )
+    .expect("write script");
+    let mut child = Command::new(&python)
+        .arg("-X")
+        .arg("perf")
+        .arg(&script)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("python");
+    let pid = child.id();
+    let _kill = KillOnDrop(&mut child);
+    let map = format!("/tmp/perf-{pid}.map");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !fs::read_to_string(&map).is_ok_and(|m| m.contains("inner_py_work")) {
+        assert!(Instant::now() < deadline, "{python} wrote no map naming inner_py_work");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).expect("comm");
+    let (stacks, out) = profile(pid, comm.trim_end());
+    let _ = fs::remove_file(&map);
+    let all = total(&stacks);
+    let named: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| {
+            frames
+                .iter()
+                .any(|f| f.starts_with("py::inner_py_work:") || f.starts_with("py::outer_py_work:"))
+        })
+        .map(|(_, n)| n)
+        .sum();
+    let refs: Vec<&Stack> = stacks.iter().collect();
+    assert!(all >= 50, "only {all} samples:\n{out}");
+    // Samples taken before the interpreter's tables were loaded end in an
+    // unwind marker without the trampolines: not all of them are named.
+    assert!(
+        named as f64 >= 0.6 * all as f64,
+        "{named} of {all} samples name a py_work function:\n{}\n{out}",
         show(&refs)
     );
 }
