@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::format::{Compression, ProfileFormat};
+use crate::sender::{remote::HttpSettings, SenderConfig};
 use crate::unwind::identity::DEFAULT_DEBUG_ROOT;
 
 /// `--profile-format` values come from the format registry
@@ -371,6 +372,37 @@ impl Cli {
                 (f, self.profile_path.join(name))
             })
             .collect())
+    }
+}
+
+impl Cli {
+    /// The continuous-mode sender these options ask for. Errors as
+    /// [`Cli::outputs`] does.
+    pub fn sender_config(&self) -> anyhow::Result<SenderConfig> {
+        let http = HttpSettings {
+            token: self.token.clone(),
+            send_timeout_s: self.send_timeout,
+            send_queue_bytes: self.send_queue_bytes,
+        };
+        Ok(match self.sender {
+            SenderKind::Disk => SenderConfig::Disk {
+                outputs: self.outputs()?,
+                compression: self.pprof_compression,
+                max_profiles: self.max_profiles,
+                mode: self.profile_mode,
+            },
+            SenderKind::Remote => SenderConfig::Remote {
+                url: self.server_url.clone(),
+                http,
+            },
+            SenderKind::Pyroscope => SenderConfig::Pyroscope {
+                url: self.server_url.clone(),
+                http,
+                app_name: self.pyroscope_app_name.clone(),
+                labels: self.labels.clone(),
+                tenant_id: self.pyroscope_tenant_id.clone(),
+            },
+        })
     }
 }
 

@@ -324,9 +324,8 @@ fn node_perf_basic_prof() {
 /// each Python function's trampoline): `python3.13`, `python3.12` or
 /// `python3` on the PATH, else one of pyenv's versions.
 fn python_with_perf_maps() -> Option<String> {
-    let pyenv = std::env::var("PYENV_ROOT").unwrap_or_else(|_| {
-        format!("{}/.pyenv", std::env::var("HOME").unwrap_or_default())
-    });
+    let pyenv = std::env::var("PYENV_ROOT")
+        .unwrap_or_else(|_| format!("{}/.pyenv", std::env::var("HOME").unwrap_or_default()));
     let mut candidates: Vec<String> = ["python3.13", "python3.12", "python3"]
         .iter()
         .map(|s| s.to_string())
@@ -378,7 +377,10 @@ fn python_x_perf() {
     let map = format!("/tmp/perf-{pid}.map");
     let deadline = Instant::now() + Duration::from_secs(15);
     while !fs::read_to_string(&map).is_ok_and(|m| m.contains("inner_py_work")) {
-        assert!(Instant::now() < deadline, "{python} wrote no map naming inner_py_work");
+        assert!(
+            Instant::now() < deadline,
+            "{python} wrote no map naming inner_py_work"
+        );
         thread::sleep(Duration::from_millis(50));
     }
     let comm = fs::read_to_string(format!("/proc/{pid}/comm")).expect("comm");

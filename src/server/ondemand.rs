@@ -26,10 +26,11 @@ use crate::guard::contain;
 use crate::process::ProcessTracker;
 use crate::profile::aggregate::{Aggregator, UserFrame};
 use crate::profile::window::CLOSE_SLACK_NS;
+use crate::profile::Window;
 use crate::sample::RawSample;
 use crate::sampler::Sampler;
 use crate::symbolize::source::{ObjectCache, TrackerSnapshot};
-use crate::symbolize::{Symbolizer, Window};
+use crate::symbolize::Symbolizer;
 use crate::timefmt;
 
 /// Why a request got no profile.

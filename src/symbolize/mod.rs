@@ -29,6 +29,7 @@ mod sources;
 mod vdso;
 
 use crate::profile::aggregate::Aggregator;
+use crate::profile::Window;
 use crate::profile::{unwind_marker_name, FrameKind, Profile, ProfileMapping, Sample};
 use assembly::{user_frame_lines, ProfileAssembly};
 pub use lines::demangle;
@@ -38,17 +39,6 @@ use sources::{FrameRef, Resolved, SymbolSource};
 
 /// Name of the mapping kernel frames belong to (as perf and pprof call it).
 pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
-
-/// The time span and settings a profile covers.
-#[derive(Debug, Clone, Copy)]
-pub struct Window {
-    /// Start, ns since the Unix epoch.
-    pub start_unix_ns: u64,
-    /// Length, ns.
-    pub duration_ns: u64,
-    /// Sampling frequency, Hz.
-    pub sample_freq_hz: u64,
-}
 
 /// Symbolizes windows of samples, asking its symbol sources (kernel, ELF
 /// objects, vDSO; see [`sources`]) for the names of each window's frames.
