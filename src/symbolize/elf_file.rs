@@ -301,6 +301,11 @@ mod tests {
             object.debug_file_by_build_id(&[empty.clone(), root.clone()]),
             None
         );
+        assert_eq!(
+            object.build_id_without_local_debug_info(&object_path, &[empty.clone(), root.clone()]),
+            Some(id.clone()),
+            "nothing local: ask debuginfod"
+        );
         let debug_path = root
             .join(".build-id")
             .join(format!("{:02x}", id[0]))
@@ -308,11 +313,6 @@ mod tests {
         std::fs::create_dir_all(debug_path.parent().expect("parent")).expect("mkdir");
         // Any ELF file with the same build ID will do as its debug file.
         std::fs::copy(&object_path, &debug_path).expect("copy");
-        assert_eq!(
-            object.build_id_without_local_debug_info(&object_path, &[empty.clone(), root.clone()]),
-            Some(id.clone()),
-            "nothing local: ask debuginfod"
-        );
         assert_eq!(
             object.debug_file_by_build_id(&[empty.clone(), root.clone()]),
             Some(debug_path)
