@@ -256,3 +256,41 @@ fn default_cache_dir() -> PathBuf {
     let home = var("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
     home.join(".cache").join("debuginfod_client")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIBC: &str = "/lib/x86_64-linux-gnu/libc.so.6";
+
+    #[test]
+    fn cache_hits_and_a_negative_cache_for_what_no_server_has() {
+        let Ok(libc) = std::fs::read(LIBC) else {
+            eprintln!("skipped: {LIBC} is absent");
+            return;
+        };
+        let id = object::File::parse(&*libc)
+            .ok()
+            .and_then(|f| f.build_id().ok().flatten().map(<[u8]>::to_vec))
+            .expect("libc has a build ID");
+        let cache = tempfile::tempdir().expect("tempdir");
+        // Nothing listens on port 1: every request fails at once.
+        let urls = ["http://127.0.0.1:1/".to_string()];
+        let client = Debuginfod::new(&urls, Some(cache.path().to_path_buf())).expect("a server");
+        assert_eq!(client.urls, ["http://127.0.0.1:1"]);
+        assert_eq!(client.debuginfo(&id), None);
+        assert_eq!(client.debuginfo(&id), None, "not asked again");
+        let counts = client.stats();
+        assert_eq!((counts.fetched, counts.cached, counts.failed), (0, 0, 1));
+        // A file in the cache (any ELF file with that build ID) is used.
+        let cached = cache.path().join(hex(&id)).join("debuginfo");
+        std::fs::create_dir_all(cached.parent().expect("dir")).expect("mkdir");
+        std::fs::write(&cached, &libc).expect("write");
+        assert_eq!(client.debuginfo(&id), Some(cached.clone()));
+        assert_eq!(client.stats().cached, 1);
+        // A file with another build ID is not.
+        std::fs::write(&cached, b"\x7fELF but not really").expect("write");
+        assert_eq!(client.debuginfo(&id), None);
+        assert!(Debuginfod::new(&[], None).is_none() || std::env::var("DEBUGINFOD_URLS").is_ok());
+    }
+}
