@@ -11,6 +11,7 @@
 pub mod bpf_info;
 pub mod cli;
 pub mod collector;
+pub mod files;
 pub mod format;
 pub mod guard;
 pub mod heap;
@@ -27,3 +28,4 @@ mod skel;
 pub mod symbolize;
 pub mod timefmt;
 pub mod unwind;
+pub mod wire;

@@ -34,13 +34,13 @@ pub use plan::RunPlan;
 pub use summary::{ContinuousSummary, RunSummary};
 
 use crate::cli::Cli;
+use crate::files;
 use crate::format::{self, Compression, ProfileFormat};
 use crate::preflight;
 use crate::process::ProcessTracker;
 use crate::profile::window::ClosedWindow;
 use crate::profile::Profile;
 use crate::sampler::{BpfStats, Sampler};
-use crate::sender::disk;
 use crate::sender::worker::WindowWorker;
 use crate::server::metrics::Metrics;
 use crate::server::ondemand::OnDemandWorker;
@@ -252,7 +252,7 @@ fn write_outputs(
         .collect::<Result<Vec<_>>>()
         .context("no profile was written")?;
     for (output, bytes) in encoded {
-        disk::write_atomic(output, &bytes, mode)?;
+        files::write_atomic(output, &bytes, mode)?;
     }
     Ok(())
 }
