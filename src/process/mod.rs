@@ -9,6 +9,7 @@
 //! An address outside every known mapping (e.g. after `dlopen`) triggers a
 //! re-read of the maps, at most once per [`REFRESH_INTERVAL`] per process.
 
+pub mod jit;
 mod lifetime;
 pub mod maps;
 #[cfg(test)]
@@ -18,6 +19,7 @@ use rustc_hash::FxHashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::debug;
@@ -140,6 +142,17 @@ impl ProcessTracker {
         self.processes.get(&pid).map_or(&[], |p| &p.mappings)
     }
 
+    /// The JIT perf map of `pid`, if it had one when its maps were read.
+    pub fn perf_map(&self, pid: u32) -> Option<&Arc<jit::JitFile>> {
+        self.processes.get(&pid)?.perf_map.as_ref()
+    }
+
+    /// The jitdump file of `pid`, if it had mapped one when its maps were
+    /// read.
+    pub fn jitdump(&self, pid: u32) -> Option<&Arc<jit::JitFile>> {
+        self.processes.get(&pid)?.jitdump.as_ref()
+    }
+
     /// Re-read `pid`'s maps now (a new mapping was reported), unless they
     /// were read within [`REFRESH_INTERVAL`].
     pub fn refresh_process(&mut self, pid: u32) {
@@ -170,6 +183,11 @@ struct ProcessMaps {
     /// sample resolved through these mappings: no window holding a sample
     /// taken after it refers to them.
     last_sample_ns: u64,
+    /// Its JIT perf map, opened when its maps first showed executable
+    /// anonymous memory and the map existed.
+    perf_map: Option<Arc<jit::JitFile>>,
+    /// Its jitdump file, opened when its maps first showed it.
+    jitdump: Option<Arc<jit::JitFile>>,
 }
 
 /// Counters of what the tracker could not do.
@@ -369,6 +387,16 @@ impl ProcessTracker {
                     .map(|id| (at, id)),
             );
             process.last_sample_ns = 0;
+            process.perf_map = None;
+            process.jitdump = None;
+        }
+        if jit::has_anonymous_code(entries) {
+            if process.perf_map.is_none() {
+                process.perf_map = jit::JitFile::perf_map(pid).map(Arc::new);
+            }
+            if process.jitdump.is_none() {
+                process.jitdump = jit::JitFile::jitdump(pid, entries).map(Arc::new);
+            }
         }
         for &(_, _, id) in &found {
             if !process.all.contains(&id) {
