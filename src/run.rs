@@ -180,6 +180,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     let events = Rc::new(RefCell::new(Vec::new()));
     let malformed = Rc::new(RefCell::new(0u64));
     let mut tracker = ProcessTracker::new();
+    tracker.set_exec_clock(crate::process::ExecClock::new(sampler.exec_clock()?));
     let mut windows = Windows::new(
         start_mono,
         start_wall

@@ -40,7 +40,7 @@ fn exited_processes_are_retired_only_after_the_promise_point() {
     assert_eq!(tracker.retire_exited(u64::MAX), 0);
     // An exec of the same image keeps the ids that are mapped again.
     let before_exec = tracker.process_mappings(pid).to_vec();
-    tracker.forget_process(pid, 600);
+    tracker.process_exec(pid, 600);
     assert_eq!(tracker.find_mapping(pid, 700, addr), Some(id));
     assert_eq!(tracker.retire_exited(u64::MAX), 0);
     assert_eq!(tracker.process_mappings(pid), &before_exec[..]);

@@ -1,0 +1,211 @@
+//! A process's images in time: an exec gives the process a new image (new
+//! mappings) from the exec's timestamp on, and a fork gives the child its
+//! parent's mappings from the fork's. Samples are resolved through the image
+//! the process had when they were taken, whatever the order in which
+//! samples and events are drained; a read of `/proc/PID/maps` is trusted
+//! only for the image that was current before and after it (the latest exec
+//! of each process comes from the BPF exec program, [`ExecClock`]).
+
+use std::fmt;
+
+use tracing::debug;
+
+use super::{maps, MappingId, ProcessMaps, ProcessTracker};
+
+/// Earlier images kept per process: enough for the samples still in the
+/// ring buffers of a process that execs every millisecond.
+const MAX_EARLIER_IMAGES: usize = 64;
+
+/// Reads of a process's maps tried while execs keep coming.
+const READ_ATTEMPTS: usize = 3;
+
+/// One image a process had until an exec replaced it.
+#[derive(Debug, Default)]
+pub(super) struct Image {
+    /// When the exec that ended it happened (CLOCK_MONOTONIC ns).
+    pub until_ns: u64,
+    /// `(start, end)` of each of `mappings`, sorted.
+    pub ranges: Vec<(u64, u64)>,
+    pub mappings: Vec<MappingId>,
+}
+
+/// The time (CLOCK_MONOTONIC ns) of the latest exec of a pid, as the BPF
+/// exec program recorded it (`Sampler::exec_clock`); without one (tests,
+/// symbolization only), execs are known only from
+/// [`ProcessTracker::process_exec`].
+#[derive(Default)]
+pub struct ExecClock(Option<Box<dyn Fn(u32) -> Option<u64>>>);
+
+impl ExecClock {
+    /// A clock that asks `latest` for a pid's latest exec.
+    pub fn new(latest: impl Fn(u32) -> Option<u64> + 'static) -> Self {
+        ExecClock(Some(Box::new(latest)))
+    }
+
+    fn latest(&self, pid: u32) -> Option<u64> {
+        self.0.as_ref().and_then(|f| f(pid))
+    }
+}
+
+impl fmt::Debug for ExecClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ExecClock(bpf)"
+        } else {
+            "ExecClock(none)"
+        })
+    }
+}
+
+/// Look `count` addresses up in sorted `ranges` (`mappings` in the same
+/// order), the previous address's range tried first. Whether all were found.
+pub(super) fn lookup_ranges(
+    ranges: &[(u64, u64)],
+    mappings: &[MappingId],
+    count: usize,
+    addr: &impl Fn(usize) -> u64,
+    found: &mut impl FnMut(usize, Option<MappingId>),
+) -> bool {
+    let mut complete = true;
+    let mut previous: Option<usize> = None;
+    for i in 0..count {
+        let a = addr(i);
+        let hit = previous
+            .filter(|&p| {
+                let (start, end) = ranges[p];
+                start <= a && a < end
+            })
+            .or_else(|| {
+                let p = ranges
+                    .partition_point(|&(start, _)| start <= a)
+                    .checked_sub(1)?;
+                (a < ranges[p].1).then_some(p)
+            });
+        if hit.is_some() {
+            previous = hit;
+        } else {
+            complete = false;
+        }
+        found(i, hit.and_then(|p| mappings.get(p).copied()));
+    }
+    complete
+}
+
+impl ProcessTracker {
+    /// Learn the time of each process's latest exec from `clock` (the BPF
+    /// exec program's record), so that a read of `/proc/PID/maps` is
+    /// applied to the image it describes.
+    pub fn set_exec_clock(&mut self, clock: ExecClock) {
+        self.exec_clock = clock;
+    }
+
+    /// `pid` exec'd at `exec_ns` (CLOCK_MONOTONIC): its current mappings
+    /// become an earlier image (samples taken before `exec_ns` still
+    /// resolve through them) and its maps are read again on next use. An
+    /// exec not later than the current image's start changes nothing.
+    pub fn process_exec(&mut self, pid: u32, exec_ns: u64) {
+        let process = self.processes.entry(pid).or_default();
+        if exec_ns <= process.since_ns {
+            return;
+        }
+        let at = exec_ns.max(process.last_sample_ns);
+        self.orphans
+            .extend(process.all.drain(..).map(|id| (at, id)));
+        process.earlier.push(Image {
+            until_ns: exec_ns,
+            ranges: std::mem::take(&mut process.ranges),
+            mappings: std::mem::take(&mut process.mappings),
+        });
+        if process.earlier.len() > MAX_EARLIER_IMAGES {
+            process.earlier.remove(0);
+        }
+        process.since_ns = exec_ns;
+        process.last_read_ns = None;
+    }
+
+    /// `pid` was forked by `parent` at `fork_ns`: it has the parent's
+    /// mappings until it execs. Whatever was known under `pid` before (an
+    /// exited process) retires.
+    pub fn process_forked(&mut self, pid: u32, parent: u32, fork_ns: u64) {
+        let Some(p) = self.processes.get(&parent) else {
+            return;
+        };
+        let (ranges, mappings) = (p.ranges.clone(), p.mappings.clone());
+        if let Some(old) = self.processes.remove(&pid) {
+            let at = fork_ns.max(old.last_sample_ns);
+            self.orphans.extend(old.all.into_iter().map(|id| (at, id)));
+        }
+        self.processes.insert(
+            pid,
+            ProcessMaps {
+                all: mappings.clone(),
+                ranges,
+                mappings,
+                since_ns: fork_ns,
+                ..Default::default()
+            },
+        );
+    }
+
+    /// If a sample of `pid` at `timestamp_ns` predates its current image,
+    /// resolve its addresses through the image it had then (none: not
+    /// found) and return true.
+    pub(super) fn find_in_earlier_image(
+        &self,
+        pid: u32,
+        timestamp_ns: u64,
+        count: usize,
+        addr: &impl Fn(usize) -> u64,
+        found: &mut impl FnMut(usize, Option<MappingId>),
+    ) -> bool {
+        let Some(process) = self.processes.get(&pid) else {
+            return false;
+        };
+        if timestamp_ns >= process.since_ns {
+            return false;
+        }
+        match process.earlier.iter().find(|i| timestamp_ns < i.until_ns) {
+            Some(image) => {
+                lookup_ranges(&image.ranges, &image.mappings, count, addr, found);
+            }
+            None => (0..count).for_each(|i| found(i, None)),
+        }
+        true
+    }
+
+    /// Read `pid`'s maps and apply them to the image they describe: the
+    /// latest exec before and after the read must be the same (else the
+    /// read is tried again; a process exec'ing faster than that is left
+    /// for a later read).
+    pub(super) fn read_process(&mut self, pid: u32) {
+        for _ in 0..READ_ATTEMPTS {
+            let before = self.exec_clock.latest(pid);
+            let entries = match maps::read_maps(pid) {
+                Ok(entries) => entries,
+                Err(err) => {
+                    debug!("pid {pid}: {err:#}");
+                    self.stats.maps_unreadable += 1;
+                    break;
+                }
+            };
+            let after = self.exec_clock.latest(pid);
+            if before != after {
+                continue;
+            }
+            if let Some(exec_ns) = after {
+                self.process_exec(pid, exec_ns);
+            }
+            self.apply_maps(pid, &entries);
+            return;
+        }
+        self.processes.entry(pid).or_default().last_read_ns = Some(crate::timefmt::monotonic_ns());
+    }
+
+    /// Drop earlier images that ended before `before_ns`: no sample an
+    /// open window can still receive was taken in them.
+    pub(super) fn prune_earlier_images(&mut self, before_ns: u64) {
+        for process in self.processes.values_mut() {
+            process.earlier.retain(|image| image.until_ns >= before_ns);
+        }
+    }
+}
