@@ -23,6 +23,7 @@ const EVENT_EXEC: u32 = 1;
 const EVENT_EXIT: u32 = 2;
 const EVENT_UNKNOWN_MAPPING: u32 = 3;
 const EVENT_FORK: u32 = 4;
+const EVENT_MAPPING: u32 = 5;
 /// `enum mapping_kind`.
 const MAPPING_TABLE: u32 = 0;
 const MAPPING_FRAME_POINTERS: u32 = 1;
@@ -236,6 +237,23 @@ pub enum ProcessEvent {
         /// When (CLOCK_MONOTONIC ns).
         timestamp_ns: u64,
     },
+    /// The BPF programs added an executable mapping of an object whose
+    /// table user space knows to the process's description.
+    Mapping {
+        /// Process id.
+        pid: u32,
+        /// The mapping's first address.
+        start: u64,
+        /// The mapping's end (exclusive).
+        end: u64,
+        /// File offset of `start`, bytes.
+        file_offset: u64,
+        /// The object's id (`ObjectId` of the tracker that registered it).
+        object: u32,
+        /// When it was seen mapped (the exec's time for an exec's mappings;
+        /// CLOCK_MONOTONIC ns).
+        timestamp_ns: u64,
+    },
 }
 
 impl ProcessEvent {
@@ -251,6 +269,14 @@ impl ProcessEvent {
             EVENT_UNKNOWN_MAPPING => Some(Self::UnknownMapping {
                 pid,
                 address: event.address,
+            }),
+            EVENT_MAPPING => Some(Self::Mapping {
+                pid,
+                start: event.address,
+                end: event.end,
+                file_offset: event.file_offset,
+                object: event.object_id,
+                timestamp_ns,
             }),
             EVENT_FORK => Some(Self::Fork {
                 pid,
@@ -347,8 +373,23 @@ mod tests {
             data.extend_from_slice(&pid.to_ne_bytes());
             data.extend_from_slice(&address.to_ne_bytes());
             data.extend_from_slice(&99u64.to_ne_bytes());
+            data.extend_from_slice(&0x5000u64.to_ne_bytes());
+            data.extend_from_slice(&0x1000u64.to_ne_bytes());
+            data.extend_from_slice(&6u32.to_ne_bytes());
+            data.extend_from_slice(&0u32.to_ne_bytes());
             data
         };
+        assert_eq!(
+            ProcessEvent::parse(&record(5, 7, 0x4000)),
+            Some(ProcessEvent::Mapping {
+                pid: 7,
+                start: 0x4000,
+                end: 0x5000,
+                file_offset: 0x1000,
+                object: 6,
+                timestamp_ns: 99
+            })
+        );
         assert_eq!(
             ProcessEvent::parse(&record(1, 7, 0)),
             Some(ProcessEvent::Exec {
@@ -376,7 +417,7 @@ mod tests {
             })
         );
         assert_eq!(ProcessEvent::parse(&record(9, 7, 0)), None);
-        assert_eq!(ProcessEvent::parse(&record(1, 7, 0)[..23]), None);
+        assert_eq!(ProcessEvent::parse(&record(1, 7, 0)[..47]), None);
     }
 
     #[test]

@@ -270,6 +270,7 @@ struct walk_state {
 	__u8 join_failed;   /* the remembered walk did not hold: walk every frame */
 	__u8 joined;        /* the frames from memo_next on were copied from the remembered walk */
 	__u8 vma_looked_up; /* the kernel was asked for the mapping of a pc (once per sample) */
+	__u8 vma_wanted;    /* the walk stopped at a pc in no known mapping: ask the kernel */
 	__u32 memo_next;
 	__u32 generation;   /* process_info.generation when the walk started */
 	__u32 rec_checks;   /* words recorded so far in the walk being remembered */
@@ -334,16 +335,21 @@ static __always_inline struct scratch_space *get_scratch(void)
 	return bpf_map_lookup_elem(&scratch, &zero);
 }
 
-static __always_inline void send_event(__u32 type, __u32 pid, __u64 address)
+static __always_inline void send_event_at(__u32 type, __u32 pid, __u64 address, __u64 timestamp_ns)
 {
 	struct process_event event = {
 		.type = type,
 		.pid = pid,
 		.address = address,
-		.timestamp_ns = bpf_ktime_get_ns(),
+		.timestamp_ns = timestamp_ns,
 	};
 	if (bpf_ringbuf_output(&events, &event, sizeof(event), 0) != 0)
 		count(STAT_EVENTS_LOST);
+}
+
+static __always_inline void send_event(__u32 type, __u32 pid, __u64 address)
+{
+	send_event_at(type, pid, address, bpf_ktime_get_ns());
 }
 
 /* Tell user space that pid's description (of this generation; 0: none)
@@ -697,16 +703,37 @@ static __always_inline bool insert_mapping(struct process_info *proc, struct exe
 	return true;
 }
 
-/* bpf_find_vma callback: add the executable file mapping vma to the description in data. */
+/* Where add_vma puts what it finds. */
+struct vma_request {
+	struct process_info *proc;  /* the description to add to */
+	__u64 timestamp_ns;         /* for the event: when the mapping was seen */
+	__u32 pid;
+};
+
+/* bpf_find_vma callback: add the executable file mapping vma to the
+ * description of the request in data, and tell user space. */
 static long add_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
 {
-	struct process_info **proc = data;
+	struct vma_request *req = data;
+	struct process_info *proc = req->proc;
 	struct exec_mapping m;
 	struct file *file = vma->vm_file;
-	if (!*proc || !file || !(vma->vm_flags & VM_EXEC))
+	if (!proc || !file || !(vma->vm_flags & VM_EXEC))
 		return 0;
-	if (describe_file_mapping(&m, file, vma->vm_start, vma->vm_end, vma->vm_pgoff) && insert_mapping(*proc, &m))
-		(*proc)->generation = next_generation();
+	if (!describe_file_mapping(&m, file, vma->vm_start, vma->vm_end, vma->vm_pgoff) || !insert_mapping(proc, &m))
+		return 0;
+	proc->generation = next_generation();
+	struct process_event event = {
+		.type = EVENT_MAPPING,
+		.pid = req->pid,
+		.address = m.start,
+		.timestamp_ns = req->timestamp_ns,
+		.end = m.end,
+		.file_offset = vma->vm_pgoff << 12,
+		.object_id = m.object_id,
+	};
+	if (bpf_ringbuf_output(&events, &event, sizeof(event), 0) != 0)
+		count(STAT_EVENTS_LOST);
 	return 0;
 }
 
@@ -754,13 +781,12 @@ static long unwind_step(__u64 index, void *data)
 
 	struct exec_mapping *m = mapping_of(st, proc, st->ip);
 	if (!m && !st->last_step_fp && !st->vma_looked_up) {
-		/* Ask the kernel which file is mapped there, once per sample
-		 * (bpf_find_vma cannot run twice in one interrupt): a mapping of
-		 * an object whose table user space knows joins the description,
-		 * for this walk and the next ones. */
-		st->vma_looked_up = 1;
-		bpf_find_vma(bpf_get_current_task_btf(), st->ip, add_vma, &wc->proc, 0);
-		m = mapping_of(st, proc, st->ip);
+		/* Stop here, have continue_walk ask the kernel for the mapping
+		 * (outside this callback, which the verifier then checks with
+		 * fewer states), and walk this frame again. */
+		st->user_frames--;
+		st->vma_wanted = 1;
+		return 1;
 	}
 	if (!m) {
 		if (st->last_step_fp) {
@@ -992,6 +1018,21 @@ static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct
 		finish(st, UNWIND_NO_TABLE);
 	} else {
 		bpf_loop(FRAMES_PER_PROGRAM, unwind_step, &wc, 0);
+		if (st->vma_wanted) {
+			/* Which file is mapped at the pc, once per sample
+			 * (bpf_find_vma cannot run twice in one interrupt): a
+			 * mapping of an object whose table user space knows joins
+			 * the description, for this walk and the next ones. The
+			 * walk goes on in the next run of this program. */
+			st->vma_wanted = 0;
+			st->vma_looked_up = 1;
+			struct vma_request req = {
+				.proc = wc.proc,
+				.timestamp_ns = sc->sample.header.timestamp_ns,
+				.pid = sc->sample.header.pid,
+			};
+			bpf_find_vma(bpf_get_current_task_btf(), st->ip, add_vma, &req, 0);
+		}
 		if (st->joining) {
 			st->joining = 0;
 			/* If the stack changed since, the walk goes on from the join
@@ -1178,8 +1219,12 @@ int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 		return 0;
 	struct exec_time t = { .timestamp_ns = bpf_ktime_get_ns(), .exec_id = p->self_exec_id };
 	bpf_map_update_elem(&exec_times, &pid, &t, BPF_ANY);
+	/* The exec's time as exec_times has it: user space matches the two.
+	 * Sent before the new image's mappings, which belong to it. */
+	send_event_at(EVENT_EXEC, pid, 0, t.timestamp_ns);
 	struct process_info *info = bpf_map_lookup_elem(&new_description, &zero);
 	if (info) {
+		struct vma_request req = { .proc = info, .timestamp_ns = t.timestamp_ns, .pid = pid };
 		info->mapping_count = 0;
 		info->generation = next_generation();
 		info->exec_id = t.exec_id;
@@ -1187,15 +1232,14 @@ int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(p);
 		if (mm) {
 			/* The executable's text, then the interpreter's (the entry point). */
-			bpf_find_vma(p, mm->start_code, add_vma, &info, 0);
-			bpf_find_vma(p, BPF_CORE_READ(regs, ip), add_vma, &info, 0);
+			bpf_find_vma(p, mm->start_code, add_vma, &req, 0);
+			bpf_find_vma(p, BPF_CORE_READ(regs, ip), add_vma, &req, 0);
 		}
 		if (info->mapping_count > 0)
 			bpf_map_update_elem(&process_mappings, &pid, info, BPF_ANY);
 		else
 			bpf_map_delete_elem(&process_mappings, &pid);
 	}
-	send_event(EVENT_EXEC, pid, 0);
 	return 0;
 }
 

@@ -200,13 +200,21 @@ enum event_type {
 	                             * unless its description changed since the last one */
 	EVENT_FORK = 4,             /* a described process forked: the child (pid) got a copy
 	                             * of the parent's (address) description */
+	EVENT_MAPPING = 5,          /* the BPF programs added a mapping of a known object to a
+	                             * description (exec, or a pc the walker did not know) */
 };
 
 struct process_event {
 	__u32 type;                 /* enum event_type */
 	__u32 pid;
-	__u64 address;              /* EVENT_UNKNOWN_MAPPING: the pc; EVENT_FORK: the parent's pid */
-	__u64 timestamp_ns;         /* bpf_ktime_get_ns() when it happened (CLOCK_MONOTONIC) */
+	__u64 address;              /* EVENT_UNKNOWN_MAPPING: the pc; EVENT_FORK: the parent's pid;
+	                             * EVENT_MAPPING: the mapping's start */
+	__u64 timestamp_ns;         /* bpf_ktime_get_ns() when it happened (CLOCK_MONOTONIC);
+	                             * EVENT_MAPPING from an exec: the exec's */
+	__u64 end;                  /* EVENT_MAPPING: the mapping's end (exclusive) */
+	__u64 file_offset;          /* EVENT_MAPPING: the file offset of its start */
+	__u32 object_id;            /* EVENT_MAPPING: object_file.object_id of its file */
+	__u32 padding;
 };
 
 /* Generations the BPF programs give the descriptions they write start here. */

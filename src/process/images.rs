@@ -10,7 +10,7 @@ use std::fmt;
 
 use tracing::debug;
 
-use super::{maps, MappingId, ProcessMaps, ProcessTracker};
+use super::{maps, MappingId, ObjectId, ProcessMaps, ProcessTracker};
 
 /// Earlier images kept per process: enough for the samples still in the
 /// ring buffers of a process that execs every millisecond.
@@ -145,6 +145,57 @@ impl ProcessTracker {
                 ..Default::default()
             },
         );
+    }
+
+    /// Add the mapping `range` of `object` from `file_offset` on, which
+    /// `pid` had at `at_ns` (the BPF programs saw it: an exec's mappings, a
+    /// library mapped since), to the image of that time. A mapping that
+    /// overlaps one the image has, or of an object this tracker never gave
+    /// out, is left out.
+    pub fn add_mapping(
+        &mut self,
+        pid: u32,
+        at_ns: u64,
+        range: std::ops::Range<u64>,
+        file_offset: u64,
+        object: ObjectId,
+    ) {
+        let Some(path) = self.object(object).map(|o| o.path.clone()) else {
+            return;
+        };
+        let id = self.intern(pid, range.start, range.end, file_offset, path, Some(object));
+        let process = self.processes.entry(pid).or_default();
+        let (ranges, mappings) = if at_ns >= process.since_ns {
+            (&mut process.ranges, &mut process.mappings)
+        } else {
+            match process.earlier.iter_mut().find(|i| at_ns < i.until_ns) {
+                Some(image) => (&mut image.ranges, &mut image.mappings),
+                None => return,
+            }
+        };
+        let i = ranges.partition_point(|&(start, _)| start < range.start);
+        let overlaps = |j: usize| {
+            ranges
+                .get(j)
+                .is_some_and(|&(s, e)| s < range.end && range.start < e)
+        };
+        if overlaps(i) || (i > 0 && overlaps(i - 1)) {
+            return;
+        }
+        ranges.insert(i, (range.start, range.end));
+        mappings.insert(i, id);
+        if at_ns >= process.since_ns {
+            if !process.all.contains(&id) {
+                process.all.push(id);
+            }
+        } else {
+            let until = process
+                .earlier
+                .iter()
+                .find(|i| at_ns < i.until_ns)
+                .map_or(at_ns, |i| i.until_ns);
+            self.orphans.push((until, id));
+        }
     }
 
     /// If a sample of `pid` at `timestamp_ns` predates its current image,

@@ -402,15 +402,35 @@ impl ProcessTracker {
         } else {
             entry.path.clone()
         };
+        self.intern(pid, entry.start, entry.end, entry.file_offset, name, object)
+    }
+
+    /// The id of `pid`'s mapping `[start, end)` from `file_offset` named
+    /// `name`: the one interned before if it is the same, else a new one.
+    fn intern(
+        &mut self,
+        pid: u32,
+        start: u64,
+        end: u64,
+        file_offset: u64,
+        name: String,
+        object: Option<ObjectId>,
+    ) -> MappingId {
+        let key = (pid, start, end, file_offset);
+        if let Some(&id) = self.mapping_index.get(&key) {
+            if self.mappings.get(&id).is_some_and(|m| m.name == name) {
+                return id;
+            }
+        }
         let id = MappingId(self.next_mapping);
         self.next_mapping = self.next_mapping.wrapping_add(1);
         self.mappings.insert(
             id,
             Mapping {
                 pid,
-                start: entry.start,
-                end: entry.end,
-                file_offset: entry.file_offset,
+                start,
+                end,
+                file_offset,
                 name,
                 object,
             },

@@ -10,7 +10,7 @@ use anyhow::Result;
 use tracing::{debug, warn};
 
 use super::{file_source, UnwindLoader, VDSO_OBJECT_ID};
-use crate::process::{MappingId, ProcessTracker};
+use crate::process::{MappingId, ObjectId, ProcessTracker};
 use crate::sample::{ExecMapping, ProcessEvent};
 use crate::sampler::Sampler;
 use crate::unwind::builds::TableSource;
@@ -42,6 +42,16 @@ impl UnwindLoader {
                 // The walker already has the parent's description for it.
                 tracker.process_forked(pid, parent, timestamp_ns);
                 self.described.insert(pid);
+            }
+            ProcessEvent::Mapping {
+                pid,
+                start,
+                end,
+                file_offset,
+                object,
+                timestamp_ns,
+            } => {
+                tracker.add_mapping(pid, timestamp_ns, start..end, file_offset, ObjectId(object));
             }
             ProcessEvent::UnknownMapping { pid, address } => {
                 debug!("pid {pid}: pc {address:#x} in no known mapping, re-reading its maps");
