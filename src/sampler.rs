@@ -579,7 +579,7 @@ mod tests {
             .arg("0.3")
             .spawn()
             .unwrap();
-        sampler.set_process(child.id(), &[]).unwrap();
+        sampler.set_process(child.id(), &[], 0).unwrap();
 
         let started = crate::timefmt::monotonic_ns();
         let stop = Arc::new(AtomicBool::new(false));
