@@ -12,9 +12,15 @@ use tracing::debug;
 
 use super::{maps, MappingId, ObjectId, ProcessMaps, ProcessTracker};
 
-/// Earlier images kept per process: enough for the samples still in the
-/// ring buffers of a process that execs every millisecond.
-const MAX_EARLIER_IMAGES: usize = 64;
+/// Earlier images kept per process (besides those no open window can need,
+/// which go at every retirement): a process that execs every 0.6 ms makes
+/// about 170 between two drains 100 ms apart; each image costs about 100
+/// bytes.
+const MAX_EARLIER_IMAGES: usize = 4096;
+
+/// How long after an exec a read of the maps is checked against the
+/// mappings the BPF programs reported for the new image, ns.
+const FRESH_IMAGE_NS: u64 = 50_000_000;
 
 /// Reads of a process's maps tried while execs keep coming.
 const READ_ATTEMPTS: usize = 3;
@@ -117,7 +123,7 @@ impl ProcessTracker {
             mappings: std::mem::take(&mut process.mappings),
         });
         if process.earlier.len() > MAX_EARLIER_IMAGES {
-            process.earlier.remove(0);
+            process.earlier.drain(..MAX_EARLIER_IMAGES / 2);
         }
         process.since_ns = exec_ns;
         process.last_read_ns = None;
@@ -240,7 +246,7 @@ impl ProcessTracker {
                 }
             };
             let after = self.exec_clock.latest(pid);
-            if before != after {
+            if before != after || self.read_is_of_a_later_image(pid, &entries) {
                 continue;
             }
             if let Some(exec_ns) = after {
@@ -250,6 +256,27 @@ impl ProcessTracker {
             return;
         }
         self.processes.entry(pid).or_default().last_read_ns = Some(crate::timefmt::monotonic_ns());
+    }
+
+    /// Whether a read of `pid`'s maps shows a later image than its current
+    /// one, although the exec clock saw no exec: the kernel switches a
+    /// process to its new image before the exec tracepoint runs. Shortly
+    /// (within [`FRESH_IMAGE_NS`]) after the exec that began it, an image
+    /// whose mappings (those the BPF programs reported) a read lacks is
+    /// not the image the read shows.
+    fn read_is_of_a_later_image(&self, pid: u32, entries: &[maps::MapsEntry]) -> bool {
+        let Some(process) = self.processes.get(&pid) else {
+            return false;
+        };
+        let now = crate::timefmt::monotonic_ns();
+        if process.since_ns == 0 || now.saturating_sub(process.since_ns) > FRESH_IMAGE_NS {
+            return false;
+        }
+        process.ranges.iter().any(|&(start, end)| {
+            !entries
+                .iter()
+                .any(|e| e.executable && e.start == start && e.end == end)
+        })
     }
 
     /// Drop earlier images that ended before `before_ns`: no sample an
