@@ -310,7 +310,11 @@ pub const MAX_PROCESS_MAPPINGS: usize = 256;
 /// by start; at most [`MAX_PROCESS_MAPPINGS`], the rest are dropped) under
 /// `generation`, for the image of exec `exec_id` (0: unchecked), as the
 /// bytes of the map value.
-pub(crate) fn process_info_value(mappings: &[ExecMapping], generation: u32, exec_id: u64) -> Vec<u8> {
+pub(crate) fn process_info_value(
+    mappings: &[ExecMapping],
+    generation: u32,
+    exec_id: u64,
+) -> Vec<u8> {
     let mut info = Box::<types::process_info>::default();
     let count = mappings.len().min(MAX_PROCESS_MAPPINGS);
     info.mapping_count = count as u32;

@@ -71,7 +71,10 @@ fn assert_summary_matches_profile(out: &Output, stacks: &[Stack]) {
     let mut marked = std::collections::BTreeMap::<String, u64>::new();
     for (frames, n) in stacks {
         for f in frames {
-            if let Some(name) = f.strip_prefix("[unwind: ").and_then(|r| r.strip_suffix(']')) {
+            if let Some(name) = f
+                .strip_prefix("[unwind: ")
+                .and_then(|r| r.strip_suffix(']'))
+            {
                 *marked.entry(name.to_string()).or_default() += n;
             }
         }
@@ -89,7 +92,11 @@ fn assert_summary_matches_profile(out: &Output, stacks: &[Stack]) {
         );
     }
     for (name, n) in &marked {
-        assert_eq!(summary.get(name), Some(n), "{name} in the profile only\n{out}");
+        assert_eq!(
+            summary.get(name),
+            Some(n),
+            "{name} in the profile only\n{out}"
+        );
     }
 }
 
@@ -299,7 +306,10 @@ int main(int argc, char **argv) {{
     println!(
         "re-exec: {all} samples, {working} in reexec_work, {done} of them complete ({share:.3}), {unknown} walked but not named"
     );
-    assert!(working >= 200, "only {working} samples in reexec_work\n{out}");
+    assert!(
+        working >= 200,
+        "only {working} samples in reexec_work\n{out}"
+    );
     assert!(
         share >= 0.9,
         "{done} of {working} samples in reexec_work complete:\n{}",
@@ -312,6 +322,11 @@ int main(int argc, char **argv) {{
                 && frames.iter().any(|f| f.starts_with("[unknown]"))
         })
         .collect();
-    assert_eq!(unknown, 0, "complete walks with unnamed frames:\n{}", show(&unnamed));
+    assert_eq!(
+        unknown,
+        0,
+        "complete walks with unnamed frames:\n{}",
+        show(&unnamed)
+    );
     assert_summary_matches_profile(&out, &stacks);
 }

@@ -51,8 +51,9 @@ impl ProcessTracker {
                 dropped.extend(process.all);
             }
         }
-        self.processes
-            .retain(|_, p| !(p.all.is_empty() && p.earlier.is_empty() && p.last_sample_ns < before_mono_ns));
+        self.processes.retain(|_, p| {
+            !(p.all.is_empty() && p.earlier.is_empty() && p.last_sample_ns < before_mono_ns)
+        });
         self.orphans.retain(|&(at, id)| {
             let keep = at >= before_mono_ns;
             if !keep {
