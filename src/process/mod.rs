@@ -345,9 +345,14 @@ impl ProcessTracker {
         images::lookup_ranges(&process.ranges, &process.mappings, count, addr, found)
     }
 
-    /// Make sure `pid`'s maps have been read once (no-op after the first time).
+    /// Make sure `pid`'s maps have been read once for its current image (a
+    /// process known only from events, a fork or an exec, is read now).
     pub fn ensure_process(&mut self, pid: u32) {
-        if !self.processes.contains_key(&pid) {
+        if self
+            .processes
+            .get(&pid)
+            .is_none_or(|p| p.last_read_ns.is_none())
+        {
             self.read_process(pid);
         }
     }

@@ -31,17 +31,24 @@ impl UnwindLoader {
             }
             ProcessEvent::Exec { pid, timestamp_ns } => {
                 tracker.process_exec(pid, timestamp_ns);
-                tracker.refresh_process(pid);
-                self.describe(pid, tracker, sampler);
+                // The exec program described the new image. A process
+                // described here before is read again now (for what the
+                // kernel did not tell: the vDSO, anonymous code); any other
+                // is read at its first sample, so that the execs of
+                // processes never sampled cost no read of /proc.
+                if self.described.remove(&pid) {
+                    tracker.refresh_process(pid);
+                    self.describe(pid, tracker, sampler);
+                }
             }
             ProcessEvent::Fork {
                 pid,
                 parent,
                 timestamp_ns,
             } => {
-                // The walker already has the parent's description for it.
+                // The walker already has the parent's description for it;
+                // its first sample has it read like any new process.
                 tracker.process_forked(pid, parent, timestamp_ns);
-                self.described.insert(pid);
             }
             ProcessEvent::Mapping {
                 pid,
