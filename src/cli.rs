@@ -17,6 +17,9 @@ pub enum ProfileFormat {
     Folded,
     /// pprof protobuf (`go tool pprof`). Default file name `profile.pb`.
     Pprof,
+    /// Firefox Profiler timeline (profiler.firefox.com, "Load a profile from
+    /// file"): every sample at its own time. Default file name `profile.json.gz`.
+    Firefox,
 }
 
 impl ProfileFormat {
@@ -26,7 +29,14 @@ impl ProfileFormat {
             ProfileFormat::FlameGraph => "flamegraph.svg",
             ProfileFormat::Folded => "folded.txt",
             ProfileFormat::Pprof => "profile.pb",
+            ProfileFormat::Firefox => crate::format::firefox::FILE_NAME,
         }
+    }
+
+    /// Whether the format shows samples over time, so the run must keep
+    /// every sample's time (a timeline), not only counts.
+    pub fn is_timeline(self) -> bool {
+        self == ProfileFormat::Firefox
     }
 }
 

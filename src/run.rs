@@ -189,6 +189,10 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         interval.map(|i| i.as_nanos() as u64),
         duration.map(|d| d.as_nanos() as u64),
         cli.sample_freq,
+    )
+    // Only files take a timeline format (network senders send pprof).
+    .with_timeline(
+        cli.sender == SenderKind::Disk && outputs.iter().any(|(format, _)| format.is_timeline()),
     );
     let mut totals = Totals::default();
     let cache_dir =
@@ -407,9 +411,13 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
 
     // One profile for the whole run.
     let ClosedWindow {
-        aggregator, window, ..
+        mut aggregator,
+        window,
+        ..
     } = last.pop().context("a run has one window")?;
-    let profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+    let timeline = aggregator.take_timeline();
+    let mut profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+    profile.timeline = timeline;
     // Encode every format before writing any: a run that cannot produce one
     // of them (a flame graph of no samples) leaves no partial set behind.
     let encoded = outputs
@@ -503,5 +511,6 @@ pub fn encode(
         }
         ProfileFormat::Folded => Ok(format::folded::encode(profile).into_bytes()),
         ProfileFormat::Pprof => format::pprof::encode(profile, compression),
+        ProfileFormat::Firefox => format::firefox::encode(profile),
     }
 }

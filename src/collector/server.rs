@@ -379,6 +379,8 @@ fn encode_merged(merged: &merge::Merged, format: ProfileFormat, skipped: usize) 
         ProfileFormat::Pprof => "application/vnd.google.protobuf",
         ProfileFormat::FlameGraph => "image/svg+xml",
         ProfileFormat::Folded => "text/plain; charset=utf-8",
+        // Not offered: stored pprof profiles have no timeline, so encoding fails (422).
+        ProfileFormat::Firefox => "application/gzip",
     };
     let encoded = match format {
         ProfileFormat::Pprof => pprof::encode(&merged.profile, Compression::Gzip),

@@ -58,6 +58,8 @@ pub struct Windows {
     /// Index of the last window when the run has a duration limit.
     last_index: Option<u64>,
     sample_freq_hz: u64,
+    /// Whether each window's aggregator keeps a timeline.
+    timeline: bool,
     open: BTreeMap<u64, OpenWindow>,
     /// Every window with a lower index has been closed.
     next_to_close: u64,
@@ -87,11 +89,19 @@ impl Windows {
             interval_ns,
             last_index,
             sample_freq_hz,
+            timeline: false,
             open: BTreeMap::new(),
             next_to_close: 0,
             late: 0,
             total: 0,
         }
+    }
+
+    /// Make every window keep a timeline (each sample's time and stack, see
+    /// [`Aggregator::with_timeline`]), for timeline formats.
+    pub fn with_timeline(mut self, timeline: bool) -> Self {
+        self.timeline = timeline;
+        self
     }
 
     /// The window a CLOCK_MONOTONIC time falls in.
@@ -131,7 +141,15 @@ impl Windows {
             index = self.next_to_close;
             self.late += 1;
         }
-        let open = self.open.entry(index).or_default();
+        let (timeline, start) = (self.timeline, self.start_of(index));
+        let open = self.open.entry(index).or_insert_with(|| OpenWindow {
+            aggregator: if timeline {
+                Aggregator::with_timeline(start)
+            } else {
+                Aggregator::new()
+            },
+            earliest_ns: None,
+        });
         open.aggregator.add_resolved(sample, user);
         open.earliest_ns = Some(
             open.earliest_ns
@@ -292,5 +310,32 @@ mod tests {
         assert_eq!(all[0].window.start_unix_ns, 1_000);
         assert_eq!(all[0].window.duration_ns, 5 * S);
         assert_eq!(all[0].window.sample_freq_hz, 49);
+    }
+
+    #[test]
+    fn windows_with_timeline_time_samples_from_their_own_start() {
+        let mut tracker = ProcessTracker::new();
+        let t0 = 100 * S;
+        let mut w = Windows::new(t0, 0, Some(S), None, 99).with_timeline(true);
+        for ts in [t0 + 5, t0 + S + 7, t0 - 3] {
+            w.add(&sample(ts), &mut tracker);
+        }
+        let mut closed = w.finish(t0 + 2 * S);
+        let offsets = |c: &mut ClosedWindow| -> Vec<i64> {
+            c.aggregator
+                .take_timeline()
+                .iter()
+                .map(|t| t.offset_ns)
+                .collect()
+        };
+        assert_eq!(offsets(&mut closed[0]), vec![-3, 5]);
+        assert_eq!(offsets(&mut closed[1]), vec![7]);
+        // Without a timeline format nothing is kept.
+        let mut plain = Windows::new(t0, 0, None, None, 99);
+        plain.add(&sample(t0), &mut tracker);
+        assert!(plain.finish(t0 + S)[0]
+            .aggregator
+            .take_timeline()
+            .is_empty());
     }
 }

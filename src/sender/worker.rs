@@ -201,11 +201,11 @@ fn run(rx: Receiver<Message>, mut sender: Box<dyn Sender>, metrics: &Metrics) ->
     for message in rx {
         match message {
             Message::Window(job) => {
-                let (closed, snapshot) = *job;
+                let (mut closed, snapshot) = *job;
                 let index = closed.index;
                 let sent = contain(
                     || format!("window {index}"),
-                    || send_window(&symbolizer, sender.as_mut(), &closed, &snapshot),
+                    || send_window(&symbolizer, sender.as_mut(), &mut closed, &snapshot),
                 );
                 match sent {
                     Some(Ok(())) => {
@@ -241,11 +241,13 @@ fn run(rx: Receiver<Message>, mut sender: Box<dyn Sender>, metrics: &Metrics) ->
 fn send_window(
     symbolizer: &Symbolizer,
     sender: &mut dyn Sender,
-    closed: &ClosedWindow,
+    closed: &mut ClosedWindow,
     snapshot: &TrackerSnapshot,
 ) -> Result<()> {
     let started = Instant::now();
-    let profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
+    let timeline = closed.aggregator.take_timeline();
+    let mut profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
+    profile.timeline = timeline;
     debug!(
         "window {}: {} samples symbolized in {:?}",
         closed.index,

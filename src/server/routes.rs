@@ -138,8 +138,9 @@ fn profile_format(value: Option<&str>) -> Result<ProfileFormat, String> {
         None | Some("pprof") => Ok(ProfileFormat::Pprof),
         Some("flame-graph") => Ok(ProfileFormat::FlameGraph),
         Some("folded") => Ok(ProfileFormat::Folded),
+        Some("firefox") => Ok(ProfileFormat::Firefox),
         Some(other) => Err(format!(
-            "format={other:?} is not one of pprof, flame-graph, folded"
+            "format={other:?} is not one of pprof, flame-graph, folded, firefox"
         )),
     }
 }
@@ -227,6 +228,7 @@ fn content_type(format: ProfileFormat) -> &'static str {
         ProfileFormat::Pprof => "application/octet-stream",
         ProfileFormat::FlameGraph => "image/svg+xml",
         ProfileFormat::Folded => "text/plain; charset=utf-8",
+        ProfileFormat::Firefox => "application/gzip",
     }
 }
 

@@ -1,0 +1,377 @@
+//! Firefox Profiler output: the profiler's "processed profile" JSON, built
+//! with the `fxprof-processed-profile` crate and gzip'd (`profile.json.gz`;
+//! open it at profiler.firefox.com with "Load a profile from file").
+//!
+//! Unlike the other formats it is a timeline: every sample of
+//! [`Profile::timeline`] is one sample of its thread at its own time, so a
+//! short stall stays visible instead of disappearing into the totals.
+//!
+//! - Time: `meta.startTime` is the profile's start on the wall clock
+//!   ([`Profile::start_unix_ns`], moved earlier by the few µs of any sample
+//!   taken before it), and each sample's time is its BPF timestamp's offset
+//!   from that start (CLOCK_MONOTONIC differences), in ms.
+//! - One process per pid, named after its latest sample's process name, from
+//!   its first to its last sample; one thread per tid, named after its
+//!   latest sample's thread name, the thread whose tid is the pid marked as
+//!   the main thread (the UI shows it under the process name).
+//! - Every sample weighs 1 and stands for one sampling period of CPU
+//!   (`threadCPUDelta`), which draws the UI's CPU graph.
+//! - Frames: kernel frames in the `Kernel` category, as addresses in the
+//!   library `[kernel.kallsyms]`; user frames in the `User` category, as
+//!   addresses (file offsets) in the library of their object (path, GNU
+//!   build ID as code ID and debug ID), named through the library's symbol
+//!   table, so the UI can group and collapse them by library. Functions
+//!   inlined at an address follow it as frames of their own (labels).
+//!   Addresses in no known mapping are labels named `[unknown]+0xADDR`; the
+//!   `[unwind: ...]` frame of an incomplete stack is its outermost frame,
+//!   in the `Unwind` category. The profile is marked symbolicated: the UI
+//!   asks no symbol server.
+
+use std::io::{BufWriter, Write};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use flate2::write::GzEncoder;
+use fxprof_processed_profile::debugid::DebugId;
+use fxprof_processed_profile::{
+    CategoryColor, CategoryPairHandle, CpuDelta, Frame as FxFrame, FrameFlags, FrameInfo,
+    LibraryHandle, LibraryInfo, Profile as FxProfile, ReferenceTimestamp, SamplingInterval,
+    StackHandle, Symbol, SymbolTable, ThreadHandle, Timestamp,
+};
+use rustc_hash::FxHashMap;
+
+use crate::profile::{Frame, FrameKind, Profile, ProfileMapping};
+
+/// Default file name of the format.
+pub const FILE_NAME: &str = "profile.json.gz";
+
+/// gzip level: 1-9. Level 6 made a 60 s, 1.2 M sample profile in about
+/// the same size as level 1 at twice the time (docs/performance.md).
+const GZIP_LEVEL: u32 = 1;
+
+/// Encode `profile` as gzip'd Firefox Profiler JSON. Errors: the profile has
+/// samples but no timeline of them (it was aggregated without one: a bug
+/// of the caller), or the JSON could not be written.
+pub fn encode(profile: &Profile) -> Result<Vec<u8>> {
+    let fx = build(profile)?;
+    let mut gzip = GzEncoder::new(Vec::new(), flate2::Compression::new(GZIP_LEVEL));
+    {
+        let mut writer = BufWriter::with_capacity(1 << 16, &mut gzip);
+        serde_json::to_writer(&mut writer, &fx).context("writing the Firefox profile JSON")?;
+        writer.flush().context("compressing the Firefox profile")?;
+    }
+    gzip.finish().context("compressing the Firefox profile")
+}
+
+/// The category pairs frames are put in.
+struct Categories {
+    user: CategoryPairHandle,
+    kernel: CategoryPairHandle,
+    unwind: CategoryPairHandle,
+}
+
+/// Where the threads of the profile stand: one entry per (pid, tid).
+struct ThreadSlot {
+    pid: u32,
+    tid: u32,
+    first_ns: u64,
+    last_ns: u64,
+    /// The profile sample (stack) of its latest sample: its names are the thread's.
+    latest: u32,
+    handle: Option<ThreadHandle>,
+}
+
+/// Build the Firefox profile of `profile` (see the module docs).
+fn build(profile: &Profile) -> Result<FxProfile> {
+    if profile.timeline.len() as u64 != profile.total_samples() {
+        bail!(
+            "the Firefox format needs every sample's time, but this profile has {} samples and \
+             {} timed ones",
+            profile.total_samples(),
+            profile.timeline.len()
+        );
+    }
+    // Offsets below zero (samples taken just before the recorded start)
+    // move the reference earlier, so that every time is >= 0.
+    let shift = profile.timeline.first().map_or(0, |t| t.offset_ns.min(0));
+    let reference_ns = profile.start_unix_ns as f64 + shift as f64;
+    let mut fx = FxProfile::new(
+        "lightswitch",
+        ReferenceTimestamp::from_millis_since_unix_epoch(reference_ns / 1e6),
+        SamplingInterval::from_nanos(profile.period_ns()),
+    );
+    fx.set_os_name("Linux");
+    fx.set_symbolicated(true);
+    let categories = Categories {
+        user: fx.add_category("User", CategoryColor::Yellow).into(),
+        kernel: fx.add_category("Kernel", CategoryColor::Orange).into(),
+        unwind: fx.add_category("Unwind", CategoryColor::Gray).into(),
+    };
+    let frames = frame_infos(&mut fx, profile, &categories);
+    let time = |offset_ns: i64| offset_ns.saturating_sub(shift) as u64;
+
+    let (mut slots, slot_of_sample) = thread_slots(profile, time);
+    add_processes_and_threads(&mut fx, profile, &mut slots);
+
+    let cpu_delta = CpuDelta::from_nanos(profile.period_ns());
+    let mut stacks: Vec<Option<Option<StackHandle>>> = vec![None; profile.samples.len()];
+    for timed in &profile.timeline {
+        let index = timed.sample as usize;
+        let thread = slots[slot_of_sample[index]]
+            .handle
+            .context("every sampled thread has a handle")?;
+        let stack = *stacks[index].get_or_insert_with(|| {
+            // Root first: the sample's frames are leaf first, each frame's
+            // own list is root first.
+            let infos = profile.samples[index]
+                .frames
+                .iter()
+                .rev()
+                .flat_map(|&f| frames[f].iter().cloned());
+            fx.intern_stack_frames(thread, infos)
+        });
+        fx.add_sample(
+            thread,
+            Timestamp::from_nanos_since_reference(time(timed.offset_ns)),
+            stack,
+            cpu_delta,
+            1,
+        );
+    }
+    Ok(fx)
+}
+
+/// The (pid, tid) of every profile sample as a slot index, and the slots
+/// with the first and last time (ns after the reference) and latest stack
+/// of each thread.
+fn thread_slots(profile: &Profile, time: impl Fn(i64) -> u64) -> (Vec<ThreadSlot>, Vec<usize>) {
+    let mut slots: Vec<ThreadSlot> = Vec::new();
+    let mut by_id: FxHashMap<(u32, u32), usize> = FxHashMap::default();
+    let slot_of_sample: Vec<usize> = profile
+        .samples
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            *by_id.entry((s.pid, s.tid)).or_insert_with(|| {
+                slots.push(ThreadSlot {
+                    pid: s.pid,
+                    tid: s.tid,
+                    first_ns: u64::MAX,
+                    last_ns: 0,
+                    latest: i as u32,
+                    handle: None,
+                });
+                slots.len() - 1
+            })
+        })
+        .collect();
+    for timed in &profile.timeline {
+        let slot = &mut slots[slot_of_sample[timed.sample as usize]];
+        let t = time(timed.offset_ns);
+        slot.first_ns = slot.first_ns.min(t);
+        if t >= slot.last_ns {
+            slot.last_ns = t;
+            slot.latest = timed.sample;
+        }
+    }
+    (slots, slot_of_sample)
+}
+
+/// One process per pid (named after its latest sample, spanning its
+/// threads' samples) and one thread per slot with samples.
+fn add_processes_and_threads(fx: &mut FxProfile, profile: &Profile, slots: &mut [ThreadSlot]) {
+    let mut by_pid: FxHashMap<u32, Vec<usize>> = FxHashMap::default();
+    for (i, slot) in slots.iter().enumerate() {
+        if slot.first_ns != u64::MAX {
+            by_pid.entry(slot.pid).or_default().push(i);
+        }
+    }
+    let mut pids: Vec<u32> = by_pid.keys().copied().collect();
+    pids.sort_unstable();
+    for pid in pids {
+        let members = &by_pid[&pid];
+        let first = members.iter().map(|&i| slots[i].first_ns).min();
+        let latest = members.iter().map(|&i| &slots[i]).max_by_key(|s| s.last_ns);
+        let (Some(first), Some(latest)) = (first, latest) else {
+            continue;
+        };
+        let last = latest.last_ns;
+        let name = &profile.samples[latest.latest as usize].process_comm;
+        let process = fx.add_process(name, pid, Timestamp::from_nanos_since_reference(first));
+        fx.set_process_end_time(process, Timestamp::from_nanos_since_reference(last));
+        for &i in members {
+            let slot = &mut slots[i];
+            let thread = fx.add_thread(
+                process,
+                slot.tid,
+                Timestamp::from_nanos_since_reference(slot.first_ns),
+                slot.tid == slot.pid,
+            );
+            let sample = &profile.samples[slot.latest as usize];
+            fx.set_thread_name(thread, &sample.thread_comm);
+            fx.set_thread_end_time(thread, Timestamp::from_nanos_since_reference(slot.last_ns));
+            slot.handle = Some(thread);
+        }
+    }
+}
+
+/// For every frame of `profile`, the Firefox frames it becomes, root first:
+/// the address in its library (or a label), then the functions inlined
+/// there, outermost first. Adds the libraries with their symbol tables.
+fn frame_infos(
+    fx: &mut FxProfile,
+    profile: &Profile,
+    categories: &Categories,
+) -> Vec<Vec<FrameInfo>> {
+    let libs = Libraries::new(fx, profile);
+    let mut out = Vec::with_capacity(profile.frames.len());
+    for frame in &profile.frames {
+        let category = match frame.kind {
+            FrameKind::Kernel => categories.kernel,
+            FrameKind::User => categories.user,
+            FrameKind::UnwindMarker => categories.unwind,
+        };
+        let info = |frame: FxFrame| FrameInfo {
+            frame,
+            category_pair: category,
+            flags: FrameFlags::empty(),
+        };
+        // Lines are innermost first; the last is the function that contains
+        // the address, the others were inlined into it.
+        let mut lines = frame.lines.iter().rev();
+        let mut infos = Vec::with_capacity(frame.lines.len());
+        match (libs.locate(profile, frame), lines.next()) {
+            (Some((lib, rva)), Some(_)) => infos.push(info(
+                FxFrame::RelativeAddressFromInstructionPointer(lib, rva),
+            )),
+            (None, Some(outer)) => {
+                infos.push(info(FxFrame::Label(fx.intern_string(&outer.function))))
+            }
+            (_, None) => {}
+        }
+        for line in lines {
+            infos.push(info(FxFrame::Label(fx.intern_string(&line.function))));
+        }
+        out.push(infos);
+    }
+    out
+}
+
+/// The Firefox library of each mapping of a profile.
+struct Libraries {
+    /// By mapping index: the library, or `None` for a mapping of no object.
+    of_mapping: Vec<Option<LibraryHandle>>,
+}
+
+impl Libraries {
+    /// One library per object (path and build ID) of `profile`'s mappings,
+    /// with a symbol table naming every address of its frames: the name of
+    /// the function containing it.
+    fn new(fx: &mut FxProfile, profile: &Profile) -> Self {
+        let mut by_key: FxHashMap<(&str, Option<&str>), usize> = FxHashMap::default();
+        let mut infos: Vec<(LibraryInfo, Vec<Symbol>)> = Vec::new();
+        let of_mapping: Vec<Option<usize>> = profile
+            .mappings
+            .iter()
+            .map(|m| {
+                if !has_object(m) {
+                    return None;
+                }
+                let key = (m.filename.as_str(), m.build_id.as_deref());
+                Some(*by_key.entry(key).or_insert_with(|| {
+                    infos.push((library_info(m), Vec::new()));
+                    infos.len() - 1
+                }))
+            })
+            .collect();
+        for frame in &profile.frames {
+            let (Some(mapping), Some(outer)) = (frame.mapping, frame.lines.last()) else {
+                continue;
+            };
+            let Some(Some(lib)) = of_mapping.get(mapping) else {
+                continue;
+            };
+            if let Some(rva) = rva(&profile.mappings[mapping], frame) {
+                infos[*lib].1.push(Symbol {
+                    address: rva,
+                    size: Some(1),
+                    name: outer.function.to_string(),
+                });
+            }
+        }
+        let handles: Vec<LibraryHandle> = infos
+            .into_iter()
+            .map(|(info, symbols)| {
+                let handle = fx.add_lib(info);
+                fx.set_lib_symbol_table(handle, Arc::new(SymbolTable::new(symbols)));
+                handle
+            })
+            .collect();
+        Libraries {
+            of_mapping: of_mapping
+                .into_iter()
+                .map(|lib| lib.map(|l| handles[l]))
+                .collect(),
+        }
+    }
+
+    /// The library of `frame` and its address in it, if it has both.
+    fn locate(&self, profile: &Profile, frame: &Frame) -> Option<(LibraryHandle, u32)> {
+        let mapping = frame.mapping?;
+        let lib = (*self.of_mapping.get(mapping)?)?;
+        Some((lib, rva(&profile.mappings[mapping], frame)?))
+    }
+}
+
+/// Whether a mapping is backed by an object worth a library (not `[anon]`
+/// or another pseudo-mapping but the kernel and `[vdso]`).
+fn has_object(mapping: &ProfileMapping) -> bool {
+    mapping.filename != "[anon]" && !mapping.filename.is_empty()
+}
+
+/// A frame's address relative to its library: the file offset for user
+/// objects, the offset from the mapping's start for the kernel; `None` if
+/// it does not fit the format's 32 bits.
+fn rva(mapping: &ProfileMapping, frame: &Frame) -> Option<u32> {
+    let offset = frame.address.checked_sub(mapping.start)?;
+    let rva = match frame.kind {
+        FrameKind::Kernel => offset,
+        _ => offset.checked_add(mapping.file_offset)?,
+    };
+    u32::try_from(rva).ok()
+}
+
+/// The Firefox description of a mapping's object: its file name, path and
+/// GNU build ID (as the code ID, and as the debug ID the way breakpad and
+/// samply derive it: the first 16 bytes as a little-endian GUID).
+fn library_info(mapping: &ProfileMapping) -> LibraryInfo {
+    let name = std::path::Path::new(&mapping.filename)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(&mapping.filename)
+        .to_string();
+    let debug_id = mapping
+        .build_id
+        .as_deref()
+        .and_then(|hex| {
+            let bytes: Vec<u8> = (0..hex.len() / 2)
+                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16))
+                .collect::<Result<_, _>>()
+                .ok()?;
+            let mut guid = [0u8; 16];
+            let n = bytes.len().min(16);
+            guid[..n].copy_from_slice(&bytes[..n]);
+            DebugId::from_guid_age(&guid, 0).ok()
+        })
+        .unwrap_or_else(DebugId::nil);
+    LibraryInfo {
+        debug_name: name.clone(),
+        name,
+        path: mapping.filename.clone(),
+        debug_path: mapping.filename.clone(),
+        debug_id,
+        code_id: mapping.build_id.clone(),
+        arch: Some(std::env::consts::ARCH.into()),
+        symbol_table: None,
+    }
+}
