@@ -64,6 +64,7 @@ fn profile(n: usize) -> Profile {
         }],
         frames,
         samples,
+        timeline: vec![],
     }
 }
 

@@ -178,6 +178,7 @@ fn known_profile(start_unix_ns: u64, count: u64, stacks: usize) -> Vec<u8> {
         mappings: vec![],
         frames,
         samples,
+        timeline: vec![],
     };
     lightswitch::format::pprof::encode(&profile, lightswitch::cli::Compression::None).unwrap()
 }

@@ -892,6 +892,7 @@ fn known_profile(start_unix_ns: u64, count: u64) -> Vec<u8> {
             unwind_status: UnwindStatus::Complete,
             count,
         }],
+        timeline: vec![],
     };
     lightswitch::format::pprof::encode(&profile, lightswitch::cli::Compression::None).unwrap()
 }

@@ -375,3 +375,151 @@ fn library_info(mapping: &ProfileMapping) -> LibraryInfo {
         symbol_table: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use serde_json::Value;
+
+    use super::*;
+    use crate::format::folded::tests::sample_profile;
+    use crate::profile::TimedSample;
+
+    /// The folded tests' profile (threads 7 and 8 of `app`, inlined and
+    /// kernel frames, a truncated stack) with its frames at 0x1000 and
+    /// 0x2000 in `/bin/app`, and a timeline whose first sample is 2 µs
+    /// before the start.
+    fn timed_profile() -> Profile {
+        let mut profile = sample_profile();
+        profile.mappings.push(ProfileMapping {
+            start: 0x1000,
+            limit: 0x3000,
+            file_offset: 0x100,
+            filename: "/bin/app".into(),
+            build_id: Some("0aa70dc66dec077a9140a391cc1a092737b75148".into()),
+        });
+        for frame in &mut profile.frames {
+            if frame.kind == FrameKind::User {
+                frame.mapping = Some(0);
+            }
+        }
+        let mut offset = -2_000;
+        for (index, sample) in profile.samples.iter().enumerate() {
+            for _ in 0..sample.count {
+                profile.timeline.push(TimedSample {
+                    offset_ns: offset,
+                    sample: index as u32,
+                });
+                offset += 10_000;
+            }
+        }
+        profile.timeline.sort_unstable();
+        profile
+    }
+
+    fn decode(bytes: &[u8]) -> Value {
+        let mut json = Vec::new();
+        flate2::read::GzDecoder::new(bytes)
+            .read_to_end(&mut json)
+            .expect("gzip");
+        serde_json::from_slice(&json).expect("JSON")
+    }
+
+    /// The names of a thread's sample's stack, root first, with the
+    /// category names.
+    fn stack_of(profile: &Value, thread: &Value, sample: usize) -> Vec<(String, String)> {
+        let strings = thread["stringArray"].as_array().unwrap();
+        let mut out = Vec::new();
+        let mut stack = thread["samples"]["stack"][sample].as_u64();
+        while let Some(s) = stack {
+            let s = s as usize;
+            let frame = thread["stackTable"]["frame"][s].as_u64().unwrap() as usize;
+            let func = thread["frameTable"]["func"][frame].as_u64().unwrap() as usize;
+            let name = thread["funcTable"]["name"][func].as_u64().unwrap() as usize;
+            let category = thread["frameTable"]["category"][frame].as_u64().unwrap() as usize;
+            out.push((
+                strings[name].as_str().unwrap().to_string(),
+                profile["meta"]["categories"][category]["name"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            ));
+            stack = thread["stackTable"]["prefix"][s].as_u64();
+        }
+        out.reverse();
+        out
+    }
+
+    #[test]
+    fn threads_times_frames_and_libraries() {
+        let profile = timed_profile();
+        let json = decode(&encode(&profile).unwrap());
+        // The reference is 2 µs before the start: every time is >= 0.
+        let start = json["meta"]["startTime"].as_f64().unwrap();
+        assert!((start - (profile.start_unix_ns as f64 - 2_000.0) / 1e6).abs() < 1e-3);
+        assert_eq!(json["meta"]["interval"].as_f64(), Some(10.0));
+        let threads = json["threads"].as_array().unwrap();
+        assert_eq!(threads.len(), 2);
+        let main = &threads[0];
+        assert_eq!(main["isMainThread"], true);
+        assert_eq!(main["tid"], "7");
+        assert_eq!(
+            main["name"], "app",
+            "the main thread shows the process name"
+        );
+        assert_eq!(threads[1]["name"], "worker;1");
+        assert_eq!(main["samples"]["length"], 5);
+        assert_eq!(threads[1]["samples"]["length"], 3);
+        assert_eq!(main["samples"]["timeDeltas"][0].as_f64(), Some(0.0));
+        assert_eq!(main["samples"]["timeDeltas"][1].as_f64(), Some(0.01));
+        assert_eq!(main["samples"]["threadCPUDelta"][0], 10_000);
+        let expected: Vec<(String, String)> = [
+            ("main", "User"),
+            ("c", "User"),
+            ("inner_inlined", "User"),
+            ("do_syscall_64", "Kernel"),
+            ("vfs_read", "Kernel"),
+        ]
+        .iter()
+        .map(|(n, c)| (n.to_string(), c.to_string()))
+        .collect();
+        assert_eq!(stack_of(&json, main, 0), expected);
+        // The truncated stack: the marker outermost, then c and its inlinee.
+        let truncated = (0..3)
+            .map(|i| stack_of(&json, &threads[1], i))
+            .find(|s| s.len() == 3)
+            .unwrap();
+        assert_eq!(
+            truncated[0],
+            ("[unwind: truncated]".into(), "Unwind".into())
+        );
+        // User frames are addresses (file offsets) in /bin/app's library.
+        let libs = json["libs"].as_array().unwrap();
+        assert_eq!(libs.len(), 1);
+        assert_eq!(libs[0]["name"], "app");
+        assert_eq!(
+            libs[0]["codeId"],
+            "0aa70dc66dec077a9140a391cc1a092737b75148"
+        );
+        let addresses: Vec<i64> = main["frameTable"]["address"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_i64().unwrap())
+            .filter(|&a| a >= 0)
+            .collect();
+        assert_eq!(addresses, vec![0x1100, 0x100]);
+        assert_eq!(json["meta"]["symbolicated"], true);
+    }
+
+    #[test]
+    fn a_profile_without_its_timeline_is_refused_and_an_empty_one_is_valid() {
+        let mut profile = sample_profile();
+        let err = encode(&profile).unwrap_err().to_string();
+        assert!(err.contains("8 samples and 0 timed"), "{err}");
+        profile.samples.clear();
+        let json = decode(&encode(&profile).unwrap());
+        assert_eq!(json["threads"].as_array().map(Vec::len), Some(0));
+    }
+}

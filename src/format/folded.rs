@@ -109,6 +109,7 @@ pub(crate) mod tests {
                 sample(8, vec![0, 1, 2, 3], 2, UnwindStatus::Complete),
                 sample(8, vec![2, 4], 1, UnwindStatus::Truncated),
             ],
+            timeline: vec![],
         }
     }
 

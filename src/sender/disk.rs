@@ -256,6 +256,13 @@ mod tests {
             window_path(&base, t).file_name().unwrap(),
             "profile-20240501T120000.000Z.pb"
         );
+        // The double extension of the firefox format stays whole.
+        assert_eq!(
+            window_path(&dir.path().join("profile.json.gz"), t)
+                .file_name()
+                .unwrap(),
+            "profile-20240501T120000.000Z.json.gz"
+        );
         for i in 0..5 {
             write_atomic(&window_path(&base, t + i * second), b"x", PROFILE_MODE).unwrap();
         }
