@@ -416,13 +416,30 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         ..
     } = last.pop().context("a run has one window")?;
     let timeline = aggregator.take_timeline();
+    let started = Instant::now();
     let mut profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
     profile.timeline = timeline;
+    info!(
+        "{} samples, {} distinct stacks, {} frames symbolized in {:?}",
+        profile.total_samples(),
+        profile.samples.len(),
+        profile.frames.len(),
+        started.elapsed()
+    );
     // Encode every format before writing any: a run that cannot produce one
     // of them (a flame graph of no samples) leaves no partial set behind.
     let encoded = outputs
         .iter()
-        .map(|(format, output)| Ok((output, encode(&profile, *format, cli.pprof_compression)?)))
+        .map(|(format, output)| {
+            let started = Instant::now();
+            let bytes = encode(&profile, *format, cli.pprof_compression)?;
+            info!(
+                "{format:?}: {} bytes encoded in {:?}",
+                bytes.len(),
+                started.elapsed()
+            );
+            Ok((output, bytes))
+        })
         .collect::<Result<Vec<_>>>()
         .context("no profile was written")?;
     for (output, bytes) in encoded {

@@ -29,6 +29,7 @@
 
 use std::io::{BufWriter, Write};
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use flate2::write::GzEncoder;
@@ -39,21 +40,25 @@ use fxprof_processed_profile::{
     StackHandle, Symbol, SymbolTable, ThreadHandle, Timestamp,
 };
 use rustc_hash::FxHashMap;
+use tracing::debug;
 
 use crate::profile::{Frame, FrameKind, Profile, ProfileMapping};
 
 /// Default file name of the format.
 pub const FILE_NAME: &str = "profile.json.gz";
 
-/// gzip level: 1-9. Level 6 made a 60 s, 1.2 M sample profile in about
-/// the same size as level 1 at twice the time (docs/performance.md).
-const GZIP_LEVEL: u32 = 1;
+/// gzip level (1-9). On the 115 MB of JSON of a 60 s whole-machine run at
+/// 10 kHz, level 1 made 33.5 MB in 0.8 s, level 2 23.9 MB in 1.2 s and
+/// level 6 20.6 MB in 3.8 s (docs/performance.md).
+const GZIP_LEVEL: u32 = 2;
 
 /// Encode `profile` as gzip'd Firefox Profiler JSON. Errors: the profile has
 /// samples but no timeline of them (it was aggregated without one: a bug
 /// of the caller), or the JSON could not be written.
 pub fn encode(profile: &Profile) -> Result<Vec<u8>> {
+    let started = Instant::now();
     let fx = build(profile)?;
+    debug!("firefox: profile built in {:?}", started.elapsed());
     let mut gzip = GzEncoder::new(Vec::new(), flate2::Compression::new(GZIP_LEVEL));
     {
         let mut writer = BufWriter::with_capacity(1 << 16, &mut gzip);
@@ -113,32 +118,72 @@ fn build(profile: &Profile) -> Result<FxProfile> {
     let (mut slots, slot_of_sample) = thread_slots(profile, time);
     add_processes_and_threads(&mut fx, profile, &mut slots);
 
+    let stacks = intern_stacks(&mut fx, profile, &frames, &slots, &slot_of_sample);
     let cpu_delta = CpuDelta::from_nanos(profile.period_ns());
-    let mut stacks: Vec<Option<Option<StackHandle>>> = vec![None; profile.samples.len()];
     for timed in &profile.timeline {
         let index = timed.sample as usize;
         let thread = slots[slot_of_sample[index]]
             .handle
             .context("every sampled thread has a handle")?;
-        let stack = *stacks[index].get_or_insert_with(|| {
-            // Root first: the sample's frames are leaf first, each frame's
-            // own list is root first.
-            let infos = profile.samples[index]
-                .frames
-                .iter()
-                .rev()
-                .flat_map(|&f| frames[f].iter().cloned());
-            fx.intern_stack_frames(thread, infos)
-        });
         fx.add_sample(
             thread,
             Timestamp::from_nanos_since_reference(time(timed.offset_ns)),
-            stack,
+            stacks[index],
             cpu_delta,
             1,
         );
     }
     Ok(fx)
+}
+
+/// The Firefox stack of every profile sample (`None` for a sample without
+/// frames or samples). Each thread's stacks are interned in the order of
+/// their frames, root first, so that consecutive stacks share their
+/// common prefix and only the frames after it are interned: deep stacks
+/// (a compiler's 60-frame stacks, most of them distinct) cost what their
+/// differing leaves cost.
+fn intern_stacks(
+    fx: &mut FxProfile,
+    profile: &Profile,
+    frames: &[Vec<FrameInfo>],
+    slots: &[ThreadSlot],
+    slot_of_sample: &[usize],
+) -> Vec<Option<StackHandle>> {
+    let mut stacks = vec![None; profile.samples.len()];
+    let mut by_slot: Vec<Vec<usize>> = vec![Vec::new(); slots.len()];
+    for (index, sample) in profile.samples.iter().enumerate() {
+        if sample.count > 0 {
+            by_slot[slot_of_sample[index]].push(index);
+        }
+    }
+    let root_first = |index: usize| profile.samples[index].frames.iter().rev();
+    for (slot, mut indices) in slots.iter().zip(by_slot) {
+        let Some(thread) = slot.handle else {
+            continue;
+        };
+        indices.sort_unstable_by(|&a, &b| root_first(a).cmp(root_first(b)));
+        // The frames of the previous stack, root first, with the stack
+        // handle that ends at each.
+        let mut path: Vec<(usize, Option<StackHandle>)> = Vec::new();
+        for index in indices {
+            let common = path
+                .iter()
+                .zip(root_first(index))
+                .take_while(|((done, _), &frame)| *done == frame)
+                .count();
+            path.truncate(common);
+            for &frame in root_first(index).skip(common) {
+                let mut stack = path.last().and_then(|(_, s)| *s);
+                for info in &frames[frame] {
+                    let handle = fx.intern_frame(thread, info.clone());
+                    stack = Some(fx.intern_stack(thread, stack, handle));
+                }
+                path.push((frame, stack));
+            }
+            stacks[index] = path.last().and_then(|(_, s)| *s);
+        }
+    }
+    stacks
 }
 
 /// The (pid, tid) of every profile sample as a slot index, and the slots
@@ -225,7 +270,7 @@ fn frame_infos(
 ) -> Vec<Vec<FrameInfo>> {
     let libs = Libraries::new(fx, profile);
     let mut out = Vec::with_capacity(profile.frames.len());
-    for frame in &profile.frames {
+    for (frame, located) in profile.frames.iter().zip(&libs.of_frame) {
         let category = match frame.kind {
             FrameKind::Kernel => categories.kernel,
             FrameKind::User => categories.user,
@@ -240,7 +285,7 @@ fn frame_infos(
         // the address, the others were inlined into it.
         let mut lines = frame.lines.iter().rev();
         let mut infos = Vec::with_capacity(frame.lines.len());
-        match (libs.locate(profile, frame), lines.next()) {
+        match (*located, lines.next()) {
             (Some((lib, rva)), Some(_)) => infos.push(info(
                 FxFrame::RelativeAddressFromInstructionPointer(lib, rva),
             )),
@@ -257,20 +302,24 @@ fn frame_infos(
     out
 }
 
-/// The Firefox library of each mapping of a profile.
+/// Where each frame of a profile is in a Firefox library.
 struct Libraries {
-    /// By mapping index: the library, or `None` for a mapping of no object.
-    of_mapping: Vec<Option<LibraryHandle>>,
+    /// By frame index: the library and the address the frame is shown at.
+    of_frame: Vec<Option<(LibraryHandle, u32)>>,
 }
 
 impl Libraries {
     /// One library per object (path and build ID) of `profile`'s mappings,
-    /// with a symbol table naming every address of its frames: the name of
-    /// the function containing it.
+    /// and one address per function in it: every frame of a function is
+    /// shown at the first of its addresses (relative to the library), named
+    /// through the library's symbol table. The UI's call tree and flame
+    /// graph are per function anyway, and one frame per function instead of
+    /// one per address keeps each thread's frame, stack and symbol tables
+    /// several times smaller (docs/performance.md).
     fn new(fx: &mut FxProfile, profile: &Profile) -> Self {
         let mut by_key: FxHashMap<(&str, Option<&str>), usize> = FxHashMap::default();
-        let mut infos: Vec<(LibraryInfo, Vec<Symbol>)> = Vec::new();
-        let of_mapping: Vec<Option<usize>> = profile
+        let mut libs: Vec<(LibraryInfo, FxHashMap<&str, u32>)> = Vec::new();
+        let lib_of_mapping: Vec<Option<usize>> = profile
             .mappings
             .iter()
             .map(|m| {
@@ -279,47 +328,44 @@ impl Libraries {
                 }
                 let key = (m.filename.as_str(), m.build_id.as_deref());
                 Some(*by_key.entry(key).or_insert_with(|| {
-                    infos.push((library_info(m), Vec::new()));
-                    infos.len() - 1
+                    libs.push((library_info(m), FxHashMap::default()));
+                    libs.len() - 1
                 }))
             })
             .collect();
-        for frame in &profile.frames {
-            let (Some(mapping), Some(outer)) = (frame.mapping, frame.lines.last()) else {
-                continue;
-            };
-            let Some(Some(lib)) = of_mapping.get(mapping) else {
-                continue;
-            };
-            if let Some(rva) = rva(&profile.mappings[mapping], frame) {
-                infos[*lib].1.push(Symbol {
-                    address: rva,
-                    size: Some(1),
-                    name: outer.function.to_string(),
-                });
-            }
-        }
-        let handles: Vec<LibraryHandle> = infos
+        let located: Vec<Option<(usize, u32)>> = profile
+            .frames
+            .iter()
+            .map(|frame| {
+                let mapping = frame.mapping?;
+                let lib = (*lib_of_mapping.get(mapping)?)?;
+                let rva = rva(&profile.mappings[mapping], frame)?;
+                let function = frame.lines.last()?.function.as_ref();
+                Some((lib, *libs[lib].1.entry(function).or_insert(rva)))
+            })
+            .collect();
+        let handles: Vec<LibraryHandle> = libs
             .into_iter()
-            .map(|(info, symbols)| {
+            .map(|(info, functions)| {
+                let symbols = functions
+                    .into_iter()
+                    .map(|(name, address)| Symbol {
+                        address,
+                        size: Some(1),
+                        name: name.to_string(),
+                    })
+                    .collect();
                 let handle = fx.add_lib(info);
                 fx.set_lib_symbol_table(handle, Arc::new(SymbolTable::new(symbols)));
                 handle
             })
             .collect();
         Libraries {
-            of_mapping: of_mapping
+            of_frame: located
                 .into_iter()
-                .map(|lib| lib.map(|l| handles[l]))
+                .map(|l| l.map(|(lib, rva)| (handles[lib], rva)))
                 .collect(),
         }
-    }
-
-    /// The library of `frame` and its address in it, if it has both.
-    fn locate(&self, profile: &Profile, frame: &Frame) -> Option<(LibraryHandle, u32)> {
-        let mapping = frame.mapping?;
-        let lib = (*self.of_mapping.get(mapping)?)?;
-        Some((lib, rva(&profile.mappings[mapping], frame)?))
     }
 }
 
