@@ -30,12 +30,11 @@ mod summary;
 
 pub use summary::{ContinuousSummary, RunSummary};
 
-use crate::cli::{Cli, Compression, ProfileFormat, SenderKind};
+use crate::cli::{Cli, SenderKind};
 use crate::format;
 use crate::preflight;
 use crate::process::ProcessTracker;
 use crate::profile::window::{ClosedWindow, Windows};
-use crate::profile::Profile;
 use crate::sample::UnwindStatus;
 use crate::sampler::{self, Sampler, SamplerConfig};
 use crate::sender::disk;
@@ -113,7 +112,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     // Continuous mode: the sender (and its thread) starts before sampling,
     // so that a bad URL fails the run before anything is loaded.
     let mut worker = if continuous {
-        let sender = crate::sender::start(cli)?;
+        let sender = crate::sender::start(cli.sender_config()?)?;
         if let Some(queue) = sender.delivery_queue() {
             metrics.set_delivery_queue(queue);
         }
@@ -432,9 +431,10 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         .iter()
         .map(|(format, output)| {
             let started = Instant::now();
-            let bytes = encode(&profile, *format, cli.pprof_compression)?;
+            let bytes = format::encode(&profile, *format, cli.pprof_compression)?;
             info!(
-                "{format:?}: {} bytes encoded in {:?}",
+                "{}: {} bytes encoded in {:?}",
+                format.name(),
                 bytes.len(),
                 started.elapsed()
             );
@@ -511,23 +511,4 @@ fn unwind_rows_for_budget(mb: u32) -> Result<u32> {
         anyhow::bail!("--max-unwind-info-mb must be between 1 and 32767 MiB");
     }
     Ok(rows as u32)
-}
-
-/// Encode `profile` in `format` (`compression` applies to pprof only).
-pub fn encode(
-    profile: &Profile,
-    format: ProfileFormat,
-    compression: Compression,
-) -> Result<Vec<u8>> {
-    match format {
-        ProfileFormat::FlameGraph => {
-            if profile.total_samples() == 0 {
-                anyhow::bail!("no samples were collected, so there is no flame graph to draw");
-            }
-            format::flamegraph::encode(profile, "lightswitch CPU profile")
-        }
-        ProfileFormat::Folded => Ok(format::folded::encode(profile).into_bytes()),
-        ProfileFormat::Pprof => format::pprof::encode(profile, compression),
-        ProfileFormat::Firefox => format::firefox::encode(profile),
-    }
 }

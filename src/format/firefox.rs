@@ -42,10 +42,25 @@ use fxprof_processed_profile::{
 use rustc_hash::FxHashMap;
 use tracing::debug;
 
+use super::FormatSpec;
 use crate::profile::{Frame, FrameKind, Profile, ProfileMapping};
 
 /// Default file name of the format.
 pub const FILE_NAME: &str = "profile.json.gz";
+
+/// The format's registry entry.
+pub const SPEC: FormatSpec = FormatSpec {
+    name: "firefox",
+    aliases: &["firefox-profiler", "fxprof"],
+    noun: "Firefox profile",
+    help: "Firefox Profiler timeline, every sample at its own time (gzip'd JSON; open it at \
+           profiler.firefox.com, \"Load a profile from file\"); default file name profile.json.gz",
+    default_file_name: FILE_NAME,
+    mime_type: "application/gzip",
+    encodes_empty: true,
+    timeline: true,
+    encode: |profile, _| encode(profile),
+};
 
 /// gzip level (1-9). On the 115 MB of JSON of a 60 s whole-machine run at
 /// 10 kHz, level 1 made 33.5 MB in 0.8 s, level 2 23.9 MB in 1.2 s and
