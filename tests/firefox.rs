@@ -233,11 +233,16 @@ fn decode_thread(thread: &Value, categories: &[String], libs: &[String]) -> FxTh
     }
 }
 
-/// Read a gzip'd Firefox profile: `meta.startTime` (ms since the Unix
-/// epoch), the sampling interval (ms) and the decoded threads.
+/// Read a gzip'd Firefox profile file (see [`decode_profile`]).
 fn read_profile(path: &Path) -> (f64, f64, Vec<FxThread>) {
+    decode_profile(&fs::read(path).expect("reading the profile"))
+}
+
+/// Decode a gzip'd Firefox profile: `meta.startTime` (ms since the Unix
+/// epoch), the sampling interval (ms) and the decoded threads.
+fn decode_profile(gzip: &[u8]) -> (f64, f64, Vec<FxThread>) {
     let mut json = Vec::new();
-    flate2::read::GzDecoder::new(fs::File::open(path).expect("opening the profile"))
+    flate2::read::GzDecoder::new(gzip)
         .read_to_end(&mut json)
         .expect("the profile is gzip'd");
     let profile: Value = serde_json::from_slice(&json).expect("the profile is JSON");
@@ -285,6 +290,28 @@ fn median(values: &mut [f64]) -> f64 {
 
 fn unix_ms(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH).unwrap().as_secs_f64() * 1e3
+}
+
+/// The samples of a profile as folded lines with their counts.
+fn as_folded(threads: &[FxThread]) -> BTreeMap<String, u64> {
+    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+    for thread in threads {
+        for stack in &thread.stacks {
+            *lines
+                .entry(folded_line(&thread.process_name, stack))
+                .or_default() += 1;
+        }
+    }
+    lines
+}
+
+/// Folded stacks as lines with their counts (identical lines added up).
+fn folded_lines(folded: &[Stack]) -> BTreeMap<String, u64> {
+    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+    for (frames, n) in folded {
+        *lines.entry(frames.join(";")).or_default() += n;
+    }
+    lines
 }
 
 #[test]
@@ -428,4 +455,132 @@ fn timeline_of_named_threads_matches_folded_output() {
         "only {in_kernel} of {} reader samples show the kernel's read path",
         reader.stacks.len()
     );
+}
+
+/// Continuous mode: one Firefox file per window beside the folded file of
+/// the same window, with the same stacks; windows follow each other in time.
+#[test]
+fn continuous_windows_write_one_timeline_each() {
+    let _serial = serial();
+    let program = compile("tl-windows", &program_source(), &["-O2", "-g", "-pthread"]);
+    let workload = Workload::spawn(&program);
+    let dir = tempdir();
+    let out = run(
+        &[
+            "--pids",
+            &workload.pid_arg(),
+            "--sample-freq",
+            "999",
+            "--duration",
+            "2.5",
+            "--profile-interval",
+            "1",
+            "--profile-format",
+            "firefox,folded",
+            "--profile-path",
+            s(dir.path()),
+        ],
+        Duration::from_secs(60),
+    );
+    out.assert_success();
+    let mut names: Vec<String> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let timelines: Vec<&String> = names.iter().filter(|n| n.ends_with(".json.gz")).collect();
+    assert_eq!(timelines.len(), 3, "{names:?}\n{out}");
+    let mut previous_end = 0.0f64;
+    let mut samples = 0;
+    for name in timelines {
+        let stamp = name
+            .strip_prefix("profile-")
+            .and_then(|n| n.strip_suffix(".json.gz"))
+            .unwrap_or_else(|| panic!("window file name {name}"));
+        let (start, _, threads) = read_profile(&dir.path().join(name));
+        let folded = read_folded(&dir.path().join(format!("folded-{stamp}.txt")));
+        assert_eq!(as_folded(&threads), folded_lines(&folded), "window {stamp}");
+        samples += total(&folded);
+        let times = threads
+            .iter()
+            .flat_map(|t| t.times.iter().map(|x| start + x));
+        let (first, last) = times.fold((f64::MAX, 0.0f64), |(lo, hi), t| (lo.min(t), hi.max(t)));
+        // A sample read after its window closed (a stalled reader, counted
+        // in `late_samples`) goes to the next window: allow for one.
+        assert!(
+            first >= previous_end - 100.0,
+            "window {stamp} starts before the last one ended"
+        );
+        assert!(
+            last - first <= 1_000.0 + 60.0,
+            "window {stamp} spans {} ms",
+            last - first
+        );
+        previous_end = last;
+    }
+    assert!(samples > 100, "{samples} samples\n{out}");
+}
+
+/// On demand: `format=firefox` answers a gzip'd timeline of the request's
+/// span with the program's named threads.
+#[test]
+fn on_demand_request_answers_a_timeline() {
+    let _serial = serial();
+    let program = compile("tl-http", &program_source(), &["-O2", "-g", "-pthread"]);
+    let workload = Workload::spawn(&program);
+    let mut agent = std::process::Command::new(BIN)
+        .args(["--listen", "127.0.0.1:0", "--pids", &workload.pid_arg()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawning lightswitch");
+    let mut banner = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(agent.stdout.take().unwrap()),
+        &mut banner,
+    )
+    .expect("reading the banner");
+    let url = banner
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected banner {banner:?}"))
+        .to_string();
+    let before = unix_ms(SystemTime::now());
+    let response = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+        .get(format!(
+            "{url}/debug/pprof/profile?seconds=1&format=firefox&sample_freq=999"
+        ))
+        .send()
+        .expect("GET profile");
+    let after = unix_ms(SystemTime::now());
+    let _ = agent.kill();
+    let _ = agent.wait();
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    assert_eq!(
+        response.headers()["content-type"].to_str().unwrap(),
+        "application/gzip"
+    );
+    let (start, _, threads) = decode_profile(&response.bytes().unwrap());
+    for name in ["tl-alpha", "tl-beta", "tl-gamma", "tl-reader"] {
+        let thread = threads
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no thread {name}"));
+        assert!(
+            thread.stacks.len() >= 10,
+            "{name}: {} samples",
+            thread.stacks.len()
+        );
+        for t in &thread.times {
+            assert!(
+                (before..=after).contains(&(start + t)),
+                "{name}: sample outside the request"
+            );
+        }
+    }
 }
