@@ -111,6 +111,17 @@ fn build(profile: &Profile) -> Result<FxProfile> {
             profile.timeline.len()
         );
     }
+    if let Some(bad) = profile
+        .timeline
+        .iter()
+        .find(|t| t.sample as usize >= profile.samples.len())
+    {
+        bail!(
+            "a timed sample names stack {} of a profile with {}",
+            bad.sample,
+            profile.samples.len()
+        );
+    }
     // Offsets below zero (samples taken just before the recorded start)
     // move the reference earlier, so that every time is >= 0.
     let shift = profile.timeline.first().map_or(0, |t| t.offset_ns.min(0));
