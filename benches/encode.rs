@@ -69,6 +69,7 @@ fn profile(n: usize) -> Profile {
         frames,
         samples,
         timeline: vec![],
+        markers: vec![],
     }
 }
 

@@ -206,7 +206,8 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                      subscriptions: &mut Subscriptions,
                      loader: &mut UnwindLoader| {
             for event in events.borrow_mut().drain(..) {
-                loader.on_event(event, tracker, &sampler);
+                windows.add_event(&event);
+                loader.on_event(event.event, tracker, &sampler);
             }
             for sample in pending.borrow_mut().drain(..) {
                 let frames = crate::profile::aggregate::resolve(&sample, tracker);
@@ -414,10 +415,11 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         window,
         ..
     } = last.pop().context("a run has one window")?;
-    let timeline = aggregator.take_timeline();
+    let (timeline, markers) = (aggregator.take_timeline(), aggregator.take_markers());
     let started = Instant::now();
     let mut profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
     profile.timeline = timeline;
+    profile.markers = markers;
     info!(
         "{} samples, {} distinct stacks, {} frames symbolized in {:?}",
         profile.total_samples(),

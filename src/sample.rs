@@ -218,21 +218,35 @@ pub enum ProcessEvent {
     },
 }
 
-impl ProcessEvent {
+/// A [`ProcessEvent`] with the time the BPF program saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedEvent {
+    /// What happened.
+    pub event: ProcessEvent,
+    /// `bpf_ktime_get_ns()` when it happened: CLOCK_MONOTONIC, ns (the
+    /// clock of [`RawSample::timestamp_ns`]).
+    pub timestamp_ns: u64,
+}
+
+impl TimedEvent {
     /// Parse one `struct process_event` record; `None` for an unknown type or short record.
     pub fn parse(data: &[u8]) -> Option<Self> {
-        let mut event = types::process_event::default();
-        plain::copy_from_bytes(&mut event, data).ok()?;
-        let pid = event.pid;
-        match event.r#type {
-            EVENT_EXEC => Some(Self::Exec { pid }),
-            EVENT_EXIT => Some(Self::Exit { pid }),
-            EVENT_UNKNOWN_MAPPING => Some(Self::UnknownMapping {
+        let mut raw = types::process_event::default();
+        plain::copy_from_bytes(&mut raw, data).ok()?;
+        let pid = raw.pid;
+        let event = match raw.r#type {
+            EVENT_EXEC => ProcessEvent::Exec { pid },
+            EVENT_EXIT => ProcessEvent::Exit { pid },
+            EVENT_UNKNOWN_MAPPING => ProcessEvent::UnknownMapping {
                 pid,
-                address: event.address,
-            }),
-            _ => None,
-        }
+                address: raw.address,
+            },
+            _ => return None,
+        };
+        Some(TimedEvent {
+            event,
+            timestamp_ns: raw.timestamp_ns,
+        })
     }
 }
 
@@ -318,25 +332,30 @@ mod tests {
             data.extend_from_slice(&kind.to_ne_bytes());
             data.extend_from_slice(&pid.to_ne_bytes());
             data.extend_from_slice(&address.to_ne_bytes());
+            data.extend_from_slice(&55u64.to_ne_bytes());
             data
         };
+        let parse = |data: &[u8]| TimedEvent::parse(data).map(|e| (e.event, e.timestamp_ns));
         assert_eq!(
-            ProcessEvent::parse(&record(1, 7, 0)),
-            Some(ProcessEvent::Exec { pid: 7 })
+            parse(&record(1, 7, 0)),
+            Some((ProcessEvent::Exec { pid: 7 }, 55))
         );
         assert_eq!(
-            ProcessEvent::parse(&record(2, 7, 0)),
-            Some(ProcessEvent::Exit { pid: 7 })
+            parse(&record(2, 7, 0)),
+            Some((ProcessEvent::Exit { pid: 7 }, 55))
         );
         assert_eq!(
-            ProcessEvent::parse(&record(3, 7, 0x4000)),
-            Some(ProcessEvent::UnknownMapping {
-                pid: 7,
-                address: 0x4000
-            })
+            parse(&record(3, 7, 0x4000)),
+            Some((
+                ProcessEvent::UnknownMapping {
+                    pid: 7,
+                    address: 0x4000
+                },
+                55
+            ))
         );
-        assert_eq!(ProcessEvent::parse(&record(9, 7, 0)), None);
-        assert_eq!(ProcessEvent::parse(&record(1, 7, 0)[..15]), None);
+        assert_eq!(parse(&record(9, 7, 0)), None);
+        assert_eq!(parse(&record(1, 7, 0)[..23]), None);
     }
 
     #[test]

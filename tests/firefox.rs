@@ -98,6 +98,8 @@ struct FxFrame {
 /// One decoded thread.
 #[derive(Debug)]
 struct FxThread {
+    /// Its markers: name and time (ms after `meta.startTime`).
+    markers: Vec<(String, f64)>,
     name: String,
     process_name: String,
     pid: String,
@@ -219,7 +221,14 @@ fn decode_thread(thread: &Value, categories: &[String], libs: &[String]) -> FxTh
     assert!(column(samples, "weight")
         .iter()
         .all(|w| w.as_i64() == Some(1)));
+    let marker_table = &thread["markers"];
+    let markers = column(marker_table, "name")
+        .iter()
+        .zip(column(marker_table, "startTime"))
+        .map(|(name, time)| (string(name, "marker name"), time.as_f64().unwrap_or(-1.0)))
+        .collect();
     FxThread {
+        markers,
         name: thread["name"].as_str().expect("name").to_string(),
         process_name: thread["processName"]
             .as_str()
@@ -583,4 +592,63 @@ fn on_demand_request_answers_a_timeline() {
             );
         }
     }
+}
+
+/// A process that exits while it is profiled (after 2 s of a 4 s run; the
+/// test reaps it only at its end, so the run is given a duration): an
+/// `exit` marker on its main thread, after its last sample, within the run.
+#[test]
+fn exit_is_a_marker_on_the_main_thread() {
+    let _serial = serial();
+    let source = format!(
+        r#"{DIE_WITH_PARENT}
+#include <time.h>
+volatile unsigned long sink;
+int main(void) {{
+    time_t end = time(0) + 2;
+    while (time(0) < end) sink++;
+    return 0;
+}}
+"#
+    );
+    let program = compile("tl-exits", &source, &["-O2", "-g"]);
+    let workload = Workload::spawn(&program);
+    let dir = tempdir();
+    let before = unix_ms(SystemTime::now());
+    let out = run(
+        &[
+            "--pids",
+            &workload.pid_arg(),
+            "--sample-freq",
+            "999",
+            "--duration",
+            "4",
+            "--profile-format",
+            "firefox",
+            "--profile-path",
+            s(dir.path()),
+        ],
+        Duration::from_secs(60),
+    );
+    let after = unix_ms(SystemTime::now());
+    out.assert_success();
+    let (start, _, threads) = read_profile(&dir.path().join("profile.json.gz"));
+    let main = threads
+        .iter()
+        .find(|t| t.is_main)
+        .unwrap_or_else(|| panic!("no main thread\n{out}"));
+    let exits: Vec<f64> = main
+        .markers
+        .iter()
+        .filter(|(name, _)| name == "exit")
+        .map(|(_, t)| *t)
+        .collect();
+    assert_eq!(exits.len(), 1, "{:?}\n{out}", main.markers);
+    let last_sample = main.times.last().copied().unwrap_or(0.0);
+    assert!(
+        exits[0] >= last_sample,
+        "exit at {} ms, last sample at {last_sample} ms",
+        exits[0]
+    );
+    assert!((before..=after).contains(&(start + exits[0])));
 }

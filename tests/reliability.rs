@@ -179,6 +179,7 @@ fn known_profile(start_unix_ns: u64, count: u64, stacks: usize) -> Vec<u8> {
         frames,
         samples,
         timeline: vec![],
+        markers: vec![],
     };
     lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
 }

@@ -893,6 +893,7 @@ fn known_profile(start_unix_ns: u64, count: u64) -> Vec<u8> {
             count,
         }],
         timeline: vec![],
+        markers: vec![],
     };
     lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
 }

@@ -301,7 +301,9 @@ static __always_inline struct scratch_space *get_scratch(void)
 
 static __always_inline void send_event(__u32 type, __u32 pid, __u64 address)
 {
-	struct process_event event = { .type = type, .pid = pid, .address = address };
+	struct process_event event = {
+		.type = type, .pid = pid, .address = address, .timestamp_ns = bpf_ktime_get_ns(),
+	};
 	if (bpf_ringbuf_output(&events, &event, sizeof(event), 0) != 0)
 		count(STAT_EVENTS_LOST);
 }

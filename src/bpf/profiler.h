@@ -193,6 +193,7 @@ struct process_event {
 	__u32 type;                 /* enum event_type */
 	__u32 pid;
 	__u64 address;              /* EVENT_UNKNOWN_MAPPING: the pc */
+	__u64 timestamp_ns;         /* bpf_ktime_get_ns() when it happened */
 };
 
 #endif

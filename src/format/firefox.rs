@@ -26,6 +26,10 @@
 //!   `[unwind: ...]` frame of an incomplete stack is its outermost frame,
 //!   in the `Unwind` category. The profile is marked symbolicated: the UI
 //!   asks no symbol server.
+//! - Markers: each exec and exit of a sampled process (from the BPF
+//!   tracepoints, at their BPF timestamps; only processes the profiler has
+//!   described to the walker send them) is an instant marker `exec` or
+//!   `exit` on its main thread.
 
 use std::io::{BufWriter, Write};
 use std::sync::Arc;
@@ -35,15 +39,16 @@ use anyhow::{bail, Context, Result};
 use flate2::write::GzEncoder;
 use fxprof_processed_profile::debugid::DebugId;
 use fxprof_processed_profile::{
-    CategoryColor, CategoryPairHandle, CpuDelta, Frame as FxFrame, FrameFlags, FrameInfo,
-    LibraryHandle, LibraryInfo, Profile as FxProfile, ReferenceTimestamp, SamplingInterval,
-    StackHandle, Symbol, SymbolTable, ThreadHandle, Timestamp,
+    CategoryColor, CategoryHandle, CategoryPairHandle, CpuDelta, Frame as FxFrame, FrameFlags,
+    FrameInfo, LibraryHandle, LibraryInfo, MarkerFieldFlags, MarkerFieldFormat, MarkerTiming,
+    Profile as FxProfile, ReferenceTimestamp, SamplingInterval, StackHandle, StaticSchemaMarker,
+    StaticSchemaMarkerField, StringHandle, Symbol, SymbolTable, ThreadHandle, Timestamp,
 };
 use rustc_hash::FxHashMap;
 use tracing::debug;
 
 use super::FormatSpec;
-use crate::profile::{Frame, FrameKind, Profile, ProfileMapping};
+use crate::profile::{Frame, FrameKind, ProcessMarkerKind, Profile, ProfileMapping};
 
 /// Default file name of the format.
 pub const FILE_NAME: &str = "profile.json.gz";
@@ -124,7 +129,12 @@ fn build(profile: &Profile) -> Result<FxProfile> {
     }
     // Offsets below zero (samples taken just before the recorded start)
     // move the reference earlier, so that every time is >= 0.
-    let shift = profile.timeline.first().map_or(0, |t| t.offset_ns.min(0));
+    let first_sample = profile.timeline.first().map(|t| t.offset_ns);
+    let first_marker = profile.markers.first().map(|m| m.offset_ns);
+    let shift = [first_sample, first_marker]
+        .into_iter()
+        .flatten()
+        .fold(0, i64::min);
     let reference_ns = profile.start_unix_ns as f64 + shift as f64;
     let mut fx = FxProfile::new(
         "lightswitch",
@@ -139,11 +149,12 @@ fn build(profile: &Profile) -> Result<FxProfile> {
         unwind: fx.add_category("Unwind", CategoryColor::Gray).into(),
     };
     let frames = frame_infos(&mut fx, profile, &categories);
-    let time = |offset_ns: i64| offset_ns.saturating_sub(shift) as u64;
+    let time = |offset_ns: i64| offset_ns.saturating_sub(shift).max(0) as u64;
 
     let (mut slots, slot_of_sample) = thread_slots(profile, time);
     add_processes_and_threads(&mut fx, profile, &mut slots);
 
+    add_markers(&mut fx, profile, &slots, time);
     let stacks = intern_stacks(&mut fx, profile, &frames, &slots, &slot_of_sample);
     let cpu_delta = CpuDelta::from_nanos(profile.period_ns());
     for timed in &profile.timeline {
@@ -210,6 +221,81 @@ fn intern_stacks(
         }
     }
     stacks
+}
+
+/// An exec or exit of a process, as an instant Firefox marker.
+struct ProcessEventMarker {
+    name: &'static str,
+    pid: u32,
+}
+
+impl StaticSchemaMarker for ProcessEventMarker {
+    const UNIQUE_MARKER_TYPE_NAME: &'static str = "LightswitchProcessEvent";
+    const DESCRIPTION: Option<&'static str> =
+        Some("A process called exec or exited (BPF sched_process_exec/exit tracepoints)");
+    const CHART_LABEL: Option<&'static str> = Some("{marker.name}");
+    const TABLE_LABEL: Option<&'static str> = Some("{marker.name} (pid {marker.data.pid})");
+    const FIELDS: &'static [StaticSchemaMarkerField] = &[StaticSchemaMarkerField {
+        key: "pid",
+        label: "Process",
+        format: MarkerFieldFormat::Integer,
+        flags: MarkerFieldFlags::SEARCHABLE,
+    }];
+
+    fn name(&self, profile: &mut FxProfile) -> StringHandle {
+        profile.intern_string(self.name)
+    }
+
+    fn category(&self, _profile: &mut FxProfile) -> CategoryHandle {
+        CategoryHandle::OTHER
+    }
+
+    fn string_field_value(&self, _field_index: u32) -> StringHandle {
+        unreachable!("the schema has no string field")
+    }
+
+    fn number_field_value(&self, _field_index: u32) -> f64 {
+        f64::from(self.pid)
+    }
+}
+
+/// The profile's execs and exits as markers on their process's main thread
+/// (or its first sampled thread); those of processes without samples in
+/// the profile have no thread to go on and are left out.
+fn add_markers(
+    fx: &mut FxProfile,
+    profile: &Profile,
+    slots: &[ThreadSlot],
+    time: impl Fn(i64) -> u64,
+) {
+    let mut thread_of_pid: FxHashMap<u32, (bool, ThreadHandle)> = FxHashMap::default();
+    for slot in slots {
+        if let Some(handle) = slot.handle {
+            let main = slot.tid == slot.pid;
+            let entry = thread_of_pid.entry(slot.pid).or_insert((main, handle));
+            if main && !entry.0 {
+                *entry = (true, handle);
+            }
+        }
+    }
+    for marker in &profile.markers {
+        let Some(&(_, thread)) = thread_of_pid.get(&marker.pid) else {
+            continue;
+        };
+        let name = match marker.kind {
+            ProcessMarkerKind::Exec => "exec",
+            ProcessMarkerKind::Exit => "exit",
+        };
+        let at = Timestamp::from_nanos_since_reference(time(marker.offset_ns));
+        fx.add_marker(
+            thread,
+            MarkerTiming::Instant(at),
+            ProcessEventMarker {
+                name,
+                pid: marker.pid,
+            },
+        );
+    }
 }
 
 /// The (pid, tid) of every profile sample as a slot index, and the slots
@@ -456,7 +542,7 @@ mod tests {
 
     use super::*;
     use crate::format::folded::tests::sample_profile;
-    use crate::profile::TimedSample;
+    use crate::profile::{ProcessMarker, TimedSample};
 
     /// The folded tests' profile (threads 7 and 8 of `app`, inlined and
     /// kernel frames, a truncated stack) with its frames at 0x1000 and
@@ -583,6 +669,52 @@ mod tests {
             .collect();
         assert_eq!(addresses, vec![0x1100, 0x100]);
         assert_eq!(json["meta"]["symbolicated"], true);
+    }
+
+    #[test]
+    fn execs_and_exits_are_markers_on_the_main_thread() {
+        let mut profile = timed_profile();
+        profile.markers = vec![
+            ProcessMarker {
+                offset_ns: -5_000,
+                pid: 7,
+                kind: ProcessMarkerKind::Exec,
+            },
+            ProcessMarker {
+                offset_ns: 70_000,
+                pid: 7,
+                kind: ProcessMarkerKind::Exit,
+            },
+            // No samples of pid 99: no thread to put it on.
+            ProcessMarker {
+                offset_ns: 1_000,
+                pid: 99,
+                kind: ProcessMarkerKind::Exit,
+            },
+        ];
+        let json = decode(&encode(&profile).unwrap());
+        let threads = json["threads"].as_array().unwrap();
+        let main = &threads[0];
+        let markers = &main["markers"];
+        assert_eq!(markers["length"], 2);
+        let strings = main["stringArray"].as_array().unwrap();
+        let names: Vec<&str> = markers["name"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| strings[n.as_u64().unwrap() as usize].as_str().unwrap())
+            .collect();
+        assert_eq!(names, vec!["exec", "exit"]);
+        // The exec, 5 µs before the start, is the reference now.
+        let times: Vec<f64> = markers["startTime"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_f64().unwrap())
+            .collect();
+        assert_eq!(times, vec![0.0, 0.075]);
+        assert_eq!(markers["data"][1]["pid"].as_f64(), Some(7.0));
+        assert_eq!(threads[1]["markers"]["length"], 0);
     }
 
     #[test]

@@ -125,6 +125,7 @@ pub(crate) mod tests {
                 sample(8, vec![2, 4], 1, UnwindStatus::Truncated),
             ],
             timeline: vec![],
+            markers: vec![],
         }
     }
 

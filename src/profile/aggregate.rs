@@ -18,7 +18,7 @@ use indexmap::IndexMap;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use crate::process::{MappingId, ProcessTracker};
-use crate::profile::TimedSample;
+use crate::profile::{ProcessMarker, ProcessMarkerKind, TimedSample};
 use crate::sample::{RawSample, UnwindStatus};
 
 /// A user frame: an address, and the mapping it fell in (if any).
@@ -66,6 +66,7 @@ struct Timeline {
     /// CLOCK_MONOTONIC ns that offsets are taken from (the window's start).
     origin_mono_ns: u64,
     samples: Vec<TimedSample>,
+    markers: Vec<ProcessMarker>,
 }
 
 fn call_sites(stack: &[u64]) -> impl Iterator<Item = u64> + '_ {
@@ -114,6 +115,7 @@ impl Aggregator {
             timeline: Some(Timeline {
                 origin_mono_ns,
                 samples: Vec::new(),
+                markers: Vec::new(),
             }),
             ..Self::default()
         }
@@ -129,6 +131,28 @@ impl Aggregator {
         let mut samples = std::mem::take(&mut timeline.samples);
         samples.sort_unstable();
         samples
+    }
+
+    /// Note that `kind` happened to process `pid` at `timestamp_ns`
+    /// (CLOCK_MONOTONIC); kept only by an aggregator with a timeline.
+    pub fn add_marker(&mut self, pid: u32, kind: ProcessMarkerKind, timestamp_ns: u64) {
+        if let Some(timeline) = self.timeline.as_mut() {
+            timeline.markers.push(ProcessMarker {
+                offset_ns: timestamp_ns.wrapping_sub(timeline.origin_mono_ns) as i64,
+                pid,
+                kind,
+            });
+        }
+    }
+
+    /// Take the markers out (leaving none), in time order.
+    pub fn take_markers(&mut self) -> Vec<ProcessMarker> {
+        let Some(timeline) = self.timeline.as_mut() else {
+            return Vec::new();
+        };
+        let mut markers = std::mem::take(&mut timeline.markers);
+        markers.sort_by_key(|m| m.offset_ns);
+        markers
     }
 
     fn intern(&mut self, comm: &str) -> Arc<str> {

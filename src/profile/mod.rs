@@ -43,6 +43,29 @@ pub struct Profile {
     /// filled, it has exactly [`Profile::total_samples`] entries and the
     /// entries naming `samples[i]` number `samples[i].count`.
     pub timeline: Vec<TimedSample>,
+    /// Process execs and exits in the window, in time order: kept with the
+    /// timeline (empty without one).
+    pub markers: Vec<ProcessMarker>,
+}
+
+/// Something that happened to a process, at its time (timeline formats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessMarker {
+    /// When, ns after [`Profile::start_unix_ns`] (as [`TimedSample::offset_ns`]).
+    pub offset_ns: i64,
+    /// The process.
+    pub pid: u32,
+    /// What happened.
+    pub kind: ProcessMarkerKind,
+}
+
+/// What a [`ProcessMarker`] marks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessMarkerKind {
+    /// The process called exec: a new program from here on.
+    Exec,
+    /// The process exited (its last thread).
+    Exit,
 }
 
 /// One sample of a timeline: when it was taken and which stack it has

@@ -23,8 +23,9 @@ use std::collections::BTreeMap;
 
 use crate::process::ProcessTracker;
 use crate::profile::aggregate::{Aggregator, UserFrame};
+use crate::profile::ProcessMarkerKind;
 use crate::profile::Window;
-use crate::sample::RawSample;
+use crate::sample::{ProcessEvent, RawSample, TimedEvent};
 
 /// How long after a window's end it is closed, ns (see the module docs).
 pub const CLOSE_SLACK_NS: u64 = 50_000_000;
@@ -133,6 +134,38 @@ impl Windows {
         self.add_resolved(sample, crate::profile::aggregate::resolve(sample, tracker));
     }
 
+    /// Note a process exec or exit in the window its timestamp falls in (as
+    /// for samples, a late one goes to the oldest open window), when
+    /// windows keep timelines; other events and runs without a timeline
+    /// format keep nothing.
+    pub fn add_event(&mut self, event: &TimedEvent) {
+        let (pid, kind) = match event.event {
+            ProcessEvent::Exec { pid } => (pid, ProcessMarkerKind::Exec),
+            ProcessEvent::Exit { pid } => (pid, ProcessMarkerKind::Exit),
+            ProcessEvent::UnknownMapping { .. } => return,
+        };
+        if !self.timeline {
+            return;
+        }
+        let index = self.index_of(event.timestamp_ns).max(self.next_to_close);
+        self.open_window(index)
+            .aggregator
+            .add_marker(pid, kind, event.timestamp_ns);
+    }
+
+    /// The open window `index`, made if it has no sample yet.
+    fn open_window(&mut self, index: u64) -> &mut OpenWindow {
+        let (timeline, start) = (self.timeline, self.start_of(index));
+        self.open.entry(index).or_insert_with(|| OpenWindow {
+            aggregator: if timeline {
+                Aggregator::with_timeline(start)
+            } else {
+                Aggregator::new()
+            },
+            earliest_ns: None,
+        })
+    }
+
     /// Like [`Self::add`], with the user frames already resolved
     /// ([`crate::profile::aggregate::resolve`]).
     pub fn add_resolved(&mut self, sample: &RawSample, user: Box<[UserFrame]>) {
@@ -141,15 +174,7 @@ impl Windows {
             index = self.next_to_close;
             self.late += 1;
         }
-        let (timeline, start) = (self.timeline, self.start_of(index));
-        let open = self.open.entry(index).or_insert_with(|| OpenWindow {
-            aggregator: if timeline {
-                Aggregator::with_timeline(start)
-            } else {
-                Aggregator::new()
-            },
-            earliest_ns: None,
-        });
+        let open = self.open_window(index);
         open.aggregator.add_resolved(sample, user);
         open.earliest_ns = Some(
             open.earliest_ns

@@ -262,9 +262,13 @@ fn send_window(
     snapshot: &TrackerSnapshot,
 ) -> Result<()> {
     let started = Instant::now();
-    let timeline = closed.aggregator.take_timeline();
+    let (timeline, markers) = (
+        closed.aggregator.take_timeline(),
+        closed.aggregator.take_markers(),
+    );
     let mut profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
     profile.timeline = timeline;
+    profile.markers = markers;
     debug!(
         "window {}: {} samples symbolized in {:?}",
         closed.index,
