@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use tracing::{debug, info, warn};
@@ -212,9 +212,22 @@ fn finish(cli: &Cli, plan: &RunPlan, metrics: &Metrics, stopped: Stopped) -> Res
 
     // One profile for the whole run.
     let ClosedWindow {
-        aggregator, window, ..
+        mut aggregator,
+        window,
+        ..
     } = last.pop().context("a run has one window")?;
-    let profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+    let (timeline, markers) = (aggregator.take_timeline(), aggregator.take_markers());
+    let started = Instant::now();
+    let mut profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+    profile.timeline = timeline;
+    profile.markers = markers;
+    info!(
+        "{} samples, {} distinct stacks, {} frames symbolized in {:?}",
+        profile.total_samples(),
+        profile.samples.len(),
+        profile.frames.len(),
+        started.elapsed()
+    );
     write_outputs(
         &profile,
         &plan.outputs,
@@ -248,7 +261,17 @@ fn write_outputs(
 ) -> Result<()> {
     let encoded = outputs
         .iter()
-        .map(|(format, output)| Ok((output, format::encode(profile, *format, compression)?)))
+        .map(|(format, output)| {
+            let started = Instant::now();
+            let bytes = format::encode(profile, *format, compression)?;
+            info!(
+                "{}: {} bytes encoded in {:?}",
+                format.name(),
+                bytes.len(),
+                started.elapsed()
+            );
+            Ok((output, bytes))
+        })
         .collect::<Result<Vec<_>>>()
         .context("no profile was written")?;
     for (output, bytes) in encoded {

@@ -20,7 +20,7 @@ use libbpf_rs::{
 use perf_event_open_sys as perf;
 use tracing::{info, warn};
 
-use crate::sample::{ProcessEvent, RawSample};
+use crate::sample::{RawSample, TimedEvent};
 use crate::skel::{ProfilerSkel, ProfilerSkelBuilder};
 use crate::unwind::row::{Page, RawRow};
 
@@ -409,7 +409,7 @@ impl<'obj> Sampler<'obj> {
     pub fn ring_buffer(
         &self,
         samples: Rc<RefCell<Vec<RawSample>>>,
-        events: Rc<RefCell<Vec<ProcessEvent>>>,
+        events: Rc<RefCell<Vec<TimedEvent>>>,
         malformed: Rc<RefCell<u64>>,
     ) -> Result<RingBuffer<'_>> {
         let mut builder = RingBufferBuilder::new();
@@ -425,7 +425,7 @@ impl<'obj> Sampler<'obj> {
             })?;
         }
         builder.add(&self.skel.maps.events, move |data: &[u8]| {
-            if let Some(event) = ProcessEvent::parse(data) {
+            if let Some(event) = TimedEvent::parse(data) {
                 events.borrow_mut().push(event);
             }
             0
@@ -631,9 +631,9 @@ mod tests {
             assert!(!s.user_stack.is_empty());
         }
         assert!(
-            events
-                .borrow()
-                .contains(&ProcessEvent::Exit { pid: child.id() }),
+            events.borrow().iter().any(|e| e.event
+                == crate::sample::ProcessEvent::Exit { pid: child.id() }
+                && (started..=crate::timefmt::monotonic_ns()).contains(&e.timestamp_ns)),
             "{:?}",
             events.borrow()
         );

@@ -19,7 +19,7 @@ use tracing::{debug, info};
 use super::plan::RunPlan;
 use crate::process::ProcessTracker;
 use crate::profile::window::{ClosedWindow, Windows};
-use crate::sample::{ProcessEvent, RawSample, UnwindStatus};
+use crate::sample::{RawSample, TimedEvent, UnwindStatus};
 use crate::sampler::{self, BpfStats, Sampler};
 use crate::sender::worker::WindowWorker;
 use crate::server::metrics::Metrics;
@@ -84,7 +84,7 @@ pub struct Agent<'s, 'o> {
     sampler: &'s Sampler<'o>,
     ring: RingBuffer<'s>,
     samples: Rc<RefCell<Vec<RawSample>>>,
-    events: Rc<RefCell<Vec<ProcessEvent>>>,
+    events: Rc<RefCell<Vec<TimedEvent>>>,
     malformed: Rc<RefCell<u64>>,
     tracker: ProcessTracker,
     windows: Windows,
@@ -155,7 +155,8 @@ impl<'s, 'o> Agent<'s, 'o> {
             plan.interval.map(|i| i.as_nanos() as u64),
             plan.duration.map(|d| d.as_nanos() as u64),
             freq,
-        );
+        )
+        .with_timeline(plan.timeline);
         let mut loader = UnwindLoader::new(plan.sampler.max_unwind_rows, cache_dir)?;
         loader.scan_processes(&plan.sampler.pids, start);
         let samples = Rc::new(RefCell::new(Vec::new()));
@@ -263,7 +264,9 @@ impl<'s, 'o> Agent<'s, 'o> {
     /// windows; then load the tables that finished building.
     pub fn drain(&mut self) {
         for event in self.events.borrow_mut().drain(..) {
-            self.loader.on_event(event, &mut self.tracker, self.sampler);
+            self.windows.add_event(&event);
+            self.loader
+                .on_event(event.event, &mut self.tracker, self.sampler);
         }
         for sample in self.samples.borrow_mut().drain(..) {
             let frames = crate::profile::aggregate::resolve(&sample, &mut self.tracker);

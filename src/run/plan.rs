@@ -31,6 +31,10 @@ pub struct RunPlan {
     pub max_sample_rate_hz: u64,
     /// The sampler's settings (frequency, pids, unwind-table budget).
     pub sampler: SamplerConfig,
+    /// Whether windows keep every sample's time and the processes' execs
+    /// and exits: a timeline format (firefox) is written to files (network
+    /// senders send pprof).
+    pub timeline: bool,
 }
 
 impl RunPlan {
@@ -71,7 +75,10 @@ impl RunPlan {
                 preflight::check_output(&cli.profile_path, output)?;
             }
         }
+        let timeline =
+            cli.sender == SenderKind::Disk && outputs.iter().any(|(f, _)| f.is_timeline());
         Ok(RunPlan {
+            timeline,
             outputs,
             interval,
             duration,
