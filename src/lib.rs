@@ -11,6 +11,7 @@
 pub mod bpf_info;
 pub mod cli;
 pub mod collector;
+pub mod compare;
 pub mod format;
 pub mod guard;
 pub mod heap;
@@ -18,6 +19,7 @@ pub mod httpd;
 pub mod preflight;
 pub mod process;
 pub mod profile;
+pub mod record;
 pub mod run;
 pub mod sample;
 pub mod sampler;

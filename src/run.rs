@@ -18,7 +18,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::mem::MaybeUninit;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -26,11 +26,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use tracing::{debug, info, warn};
 
+pub mod progress;
 mod summary;
+pub mod workload;
 
 pub use summary::{ContinuousSummary, RunSummary};
+pub use workload::Workload;
 
-use crate::cli::{Cli, Compression, ProfileFormat, SenderKind};
+use crate::cli::{Compression, ProfileArgs, ProfileFormat, SenderKind};
 use crate::format;
 use crate::preflight;
 use crate::process::ProcessTracker;
@@ -44,17 +47,9 @@ use crate::server::metrics::Metrics;
 use crate::server::ondemand::{accept_requests, OnDemandWorker, Sampling, Subscriptions};
 use crate::server::{Server, ServerConfig};
 use crate::symbolize::Symbolizer;
+use progress::Progress;
 use crate::timefmt;
 use crate::unwind::loader::UnwindLoader;
-
-fn install_stop_handler() -> Result<Arc<AtomicBool>> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    // With the "termination" feature this covers SIGINT, SIGTERM and SIGHUP.
-    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
-        .context("installing the SIGINT/SIGTERM handler")?;
-    Ok(stop)
-}
 
 fn setup_libbpf_logging(debug: bool) {
     let level = if debug {
@@ -70,7 +65,15 @@ fn setup_libbpf_logging(debug: bool) {
 /// Run the profiler as `cli` says and write the profile. Errors are the
 /// preflight errors (each names its cause) or failures to load, attach,
 /// encode or write.
-pub fn run(cli: &Cli) -> Result<RunSummary> {
+pub fn run(cli: &ProfileArgs) -> Result<RunSummary> {
+    run_with(cli, None)
+}
+
+/// [`run`], profiling `workload` (a held process, `record`) and every
+/// process it starts instead of `--pids` or the whole machine: it is let go
+/// once sampling is attached, and the run ends when it exits (or at
+/// `--duration`); a stop request is passed on to it.
+pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> Result<RunSummary> {
     let outputs = cli.outputs()?;
     let continuous = cli.profile_interval.is_some() || cli.sender != SenderKind::Disk;
     let interval = continuous
@@ -94,9 +97,16 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         .transpose()?;
     let max_sample_rate = preflight::max_sample_rate()?;
     preflight::check_frequency(cli.sample_freq, max_sample_rate)?;
-    let pids = preflight::resolve_pids(&cli.pids)?;
+    let pids = match &workload {
+        Some(_) if !cli.pids.is_empty() => {
+            anyhow::bail!("record profiles its command and what it starts: --pids does not apply")
+        }
+        Some(workload) => vec![workload.pid()],
+        None => preflight::resolve_pids(&cli.pids)?,
+    };
     // `--listen` alone: serve requests, record nothing else, sample only on demand.
-    let listen_only = cli.listen.is_some() && cli.duration.is_none() && !continuous;
+    let listen_only =
+        cli.listen.is_some() && cli.duration.is_none() && !continuous && workload.is_none();
     // The missing privilege is the cause to name first.
     preflight::check_btf()?;
     preflight::check_privileges()?;
@@ -108,7 +118,10 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     }
     setup_libbpf_logging(cli.libbpf_debug);
 
-    let stop = install_stop_handler()?;
+    let stop = progress::install_stop_handler(match workload {
+        Some(_) => " once the command exits",
+        None => "",
+    })?;
     let metrics = Arc::new(Metrics::default());
     // Continuous mode: the sender (and its thread) starts before sampling,
     // so that a bad URL fails the run before anything is loaded.
@@ -127,6 +140,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         exclude_pid: cli.exclude_self.then(std::process::id),
         libbpf_debug: cli.libbpf_debug,
         max_unwind_rows: unwind_rows_for_budget(cli.max_unwind_info_mb)?,
+        follow_children: workload.is_some(),
     };
     // The server binds before BPF is loaded, so that a bad address fails
     // the run at once; requests wait in the channel until the loop runs.
@@ -195,8 +209,13 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         (cli.unwind_cache_dir != "none").then(|| std::path::PathBuf::from(&cli.unwind_cache_dir));
     let mut loader = UnwindLoader::new(config.max_unwind_rows, cache_dir)?;
     loader.scan_processes(&config.pids, start);
+    let progress = Progress::on_terminal(start).map(RefCell::new);
     {
         let ring = sampler.ring_buffer(pending.clone(), events.clone(), malformed.clone())?;
+        // Sampling is attached and its records have somewhere to go.
+        if let Some(workload) = workload.as_mut() {
+            workload.release()?;
+        }
         let deadline = duration.map(|d| start + d);
         let drain = |tracker: &mut ProcessTracker,
                      windows: &mut Windows,
@@ -209,6 +228,9 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
                 let frames = crate::profile::aggregate::resolve(&sample, tracker);
                 loader.on_sample(&sample, &frames, tracker, &sampler);
                 metrics.sample(sample.user_status);
+                if let Some(progress) = &progress {
+                    progress.borrow_mut().sample(sample.pid, sample.user_status);
+                }
                 subscriptions.add(&sample, &frames);
                 if !listen_only {
                     windows.add_resolved(&sample, frames);
@@ -218,12 +240,31 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         };
         let mut last_alive_check = Instant::now();
         let mut last_metrics = Instant::now();
+        let mut interrupted = false;
         loop {
-            if stop.load(Ordering::SeqCst) || deadline.is_some_and(|d| Instant::now() >= d) {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
+            }
+            if let Some(workload) = workload.as_mut() {
+                // A stop goes to the command; the run ends when it exits.
+                if stop.load(Ordering::SeqCst) && !interrupted {
+                    interrupted = true;
+                    workload.interrupt();
+                }
+                if workload.has_exited() {
+                    break;
+                }
+            } else if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            if let Some(progress) = &progress {
+                progress
+                    .borrow_mut()
+                    .tick(|| sampler.stats().map_or(0, |s| s.lost) + *malformed.borrow());
             }
             // Like perf -p: without a duration, the run ends when every target process is gone.
             if deadline.is_none()
+                && workload.is_none()
                 && !config.pids.is_empty()
                 && last_alive_check.elapsed() >= Duration::from_secs(1)
             {
@@ -316,6 +357,9 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
         }
         // Stop sampling, then take what is still in the ring buffers.
         sampler.detach();
+        if let Some(progress) = &progress {
+            progress.borrow_mut().clear();
+        }
         ring.consume()
             .context("draining the samples ring buffers")?;
         drain(&mut tracker, &mut windows, &mut subscriptions, &mut loader);

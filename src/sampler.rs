@@ -37,6 +37,10 @@ pub struct SamplerConfig {
     pub libbpf_debug: bool,
     /// Capacity of the `unwind_rows` map, rows (8 bytes each): the unwind-table memory budget.
     pub max_unwind_rows: u32,
+    /// Also sample every process a process in `pids` creates, from its
+    /// first instruction (`record`: fork and clone are followed inside the
+    /// BPF program; exec keeps the pid). Needs a non-empty `pids`.
+    pub follow_children: bool,
 }
 
 /// Unsupported-rule kinds the BPF program counts (`MAX_UNSUPPORTED_KINDS`).
@@ -233,8 +237,8 @@ fn open_cpu_clock_event(cpu: u32, freq_hz: u64) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Links that are not perf events (exec and exit tracking), first in `Sampler::links`.
-const TRACKING_LINKS: usize = 2;
+/// Links that are not perf events (exec, exit and fork tracking), first in `Sampler::links`.
+const TRACKING_LINKS: usize = 3;
 
 /// Open a cpu-clock perf event at `freq_hz` on each of `cpus` and attach the
 /// sampling program to it.
@@ -293,6 +297,7 @@ impl<'obj> Sampler<'obj> {
                 .ok_or_else(|| anyhow!("BPF object has no .rodata section"))?;
             rodata.filter_pids = !config.pids.is_empty();
             rodata.exclude_pid = config.exclude_pid.unwrap_or(0);
+            rodata.follow_children = config.follow_children;
         }
         let online = online_cpus()?;
         let ring_bytes = samples_ring_bytes_per_cpu(config.sample_freq_hz);
@@ -351,6 +356,10 @@ impl<'obj> Sampler<'obj> {
                 .on_exit
                 .attach()
                 .context("attaching to tp_btf/sched_process_exit")?,
+            skel.progs
+                .on_fork
+                .attach()
+                .context("attaching to tp_btf/sched_process_fork")?,
         ];
         links.extend(attach_cpu_events(&skel, &online, config.sample_freq_hz)?);
         let rows = MappedRows::new(skel.maps.unwind_rows.as_fd(), config.max_unwind_rows)?;

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use crate::cli::{Cli, SenderKind};
+use crate::cli::{ProfileArgs, SenderKind};
 use crate::profile::Profile;
 use queue::{DeliveryStats, Queue};
 
@@ -71,7 +71,7 @@ pub fn hostname() -> String {
 
 /// Start the sender `cli` asks for (continuous mode). Errors: an invalid
 /// URL or settings, or an output directory that cannot be created.
-pub fn start(cli: &Cli) -> Result<Box<dyn Sender>> {
+pub fn start(cli: &ProfileArgs) -> Result<Box<dyn Sender>> {
     match cli.sender {
         SenderKind::Disk => Ok(Box::new(disk::WindowFiles::new(
             cli.outputs()?,

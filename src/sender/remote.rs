@@ -21,7 +21,7 @@ use url::Url;
 
 use super::queue::{Attempt, Backoff, Delivery, Item, Transport};
 use super::{Sender, SenderReport};
-use crate::cli::{Cli, Compression};
+use crate::cli::{Compression, ProfileArgs};
 use crate::format::pprof;
 use crate::profile::Profile;
 
@@ -71,7 +71,7 @@ impl std::fmt::Debug for HttpConfig {
 impl HttpConfig {
     /// Parse `url` (http or https) and take the token and limits from `cli`.
     /// Errors name the flag at fault.
-    pub fn from_cli(cli: &Cli, url: &str) -> Result<Self> {
+    pub fn from_cli(cli: &ProfileArgs, url: &str) -> Result<Self> {
         let mut url =
             Url::parse(url).with_context(|| format!("--server-url {url:?} is not a URL"))?;
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
@@ -267,7 +267,7 @@ mod tests {
 
     #[test]
     fn url_credentials_become_basic_auth_and_leave_the_url() {
-        let cli = Cli::parse_from(["lightswitch"]);
+        let cli = crate::cli::Cli::parse_from(["lightswitch"]);
         let c = HttpConfig::from_cli(&cli, "https://me:p%40ss@example.invalid:8443/x").unwrap();
         assert_eq!(c.url.as_str(), "https://example.invalid:8443/x");
         assert_eq!(c.basic, Some(("me".into(), Some("p@ss".into()))));

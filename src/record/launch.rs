@@ -1,0 +1,306 @@
+//! Starting `record`'s command held at the door: the child process exists
+//! (so its pid can go into the BPF filter) but waits, before `exec`, until
+//! the profiler is attached and [`HeldCommand::release`] lets it go. Then
+//! waiting for it, passing interrupts on, and turning how it ended into an
+//! exit status.
+//!
+//! The child is started by `std::process::Command` with a `pre_exec` hook
+//! that writes the child's pid into one pipe and blocks reading another.
+//! `Command::spawn` only returns once the child has exec'd, so it runs on a
+//! thread of its own while the caller reads the pid from the first pipe.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::thread::JoinHandle;
+
+use anyhow::{anyhow, bail, Context, Result};
+
+/// The user and groups the command runs as (from `SUDO_UID`/`SUDO_GID`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// Supplementary groups (the user's groups from the group database;
+    /// just `gid` when they cannot be read).
+    pub groups: Vec<u32>,
+}
+
+impl Identity {
+    /// Who started lightswitch through sudo: `SUDO_UID` and `SUDO_GID`
+    /// (both set by sudo), with `SUDO_USER`'s supplementary groups. `None`
+    /// when not started by sudo or when running as root already.
+    pub fn from_sudo() -> Result<Option<Self>> {
+        let (Some(uid), Some(gid)) = (std::env::var_os("SUDO_UID"), std::env::var_os("SUDO_GID"))
+        else {
+            return Ok(None);
+        };
+        let parse = |name: &str, value: &OsStr| -> Result<u32> {
+            value
+                .to_str()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| anyhow!("{name}={value:?} is not a numeric id"))
+        };
+        let uid = parse("SUDO_UID", &uid)?;
+        let gid = parse("SUDO_GID", &gid)?;
+        if uid == 0 {
+            return Ok(None);
+        }
+        let groups = std::env::var_os("SUDO_USER")
+            .and_then(|user| user_groups(&user, gid))
+            .unwrap_or_else(|| vec![gid]);
+        Ok(Some(Identity { uid, gid, groups }))
+    }
+}
+
+/// `user`'s groups from the group database (getgrouplist), `gid` included.
+fn user_groups(user: &OsStr, gid: u32) -> Option<Vec<u32>> {
+    let name = CString::new(user.as_bytes()).ok()?;
+    let mut count: libc::c_int = 64;
+    loop {
+        let mut groups = vec![0 as libc::gid_t; count as usize];
+        let before = count;
+        // SAFETY: `groups` has room for `count` entries; `name` is NUL-terminated.
+        let n = unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut count) };
+        if n >= 0 {
+            groups.truncate(count as usize);
+            return Some(groups);
+        }
+        if count <= before || count > 65_536 {
+            return None;
+        }
+    }
+}
+
+/// The path `program` would be executed from: itself when it names a path,
+/// else the first executable of that name in `PATH`. Errors (before any
+/// process is started) when there is none.
+pub fn resolve_program(program: &OsStr) -> Result<PathBuf> {
+    let is_executable = |path: &Path| {
+        CString::new(path.as_os_str().as_bytes())
+            // SAFETY: a NUL-terminated path.
+            .map(|c| unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0 && path.is_file())
+            .unwrap_or(false)
+    };
+    if program.as_bytes().contains(&b'/') {
+        let path = PathBuf::from(program);
+        if !path.exists() {
+            bail!("{}: no such file", path.display());
+        }
+        if !is_executable(&path) {
+            bail!("{}: not an executable file", path.display());
+        }
+        return Ok(path);
+    }
+    let search = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&search)
+        .map(|dir| dir.join(program))
+        .find(|path| is_executable(path))
+        .ok_or_else(|| anyhow!("{}: command not found in PATH", program.to_string_lossy()))
+}
+
+/// A started child process waiting to exec its command.
+#[derive(Debug)]
+pub struct HeldCommand {
+    pid: u32,
+    /// Write end of the "go" pipe: one byte releases the child, closing it
+    /// without one makes the child exit without exec'ing.
+    go: Option<File>,
+    spawner: Option<JoinHandle<std::io::Result<Child>>>,
+    child: Option<Child>,
+    status: Option<ExitStatus>,
+}
+
+/// A pipe's (read, write) ends, both close-on-exec.
+fn pipe() -> Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("creating a pipe");
+    }
+    // SAFETY: the kernel just returned these and nothing else owns them.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+impl HeldCommand {
+    /// Start `program` (a path from [`resolve_program`]) with `args`, the
+    /// caller's stdin/stdout/stderr and environment, as `identity` when
+    /// given; the child waits before exec until [`HeldCommand::release`].
+    pub fn spawn(program: &Path, args: &[OsString], identity: Option<&Identity>) -> Result<Self> {
+        let (pid_read, pid_write) = pipe()?;
+        let (go_read, go_write) = pipe()?;
+        let mut command = Command::new(program);
+        command.args(args);
+        let identity = identity.cloned();
+        let (pid_read_fd, pid_write_fd) = (pid_read.as_raw_fd(), pid_write.as_raw_fd());
+        let (go_read_fd, go_write_fd) = (go_read.as_raw_fd(), go_write.as_raw_fd());
+        // SAFETY: the hook runs in the forked child and calls only
+        // async-signal-safe functions (close, setgroups, setgid, setuid,
+        // getpid, write, read); it allocates nothing.
+        unsafe {
+            command.pre_exec(move || child_wait_for_go(pid_read_fd, pid_write_fd, go_read_fd, go_write_fd, identity.as_ref()));
+        }
+        // The child's ends stay open until the fork has happened (spawn
+        // returns after it), so that the child inherits them; closing the
+        // pid pipe's write end then lets a child that died early show as
+        // end-of-file below.
+        let spawner = std::thread::Builder::new()
+            .name("record-spawn".into())
+            .spawn(move || {
+                let child = command.spawn();
+                drop((pid_write, go_read));
+                child
+            })
+            .context("starting the command's spawner thread")?;
+        let mut pid_bytes = [0u8; 4];
+        let read = File::from(pid_read).read_exact(&mut pid_bytes);
+        let mut held = HeldCommand {
+            pid: 0,
+            go: Some(File::from(go_write)),
+            spawner: Some(spawner),
+            child: None,
+            status: None,
+        };
+        if read.is_err() {
+            // The child never reached the hook: spawn failed before or at fork.
+            let err = held.join_spawner().err();
+            return Err(err.unwrap_or_else(|| anyhow!("the command's process did not start")))
+                .with_context(|| format!("starting {}", program.display()));
+        }
+        held.pid = u32::from_ne_bytes(pid_bytes);
+        Ok(held)
+    }
+
+    /// The child's pid (its process id before and after exec).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Let the child exec its command; errors when exec failed (the
+    /// command's own exit status is then 127, as in a shell).
+    pub fn release(&mut self) -> Result<()> {
+        if let Some(mut go) = self.go.take() {
+            go.write_all(&[1]).context("releasing the command")?;
+        }
+        self.join_spawner()
+    }
+
+    fn join_spawner(&mut self) -> Result<()> {
+        let Some(spawner) = self.spawner.take() else {
+            return Ok(());
+        };
+        let child = spawner
+            .join()
+            .map_err(|_| anyhow!("the command's spawner thread panicked"))?
+            .context("executing the command")?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Whether the command was let go and exec'd.
+    pub fn released(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Whether the command has exited (reaping it; its status is then
+    /// [`HeldCommand::exit_code`]'s).
+    pub fn has_exited(&mut self) -> bool {
+        if self.status.is_none() {
+            if let Some(child) = self.child.as_mut() {
+                self.status = child.try_wait().ok().flatten();
+            }
+        }
+        self.status.is_some()
+    }
+
+    /// Send `signal` to the command (nothing if it has exited).
+    pub fn signal(&mut self, signal: libc::c_int) {
+        if self.child.is_some() && !self.has_exited() {
+            // SAFETY: kill(2) on our own unreaped child: the pid is not reused.
+            unsafe { libc::kill(self.pid as libc::pid_t, signal) };
+        }
+    }
+
+    /// Wait for the command to exit and return lightswitch's exit status
+    /// for it: its exit code, or 128 + N when signal N killed it.
+    pub fn exit_code(&mut self) -> Result<i32> {
+        if self.status.is_none() {
+            let child = self.child.as_mut().context("the command never started")?;
+            self.status = Some(child.wait().context("waiting for the command")?);
+        }
+        Ok(self.status.map_or(1, exit_code))
+    }
+}
+
+impl Drop for HeldCommand {
+    fn drop(&mut self) {
+        // Never released: closing the go pipe makes the child exit.
+        self.go.take();
+        let _ = self.join_spawner();
+    }
+}
+
+/// A shell's exit status for how a process ended: its exit code, or
+/// 128 + N for signal N.
+pub fn exit_code(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .or_else(|| status.signal().map(|n| 128 + n))
+        .unwrap_or(1)
+}
+
+/// The `pre_exec` hook: in the forked child, drop the descriptors of the
+/// parent's ends, take on `identity`, report our pid and wait for the go
+/// byte. A closed go pipe (the profiler failed to start) fails the hook,
+/// so the child exits without exec'ing.
+fn child_wait_for_go(
+    pid_read: libc::c_int,
+    pid_write: libc::c_int,
+    go_read: libc::c_int,
+    go_write: libc::c_int,
+    identity: Option<&Identity>,
+) -> std::io::Result<()> {
+    let check = |r: libc::c_int| {
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: async-signal-safe system calls on descriptors and buffers this
+    // child owns; `groups` was allocated before the fork.
+    unsafe {
+        libc::close(pid_read);
+        libc::close(go_write);
+        if let Some(id) = identity {
+            check(libc::setgroups(id.groups.len(), id.groups.as_ptr()))?;
+            check(libc::setgid(id.gid))?;
+            check(libc::setuid(id.uid))?;
+        }
+        let pid = libc::getpid().to_ne_bytes();
+        check(libc::write(pid_write, pid.as_ptr().cast(), pid.len()) as libc::c_int)?;
+        libc::close(pid_write);
+        let mut byte = 0u8;
+        loop {
+            let n = libc::read(go_read, (&mut byte as *mut u8).cast(), 1);
+            if n == 1 {
+                break;
+            }
+            let err = std::io::Error::last_os_error();
+            if n < 0 && err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            // The profiler did not start (no allocation after fork).
+            return Err(std::io::Error::from_raw_os_error(libc::ECANCELED));
+        }
+        libc::close(go_read);
+    }
+    Ok(())
+}
