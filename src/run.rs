@@ -47,9 +47,9 @@ use crate::server::metrics::Metrics;
 use crate::server::ondemand::{accept_requests, OnDemandWorker, Sampling, Subscriptions};
 use crate::server::{Server, ServerConfig};
 use crate::symbolize::Symbolizer;
-use progress::Progress;
 use crate::timefmt;
 use crate::unwind::loader::UnwindLoader;
+use progress::Progress;
 
 fn setup_libbpf_logging(debug: bool) {
     let level = if debug {

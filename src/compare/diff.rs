@@ -84,7 +84,11 @@ pub fn diff(base: &Profile, new: &Profile) -> Diff {
     let with_objects = has_objects(base) && has_objects(new);
     let before = function_table(base, with_objects);
     let after = function_table(new, with_objects);
-    let keys: BTreeSet<&FunctionKey> = before.functions.keys().chain(after.functions.keys()).collect();
+    let keys: BTreeSet<&FunctionKey> = before
+        .functions
+        .keys()
+        .chain(after.functions.keys())
+        .collect();
     let shares = |table: &FunctionTable, key: &FunctionKey| {
         let counts = table.functions.get(key).copied().unwrap_or_default();
         Shares {
@@ -226,7 +230,11 @@ pub fn run(args: &DiffArgs) -> Result<i32> {
             let _ = writeln!(stdout, "{value:#}");
         }
         DiffOutput::Text => {
-            let _ = write!(stdout, "{}", diff.render_text(&args.base, &args.new, args.top));
+            let _ = write!(
+                stdout,
+                "{}",
+                diff.render_text(&args.base, &args.new, args.top)
+            );
             if let Some(points) = args.fail_above {
                 for c in &grown {
                     let _ = writeln!(
@@ -273,7 +281,11 @@ mod tests {
         let a = d.functions.iter().find(|c| c.function == "a").unwrap();
         assert_eq!((a.base.inclusive, a.new.inclusive), (25.0, 50.0));
         assert_eq!((a.base.self_share, a.new.self_share), (25.0, 50.0));
-        let grown: Vec<_> = d.grown_above(10.0).iter().map(|c| c.function.clone()).collect();
+        let grown: Vec<_> = d
+            .grown_above(10.0)
+            .iter()
+            .map(|c| c.function.clone())
+            .collect();
         assert_eq!(grown, vec!["a".to_string()]);
         // main is on every stack in both: unchanged, not listed.
         assert!(d.functions.iter().all(|c| c.function != "main"));
@@ -293,7 +305,11 @@ mod tests {
         let base = profile("app;main;a 25\napp;main;b 75\n");
         let new = profile("app;main;a 100\napp;main;b 100\n");
         let svg = String::from_utf8(differential_flame_graph(&base, &new).unwrap()).unwrap();
-        let doc = roxmltree::Document::parse(&svg).unwrap();
+        let options = roxmltree::ParsingOptions {
+            allow_dtd: true,
+            ..Default::default()
+        };
+        let doc = roxmltree::Document::parse_with_options(&svg, options).unwrap();
         let titles: Vec<&str> = doc
             .descendants()
             .filter(|n| n.has_tag_name("title"))

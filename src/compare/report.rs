@@ -23,12 +23,22 @@ pub fn render_top(profile: &Profile, table: &FunctionTable, top: usize) -> Strin
             .then(b.inclusive.cmp(&a.inclusive))
             .then_with(|| ka.cmp(kb))
     });
-    let shown = if top == 0 { rows.len() } else { top.min(rows.len()) };
-    let cpu_seconds = table.total as f64 * profile.period_ns() as f64 / 1e9;
+    let shown = if top == 0 {
+        rows.len()
+    } else {
+        top.min(rows.len())
+    };
+    // Folded stacks do not say how often they were sampled.
+    let rate = match profile.sample_freq_hz {
+        0 => String::new(),
+        hz => format!(
+            " at {hz} Hz ({:.2} s of CPU)",
+            table.total as f64 * profile.period_ns() as f64 / 1e9
+        ),
+    };
     let mut out = format!(
-        "{} samples at {} Hz ({cpu_seconds:.2} s of CPU); showing {shown} of {} functions\n",
+        "{} samples{rate}; showing {shown} of {} functions\n",
         table.total,
-        profile.sample_freq_hz,
         rows.len()
     );
     out.push_str(&format!(
@@ -91,8 +101,14 @@ mod tests {
         assert!(lines[0].starts_with("100 samples"), "{text}");
         assert!(lines[0].contains("showing 2 of 3 functions"), "{text}");
         let cols = |l: &str| l.split_whitespace().map(String::from).collect::<Vec<_>>();
-        assert_eq!(cols(lines[2]), ["60", "60.00%", "60.00%", "60", "60.00%", "b"]);
-        assert_eq!(cols(lines[3]), ["30", "30.00%", "90.00%", "30", "30.00%", "a"]);
+        assert_eq!(
+            cols(lines[2]),
+            ["60", "60.00%", "60.00%", "60", "60.00%", "b"]
+        );
+        assert_eq!(
+            cols(lines[3]),
+            ["30", "30.00%", "90.00%", "30", "30.00%", "a"]
+        );
         assert_eq!(lines.len(), 4);
     }
 }

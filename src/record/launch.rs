@@ -145,7 +145,15 @@ impl HeldCommand {
         // async-signal-safe functions (close, setgroups, setgid, setuid,
         // getpid, write, read); it allocates nothing.
         unsafe {
-            command.pre_exec(move || child_wait_for_go(pid_read_fd, pid_write_fd, go_read_fd, go_write_fd, identity.as_ref()));
+            command.pre_exec(move || {
+                child_wait_for_go(
+                    pid_read_fd,
+                    pid_write_fd,
+                    go_read_fd,
+                    go_write_fd,
+                    identity.as_ref(),
+                )
+            });
         }
         // The child's ends stay open until the fork has happened (spawn
         // returns after it), so that the child inherits them; closing the

@@ -45,9 +45,7 @@ fn foreground_of_terminal() -> bool {
         return false;
     };
     // SAFETY: tcgetpgrp on an open descriptor; getpgrp cannot fail.
-    unsafe {
-        libc::tcgetpgrp(std::os::fd::AsRawFd::as_raw_fd(&tty)) == libc::getpgrp()
-    }
+    unsafe { libc::tcgetpgrp(std::os::fd::AsRawFd::as_raw_fd(&tty)) == libc::getpgrp() }
 }
 
 /// Start `args.command` held, profile it until it exits, wait for it and
@@ -72,10 +70,7 @@ pub fn record(args: &RecordArgs) -> Result<i32> {
     let failure = match &run {
         Ok(summary) => {
             eprintln!("{summary}");
-            summary
-                .continuous
-                .as_ref()
-                .and_then(|c| c.report.failure())
+            summary.continuous.as_ref().and_then(|c| c.report.failure())
         }
         Err(err) => Some(format!("{err:#}")),
     };

@@ -31,7 +31,9 @@ pub fn install_stop_handler(how: &'static str) -> Result<Arc<AtomicBool>> {
         let clear = if terminal { "\r\x1b[K" } else { "" };
         if count.fetch_add(1, Ordering::SeqCst) == 0 {
             flag.store(true, Ordering::SeqCst);
-            eprintln!("{clear}stopping, writing the profile{how} (interrupt again to quit without it)");
+            eprintln!(
+                "{clear}stopping, writing the profile{how} (interrupt again to quit without it)"
+            );
         } else {
             eprintln!("{clear}interrupted again: exiting now, no profile written");
             std::process::exit(INTERRUPTED_EXIT_STATUS);
@@ -134,7 +136,9 @@ mod tests {
             pids: HashSet::new(),
             drawn: false,
         };
-        assert!(p.line(0).contains("0 samples, 0 lost, 0 processes, - complete"));
+        assert!(p
+            .line(0)
+            .contains("0 samples, 0 lost, 0 processes, - complete"));
         p.sample(7, UnwindStatus::Complete);
         p.sample(7, UnwindStatus::NoTable);
         p.sample(7, UnwindStatus::NoUserStack);
