@@ -7,7 +7,8 @@
 //! The child is started by `std::process::Command` with a `pre_exec` hook
 //! that writes the child's pid into one pipe and blocks reading another.
 //! `Command::spawn` only returns once the child has exec'd, so it runs on a
-//! thread of its own while the caller reads the pid from the first pipe.
+//! thread of its own while the caller reads the pid from the first pipe;
+//! that thread then waits for the child and reports its exit.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
@@ -16,8 +17,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
-use std::thread::JoinHandle;
+use std::process::{Command, ExitStatus};
+use std::sync::mpsc::{self, Receiver, TryRecvError};
 
 use anyhow::{anyhow, bail, Context, Result};
 
@@ -106,16 +107,31 @@ pub fn resolve_program(program: &OsStr) -> Result<PathBuf> {
         .ok_or_else(|| anyhow!("{}: command not found in PATH", program.to_string_lossy()))
 }
 
+/// What the spawner thread reports about the child.
+#[derive(Debug)]
+enum ChildEvent {
+    /// It exec'd the command.
+    Started,
+    /// It could not (the hook failed, or exec did).
+    Failed(std::io::Error),
+    /// It exited (reaped by the spawner thread).
+    Exited(std::io::Result<ExitStatus>),
+}
+
 /// A started child process waiting to exec its command.
+///
+/// The thread that forks the child (the spawner) stays with it until it
+/// exits and reaps it: a child that asked to die with its parent
+/// (`PR_SET_PDEATHSIG`) is signalled when the thread that forked it ends.
 #[derive(Debug)]
 pub struct HeldCommand {
     pid: u32,
     /// Write end of the "go" pipe: one byte releases the child, closing it
     /// without one makes the child exit without exec'ing.
     go: Option<File>,
-    spawner: Option<JoinHandle<std::io::Result<Child>>>,
-    child: Option<Child>,
-    status: Option<ExitStatus>,
+    events: Receiver<ChildEvent>,
+    started: bool,
+    status: Option<std::io::Result<ExitStatus>>,
 }
 
 /// A pipe's (read, write) ends, both close-on-exec.
@@ -159,30 +175,38 @@ impl HeldCommand {
         // returns after it), so that the child inherits them; closing the
         // pid pipe's write end then lets a child that died early show as
         // end-of-file below.
-        let spawner = std::thread::Builder::new()
-            .name("record-spawn".into())
+        let (tx, events) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("record-child".into())
             .spawn(move || {
-                let child = command.spawn();
+                let spawned = command.spawn();
                 drop((pid_write, go_read));
-                child
+                match spawned {
+                    Ok(mut child) => {
+                        let _ = tx.send(ChildEvent::Started);
+                        let _ = tx.send(ChildEvent::Exited(child.wait()));
+                    }
+                    Err(err) => {
+                        let _ = tx.send(ChildEvent::Failed(err));
+                    }
+                }
             })
             .context("starting the command's spawner thread")?;
         let mut pid_bytes = [0u8; 4];
         let read = File::from(pid_read).read_exact(&mut pid_bytes);
         let mut held = HeldCommand {
-            pid: 0,
+            pid: u32::from_ne_bytes(pid_bytes),
             go: Some(File::from(go_write)),
-            spawner: Some(spawner),
-            child: None,
+            events,
+            started: false,
             status: None,
         };
         if read.is_err() {
             // The child never reached the hook: spawn failed before or at fork.
-            let err = held.join_spawner().err();
+            let err = held.wait_started().err();
             return Err(err.unwrap_or_else(|| anyhow!("the command's process did not start")))
                 .with_context(|| format!("starting {}", program.display()));
         }
-        held.pid = u32::from_ne_bytes(pid_bytes);
         Ok(held)
     }
 
@@ -191,38 +215,44 @@ impl HeldCommand {
         self.pid
     }
 
-    /// Let the child exec its command; errors when exec failed (the
-    /// command's own exit status is then 127, as in a shell).
+    /// Let the child exec its command; errors when exec failed.
     pub fn release(&mut self) -> Result<()> {
         if let Some(mut go) = self.go.take() {
             go.write_all(&[1]).context("releasing the command")?;
         }
-        self.join_spawner()
+        self.wait_started()
     }
 
-    fn join_spawner(&mut self) -> Result<()> {
-        let Some(spawner) = self.spawner.take() else {
+    /// Wait for the spawner's first report: started, or why not.
+    fn wait_started(&mut self) -> Result<()> {
+        if self.started {
             return Ok(());
-        };
-        let child = spawner
-            .join()
-            .map_err(|_| anyhow!("the command's spawner thread panicked"))?
-            .context("executing the command")?;
-        self.child = Some(child);
-        Ok(())
+        }
+        match self.events.recv() {
+            Ok(ChildEvent::Started) => {
+                self.started = true;
+                Ok(())
+            }
+            Ok(ChildEvent::Failed(err)) => Err(err).context("executing the command"),
+            Ok(ChildEvent::Exited(_)) | Err(_) => bail!("the command's spawner thread ended early"),
+        }
     }
 
     /// Whether the command was let go and exec'd.
     pub fn released(&self) -> bool {
-        self.child.is_some()
+        self.started
     }
 
-    /// Whether the command has exited (reaping it; its status is then
+    /// Whether the command has exited (its status is then
     /// [`HeldCommand::exit_code`]'s).
     pub fn has_exited(&mut self) -> bool {
-        if self.status.is_none() {
-            if let Some(child) = self.child.as_mut() {
-                self.status = child.try_wait().ok().flatten();
+        if self.started && self.status.is_none() {
+            match self.events.try_recv() {
+                Ok(ChildEvent::Exited(status)) => self.status = Some(status),
+                Ok(_) | Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => {
+                    self.status = Some(Err(std::io::Error::other("the spawner thread ended")))
+                }
             }
         }
         self.status.is_some()
@@ -230,8 +260,10 @@ impl HeldCommand {
 
     /// Send `signal` to the command (nothing if it has exited).
     pub fn signal(&mut self, signal: libc::c_int) {
-        if self.child.is_some() && !self.has_exited() {
-            // SAFETY: kill(2) on our own unreaped child: the pid is not reused.
+        if self.started && !self.has_exited() {
+            // SAFETY: kill(2) of our child, which the spawner thread has not
+            // reported reaped (a narrow window remains between its reaping
+            // and this check).
             unsafe { libc::kill(self.pid as libc::pid_t, signal) };
         }
     }
@@ -239,11 +271,20 @@ impl HeldCommand {
     /// Wait for the command to exit and return lightswitch's exit status
     /// for it: its exit code, or 128 + N when signal N killed it.
     pub fn exit_code(&mut self) -> Result<i32> {
-        if self.status.is_none() {
-            let child = self.child.as_mut().context("the command never started")?;
-            self.status = Some(child.wait().context("waiting for the command")?);
+        if !self.started {
+            bail!("the command never started");
         }
-        Ok(self.status.map_or(1, exit_code))
+        while self.status.is_none() {
+            match self.events.recv() {
+                Ok(ChildEvent::Exited(status)) => self.status = Some(status),
+                Ok(_) => {}
+                Err(_) => bail!("the command's spawner thread ended early"),
+            }
+        }
+        match self.status.as_ref().context("the command's status")? {
+            Ok(status) => Ok(exit_code(*status)),
+            Err(err) => Err(anyhow!("waiting for the command: {err}")),
+        }
     }
 }
 
@@ -251,7 +292,6 @@ impl Drop for HeldCommand {
     fn drop(&mut self) {
         // Never released: closing the go pipe makes the child exit.
         self.go.take();
-        let _ = self.join_spawner();
     }
 }
 
