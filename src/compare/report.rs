@@ -73,7 +73,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         let _ = std::io::stdout().lock().write_all(text.as_bytes());
         return Ok(());
     };
-    let bytes = crate::run::encode(&profile, format, args.pprof_compression)?;
+    let bytes = crate::format::encode(&profile, format, args.pprof_compression)?;
     let output = args
         .output
         .clone()
