@@ -195,3 +195,62 @@ fn status_line_only_on_a_terminal() {
     assert!(out.stdout.contains("\r\x1b[Klightswitch: "), "{out}");
     assert!(out.stdout.contains(" lost, 1 process, "), "{out}");
 }
+
+/// Started "through sudo" (SUDO_UID/SUDO_GID set), the command runs as that
+/// user with its home directory; `--as-root` keeps root.
+#[test]
+fn record_runs_the_command_as_the_sudo_user() {
+    let _serial = serial();
+    let dir = tempdir();
+    let script = "echo $(id -u):$(id -g):$HOME:$USER";
+    let args = record_args(dir.path(), "99", &["sh", "-c", script]);
+    let as_user = |extra: &[&str]| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(&args[..1]).args(extra).args(&args[1..]);
+        cmd.env("SUDO_UID", "65534")
+            .env("SUDO_GID", "65534")
+            .env("SUDO_USER", "nobody");
+        run_command(cmd, TIMEOUT)
+    };
+    let out = as_user(&[]);
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    assert_eq!(
+        out.stdout.trim(),
+        "65534:65534:/nonexistent:nobody",
+        "{out}"
+    );
+    let out = as_user(&["--as-root"]);
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    assert!(out.stdout.starts_with("0:0:"), "{out}");
+}
+
+/// A second interrupt ends lightswitch at once (130), writing nothing,
+/// even though the command ignores SIGINT and is still running.
+#[test]
+fn second_interrupt_exits_without_writing() {
+    let _serial = serial();
+    let dir = tempdir();
+    let args = record_args(dir.path(), "99", &["sh", "-c", "trap '' INT; sleep 5"]);
+    let mut profiler = Lightswitch::spawn(&args);
+    profiler.expect_sampling();
+    std::thread::sleep(Duration::from_millis(500));
+    profiler.signal(libc::SIGINT);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        profiler.is_running(),
+        "the first interrupt waits for the command"
+    );
+    profiler.signal(libc::SIGINT);
+    let out = profiler.wait(Duration::from_secs(10));
+    assert_eq!(out.status.code(), Some(130), "{out}");
+    assert!(
+        out.stderr.contains("stopping, writing the profile"),
+        "{out}"
+    );
+    assert!(
+        out.stderr
+            .contains("interrupted again: exiting now, no profile written"),
+        "{out}"
+    );
+    assert!(!dir.path().join("folded.txt").exists(), "{out}");
+}

@@ -32,6 +32,10 @@ pub struct Identity {
     /// Supplementary groups (the user's groups from the group database;
     /// just `gid` when they cannot be read).
     pub groups: Vec<u32>,
+    /// The user's name (`SUDO_USER`), for `USER` and `LOGNAME`.
+    pub name: Option<OsString>,
+    /// The user's home directory (password database), for `HOME`.
+    pub home: Option<PathBuf>,
 }
 
 impl Identity {
@@ -54,11 +58,43 @@ impl Identity {
         if uid == 0 {
             return Ok(None);
         }
-        let groups = std::env::var_os("SUDO_USER")
-            .and_then(|user| user_groups(&user, gid))
+        let name = std::env::var_os("SUDO_USER");
+        let groups = name
+            .as_deref()
+            .and_then(|user| user_groups(user, gid))
             .unwrap_or_else(|| vec![gid]);
-        Ok(Some(Identity { uid, gid, groups }))
+        Ok(Some(Identity {
+            uid,
+            gid,
+            groups,
+            name,
+            home: home_directory(uid),
+        }))
     }
+}
+
+/// `uid`'s home directory from the password database (getpwuid_r).
+fn home_directory(uid: u32) -> Option<PathBuf> {
+    let mut buffer = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: an all-zero passwd is a valid value to be overwritten.
+    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; `buffer` outlives `entry`'s use.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut entry,
+            buffer.as_mut_ptr(),
+            buffer.len(),
+            &mut result,
+        )
+    };
+    if rc != 0 || result.is_null() || entry.pw_dir.is_null() {
+        return None;
+    }
+    // SAFETY: getpwuid_r filled pw_dir with a NUL-terminated string in `buffer`.
+    let dir = unsafe { std::ffi::CStr::from_ptr(entry.pw_dir) };
+    Some(PathBuf::from(OsStr::from_bytes(dir.to_bytes())))
 }
 
 /// `user`'s groups from the group database (getgrouplist), `gid` included.
@@ -148,12 +184,21 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 impl HeldCommand {
     /// Start `program` (a path from [`resolve_program`]) with `args`, the
     /// caller's stdin/stdout/stderr and environment, as `identity` when
-    /// given; the child waits before exec until [`HeldCommand::release`].
+    /// given (then with its `HOME`, `USER` and `LOGNAME`); the child waits before exec until [`HeldCommand::release`].
     pub fn spawn(program: &Path, args: &[OsString], identity: Option<&Identity>) -> Result<Self> {
         let (pid_read, pid_write) = pipe()?;
         let (go_read, go_write) = pipe()?;
         let mut command = Command::new(program);
         command.args(args);
+        // As `sudo -u USER` would: the user's own HOME, USER and LOGNAME.
+        if let Some(id) = identity {
+            if let Some(home) = &id.home {
+                command.env("HOME", home);
+            }
+            if let Some(name) = &id.name {
+                command.env("USER", name).env("LOGNAME", name);
+            }
+        }
         let identity = identity.cloned();
         let (pid_read_fd, pid_write_fd) = (pid_read.as_raw_fd(), pid_write.as_raw_fd());
         let (go_read_fd, go_write_fd) = (go_read.as_raw_fd(), go_write.as_raw_fd());
