@@ -221,8 +221,16 @@ impl HeldCommand {
         // pid pipe's write end then lets a child that died early show as
         // end-of-file below.
         let (tx, events) = mpsc::channel();
+        // The thread's name is the child's comm until exec: samples taken
+        // in the kernel during exec then carry the command's name.
+        let mut comm: String = program
+            .file_name()
+            .map_or_else(|| "record".into(), |n| n.to_string_lossy().into_owned());
+        while comm.len() > 15 {
+            comm.pop();
+        }
         std::thread::Builder::new()
-            .name("record-child".into())
+            .name(comm)
             .spawn(move || {
                 let spawned = command.spawn();
                 drop((pid_write, go_read));
