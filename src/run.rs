@@ -244,16 +244,7 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
             }
-            if let Some(workload) = workload.as_mut() {
-                // A stop goes to the command; the run ends when it exits.
-                if stop.load(Ordering::SeqCst) && !interrupted {
-                    interrupted = true;
-                    workload.interrupt();
-                }
-                if workload.has_exited() {
-                    break;
-                }
-            } else if stop.load(Ordering::SeqCst) {
+            if workload::ends_run(&mut workload, stop.load(Ordering::SeqCst), &mut interrupted) {
                 break;
             }
             if let Some(progress) = &progress {
