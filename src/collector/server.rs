@@ -45,8 +45,11 @@ use super::merge::{self, BodyError};
 use super::storage::{Filter, Storage, StoredProfile};
 use crate::format::{self, Compression, ProfileFormat};
 use crate::httpd::{blocking, check_bearer, text};
-use crate::sender::remote::{HOST_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
 use crate::timefmt;
+use crate::wire::{
+    HOST_HEADER, MERGED_PROFILES_HEADER, SKIPPED_PROFILES_HEADER, WINDOW_END_HEADER,
+    WINDOW_START_HEADER,
+};
 
 /// Longest a `POST /v1/profiles` may take, waiting for its turn and
 /// reading its body included (a slow client is answered 408 and dropped).
@@ -376,8 +379,8 @@ fn encode_merged(merged: &merge::Merged, format: ProfileFormat, skipped: usize) 
         Ok(bytes) => Response::builder()
             .status(StatusCode::OK)
             .header(header::CONTENT_TYPE, format.mime_type())
-            .header("X-Lightswitch-Merged-Profiles", merged.inputs.to_string())
-            .header("X-Lightswitch-Skipped-Profiles", skipped.to_string())
+            .header(MERGED_PROFILES_HEADER, merged.inputs.to_string())
+            .header(SKIPPED_PROFILES_HEADER, skipped.to_string())
             .body(Body::from(bytes))
             .unwrap_or_else(|e| text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
         Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")),
