@@ -134,6 +134,7 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
     }
     // Sampling is attached and its records have somewhere to go.
     if let Some(workload) = workload.as_mut() {
+        agent.scan_now();
         workload.release()?;
     }
     let mut interrupted = false;

@@ -194,6 +194,17 @@ impl<'s, 'o> Agent<'s, 'o> {
         })
     }
 
+    /// Finish the start-up scan now. For `record`'s held command: described
+    /// before it execs, the walker knows the pid, so its exec is reported
+    /// and its new image read at once; scanned later, the scan could read
+    /// its maps in the middle of the exec and describe the old image.
+    pub fn scan_now(&mut self) {
+        while self
+            .loader
+            .continue_scan(&mut self.tracker, self.sampler, SCAN_SLICE)
+        {}
+    }
+
     /// Whether the run is over: the duration has passed or, without one,
     /// every `--pids` target has exited (like `perf record -p`).
     pub fn finished(&mut self) -> bool {
