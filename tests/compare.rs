@@ -99,11 +99,14 @@ fn diff_gates_on_a_doubled_share_and_not_on_itself() {
         .lines()
         .filter(|l| l.starts_with("FAIL: "))
         .collect();
-    assert_eq!(fail.len(), 1, "{grown}");
+    // alpha is named; beta, which shrank, is not. (Frames every stack
+    // shares, like main, can also grow when BASE had incomplete stacks.)
     assert!(
-        fail[0].starts_with("FAIL: alpha (cmp_split) grew by +"),
+        fail.iter()
+            .any(|l| l.starts_with("FAIL: alpha (cmp_split) grew by +")),
         "{grown}"
     );
+    assert!(!fail.iter().any(|l| l.starts_with("FAIL: beta")), "{grown}");
 
     let json = lightswitch(&["diff", "--output", "json", "--fail-above", "10", base, new]);
     assert_eq!(json.status.code(), Some(1), "{json}");
@@ -123,10 +126,8 @@ fn diff_gates_on_a_doubled_share_and_not_on_itself() {
     assert_eq!(alpha["object"], "cmp_split");
     let base_share = alpha["base"]["inclusive"].as_f64().unwrap();
     assert!((10.0..40.0).contains(&base_share), "{value:#}");
-    assert_eq!(
-        value["grown_above_threshold"][0]["function"], "alpha",
-        "{value:#}"
-    );
+    let grown = value["grown_above_threshold"].as_array().unwrap();
+    assert!(grown.iter().any(|f| f["function"] == "alpha"), "{value:#}");
 
     // The flame graph: an SVG naming both functions.
     let svg_path = dir.path().join("diff.svg");
