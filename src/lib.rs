@@ -4,9 +4,13 @@
 //! ring buffer of [`sample::RawSample`]s) -> [`process`] (mappings and
 //! objects) -> [`profile::aggregate`] (exact stacks) -> [`symbolize`]
 //! (blazesym) -> [`profile::Profile`] -> [`format`] encoders -> [`sender`]s.
-//! [`run`] drives one profiling run; [`cli`] parses the command line;
-//! [`server`] answers on-demand profile, heap ([`heap`]) and metrics requests
-//! over HTTP (`--listen`).
+//! [`run`] drives one profiling run; [`cli`] parses the command line and
+//! builds the stages' config structs; [`server`] answers on-demand profile,
+//! heap ([`heap`]) and metrics requests over HTTP (`--listen`);
+//! [`collector`] receives profiles from [`sender::remote`] ([`wire`] names
+//! the headers between them); [`files`] writes every file atomically.
+
+#![deny(missing_docs)]
 
 pub mod bpf_info;
 pub mod cli;
