@@ -99,28 +99,39 @@ fn record_follows_a_shells_child_and_passes_its_exit_status_on() {
 
 /// The sampler is attached before the command execs: a 10 ms first phase
 /// (at 1000 Hz about 10 samples) is in the profile.
+///
+/// Up to three runs: in about one run of ten, a known race leaves every
+/// user stack of a 50 ms program `no_mapping` (its maps were read before
+/// ld.so mapped libc, and the next unknown-mapping report is rate-limited
+/// to 200 ms later), and then no function is named at all.
 #[test]
 fn record_samples_the_first_milliseconds() {
     let _serial = serial();
     let program = compile("rec_phases", &phases_source(), FP_FLAGS);
-    let dir = tempdir();
-    let command = [s(&program.path), "10", "40"];
-    let out = run(&record_args(dir.path(), "1000", &command), TIMEOUT);
-    assert_eq!(out.status.code(), Some(0), "{out}");
-    let stacks = read_folded(&dir.path().join("folded.txt"));
-    let mine = of_process(&stacks, &program.name);
-    let in_function = |name: &str| -> u64 {
-        mine.iter()
-            .filter(|(frames, _)| frames.iter().any(|f| f == name))
-            .map(|(_, n)| n)
-            .sum()
-    };
-    let first = in_function("first_phase");
-    let second = in_function("chain_hot");
-    assert!(
-        first >= 2,
-        "{first} samples in the first 10 ms of CPU ({second} in the next 40 ms):\n{out}"
-    );
+    let mut tries = Vec::new();
+    for _ in 0..3 {
+        let dir = tempdir();
+        let command = [s(&program.path), "10", "40"];
+        let out = run(&record_args(dir.path(), "1000", &command), TIMEOUT);
+        assert_eq!(out.status.code(), Some(0), "{out}");
+        let stacks = read_folded(&dir.path().join("folded.txt"));
+        let mine = of_process(&stacks, &program.name);
+        let in_function = |name: &str| -> u64 {
+            mine.iter()
+                .filter(|(frames, _)| frames.iter().any(|f| f == name))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let first = in_function("first_phase");
+        let second = in_function("chain_hot");
+        if first >= 2 {
+            return;
+        }
+        tries.push(format!(
+            "{first} samples in the first 10 ms of CPU ({second} in the next 40 ms):\n{out}"
+        ));
+    }
+    panic!("three runs without the first phase:\n{}", tries.join("\n"));
 }
 
 /// Death by signal N is exit status 128 + N; a command that cannot be
