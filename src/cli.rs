@@ -148,6 +148,20 @@ pub struct ProfileArgs {
     #[arg(long, value_delimiter = ',', default_value = DEFAULT_DEBUG_ROOT)]
     pub debug_dirs: Vec<PathBuf>,
 
+    /// debuginfod servers to fetch debug files from by build ID, for
+    /// objects whose debug information is nowhere on this machine
+    /// (comma-separated or repeated; tried in order). Default: the
+    /// space-separated `DEBUGINFOD_URLS`; none when it is unset.
+    #[arg(long = "debuginfod", value_name = "URL", value_delimiter = ',')]
+    pub debuginfod_urls: Vec<String>,
+
+    /// Directory fetched debug files are cached in (`BUILDID/debuginfo`).
+    /// Default: `$DEBUGINFOD_CACHE_PATH`, else
+    /// `$XDG_CACHE_HOME/debuginfod_client`, else
+    /// `~/.cache/debuginfod_client` (the cache elfutils' client shares).
+    #[arg(long, value_name = "DIR")]
+    pub debuginfod_cache: Option<PathBuf>,
+
     /// Show libbpf's debug output, including the BPF verifier log.
     #[arg(long)]
     pub libbpf_debug: bool,

@@ -30,6 +30,10 @@ fn main() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     lightswitch::unwind::identity::set_debug_dirs(cli.debug_dirs().to_vec());
+    lightswitch::symbolize::debuginfod::configure(
+        &cli.debuginfod_urls,
+        cli.debuginfod_cache.clone(),
+    );
     if let Some(Command::ShowUnwind { path, .. }) = &cli.command {
         match lightswitch::unwind::show::show_unwind(path) {
             Ok(text) => {

@@ -22,6 +22,8 @@ const SAMPLE_FLAG_KERNEL_THREAD: u8 = 1;
 const EVENT_EXEC: u32 = 1;
 const EVENT_EXIT: u32 = 2;
 const EVENT_UNKNOWN_MAPPING: u32 = 3;
+const EVENT_FORK: u32 = 4;
+const EVENT_MAPPING: u32 = 5;
 /// `enum mapping_kind`.
 const MAPPING_TABLE: u32 = 0;
 const MAPPING_FRAME_POINTERS: u32 = 1;
@@ -48,6 +50,10 @@ pub enum UnwindStatus {
     NoTable,
     /// A CFI rule the BPF program cannot evaluate.
     UnsupportedRule,
+    /// The process's mappings were not known yet (it existed before its
+    /// exec or fork could be followed, or was described before its latest
+    /// exec): the frames are what frame pointers gave.
+    MappingsUnknown,
     /// A value this version does not know.
     Unknown(u8),
 }
@@ -63,6 +69,7 @@ impl UnwindStatus {
             5 => Self::NoMapping,
             6 => Self::NoTable,
             7 => Self::UnsupportedRule,
+            8 => Self::MappingsUnknown,
             other => Self::Unknown(other),
         }
     }
@@ -87,6 +94,7 @@ impl UnwindStatus {
             Self::NoMapping => "no_mapping".into(),
             Self::NoTable => "no_table".into(),
             Self::UnsupportedRule => "unsupported_rule".into(),
+            Self::MappingsUnknown => "mappings_unknown".into(),
             Self::Unknown(raw) => format!("unknown_{raw}"),
         }
     }
@@ -203,18 +211,48 @@ pub enum ProcessEvent {
     Exec {
         /// Process id.
         pid: u32,
+        /// When (CLOCK_MONOTONIC ns).
+        timestamp_ns: u64,
     },
     /// The process exited.
     Exit {
         /// Process id.
         pid: u32,
     },
-    /// The walker met a pc in no mapping it knows (e.g. code loaded with dlopen).
+    /// The walker met a pc in no mapping it knows (e.g. code loaded with
+    /// dlopen), or a sample of a process it has no description of.
     UnknownMapping {
         /// Process id.
         pid: u32,
         /// The pc.
         address: u64,
+    },
+    /// A described process forked: the walker gave the child the parent's
+    /// description.
+    Fork {
+        /// The child's process id.
+        pid: u32,
+        /// The parent's process id.
+        parent: u32,
+        /// When (CLOCK_MONOTONIC ns).
+        timestamp_ns: u64,
+    },
+    /// The BPF programs added an executable mapping of an object whose
+    /// table user space knows to the process's description.
+    Mapping {
+        /// Process id.
+        pid: u32,
+        /// The mapping's first address.
+        start: u64,
+        /// The mapping's end (exclusive).
+        end: u64,
+        /// File offset of `start`, bytes.
+        file_offset: u64,
+        /// The object's id (`ObjectId` of the tracker that registered it).
+        object: u32,
+        /// When it was seen mapped (the exec's time for an exec's mappings;
+        /// CLOCK_MONOTONIC ns).
+        timestamp_ns: u64,
     },
 }
 
@@ -224,12 +262,26 @@ impl ProcessEvent {
         let mut event = types::process_event::default();
         plain::copy_from_bytes(&mut event, data).ok()?;
         let pid = event.pid;
+        let timestamp_ns = event.timestamp_ns;
         match event.r#type {
-            EVENT_EXEC => Some(Self::Exec { pid }),
+            EVENT_EXEC => Some(Self::Exec { pid, timestamp_ns }),
             EVENT_EXIT => Some(Self::Exit { pid }),
             EVENT_UNKNOWN_MAPPING => Some(Self::UnknownMapping {
                 pid,
                 address: event.address,
+            }),
+            EVENT_MAPPING => Some(Self::Mapping {
+                pid,
+                start: event.address,
+                end: event.end,
+                file_offset: event.file_offset,
+                object: event.object_id,
+                timestamp_ns,
+            }),
+            EVENT_FORK => Some(Self::Fork {
+                pid,
+                parent: event.address as u32,
+                timestamp_ns,
             }),
             _ => None,
         }
@@ -256,12 +308,18 @@ pub const MAX_PROCESS_MAPPINGS: usize = 256;
 
 /// `struct process_info` for the `process_mappings` map: `mappings` (sorted
 /// by start; at most [`MAX_PROCESS_MAPPINGS`], the rest are dropped) under
-/// `generation`, as the bytes of the map value.
-pub(crate) fn process_info_value(mappings: &[ExecMapping], generation: u32) -> Vec<u8> {
+/// `generation`, for the image of exec `exec_id` (0: unchecked), as the
+/// bytes of the map value.
+pub(crate) fn process_info_value(
+    mappings: &[ExecMapping],
+    generation: u32,
+    exec_id: u64,
+) -> Vec<u8> {
     let mut info = Box::<types::process_info>::default();
     let count = mappings.len().min(MAX_PROCESS_MAPPINGS);
     info.mapping_count = count as u32;
     info.generation = generation;
+    info.exec_id = exec_id;
     for (raw, m) in info.mappings.iter_mut().zip(&mappings[..count]) {
         *raw = types::exec_mapping {
             start: m.start,
@@ -318,11 +376,30 @@ mod tests {
             data.extend_from_slice(&kind.to_ne_bytes());
             data.extend_from_slice(&pid.to_ne_bytes());
             data.extend_from_slice(&address.to_ne_bytes());
+            data.extend_from_slice(&99u64.to_ne_bytes());
+            data.extend_from_slice(&0x5000u64.to_ne_bytes());
+            data.extend_from_slice(&0x1000u64.to_ne_bytes());
+            data.extend_from_slice(&6u32.to_ne_bytes());
+            data.extend_from_slice(&0u32.to_ne_bytes());
             data
         };
         assert_eq!(
+            ProcessEvent::parse(&record(5, 7, 0x4000)),
+            Some(ProcessEvent::Mapping {
+                pid: 7,
+                start: 0x4000,
+                end: 0x5000,
+                file_offset: 0x1000,
+                object: 6,
+                timestamp_ns: 99
+            })
+        );
+        assert_eq!(
             ProcessEvent::parse(&record(1, 7, 0)),
-            Some(ProcessEvent::Exec { pid: 7 })
+            Some(ProcessEvent::Exec {
+                pid: 7,
+                timestamp_ns: 99
+            })
         );
         assert_eq!(
             ProcessEvent::parse(&record(2, 7, 0)),
@@ -335,8 +412,16 @@ mod tests {
                 address: 0x4000
             })
         );
+        assert_eq!(
+            ProcessEvent::parse(&record(4, 8, 7)),
+            Some(ProcessEvent::Fork {
+                pid: 8,
+                parent: 7,
+                timestamp_ns: 99
+            })
+        );
         assert_eq!(ProcessEvent::parse(&record(9, 7, 0)), None);
-        assert_eq!(ProcessEvent::parse(&record(1, 7, 0)[..15]), None);
+        assert_eq!(ProcessEvent::parse(&record(1, 7, 0)[..47]), None);
     }
 
     #[test]
@@ -348,18 +433,19 @@ mod tests {
             object_id: 9,
             frame_pointers: true,
         };
-        let value = process_info_value(&[mapping], 5);
-        assert_eq!(value.len(), 8 + 32 * MAX_PROCESS_MAPPINGS);
+        let value = process_info_value(&[mapping], 5, 3);
+        assert_eq!(value.len(), 16 + 32 * MAX_PROCESS_MAPPINGS);
         assert_eq!(value[0..4], 1u32.to_ne_bytes());
         assert_eq!(value[4..8], 5u32.to_ne_bytes());
-        assert_eq!(value[8..16], 0x1000u64.to_ne_bytes());
-        assert_eq!(value[16..24], 0x2000u64.to_ne_bytes());
-        assert_eq!(value[24..32], 0x400u64.to_ne_bytes());
-        assert_eq!(value[32..36], 9u32.to_ne_bytes());
-        assert_eq!(value[36..40], 1u32.to_ne_bytes());
+        assert_eq!(value[8..16], 3u64.to_ne_bytes());
+        assert_eq!(value[16..24], 0x1000u64.to_ne_bytes());
+        assert_eq!(value[24..32], 0x2000u64.to_ne_bytes());
+        assert_eq!(value[32..40], 0x400u64.to_ne_bytes());
+        assert_eq!(value[40..44], 9u32.to_ne_bytes());
+        assert_eq!(value[44..48], 1u32.to_ne_bytes());
         let many = vec![mapping; MAX_PROCESS_MAPPINGS + 3];
         assert_eq!(
-            process_info_value(&many, 1)[0..4],
+            process_info_value(&many, 1, 0)[0..4],
             (MAX_PROCESS_MAPPINGS as u32).to_ne_bytes()
         );
     }

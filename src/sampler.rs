@@ -20,9 +20,12 @@ use libbpf_rs::{
 use perf_event_open_sys as perf;
 use tracing::{info, warn};
 
-use crate::sample::{process_info_value, ExecMapping, ProcessEvent, RawSample};
+use crate::sample::{ProcessEvent, RawSample};
 use crate::skel::{ProfilerSkel, ProfilerSkelBuilder};
 use crate::unwind::row::{Page, RawRow};
+
+mod follow;
+pub use follow::ExecTime;
 
 /// What to sample.
 #[derive(Debug, Clone, Default)]
@@ -84,6 +87,9 @@ pub struct Sampler<'obj> {
     /// process gets a new one, so the walker never reuses a walk made under
     /// other mappings.
     mapping_generation: Cell<u32>,
+    /// How many of `links` follow processes (exec, fork, mmap, exit): they
+    /// come first and stay attached while sampling is paused.
+    tracking_links: usize,
 }
 
 /// A ring buffer of `bytes` (a power of two) for CPU `cpu`'s samples.
@@ -237,9 +243,6 @@ fn open_cpu_clock_event(cpu: u32, freq_hz: u64) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Links that are not perf events (exec, exit and fork tracking), first in `Sampler::links`.
-const TRACKING_LINKS: usize = 3;
-
 /// Open a cpu-clock perf event at `freq_hz` on each of `cpus` and attach the
 /// sampling program to it.
 fn attach_cpu_events(skel: &ProfilerSkel<'_>, cpus: &[u32], freq_hz: u64) -> Result<Vec<Link>> {
@@ -347,25 +350,14 @@ impl<'obj> Sampler<'obj> {
             .walker_programs
             .update(&0u32.to_ne_bytes(), &walker_fd.to_ne_bytes(), MapFlags::ANY)
             .context("installing the stack walker for tail calls")?;
-        let mut links = vec![
-            skel.progs
-                .on_exec
-                .attach()
-                .context("attaching to tp_btf/sched_process_exec")?,
-            skel.progs
-                .on_exit
-                .attach()
-                .context("attaching to tp_btf/sched_process_exit")?,
-            skel.progs
-                .on_fork
-                .attach()
-                .context("attaching to tp_btf/sched_process_fork")?,
-        ];
+        let mut links = follow::attach_tracking(&skel)?;
+        let tracking_links = links.len();
         links.extend(attach_cpu_events(&skel, &online, config.sample_freq_hz)?);
         let rows = MappedRows::new(skel.maps.unwind_rows.as_fd(), config.max_unwind_rows)?;
         Ok(Sampler {
             skel,
-            cpus: links.len() - TRACKING_LINKS,
+            cpus: links.len() - tracking_links,
+            tracking_links,
             sample_rings,
             ring_cpus: online,
             rows,
@@ -383,14 +375,14 @@ impl<'obj> Sampler<'obj> {
     /// tracking stay attached; maps and unwind tables stay loaded).
     /// [`Sampler::resume`] opens them again.
     pub fn pause(&self) {
-        self.links.borrow_mut().truncate(TRACKING_LINKS);
+        self.links.borrow_mut().truncate(self.tracking_links);
     }
 
     /// Sample again after [`Sampler::pause`], at `freq_hz` per CPU: open
     /// one perf event per online CPU and attach the program. Does nothing
     /// if sampling is already on.
     pub fn resume(&self, freq_hz: u64) -> Result<()> {
-        if self.links.borrow().len() > TRACKING_LINKS {
+        if self.links.borrow().len() > self.tracking_links {
             return Ok(());
         }
         // A CPU that came online after start has no ring buffer: its
@@ -444,24 +436,6 @@ impl<'obj> Sampler<'obj> {
             0
         })?;
         Ok(builder.build()?)
-    }
-
-    /// Describe `pid`'s executable mappings (sorted by start; at most
-    /// [`crate::sample::MAX_PROCESS_MAPPINGS`], the rest are dropped) to the walker.
-    pub fn set_process(&self, pid: u32, mappings: &[ExecMapping]) -> Result<()> {
-        let generation = self.mapping_generation.get().wrapping_add(1);
-        self.mapping_generation.set(generation);
-        let value = process_info_value(mappings, generation);
-        self.skel
-            .maps
-            .process_mappings
-            .update(&pid.to_ne_bytes(), &value, MapFlags::ANY)
-            .with_context(|| format!("describing pid {pid} to the walker"))
-    }
-
-    /// Forget `pid` in the walker (it exited or exec'd). Missing pids are fine.
-    pub fn remove_process(&self, pid: u32) {
-        let _ = self.skel.maps.process_mappings.delete(&pid.to_ne_bytes());
     }
 
     /// Write `rows` into the `unwind_rows` map starting at index `first`
@@ -610,7 +584,7 @@ mod tests {
             .arg("0.3")
             .spawn()
             .unwrap();
-        sampler.set_process(child.id(), &[]).unwrap();
+        sampler.set_process(child.id(), &[], 0).unwrap();
 
         let started = crate::timefmt::monotonic_ns();
         let stop = Arc::new(AtomicBool::new(false));

@@ -12,3 +12,6 @@ unsafe impl plain::Plain for types::sample_header {}
 unsafe impl plain::Plain for types::process_event {}
 unsafe impl plain::Plain for types::process_info {}
 unsafe impl plain::Plain for types::exec_mapping {}
+unsafe impl plain::Plain for types::exec_time {}
+unsafe impl plain::Plain for types::file_key {}
+unsafe impl plain::Plain for types::object_file {}

@@ -126,13 +126,47 @@ struct {
 	__type(value, struct unwind_row);
 } unwind_rows SEC(".maps");
 
-/* Last unknown-mapping notification per pid, ns (rate limit). */
+/* The last unknown-mapping notification of a pid (rate limit). */
+struct notice {
+	__u64 time_ns;
+	__u32 generation;   /* of the description the walk had (0: none) */
+	__u32 padding;
+};
+
+/* Last unknown-mapping notification per pid. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct notice);
 } last_notified SEC(".maps");
+
+/* The latest exec of each process: user space reads it around its reads of
+ * /proc/PID/maps to know which image they describe. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct exec_time);
+} exec_times SEC(".maps");
+
+/* Objects whose tables user space knows, by file: lets exec and mmap
+ * describe a new mapping of them at once. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct file_key);
+	__type(value, struct object_file);
+} object_files SEC(".maps");
+
+/* Per-CPU space where the exec program assembles a description. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct process_info);
+} new_description SEC(".maps");
 
 /* The walker itself, for tail calls (slot 0). */
 struct {
@@ -238,6 +272,8 @@ struct walk_state {
 	__u8 joining;       /* the current frame matches the remembered walk's frame memo_next */
 	__u8 join_failed;   /* the remembered walk did not hold: walk every frame */
 	__u8 joined;        /* the frames from memo_next on were copied from the remembered walk */
+	__u8 vma_looked_up; /* the kernel was asked for the mapping of a pc (once per sample) */
+	__u8 vma_wanted;    /* the walk stopped at a pc in no known mapping: ask the kernel */
 	__u32 memo_next;
 	__u32 generation;   /* process_info.generation when the walk started */
 	__u32 rec_checks;   /* words recorded so far in the walk being remembered */
@@ -302,20 +338,35 @@ static __always_inline struct scratch_space *get_scratch(void)
 	return bpf_map_lookup_elem(&scratch, &zero);
 }
 
-static __always_inline void send_event(__u32 type, __u32 pid, __u64 address)
+static __always_inline void send_event_at(__u32 type, __u32 pid, __u64 address, __u64 timestamp_ns)
 {
-	struct process_event event = { .type = type, .pid = pid, .address = address };
+	struct process_event event = {
+		.type = type,
+		.pid = pid,
+		.address = address,
+		.timestamp_ns = timestamp_ns,
+	};
 	if (bpf_ringbuf_output(&events, &event, sizeof(event), 0) != 0)
 		count(STAT_EVENTS_LOST);
 }
 
-static __always_inline void notify_unknown_mapping(__u32 pid, __u64 address)
+static __always_inline void send_event(__u32 type, __u32 pid, __u64 address)
+{
+	send_event_at(type, pid, address, bpf_ktime_get_ns());
+}
+
+/* Tell user space that pid's description (of this generation; 0: none)
+ * lacks the mapping of address. At most once per NOTIFY_INTERVAL_NS per
+ * description: a new description (after an exec, an mmap, a re-read) may
+ * be notified at once. */
+static __always_inline void notify_unknown_mapping(__u32 pid, __u64 address, __u32 generation)
 {
 	__u64 now = bpf_ktime_get_ns();
-	__u64 *last = bpf_map_lookup_elem(&last_notified, &pid);
-	if (last && now - *last < NOTIFY_INTERVAL_NS)
+	struct notice *last = bpf_map_lookup_elem(&last_notified, &pid);
+	if (last && now - last->time_ns < NOTIFY_INTERVAL_NS && last->generation == generation)
 		return;
-	bpf_map_update_elem(&last_notified, &pid, &now, BPF_ANY);
+	struct notice notice = { .time_ns = now, .generation = generation };
+	bpf_map_update_elem(&last_notified, &pid, &notice, BPF_ANY);
 	send_event(EVENT_UNKNOWN_MAPPING, pid, address);
 }
 
@@ -549,6 +600,146 @@ static __always_inline bool replay_remembered_walk(struct scratch_space *sc, str
 	return true;
 }
 
+#define VM_EXEC 0x4
+
+/* A generation for a description these programs write: random (atomics
+ * that return a value need a newer BPF instruction set), so two of one
+ * process are equal once in 2^31. */
+static __always_inline __u32 next_generation(void)
+{
+	return BPF_GENERATION_BASE | bpf_get_prandom_u32();
+}
+
+/* How the walker sees [start, end) of file from page pgoff on; false when
+ * user space has not told the programs about the file's object. */
+static __always_inline bool describe_file_mapping(struct exec_mapping *out, struct file *file, __u64 start,
+						  __u64 end, __u64 pgoff)
+{
+	struct inode *inode = BPF_CORE_READ(file, f_inode);
+	__u32 s_dev = BPF_CORE_READ(inode, i_sb, s_dev);
+	struct file_key key = {
+		/* The kernel's dev_t is major << 20 | minor. */
+		.dev = ((__u64)(s_dev >> 20) << 32) | (s_dev & 0xfffff),
+		.inode = BPF_CORE_READ(inode, i_ino),
+	};
+	struct object_file *object = bpf_map_lookup_elem(&object_files, &key);
+	if (!object)
+		return false;
+	__u64 offset = pgoff << 12;
+	__u64 vaddr = offset;
+	for (int i = 0; i < OBJECT_SEGMENTS; i++) {
+		if (i < object->segment_count && object->segments[i].offset_lo <= offset &&
+		    offset < object->segments[i].offset_hi) {
+			vaddr = offset + object->segments[i].vaddr_delta;
+			break;
+		}
+	}
+	out->start = start;
+	out->end = end;
+	out->bias = start - vaddr;
+	out->object_id = object->object_id;
+	out->kind = MAPPING_TABLE;
+	return true;
+}
+
+/* An insertion into a sorted mapping list, as bpf_loop callbacks see it. */
+struct insertion {
+	struct process_info *proc;
+	struct exec_mapping m;
+	__u32 count;
+	__u32 pos;      /* where m goes */
+	bool overlap;   /* m overlaps a mapping in the list */
+};
+
+/* Step i of the search for where m goes. */
+static long insertion_position(__u64 i, void *data)
+{
+	struct insertion *c = data;
+	struct process_info *proc = c->proc;
+	if (!proc || i >= c->count)
+		return 1;
+	__u32 index = i & (MAX_PROCESS_MAPPINGS - 1);
+	barrier_var(index);
+	struct exec_mapping *e = &proc->mappings[index];
+	if (e->start < c->m.end && c->m.start < e->end) {
+		c->overlap = true;
+		return 1;
+	}
+	if (e->start < c->m.start)
+		c->pos = i + 1;
+	return 0;
+}
+
+/* Step k of making room at c->pos: entry count - k moves up by one. */
+static long insertion_shift(__u64 k, void *data)
+{
+	struct insertion *c = data;
+	struct process_info *proc = c->proc;
+	__u32 i = c->count - (__u32)k;
+	/* pos <= count: the walk down stops at pos before i could wrap. */
+	if (!proc || i <= c->pos)
+		return 1;
+	/* Masked where they are used: the verifier must see the bound on the
+	 * very registers that index. */
+	__u32 dst = i & (MAX_PROCESS_MAPPINGS - 1), src = (i - 1) & (MAX_PROCESS_MAPPINGS - 1);
+	barrier_var(dst);
+	barrier_var(src);
+	proc->mappings[dst] = proc->mappings[src];
+	return 0;
+}
+
+/* Insert m into proc's sorted list. False (and no change) when the list is
+ * full or m overlaps a mapping already there. */
+static __always_inline bool insert_mapping(struct process_info *proc, struct exec_mapping *m)
+{
+	struct insertion c = { .proc = proc, .m = *m, .count = proc->mapping_count };
+	if (c.count >= MAX_PROCESS_MAPPINGS)
+		return false;
+	bpf_loop(MAX_PROCESS_MAPPINGS, insertion_position, &c, 0);
+	if (c.overlap)
+		return false;
+	bpf_loop(MAX_PROCESS_MAPPINGS, insertion_shift, &c, 0);
+	__u32 pos = c.pos & (MAX_PROCESS_MAPPINGS - 1);
+	barrier_var(pos);
+	proc->mappings[pos] = *m;
+	proc->mapping_count = c.count + 1;
+	return true;
+}
+
+/* Where add_vma puts what it finds. */
+struct vma_request {
+	struct process_info *proc;  /* the description to add to */
+	__u64 timestamp_ns;         /* for the event: when the mapping was seen */
+	__u32 pid;
+};
+
+/* bpf_find_vma callback: add the executable file mapping vma to the
+ * description of the request in data, and tell user space. */
+static long add_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+	struct vma_request *req = data;
+	struct process_info *proc = req->proc;
+	struct exec_mapping m;
+	struct file *file = vma->vm_file;
+	if (!proc || !file || !(vma->vm_flags & VM_EXEC))
+		return 0;
+	if (!describe_file_mapping(&m, file, vma->vm_start, vma->vm_end, vma->vm_pgoff) || !insert_mapping(proc, &m))
+		return 0;
+	proc->generation = next_generation();
+	struct process_event event = {
+		.type = EVENT_MAPPING,
+		.pid = req->pid,
+		.address = m.start,
+		.timestamp_ns = req->timestamp_ns,
+		.end = m.end,
+		.file_offset = vma->vm_pgoff << 12,
+		.object_id = m.object_id,
+	};
+	if (bpf_ringbuf_output(&events, &event, sizeof(event), 0) != 0)
+		count(STAT_EVENTS_LOST);
+	return 0;
+}
+
 /* Walk one frame: record st->ip, then compute the caller's registers. Returns 1 to stop. */
 static long unwind_step(__u64 index, void *data)
 {
@@ -592,6 +783,14 @@ static long unwind_step(__u64 index, void *data)
 	st->user_frames++;
 
 	struct exec_mapping *m = mapping_of(st, proc, st->ip);
+	if (!m && !st->last_step_fp && !st->vma_looked_up) {
+		/* Stop here, have continue_walk ask the kernel for the mapping
+		 * (outside this callback, which the verifier then checks with
+		 * fewer states), and walk this frame again. */
+		st->user_frames--;
+		st->vma_wanted = 1;
+		return 1;
+	}
 	if (!m) {
 		if (st->last_step_fp) {
 			/* A frame pointer led to something that is not code: the
@@ -600,7 +799,7 @@ static long unwind_step(__u64 index, void *data)
 			finish(st, UNWIND_FRAME_POINTER);
 			return 1;
 		}
-		notify_unknown_mapping(s->header.pid, st->ip);
+		notify_unknown_mapping(s->header.pid, st->ip, proc->generation);
 		finish(st, UNWIND_NO_MAPPING);
 		return 1;
 	}
@@ -822,6 +1021,21 @@ static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct
 		finish(st, UNWIND_NO_TABLE);
 	} else {
 		bpf_loop(FRAMES_PER_PROGRAM, unwind_step, &wc, 0);
+		if (st->vma_wanted) {
+			/* Which file is mapped at the pc, once per sample
+			 * (bpf_find_vma cannot run twice in one interrupt): a
+			 * mapping of an object whose table user space knows joins
+			 * the description, for this walk and the next ones. The
+			 * walk goes on in the next run of this program. */
+			st->vma_wanted = 0;
+			st->vma_looked_up = 1;
+			struct vma_request req = {
+				.proc = wc.proc,
+				.timestamp_ns = sc->sample.header.timestamp_ns,
+				.pid = sc->sample.header.pid,
+			};
+			bpf_find_vma(bpf_get_current_task_btf(), st->ip, add_vma, &req, 0);
+		}
 		if (st->joining) {
 			st->joining = 0;
 			/* If the stack changed since, the walk goes on from the join
@@ -963,14 +1177,18 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	st->exact_ip = 1;
 
 	struct process_info *proc = bpf_map_lookup_elem(&process_mappings, &pid);
+	/* A description from before the latest exec describes another image. */
+	if (proc && proc->exec_id != 0 && proc->exec_id != task->self_exec_id)
+		proc = NULL;
 	if (!proc) {
-		/* Unknown to user space yet: the record itself tells it about the
-		 * process. Meanwhile, frame pointers give a best-effort stack. */
+		/* Not described yet: user space is told at once (not at its next
+		 * poll). Meanwhile, frame pointers give a best-effort stack. */
+		notify_unknown_mapping(pid, ip, 0);
 		bpf_loop(MAX_USER_FRAMES, frame_pointer_only_step, NULL, 0);
 		if (!st->done)
 			finish(st, UNWIND_TRUNCATED);
 		if (st->status != UNWIND_TRUNCATED)
-			st->status = UNWIND_NO_TABLE;
+			st->status = UNWIND_MAPPINGS_UNKNOWN;
 		send_sample(sc);
 		return 0;
 	}
@@ -978,33 +1196,78 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	return continue_walk(ctx, sc, proc);
 }
 
-/* A wanted process replaced its image: its mappings are new. */
+/* ---- Following processes: exec, fork, mmap, exit ----
+ *
+ * User space describes a process from /proc/PID/maps, which takes it a poll
+ * period to notice. The programs below keep a description current in the
+ * meantime, from what the kernel knows at the event, for objects whose
+ * tables user space already knows (object_files): an exec describes the
+ * new image (executable and interpreter), a fork gives the child its
+ * parent's description, and the walker adds the mapping of a pc it does
+ * not know (a library the dynamic loader mapped since, dlopen) by asking
+ * the kernel (unwind_step). */
+
+/* A process replaced its image. Its old description goes: a walk never
+ * uses the old image's mappings (the exec_id check covers a description
+ * user space wrote from a read made before the exec). In its place, the
+ * executable's and the interpreter's mappings, when their objects are known. */
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
 {
 	__u32 pid = p->tgid;
+	__u32 zero = 0;
 	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
 		return 0;
-	if (bpf_map_lookup_elem(&process_mappings, &pid))
-		send_event(EVENT_EXEC, pid, 0);
+	if (exclude_pid != 0 && pid == exclude_pid)
+		return 0;
+	struct exec_time t = { .timestamp_ns = bpf_ktime_get_ns(), .exec_id = p->self_exec_id };
+	bpf_map_update_elem(&exec_times, &pid, &t, BPF_ANY);
+	/* The exec's time as exec_times has it: user space matches the two.
+	 * Sent before the new image's mappings, which belong to it. */
+	send_event_at(EVENT_EXEC, pid, 0, t.timestamp_ns);
+	struct process_info *info = bpf_map_lookup_elem(&new_description, &zero);
+	if (info) {
+		struct vma_request req = { .proc = info, .timestamp_ns = t.timestamp_ns, .pid = pid };
+		info->mapping_count = 0;
+		info->generation = next_generation();
+		info->exec_id = t.exec_id;
+		struct mm_struct *mm = p->mm;
+		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(p);
+		if (mm) {
+			/* The executable's text, then the interpreter's (the entry point). */
+			bpf_find_vma(p, mm->start_code, add_vma, &req, 0);
+			bpf_find_vma(p, BPF_CORE_READ(regs, ip), add_vma, &req, 0);
+		}
+		if (info->mapping_count > 0)
+			bpf_map_update_elem(&process_mappings, &pid, info, BPF_ANY);
+		else
+			bpf_map_delete_elem(&process_mappings, &pid);
+	}
 	return 0;
 }
 
-/* `record`: a new process (fork, or clone without CLONE_THREAD) of a wanted
- * process is wanted from its first instruction. The tracepoint fires in the
- * parent before the child can run, so no sample of the child is missed;
- * exec keeps the pid, so it needs nothing here. */
+/* A new process (not a thread) has its parent's mappings until it execs. */
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 {
-	if (!follow_children)
+	__u32 pid = child->tgid, parent_pid = parent->tgid;
+	if (child->pid != child->tgid)
 		return 0;
-	__u32 parent_pid = parent->tgid;
-	__u32 child_pid = child->tgid;
-	if (parent_pid == child_pid || !bpf_map_lookup_elem(&target_pids, &parent_pid))
+	/* `record`: a new process (fork, or clone without CLONE_THREAD) of a
+	 * wanted process is wanted from its first instruction. The tracepoint
+	 * fires in the parent before the child can run, so no sample of the
+	 * child is missed; exec keeps the pid, so it needs nothing. */
+	if (follow_children && bpf_map_lookup_elem(&target_pids, &parent_pid)) {
+		__u8 wanted = 1;
+		bpf_map_update_elem(&target_pids, &pid, &wanted, BPF_ANY);
+	}
+	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
 		return 0;
-	__u8 wanted = 1;
-	bpf_map_update_elem(&target_pids, &child_pid, &wanted, BPF_ANY);
+	struct process_info *proc = bpf_map_lookup_elem(&process_mappings, &parent_pid);
+	if (!proc)
+		return 0;
+	if (bpf_map_update_elem(&process_mappings, &pid, proc, BPF_ANY) == 0)
+		send_event(EVENT_FORK, pid, parent_pid);
 	return 0;
 }
 

@@ -60,6 +60,10 @@ enum unwind_status {
 	UNWIND_NO_MAPPING = 5,      /* a PC fell outside every known mapping */
 	UNWIND_NO_TABLE = 6,        /* the object's unwind table is not loaded yet */
 	UNWIND_UNSUPPORTED_RULE = 7,/* the CFI rule cannot be evaluated in BPF */
+	UNWIND_MAPPINGS_UNKNOWN = 8,/* the process's mappings were not known yet (a process
+	                             * that existed before its exec or fork could be followed,
+	                             * or whose description is from before its latest exec):
+	                             * frame pointers gave the frames there are */
 };
 
 /* Indices into the per-CPU `stats` array map. */
@@ -178,7 +182,12 @@ struct exec_mapping {
 struct process_info {
 	__u32 mapping_count;
 	__u32 generation;           /* differs on every update of any process: a remembered
-	                             * walk is only reused under the mappings it was made with */
+	                             * walk is only reused under the mappings it was made with;
+	                             * user space counts up from 1, the BPF programs (exec,
+	                             * mmap) from BPF_GENERATION_BASE */
+	__u64 exec_id;              /* the task's self_exec_id these mappings belong to (it
+	                             * grows by one at every exec); 0: not checked (a process
+	                             * running since before the profiler saw any exec of it) */
 	struct exec_mapping mappings[MAX_PROCESS_MAPPINGS];
 };
 
@@ -186,13 +195,61 @@ struct process_info {
 enum event_type {
 	EVENT_EXEC = 1,             /* a wanted process called exec: its mappings changed */
 	EVENT_EXIT = 2,             /* a known process exited */
-	EVENT_UNKNOWN_MAPPING = 3,  /* a pc in no known mapping (e.g. after dlopen); rate-limited per pid */
+	EVENT_UNKNOWN_MAPPING = 3,  /* a pc in no known mapping (e.g. after dlopen), or a sample
+	                             * of a process not described yet; rate-limited per pid
+	                             * unless its description changed since the last one */
+	EVENT_FORK = 4,             /* a described process forked: the child (pid) got a copy
+	                             * of the parent's (address) description */
+	EVENT_MAPPING = 5,          /* the BPF programs added a mapping of a known object to a
+	                             * description (exec, or a pc the walker did not know) */
 };
 
 struct process_event {
 	__u32 type;                 /* enum event_type */
 	__u32 pid;
-	__u64 address;              /* EVENT_UNKNOWN_MAPPING: the pc */
+	__u64 address;              /* EVENT_UNKNOWN_MAPPING: the pc; EVENT_FORK: the parent's pid;
+	                             * EVENT_MAPPING: the mapping's start */
+	__u64 timestamp_ns;         /* bpf_ktime_get_ns() when it happened (CLOCK_MONOTONIC);
+	                             * EVENT_MAPPING from an exec: the exec's */
+	__u64 end;                  /* EVENT_MAPPING: the mapping's end (exclusive) */
+	__u64 file_offset;          /* EVENT_MAPPING: the file offset of its start */
+	__u32 object_id;            /* EVENT_MAPPING: object_file.object_id of its file */
+	__u32 padding;
+};
+
+/* Generations the BPF programs give the descriptions they write start here. */
+#define BPF_GENERATION_BASE 0x80000000u
+
+/* The latest exec of a process (value of the exec_times map, key: pid). */
+struct exec_time {
+	__u64 timestamp_ns;         /* bpf_ktime_get_ns() at the exec */
+	__u64 exec_id;              /* the task's self_exec_id after it */
+};
+
+/* Executable PT_LOAD segments an object_file keeps. */
+#define OBJECT_SEGMENTS 4
+
+/* Key of the object_files map: a file as the kernel knows it. */
+struct file_key {
+	__u64 dev;                  /* (major << 32) | minor, as /proc/PID/maps shows it */
+	__u64 inode;
+};
+
+/* An executable segment: a mapping at file offset off with
+ * offset_lo <= off < offset_hi has object vaddr off + vaddr_delta
+ * (wrapping); offsets outside every segment have vaddr = offset. */
+struct object_segment {
+	__u64 offset_lo;
+	__u64 offset_hi;
+	__u64 vaddr_delta;
+};
+
+/* An object whose table user space knows, so that the BPF programs can
+ * describe a new mapping of it (exec, mmap) without waiting for user space. */
+struct object_file {
+	__u32 object_id;            /* page_key.object_id of its table */
+	__u32 segment_count;
+	struct object_segment segments[OBJECT_SEGMENTS];
 };
 
 #endif

@@ -17,20 +17,6 @@ use std::collections::HashSet;
 use super::{MappingId, ProcessTracker};
 
 impl ProcessTracker {
-    /// Forget `pid`'s mapping list after an exec noticed at `now_mono_ns`
-    /// (CLOCK_MONOTONIC); the next lookup re-reads `/proc/PID/maps`.
-    /// Mappings already seen stay valid for symbolization until
-    /// [`Self::retire_exited`] drops them.
-    pub fn forget_process(&mut self, pid: u32, now_mono_ns: u64) {
-        if let Some(process) = self.processes.remove(&pid) {
-            let at = now_mono_ns
-                .max(process.last_sample_ns)
-                .max(process.exited_at_ns.unwrap_or(0));
-            self.orphans
-                .extend(process.all.into_iter().map(|id| (at, id)));
-        }
-    }
-
     /// Note that `pid` exited, noticed at `now_mono_ns` (CLOCK_MONOTONIC).
     /// Its mappings stay: samples taken before the exit may still be in the
     /// ring buffer or in windows not yet symbolized.
@@ -58,14 +44,16 @@ impl ProcessTracker {
             .filter(|(_, p)| due(p.exited_at_ns, p.last_sample_ns))
             .map(|(&pid, _)| pid)
             .collect();
+        self.prune_earlier_images(before_mono_ns);
         let mut dropped = Vec::new();
         for pid in &gone {
             if let Some(process) = self.processes.remove(pid) {
                 dropped.extend(process.all);
             }
         }
-        self.processes
-            .retain(|_, p| !(p.all.is_empty() && p.last_sample_ns < before_mono_ns));
+        self.processes.retain(|_, p| {
+            !(p.all.is_empty() && p.earlier.is_empty() && p.last_sample_ns < before_mono_ns)
+        });
         self.orphans.retain(|&(at, id)| {
             let keep = at >= before_mono_ns;
             if !keep {

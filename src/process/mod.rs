@@ -7,8 +7,12 @@
 //! process that exits keeps everything needed to symbolize its samples.
 //! Objects are shared by every process that maps them (keyed by device and inode).
 //! An address outside every known mapping (e.g. after `dlopen`) triggers a
-//! re-read of the maps, at most once per [`REFRESH_INTERVAL`] per process.
+//! re-read of the maps (see [`ProcessTracker::find_mappings`] for how often).
+//! A process's images follow each other in time (images.rs): a sample is
+//! resolved through the image the process had when the sample was taken.
 
+mod images;
+pub mod jit;
 mod lifetime;
 pub mod maps;
 #[cfg(test)]
@@ -18,14 +22,21 @@ use rustc_hash::FxHashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tracing::debug;
 
 use maps::MapsEntry;
 
-/// Shortest time between two re-reads of one process's maps.
+/// Shortest time between two re-reads of one process's maps for addresses
+/// in no known mapping, when the samples that have them were taken before
+/// the last read (a re-read cannot help them, unless something was unmapped).
 pub const REFRESH_INTERVAL: Duration = Duration::from_millis(250);
+/// Shortest time between two re-reads of one process's maps otherwise.
+pub const MIN_REREAD_INTERVAL: Duration = Duration::from_millis(5);
+
+pub use images::ExecClock;
 
 /// Index of an object file in [`ProcessTracker::objects`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -50,6 +61,8 @@ pub struct ObjectFile {
     pub load_segments: LoadSegments,
     /// The open file (keeps deleted and container objects readable).
     pub file: File,
+    /// `(dev, inode)` as `/proc/PID/maps` shows them (dev: major << 32 | minor).
+    pub file_key: (u64, u64),
 }
 
 impl ObjectFile {
@@ -135,19 +148,38 @@ impl ProcessTracker {
         })
     }
 
+    /// When `pid`'s current image began (its exec or fork as followed,
+    /// CLOCK_MONOTONIC ns; 0: before the profiler could tell); `None` for
+    /// a process not known.
+    pub fn image_since(&self, pid: u32) -> Option<u64> {
+        self.processes.get(&pid).map(|p| p.since_ns)
+    }
+
     /// Executable mappings of `pid` known so far, sorted by start address.
     pub fn process_mappings(&self, pid: u32) -> &[MappingId] {
         self.processes.get(&pid).map_or(&[], |p| &p.mappings)
     }
 
+    /// The JIT perf map of `pid`, if it had one when its maps were read.
+    pub fn perf_map(&self, pid: u32) -> Option<&Arc<jit::JitFile>> {
+        self.processes.get(&pid)?.perf_map.as_ref()
+    }
+
+    /// The jitdump file of `pid`, if it had mapped one when its maps were
+    /// read.
+    pub fn jitdump(&self, pid: u32) -> Option<&Arc<jit::JitFile>> {
+        self.processes.get(&pid)?.jitdump.as_ref()
+    }
+
     /// Re-read `pid`'s maps now (a new mapping was reported), unless they
-    /// were read within [`REFRESH_INTERVAL`].
+    /// were read within [`MIN_REREAD_INTERVAL`].
     pub fn refresh_process(&mut self, pid: u32) {
+        let now = crate::timefmt::monotonic_ns();
         let due = self
             .processes
             .get(&pid)
-            .and_then(|p| p.last_read)
-            .is_none_or(|t| t.elapsed() >= REFRESH_INTERVAL);
+            .and_then(|p| p.last_read_ns)
+            .is_none_or(|t| now.saturating_sub(t) >= MIN_REREAD_INTERVAL.as_nanos() as u64);
         if due {
             self.read_process(pid);
         }
@@ -161,15 +193,26 @@ struct ProcessMaps {
     /// `(start, end)` of each of `mappings`, in the same order: what
     /// lookups search, without touching the mapping table.
     ranges: Vec<(u64, u64)>,
-    /// Every mapping interned for this process (older reads included).
+    /// Every mapping interned for this process's current image (older reads included).
     all: Vec<MappingId>,
-    last_read: Option<Instant>,
+    /// When its maps were last read (CLOCK_MONOTONIC ns).
+    last_read_ns: Option<u64>,
+    /// When its current image began (its exec or fork, CLOCK_MONOTONIC
+    /// ns; 0: before the profiler could tell).
+    since_ns: u64,
+    /// Its earlier images, oldest first.
+    earlier: Vec<images::Image>,
     /// When its exit was noticed (CLOCK_MONOTONIC ns), once it was.
     exited_at_ns: Option<u64>,
     /// Timestamp (CLOCK_MONOTONIC ns, the samples' clock) of the latest
     /// sample resolved through these mappings: no window holding a sample
     /// taken after it refers to them.
     last_sample_ns: u64,
+    /// Its JIT perf map, opened when its maps first showed executable
+    /// anonymous memory and the map existed.
+    perf_map: Option<Arc<jit::JitFile>>,
+    /// Its jitdump file, opened when its maps first showed it.
+    jitdump: Option<Arc<jit::JitFile>>,
 }
 
 /// Counters of what the tracker could not do.
@@ -194,6 +237,7 @@ pub struct ProcessTracker {
     objects: Vec<ObjectFile>,
     object_index: FxHashMap<(u64, u64), ObjectId>,
     stats: TrackerStats,
+    exec_clock: ExecClock,
 }
 
 impl ProcessTracker {
@@ -258,10 +302,18 @@ impl ProcessTracker {
         addr: impl Fn(usize) -> u64,
         mut found: impl FnMut(usize, Option<MappingId>),
     ) {
+        if self.find_in_earlier_image(pid, timestamp_ns, count, &addr, &mut found) {
+            return;
+        }
+        let now = crate::timefmt::monotonic_ns();
         let (due, stale) = match self.processes.get(&pid) {
             None => (true, false),
             Some(p) => (
-                p.last_read.is_none_or(|t| t.elapsed() >= REFRESH_INTERVAL),
+                p.last_read_ns.is_none_or(|t| {
+                    let since = now.saturating_sub(t);
+                    since >= REFRESH_INTERVAL.as_nanos() as u64
+                        || (t < timestamp_ns && since >= MIN_REREAD_INTERVAL.as_nanos() as u64)
+                }),
                 p.exited_at_ns.is_some_and(|exit| timestamp_ns > exit),
             ),
         };
@@ -278,7 +330,10 @@ impl ProcessTracker {
         let complete = self.lookup_all(pid, count, &addr, &mut found);
         if !complete && due && !stale {
             self.read_process(pid);
-            self.lookup_all(pid, count, &addr, &mut found);
+            // The read may have found that an exec came before this sample.
+            if !self.find_in_earlier_image(pid, timestamp_ns, count, &addr, &mut found) {
+                self.lookup_all(pid, count, &addr, &mut found);
+            }
         }
         if let Some(p) = self.processes.get_mut(&pid) {
             p.last_sample_ns = p.last_sample_ns.max(timestamp_ns);
@@ -305,47 +360,18 @@ impl ProcessTracker {
             (0..count).for_each(|i| found(i, None));
             return count == 0;
         };
-        let mut complete = true;
-        let mut previous: Option<usize> = None;
-        for i in 0..count {
-            let a = addr(i);
-            let hit = previous
-                .filter(|&p| {
-                    let (start, end) = process.ranges[p];
-                    start <= a && a < end
-                })
-                .or_else(|| {
-                    let p = process
-                        .ranges
-                        .partition_point(|&(start, _)| start <= a)
-                        .checked_sub(1)?;
-                    (a < process.ranges[p].1).then_some(p)
-                });
-            if hit.is_some() {
-                previous = hit;
-            } else {
-                complete = false;
-            }
-            found(i, hit.and_then(|p| process.mappings.get(p).copied()));
-        }
-        complete
+        images::lookup_ranges(&process.ranges, &process.mappings, count, addr, found)
     }
 
-    /// Make sure `pid`'s maps have been read once (no-op after the first time).
+    /// Make sure `pid`'s maps have been read once for its current image (a
+    /// process known only from events, a fork or an exec, is read now).
     pub fn ensure_process(&mut self, pid: u32) {
-        if !self.processes.contains_key(&pid) {
+        if self
+            .processes
+            .get(&pid)
+            .is_none_or(|p| p.last_read_ns.is_none())
+        {
             self.read_process(pid);
-        }
-    }
-
-    fn read_process(&mut self, pid: u32) {
-        match maps::read_maps(pid) {
-            Ok(entries) => self.apply_maps(pid, &entries),
-            Err(err) => {
-                debug!("pid {pid}: {err:#}");
-                self.stats.maps_unreadable += 1;
-                self.processes.entry(pid).or_default().last_read = Some(Instant::now());
-            }
         }
     }
 
@@ -362,6 +388,8 @@ impl ProcessTracker {
         found.sort_unstable_by_key(|&(start, _, _)| start);
         let process = self.processes.entry(pid).or_default();
         if let Some(exited) = process.exited_at_ns.take() {
+            process.earlier.clear();
+            process.since_ns = 0;
             let at = exited.max(process.last_sample_ns);
             self.orphans.extend(
                 std::mem::take(&mut process.all)
@@ -369,6 +397,16 @@ impl ProcessTracker {
                     .map(|id| (at, id)),
             );
             process.last_sample_ns = 0;
+            process.perf_map = None;
+            process.jitdump = None;
+        }
+        if jit::has_anonymous_code(entries) {
+            if process.perf_map.is_none() {
+                process.perf_map = jit::JitFile::perf_map(pid).map(Arc::new);
+            }
+            if process.jitdump.is_none() {
+                process.jitdump = jit::JitFile::jitdump(pid, entries).map(Arc::new);
+            }
         }
         for &(_, _, id) in &found {
             if !process.all.contains(&id) {
@@ -377,7 +415,7 @@ impl ProcessTracker {
         }
         process.ranges = found.iter().map(|&(start, end, _)| (start, end)).collect();
         process.mappings = found.iter().map(|&(_, _, id)| id).collect();
-        process.last_read = Some(Instant::now());
+        process.last_read_ns = Some(crate::timefmt::monotonic_ns());
     }
 
     fn intern_mapping(&mut self, pid: u32, entry: &MapsEntry) -> MappingId {
@@ -397,15 +435,35 @@ impl ProcessTracker {
         } else {
             entry.path.clone()
         };
+        self.intern(pid, entry.start, entry.end, entry.file_offset, name, object)
+    }
+
+    /// The id of `pid`'s mapping `[start, end)` from `file_offset` named
+    /// `name`: the one interned before if it is the same, else a new one.
+    fn intern(
+        &mut self,
+        pid: u32,
+        start: u64,
+        end: u64,
+        file_offset: u64,
+        name: String,
+        object: Option<ObjectId>,
+    ) -> MappingId {
+        let key = (pid, start, end, file_offset);
+        if let Some(&id) = self.mapping_index.get(&key) {
+            if self.mappings.get(&id).is_some_and(|m| m.name == name) {
+                return id;
+            }
+        }
         let id = MappingId(self.next_mapping);
         self.next_mapping = self.next_mapping.wrapping_add(1);
         self.mappings.insert(
             id,
             Mapping {
                 pid,
-                start: entry.start,
-                end: entry.end,
-                file_offset: entry.file_offset,
+                start,
+                end,
+                file_offset,
                 name,
                 object,
             },
@@ -440,6 +498,7 @@ impl ProcessTracker {
             build_id,
             load_segments,
             file,
+            file_key: (entry.dev, entry.inode),
         });
         self.object_index.insert((entry.dev, entry.inode), id);
         Some(id)

@@ -40,7 +40,7 @@ fn exited_processes_are_retired_only_after_the_promise_point() {
     assert_eq!(tracker.retire_exited(u64::MAX), 0);
     // An exec of the same image keeps the ids that are mapped again.
     let before_exec = tracker.process_mappings(pid).to_vec();
-    tracker.forget_process(pid, 600);
+    tracker.process_exec(pid, 600);
     assert_eq!(tracker.find_mapping(pid, 700, addr), Some(id));
     assert_eq!(tracker.retire_exited(u64::MAX), 0);
     assert_eq!(tracker.process_mappings(pid), &before_exec[..]);
@@ -67,4 +67,57 @@ fn unknown_address_and_missing_process_are_none() {
     assert_eq!(tracker.find_mapping(std::process::id(), 0, 8), None);
     assert_eq!(tracker.find_mapping(u32::MAX - 1, 0, 0x400000), None);
     assert_eq!(tracker.stats().maps_unreadable, 1);
+}
+
+fn anon_text(start: u64) -> maps::MapsEntry {
+    maps::MapsEntry {
+        start,
+        end: start + 0x10000,
+        executable: true,
+        file_offset: 0,
+        dev: 0,
+        inode: 0,
+        path: String::new(),
+        deleted: false,
+    }
+}
+
+#[test]
+fn samples_resolve_through_the_image_of_their_time() {
+    // A pid no process has: re-reads fail, only what is applied counts.
+    const PID: u32 = u32::MAX - 7;
+    const CHILD: u32 = u32::MAX - 8;
+    let (a, b, c) = (0x10_0000, 0x20_0000, 0x30_0000);
+    let mut tracker = ProcessTracker::new();
+    tracker.apply_maps(PID, &[anon_text(a)]);
+    let in_a = tracker.find_mapping(PID, 50, a + 1).expect("image 1");
+    // exec at 100: image 2 has b.
+    tracker.process_exec(PID, 100);
+    tracker.apply_maps(PID, &[anon_text(b)]);
+    let in_b = tracker.find_mapping(PID, 150, b + 1).expect("image 2");
+    // A sample taken before the exec, drained after it: image 1.
+    assert_eq!(tracker.find_mapping(PID, 99, a + 1), Some(in_a));
+    assert_eq!(tracker.find_mapping(PID, 99, b + 1), None);
+    // After it, image 1's mappings are gone.
+    assert_eq!(tracker.find_mapping(PID, 150, a + 1), None);
+    // An older exec than the image's start changes nothing.
+    tracker.process_exec(PID, 90);
+    assert_eq!(tracker.find_mapping(PID, 150, b + 1), Some(in_b));
+    // A fork at 200: the child has the parent's image from then on; its
+    // exec at 300 ends it.
+    tracker.process_forked(CHILD, PID, 200);
+    assert_eq!(tracker.find_mapping(CHILD, 250, b + 1), Some(in_b));
+    tracker.process_exec(CHILD, 300);
+    tracker.apply_maps(CHILD, &[anon_text(c)]);
+    let in_c = tracker
+        .find_mapping(CHILD, 350, c + 1)
+        .expect("child's image");
+    assert_eq!(tracker.find_mapping(CHILD, 250, b + 1), Some(in_b));
+    assert_eq!(tracker.find_mapping(CHILD, 350, b + 1), None);
+    assert_ne!(in_c, in_b);
+    // Once no window can hold samples from before 300, image 1 and the
+    // child's inherited image go; the current ones stay.
+    tracker.retire_exited(301);
+    assert_eq!(tracker.find_mapping(PID, 99, a + 1), None);
+    assert_eq!(tracker.find_mapping(CHILD, 350, c + 1), Some(in_c));
 }

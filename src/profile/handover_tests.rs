@@ -183,11 +183,11 @@ fn an_image_execd_twice_keeps_its_mappings_until_the_second_exec_retires() {
     l.tracker.apply_maps(PID, &[text(TEXT_A, "/t/a")]);
     l.drain_sample(PID, S / 10, TEXT_A + 0x10);
     // exec of the same image at the same address: the same mapping ids.
-    l.tracker.forget_process(PID, S / 5);
+    l.tracker.process_exec(PID, S / 5);
     l.tracker.apply_maps(PID, &[text(TEXT_A, "/t/a")]);
     l.drain_sample(PID, S + S / 10, TEXT_A + 0x10);
     // exec of another image during window 1.
-    l.tracker.forget_process(PID, S + S / 5);
+    l.tracker.process_exec(PID, S + S / 5);
     l.tracker.apply_maps(PID, &[text(TEXT_B, "/t/b")]);
     l.drain_sample(PID, S + S / 2, TEXT_B + 0x10);
     // Window 0 goes; the first exec's orphans are due, but the same mapping

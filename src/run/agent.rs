@@ -165,13 +165,15 @@ impl<'s, 'o> Agent<'s, 'o> {
         let events = Rc::new(RefCell::new(Vec::new()));
         let malformed = Rc::new(RefCell::new(0u64));
         let ring = sampler.ring_buffer(samples.clone(), events.clone(), malformed.clone())?;
+        let mut tracker = ProcessTracker::new();
+        tracker.set_exec_clock(crate::process::ExecClock::new(sampler.exec_clock()?));
         Ok(Agent {
             sampler,
             ring,
             samples,
             events,
             malformed,
-            tracker: ProcessTracker::new(),
+            tracker,
             windows,
             subscriptions: Subscriptions::default(),
             sampling,

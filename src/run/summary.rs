@@ -107,6 +107,14 @@ impl std::fmt::Display for RunSummary {
                 .collect();
             write!(f, "\nunsupported CFI rules: {}", kinds.join(" "))?;
         }
+        // The run's one debuginfod client, when servers are set.
+        if let Some(d) = crate::symbolize::debuginfod::stats() {
+            write!(
+                f,
+                "\ndebuginfod: fetched={} cached={} failed={}",
+                d.fetched, d.cached, d.failed
+            )?;
+        }
         Ok(())
     }
 }

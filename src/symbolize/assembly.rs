@@ -5,19 +5,20 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{file_name, kernel, unknown_line, Lines, MappingSource, VDSO_MAPPING_NAME};
-use crate::process::{MappingId, ObjectId};
+use super::lines::{file_name, unknown_line};
+use super::sources::{FrameRef, Resolved};
+use super::{kernel, MappingSource};
+use crate::process::MappingId;
 use crate::profile::aggregate::UserFrame;
 use crate::profile::{Frame, FrameKind, Line, Profile, ProfileMapping};
 
-/// The profile mapping and lines of one user frame, from the symbolized
-/// objects' lines by (object, file offset) and the vDSO's by offset.
-pub(super) fn user_frame_lines<S: MappingSource + ?Sized>(
+/// The profile mapping and lines of one user frame, from what the symbol
+/// sources found (`resolved`); `mapping+0xOFFSET` where none named it.
+pub(super) fn user_frame_lines(
     builder: &mut ProfileAssembly,
     profile: &mut Profile,
-    tracker: &S,
-    user_lines: &HashMap<(ObjectId, u64), Lines>,
-    vdso_lines: &HashMap<u64, Lines>,
+    tracker: &dyn MappingSource,
+    resolved: &Resolved<'_>,
     frame: &UserFrame,
 ) -> (Option<usize>, Vec<Line>, bool) {
     // No mapping contains the address, or the mapping was retired before
@@ -40,11 +41,10 @@ pub(super) fn user_frame_lines<S: MappingSource + ?Sized>(
         );
     };
     let offset = mapping.file_offset_of(frame.address);
-    let lines = match mapping.object {
-        Some(object) => user_lines.get(&(object, offset)),
-        None if mapping.name == VDSO_MAPPING_NAME => vdso_lines.get(&offset),
-        None => None,
-    };
+    let lines = resolved.lines(FrameRef::User {
+        address: frame.address,
+        mapping,
+    });
     match lines {
         Some((lines, symbolized)) => (Some(index), lines.clone(), *symbolized),
         None => (
@@ -75,10 +75,10 @@ impl ProfileAssembly {
     /// The profile mapping for tracker mapping `id` (`None` if `tracker`
     /// does not know it). Processes that map the same object at the same
     /// range share one profile mapping.
-    pub(super) fn mapping<S: MappingSource + ?Sized>(
+    pub(super) fn mapping(
         &mut self,
         profile: &mut Profile,
-        tracker: &S,
+        tracker: &dyn MappingSource,
         id: MappingId,
     ) -> Option<usize> {
         if let Some(&index) = self.mappings.get(&id) {

@@ -72,6 +72,40 @@ impl ObjectFile {
         find_debug_file_by_build_id(file.build_id().ok()??, debug_dirs)
     }
 
+    /// The GNU build ID of an object whose debug information is nowhere
+    /// on this machine: no DWARF of its own (`.debug_info`), no debug file
+    /// by build ID under `debug_dirs`, no file by its `.gnu_debuglink` name
+    /// (beside `real_path`, the object's path as its process saw it, in its
+    /// `.debug/` directory, or under `debug_dirs`; only whether such a file
+    /// exists is checked, not its CRC, so that this costs a few `stat`s per
+    /// window). `None` otherwise, and for objects without a build ID.
+    pub fn build_id_without_local_debug_info(
+        &self,
+        real_path: &Path,
+        debug_dirs: &[PathBuf],
+    ) -> Option<Vec<u8>> {
+        let file = self.elf()?;
+        if file.section_by_name(".debug_info").is_some() {
+            return None;
+        }
+        let id = file.build_id().ok()??;
+        if find_debug_file_by_build_id(id, debug_dirs).is_some() {
+            return None;
+        }
+        if let Ok(Some((name, _))) = file.gnu_debuglink() {
+            let name = Path::new(std::str::from_utf8(name).ok()?);
+            let dir = real_path.parent()?;
+            let relative = dir.strip_prefix("/").unwrap_or(dir);
+            let mut candidates = [dir.join(name), dir.join(".debug").join(name)]
+                .into_iter()
+                .chain(debug_dirs.iter().map(|root| root.join(relative).join(name)));
+            if candidates.any(|c| c != real_path && c.is_file()) {
+                return None;
+            }
+        }
+        Some(id.to_vec())
+    }
+
     /// The function symbols of the dynamic symbol table of an object without
     /// section headers, found through `PT_DYNAMIC` (`DT_SYMTAB`, `DT_STRTAB`,
     /// `DT_STRSZ`; the count from `DT_GNU_HASH` or `DT_HASH`). `None` for
@@ -267,6 +301,11 @@ mod tests {
             object.debug_file_by_build_id(&[empty.clone(), root.clone()]),
             None
         );
+        assert_eq!(
+            object.build_id_without_local_debug_info(&object_path, &[empty.clone(), root.clone()]),
+            Some(id.clone()),
+            "nothing local: ask debuginfod"
+        );
         let debug_path = root
             .join(".build-id")
             .join(format!("{:02x}", id[0]))
@@ -275,8 +314,13 @@ mod tests {
         // Any ELF file with the same build ID will do as its debug file.
         std::fs::copy(&object_path, &debug_path).expect("copy");
         assert_eq!(
-            object.debug_file_by_build_id(&[empty, root.clone()]),
+            object.debug_file_by_build_id(&[empty.clone(), root.clone()]),
             Some(debug_path)
+        );
+        assert_eq!(
+            object.build_id_without_local_debug_info(&object_path, &[empty, root.clone()]),
+            None,
+            "found by build ID"
         );
         // With its own DWARF or a `.gnu_debuglink`, blazesym finds it.
         let with_link = ObjectFile::open(Path::new(LIBC)).expect("opens");

@@ -1,7 +1,78 @@
-//! Facts about the running kernel needed to describe kernel frames.
+//! The kernel as a symbol source (`/proc/kallsyms`), and facts about the
+//! running kernel needed to describe kernel frames.
 
+use std::collections::HashMap;
+
+use blazesym::symbolize::source::{Kernel as KernelSource, Source};
+use blazesym::symbolize::{Input, Symbolizer as BlazeSymbolizer};
+use blazesym::MaybeDefault;
 use object::read::elf::NoteIterator;
 use object::{elf, LittleEndian};
+use tracing::debug;
+
+use super::lines::{lines_of, unknown_line, Lines};
+use super::sources::{Batch, FrameRef, Site, SymbolSource};
+use super::{MappingSource, KERNEL_MAPPING_NAME};
+
+/// Names kernel frames from `/proc/kallsyms` in one batch per window; sites
+/// are `(0, address)`. Addresses it cannot name become
+/// `[kernel.kallsyms]+0xADDR`.
+pub(super) struct Kallsyms {
+    inner: BlazeSymbolizer,
+}
+
+impl Kallsyms {
+    /// A kernel source with its own blazesym symbolizer, which keeps the
+    /// parsed `/proc/kallsyms` from one window to the next.
+    pub(super) fn new() -> Self {
+        Kallsyms {
+            inner: BlazeSymbolizer::builder().enable_demangling(false).build(),
+        }
+    }
+}
+
+impl SymbolSource for Kallsyms {
+    fn locate(&self, _tracker: &dyn MappingSource, frame: FrameRef<'_>) -> Option<Site> {
+        match frame {
+            FrameRef::Kernel(address) => Some((0, address)),
+            FrameRef::User { .. } => None,
+        }
+    }
+
+    fn symbolize(&self, _tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines> {
+        let addrs: Vec<u64> = batch.values().flatten().copied().collect();
+        let source = Source::Kernel(KernelSource {
+            kallsyms: MaybeDefault::Default,
+            vmlinux: MaybeDefault::None,
+            kaslr_offset: Some(0),
+            debug_syms: false,
+            ..Default::default()
+        });
+        let results = match self.inner.symbolize(&source, Input::AbsAddr(&addrs)) {
+            Ok(r) => r,
+            Err(err) => {
+                debug!("kernel symbolization failed: {err}");
+                Vec::new()
+            }
+        };
+        addrs
+            .iter()
+            .enumerate()
+            .map(|(i, &addr)| {
+                let entry = match results.get(i).and_then(lines_of) {
+                    Some(lines) => (lines, true),
+                    None => (vec![unknown_line(kernel_placeholder(addr))], false),
+                };
+                ((0, addr), entry)
+            })
+            .collect()
+    }
+}
+
+/// The name of a kernel address nobody could name.
+pub(super) fn kernel_placeholder(address: u64) -> String {
+    format!("{KERNEL_MAPPING_NAME}+0x{address:x}")
+}
 
 /// The running kernel's GNU build ID in hex, from the ELF notes the kernel
 /// exports at `/sys/kernel/notes`. `None` when the file is missing or has no

@@ -1,7 +1,9 @@
-//! Symbolization of one object's addresses (blazesym's ELF source, helped
-//! by [`super::elf_file`] where blazesym finds nothing), and the cache of
-//! parsed objects a continuous [`Symbolizer`] keeps between windows.
+//! ELF objects as a symbol source: symbolization of each object's
+//! addresses (blazesym's ELF source, helped by [`super::elf_file`] where
+//! blazesym finds nothing), and the cache of parsed objects a continuous
+//! [`super::Symbolizer`] keeps between windows.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,11 +13,11 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolizer as BlazeSymbolizer};
 use tracing::debug;
 
+use super::debuginfod::Debuginfod;
 use super::elf_file::ObjectFile;
-use super::{
-    demangle, line_of, lines_of, MappingSource, Symbolizer, KEPT_OBJECT_MAX_BYTES,
-    PARSED_OBJECTS_BUDGET_BYTES,
-};
+use super::lines::{demangle, file_name, line_of, lines_of, unknown_line, Lines};
+use super::sources::{Batch, FrameRef, Site, SymbolSource};
+use super::{MappingSource, KEPT_OBJECT_MAX_BYTES, PARSED_OBJECTS_BUDGET_BYTES};
 use crate::process::ObjectId;
 use crate::profile::Line;
 
@@ -33,7 +35,78 @@ impl ParsedObject {
     }
 }
 
-impl Symbolizer {
+/// Names frames in mappings of object files; sites are
+/// `(object id, file offset)`. Addresses it cannot name become
+/// `object+0xOFFSET`.
+pub(super) struct ElfObjects {
+    inner: RefCell<BlazeSymbolizer>,
+    keep_parsed_objects: bool,
+    /// Objects whose parsed data `inner` holds.
+    pub(super) parsed: RefCell<HashMap<ObjectId, ParsedObject>>,
+    /// Where separate debug files are looked up (by build ID, and for
+    /// `.gnu_debuglink` names).
+    debug_dirs: Vec<PathBuf>,
+    /// Where debug files found nowhere on this machine are fetched from.
+    debuginfod: Option<Arc<Debuginfod>>,
+}
+
+impl SymbolSource for ElfObjects {
+    fn locate(&self, _tracker: &dyn MappingSource, frame: FrameRef<'_>) -> Option<Site> {
+        match frame {
+            FrameRef::User { address, mapping } => Some((
+                u64::from(mapping.object?.0),
+                mapping.file_offset_of(address),
+            )),
+            FrameRef::Kernel(_) => None,
+        }
+    }
+
+    fn symbolize(&self, tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines> {
+        let used: HashMap<ObjectId, ()> = batch
+            .keys()
+            .filter_map(|&group| Some((ObjectId(u32::try_from(group).ok()?), ())))
+            .collect();
+        let kept = self.objects_to_keep(tracker, &used);
+        let mut lines = HashMap::new();
+        for (&group, offsets) in batch {
+            let Ok(id) = u32::try_from(group) else {
+                continue;
+            };
+            let object = ObjectId(id);
+            let offsets: Vec<u64> = offsets.iter().copied().collect();
+            let keep = kept.contains_key(&object);
+            let results = self.symbolize_object(tracker, object, &offsets, keep);
+            let name = file_name(tracker.object_path(object).unwrap_or("[unknown]"));
+            for (&offset, found) in offsets.iter().zip(results) {
+                let entry = match found {
+                    Some(found) => (found, true),
+                    None => (vec![unknown_line(format!("{name}+0x{offset:x}"))], false),
+                };
+                lines.insert((group, offset), entry);
+            }
+        }
+        if self.keep_parsed_objects {
+            self.keep_only(&kept);
+        }
+        lines
+    }
+}
+
+impl ElfObjects {
+    /// An object source looking for separate debug files under
+    /// `debug_dirs` (and from the debuginfod servers set up by
+    /// [`super::debuginfod::configure`]); `keep_parsed_objects` keeps parsed objects between
+    /// windows (see [`super::Symbolizer`]).
+    pub(super) fn new(debug_dirs: Vec<PathBuf>, keep_parsed_objects: bool) -> Self {
+        ElfObjects {
+            inner: RefCell::new(blazesym(&debug_dirs)),
+            keep_parsed_objects,
+            parsed: Default::default(),
+            debug_dirs,
+            debuginfod: super::debuginfod::client(),
+        }
+    }
+
     /// Lines for each of `offsets` in `object`, its parsed data kept for
     /// later windows when `keep` ([`Self::objects_to_keep`]). Two passes: DWARF gives
     /// source lines, inlined functions and names; the symbol table supplies
@@ -41,12 +114,13 @@ impl Symbolizer {
     /// `line-tables-only`) names a function without its module, and names
     /// functions that have no DWARF at all. DWARF comes from the object,
     /// its `.gnu_debuglink` target, or the debug file found by its build ID
-    /// under the debug directories (addressed there by virtual address).
+    /// under the debug directories or fetched from a debuginfod server
+    /// (addressed there by virtual address).
     /// Objects without section headers are named from their dynamic symbol
     /// table (found through `PT_DYNAMIC`).
-    pub(super) fn symbolize_object<S: MappingSource + ?Sized>(
+    fn symbolize_object(
         &self,
-        tracker: &S,
+        tracker: &dyn MappingSource,
         object: ObjectId,
         offsets: &[u64],
         keep: bool,
@@ -55,9 +129,10 @@ impl Symbolizer {
             return vec![None; offsets.len()];
         };
         let file = ObjectFile::open(path);
-        let debug_file = file
-            .as_ref()
-            .and_then(|f| f.debug_file_by_build_id(&self.debug_dirs));
+        let debug_file = file.as_ref().and_then(|f| {
+            f.debug_file_by_build_id(&self.debug_dirs)
+                .or_else(|| self.remote_debug_file(tracker, object, f))
+        });
         let fresh;
         let kept;
         let inner: &BlazeSymbolizer = if keep {
@@ -65,7 +140,7 @@ impl Symbolizer {
             kept = self.inner.borrow();
             &kept
         } else {
-            fresh = Self::blazesym(&self.debug_dirs);
+            fresh = blazesym(&self.debug_dirs);
             &fresh
         };
         let symbolize = |path: &Path, debug_syms: bool, input: Input<&[u64]>| {
@@ -138,6 +213,21 @@ impl Symbolizer {
             .collect()
     }
 
+    /// The debug file of `object` (opened as `file`) from debuginfod, when
+    /// a server is set and the object's debug information is nowhere on
+    /// this machine.
+    fn remote_debug_file(
+        &self,
+        tracker: &dyn MappingSource,
+        object: ObjectId,
+        file: &ObjectFile,
+    ) -> Option<PathBuf> {
+        let debuginfod = self.debuginfod.as_ref()?;
+        let real_path = Path::new(tracker.object_path(object)?);
+        let id = file.build_id_without_local_debug_info(real_path, &self.debug_dirs)?;
+        debuginfod.debuginfo(&id)
+    }
+
     /// Records that blazesym now holds parsed data for `object`, opened at
     /// `path` (with `debug_file`); data it held for the same object under
     /// other paths is evicted (unless another object is reached through
@@ -187,9 +277,9 @@ impl Symbolizer {
     /// budget, nothing is kept and blazesym starts afresh, which also drops
     /// what it holds for `.gnu_debuglink` targets (cached under their own
     /// paths, which eviction by object path does not reach).
-    pub(super) fn objects_to_keep<S: MappingSource + ?Sized, V>(
+    fn objects_to_keep<V>(
         &self,
-        tracker: &S,
+        tracker: &dyn MappingSource,
         used: &HashMap<ObjectId, V>,
     ) -> HashMap<ObjectId, u64> {
         if !self.keep_parsed_objects {
@@ -209,14 +299,14 @@ impl Symbolizer {
             return small;
         }
         debug!("symbolizer: this window's objects total {total} bytes, over the budget: none kept");
-        *self.inner.borrow_mut() = Self::blazesym(&self.debug_dirs);
+        *self.inner.borrow_mut() = blazesym(&self.debug_dirs);
         self.parsed.borrow_mut().clear();
         HashMap::new()
     }
 
     /// After a window: keep the parsed data of the objects
     /// [`Self::objects_to_keep`] chose (`used`) and evict everything else.
-    pub(super) fn keep_only<V>(&self, used: &HashMap<ObjectId, V>) {
+    fn keep_only<V>(&self, used: &HashMap<ObjectId, V>) {
         let mut parsed = self.parsed.borrow_mut();
         let (keep, drop): (HashMap<_, _>, HashMap<_, _>) = parsed
             .drain()
@@ -229,4 +319,16 @@ impl Symbolizer {
         }
         *parsed = keep;
     }
+}
+
+/// A blazesym symbolizer with line info and inlined functions enabled
+/// (names are demangled by [`demangle`], not by blazesym), following
+/// `.gnu_debuglink` under `debug_dirs`.
+fn blazesym(debug_dirs: &[PathBuf]) -> BlazeSymbolizer {
+    BlazeSymbolizer::builder()
+        .set_debug_dirs(Some(debug_dirs))
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        .enable_demangling(false)
+        .build()
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use tracing::debug;
 
+use crate::process::jit::JitFile;
 use crate::process::{Mapping, MappingId, ObjectId, ProcessTracker};
 use crate::profile::aggregate::Aggregator;
 
@@ -28,6 +29,12 @@ pub trait MappingSource {
     fn object_open_path(&self, id: ObjectId) -> Option<&Path>;
     /// GNU build ID of object `id`, if it has one.
     fn object_build_id(&self, id: ObjectId) -> Option<&[u8]>;
+    /// A path that reads process `pid`'s JIT perf map from the profiler
+    /// (`/proc/self/fd/N`), if the tracker opened one.
+    fn perf_map(&self, pid: u32) -> Option<&Path>;
+    /// A path that reads process `pid`'s jitdump file from the profiler
+    /// (`/proc/self/fd/N`), if the tracker opened one.
+    fn jitdump(&self, pid: u32) -> Option<&Path>;
 }
 
 impl MappingSource for ProcessTracker {
@@ -42,6 +49,12 @@ impl MappingSource for ProcessTracker {
     }
     fn object_build_id(&self, id: ObjectId) -> Option<&[u8]> {
         self.object(id)?.build_id.as_deref()
+    }
+    fn perf_map(&self, pid: u32) -> Option<&Path> {
+        Some(&ProcessTracker::perf_map(self, pid)?.open_path)
+    }
+    fn jitdump(&self, pid: u32) -> Option<&Path> {
+        Some(&ProcessTracker::jitdump(self, pid)?.open_path)
     }
 }
 
@@ -67,6 +80,11 @@ pub type ObjectCache = HashMap<ObjectId, Arc<SnapshotObject>>;
 pub struct TrackerSnapshot {
     mappings: HashMap<MappingId, Mapping>,
     objects: HashMap<ObjectId, Arc<SnapshotObject>>,
+    /// The open perf maps of the window's processes (shared with the
+    /// tracker: each stays open, at the same path, while either holds it).
+    perf_maps: HashMap<u32, Arc<JitFile>>,
+    /// The open jitdump files of the window's processes (shared likewise).
+    jitdumps: HashMap<u32, Arc<JitFile>>,
     missing_samples: u64,
 }
 
@@ -83,6 +101,12 @@ impl TrackerSnapshot {
     ) -> Self {
         let mut snapshot = TrackerSnapshot::default();
         for (key, count) in aggregator.stacks() {
+            if let Some(perf_map) = tracker.perf_map(key.pid) {
+                snapshot.perf_maps.insert(key.pid, perf_map.clone());
+            }
+            if let Some(jitdump) = tracker.jitdump(key.pid) {
+                snapshot.jitdumps.insert(key.pid, jitdump.clone());
+            }
             let mut missing = false;
             for id in key.user.iter().filter_map(|f| f.mapping) {
                 if snapshot.mappings.contains_key(&id) {
@@ -157,5 +181,11 @@ impl MappingSource for TrackerSnapshot {
     }
     fn object_build_id(&self, id: ObjectId) -> Option<&[u8]> {
         self.objects.get(&id)?.build_id.as_deref()
+    }
+    fn perf_map(&self, pid: u32) -> Option<&Path> {
+        Some(&self.perf_maps.get(&pid)?.open_path)
+    }
+    fn jitdump(&self, pid: u32) -> Option<&Path> {
+        Some(&self.jitdumps.get(&pid)?.open_path)
     }
 }

@@ -19,13 +19,15 @@ use std::thread;
 use anyhow::{Context, Result};
 use tracing::{debug, info, warn};
 
-use crate::process::{MappingId, ObjectId, ProcessTracker};
+use crate::process::{ObjectId, ProcessTracker};
 use crate::profile::aggregate::UserFrame;
-use crate::sample::{ExecMapping, ProcessEvent, RawSample};
+use crate::sample::RawSample;
 use crate::sampler::Sampler;
 use crate::unwind::builds::{build_worker, BuildQueue, BuildRequest, BuildResult, TableSource};
 use crate::unwind::row::Page;
 use crate::unwind::UnwindTable;
+
+mod describe;
 
 /// Object id of the vDSO's table (the same image for every process of a kernel).
 pub const VDSO_OBJECT_ID: u32 = u32::MAX - 1;
@@ -121,6 +123,8 @@ pub struct UnwindLoader {
     allocator: RowAllocator,
     tables: FxHashMap<u32, ObjectTable>,
     described: FxHashSet<u32>,
+    /// Objects whose files the exec and mmap programs know (`object_files`).
+    registered_files: FxHashSet<u32>,
     /// Processes the start-up scan has still to describe (popped from the end).
     to_scan: Vec<u32>,
     /// Until the tables of the processes running at start are all in.
@@ -159,6 +163,7 @@ impl UnwindLoader {
             allocator: RowAllocator::new(capacity_rows),
             tables: FxHashMap::default(),
             described: FxHashSet::default(),
+            registered_files: FxHashSet::default(),
             to_scan: Vec::new(),
             startup: None,
             clock: 0,
@@ -303,33 +308,6 @@ impl UnwindLoader {
         }
     }
 
-    /// React to a process event from BPF.
-    pub fn on_event(
-        &mut self,
-        event: ProcessEvent,
-        tracker: &mut ProcessTracker,
-        sampler: &Sampler<'_>,
-    ) {
-        match event {
-            ProcessEvent::Exit { pid } => {
-                sampler.remove_process(pid);
-                self.described.remove(&pid);
-                tracker.process_exited(pid, crate::timefmt::monotonic_ns());
-            }
-            ProcessEvent::Exec { pid } => {
-                sampler.remove_process(pid);
-                self.described.remove(&pid);
-                tracker.forget_process(pid, crate::timefmt::monotonic_ns());
-                self.describe(pid, tracker, sampler);
-            }
-            ProcessEvent::UnknownMapping { pid, address } => {
-                debug!("pid {pid}: pc {address:#x} in no known mapping, re-reading its maps");
-                tracker.refresh_process(pid);
-                self.describe(pid, tracker, sampler);
-            }
-        }
-    }
-
     /// Queue a build of `object_id`'s table with a starting `priority`
     /// (0: found by a scan, 1: needed by a sample).
     fn request(
@@ -366,89 +344,6 @@ impl UnwindLoader {
             },
             priority,
         );
-    }
-
-    /// How the walker unwinds through mapping `id` of `pid` (`None` if the
-    /// tracker no longer holds it).
-    fn exec_mapping(
-        &mut self,
-        pid: u32,
-        id: MappingId,
-        tracker: &ProcessTracker,
-    ) -> Option<ExecMapping> {
-        let m = tracker.mapping(id)?;
-        let frame_pointers = ExecMapping {
-            start: m.start,
-            end: m.end,
-            bias: m.start,
-            object_id: 0,
-            frame_pointers: true,
-        };
-        if let Some((object, source)) = m.object.and_then(|o| Some((o, file_source(tracker, o)?))) {
-            if !self.tables.contains_key(&object.0) {
-                self.request(object.0, tracker, source, 0);
-            }
-            return Some(ExecMapping {
-                start: m.start,
-                end: m.end,
-                bias: tracker.load_bias(id).unwrap_or(m.start),
-                object_id: object.0,
-                frame_pointers: false,
-            });
-        }
-        if m.name == "[vdso]" {
-            match read_vdso(pid, m.start, m.end) {
-                Ok((bytes, first_vaddr)) => {
-                    if !self.tables.contains_key(&VDSO_OBJECT_ID) {
-                        self.request(VDSO_OBJECT_ID, tracker, TableSource::Bytes(bytes), 0);
-                    }
-                    return Some(ExecMapping {
-                        start: m.start,
-                        end: m.end,
-                        bias: m.start.wrapping_sub(first_vaddr),
-                        object_id: VDSO_OBJECT_ID,
-                        frame_pointers: false,
-                    });
-                }
-                Err(err) => debug!("pid {pid}: cannot read the vDSO: {err:#}"),
-            }
-        }
-        Some(frame_pointers)
-    }
-
-    /// Tell the walker about `pid`'s executable mappings, queuing tables for
-    /// objects not seen before.
-    /// Describe `pid`'s mappings to the walker (queuing their tables).
-    /// Returns the objects whose tables the walker uses for it.
-    fn describe(
-        &mut self,
-        pid: u32,
-        tracker: &mut ProcessTracker,
-        sampler: &Sampler<'_>,
-    ) -> Vec<u32> {
-        tracker.ensure_process(pid);
-        let ids: Vec<MappingId> = tracker.process_mappings(pid).to_vec();
-        if ids.is_empty() {
-            return Vec::new();
-        }
-        let mappings: Vec<ExecMapping> = ids
-            .iter()
-            .filter_map(|&id| self.exec_mapping(pid, id, tracker))
-            .collect();
-        match sampler.set_process(pid, &mappings) {
-            Ok(()) => {
-                self.described.insert(pid);
-                mappings
-                    .iter()
-                    .filter(|m| !m.frame_pointers)
-                    .map(|m| m.object_id)
-                    .collect()
-            }
-            Err(err) => {
-                warn!("{err:#}");
-                Vec::new()
-            }
-        }
     }
 
     /// Whether a table is being built: the caller should then call
@@ -573,18 +468,6 @@ fn file_source(tracker: &ProcessTracker, object: ObjectId) -> Option<TableSource
         open: file.open_path.clone(),
         path: PathBuf::from(&file.path),
     })
-}
-
-/// Read the vDSO image of `pid` (`/proc/PID/mem` at its mapping) and the
-/// vaddr its first byte corresponds to.
-fn read_vdso(pid: u32, start: u64, end: u64) -> Result<(Vec<u8>, u64)> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem"))?;
-    mem.seek(SeekFrom::Start(start))?;
-    let mut bytes = vec![0u8; (end - start) as usize];
-    mem.read_exact(&mut bytes)?;
-    let first_vaddr = crate::unwind::first_load_vaddr(&bytes)?;
-    Ok((bytes, first_vaddr))
 }
 
 #[cfg(test)]

@@ -1,0 +1,111 @@
+//! The seam between the symbolizer and the places names come from: every
+//! source (kernel symbols, the vDSO, ELF objects, JIT perf maps, ...)
+//! implements [`SymbolSource`], and [`super::Symbolizer::build_profile`]
+//! asks each, in order, which frames are its own, hands it all of them in
+//! one batch per window, and assembles the lines it returns. A new source
+//! is one new file implementing the trait plus one entry in
+//! [`super::Symbolizer::sources`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::{Lines, MappingSource};
+use crate::process::Mapping;
+
+/// A frame as the sources see it.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum FrameRef<'a> {
+    /// A kernel address (a call site for non-leaf frames).
+    Kernel(u64),
+    /// A user address (a call site for non-leaf frames) inside `mapping`,
+    /// a mapping of process `mapping.pid`.
+    User {
+        /// Absolute address in the process.
+        address: u64,
+        /// The mapping that holds it.
+        mapping: &'a Mapping,
+    },
+}
+
+/// Where a source looks a frame up: `(group, address)`, where the group is
+/// the source's own unit of work (an object id, a process id, or 0 when the
+/// source has one unit) and the address is what the source resolves within
+/// it (a file offset, an absolute address).
+pub(super) type Site = (u64, u64);
+
+/// The sites of one source a window needs, by group, each group's
+/// addresses sorted and distinct.
+pub(super) type Batch = BTreeMap<u64, BTreeSet<u64>>;
+
+/// One place frame names come from.
+pub(super) trait SymbolSource {
+    /// The site at which this source names `frame`, or `None` when the
+    /// frame is not this source's (the next source is asked). `tracker`
+    /// tells what is known of the frame's process and objects.
+    fn locate(&self, tracker: &dyn MappingSource, frame: FrameRef<'_>) -> Option<Site>;
+
+    /// Lines (innermost first) for every site of `batch`, with whether each
+    /// was named (`false` for a placeholder such as `object+0xOFFSET`). A
+    /// site left out gets the mapping's placeholder. Called once per window
+    /// with all of the window's sites of this source, so that a source can
+    /// keep or drop its per-window state (parsed files, read maps) here.
+    /// `tracker` holds the mappings and objects the window refers to.
+    fn symbolize(&self, tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines>;
+}
+
+/// The sources' lines for one window: for each source (by its index in the
+/// symbolizer's list), the lines of its sites.
+pub(super) struct Resolved<'s> {
+    sources: &'s [&'s dyn SymbolSource],
+    tracker: &'s dyn MappingSource,
+    lines: Vec<HashMap<Site, Lines>>,
+}
+
+impl<'s> Resolved<'s> {
+    /// Asks `sources` to name every frame in `frames`: each frame goes to
+    /// the first source that locates it; frames none locates are left out.
+    pub(super) fn resolve<'f>(
+        sources: &'s [&'s dyn SymbolSource],
+        tracker: &'s dyn MappingSource,
+        frames: impl Iterator<Item = FrameRef<'f>>,
+    ) -> Self {
+        let mut batches: Vec<Batch> = vec![Batch::new(); sources.len()];
+        for frame in frames {
+            if let Some((index, (group, address))) = locate(sources, tracker, frame) {
+                batches[index].entry(group).or_default().insert(address);
+            }
+        }
+        let lines = sources
+            .iter()
+            .zip(&batches)
+            .map(|(source, batch)| {
+                if batch.is_empty() {
+                    HashMap::new()
+                } else {
+                    source.symbolize(tracker, batch)
+                }
+            })
+            .collect();
+        Resolved {
+            sources,
+            tracker,
+            lines,
+        }
+    }
+
+    /// The lines a source gave `frame`, if any located and named it.
+    pub(super) fn lines(&self, frame: FrameRef<'_>) -> Option<&Lines> {
+        let (index, site) = locate(self.sources, self.tracker, frame)?;
+        self.lines[index].get(&site)
+    }
+}
+
+fn locate(
+    sources: &[&dyn SymbolSource],
+    tracker: &dyn MappingSource,
+    frame: FrameRef<'_>,
+) -> Option<(usize, Site)> {
+    sources
+        .iter()
+        .enumerate()
+        .find_map(|(index, source)| Some((index, source.locate(tracker, frame)?)))
+}

@@ -1,0 +1,244 @@
+//! Debug files fetched from a real debuginfod server (elfutils'
+//! `debuginfod`, started by the test on a free port, serving a directory
+//! that holds only the debug file): a stripped executable whose debug file
+//! is nowhere on this machine is profiled by pid, every frame of its chain
+//! named, the inlined function included, and the file lands in the cache
+//! directory. With the server stopped, the run still succeeds and the
+//! frames fall back to `object+0xOFFSET`.
+//!
+//! Needs root (BPF), gcc, binutils and the `debuginfod` package
+//! (scripts/setup.sh installs it).
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Longest any single profiler run may take before the test gives up.
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// `main -> alpha -> beta -> burn`, and `mix` inlined into `burn`.
+fn chain_source() -> String {
+    format!(
+        "{DIE_WITH_PARENT}
+volatile unsigned long sink;
+static inline __attribute__((always_inline)) void mix(unsigned long n) {{
+    for (unsigned long i = 0; i < n; i++) sink += i * 2654435761u;
+}}
+__attribute__((noinline)) void burn(unsigned long n) {{ mix(n); sink++; }}
+__attribute__((noinline)) void beta(unsigned long n) {{ burn(n); sink++; }}
+__attribute__((noinline)) void alpha(unsigned long n) {{ beta(n); sink++; }}
+int main(void) {{ for (;;) {{ alpha(200000); sink++; }} }}
+"
+    )
+}
+
+/// Run `program` with `args`, panicking with its output if it fails.
+fn tool(program: &str, args: &[&str]) {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {program} (is it installed?): {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The GNU build ID of the ELF file at `path`, in hex (`readelf -n`).
+fn build_id(path: &Path) -> String {
+    let out = Command::new("readelf")
+        .arg("-n")
+        .arg(path)
+        .output()
+        .expect("running readelf");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_string))
+        .unwrap_or_else(|| panic!("{} has no build ID", path.display()))
+}
+
+/// A debuginfod server on 127.0.0.1, killed on drop.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    /// Serve the ELF files under `dir` (database in `db`), and wait until
+    /// it answers for build ID `id`.
+    fn start(dir: &Path, db: &Path, id: &str) -> Server {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = Command::new("debuginfod")
+            .args([
+                "-F",
+                "-p",
+                &port.to_string(),
+                "-d",
+                s(db),
+                "-t",
+                "0",
+                "-g",
+                "0",
+            ])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("running debuginfod (scripts/setup.sh installs it)");
+        let server = Server {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let probe = format!("{}/buildid/{id}/debuginfo", server.url);
+        let client = reqwest::blocking::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !client
+            .get(&probe)
+            .send()
+            .is_ok_and(|r| r.status().is_success())
+        {
+            assert!(
+                Instant::now() < deadline,
+                "debuginfod did not serve {id} in 60 s"
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+        server
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Profile the running `program` for 2 s with `DEBUGINFOD_URLS=url` and
+/// the cache in `cache`; its stacks and the run's output text.
+fn profile(program: &Program, url: &str, cache: &Path) -> (Vec<Stack>, String) {
+    let workload = Workload::spawn(program);
+    let dir = tempdir();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--pids", &workload.pid_arg(), "--duration", "2"])
+        .args(["--sample-freq", "499", "--profile-format", "folded"])
+        .args([
+            "--profile-path",
+            s(dir.path()),
+            "--unwind-cache-dir",
+            "none",
+        ])
+        .args(["--debug-dirs", "/nonexistent,/usr/lib/debug"])
+        .args(["--debuginfod-cache", s(cache)])
+        .env("DEBUGINFOD_URLS", url)
+        .env("DEBUGINFOD_TIMEOUT", "10");
+    let out = run_command(cmd, TIMEOUT);
+    out.assert_success();
+    let stacks = read_folded(&dir.path().join("folded.txt"));
+    let mine = of_process(&stacks, &program.name)
+        .into_iter()
+        .cloned()
+        .collect();
+    (mine, out.to_string())
+}
+
+/// Samples of `stacks` whose user frames end with `chain`.
+fn with_chain(stacks: &[Stack], chain: &[&str]) -> u64 {
+    stacks
+        .iter()
+        .filter(|(frames, _)| ends_with_chain(&user_frames(frames), chain))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+#[test]
+fn stripped_binary_named_from_a_debuginfod_server() {
+    let _serial = serial();
+    let flags = [
+        "-O2",
+        "-g",
+        "-fomit-frame-pointer",
+        "-fno-optimize-sibling-calls",
+        "-Wl,--build-id=sha1",
+    ];
+    let program = compile("lsw_dinfod", &chain_source(), &flags);
+    let served = tempdir();
+    let debug = served.path().join("lsw_dinfod.debug");
+    tool(
+        "objcopy",
+        &["--only-keep-debug", s(&program.path), s(&debug)],
+    );
+    tool("strip", &["-s", s(&program.path)]);
+    let id = build_id(&program.path);
+    let db = tempdir();
+    let server = Server::start(served.path(), &db.path().join("db.sqlite"), &id);
+
+    let cache = tempdir();
+    let (stacks, out) = profile(&program, &server.url, cache.path());
+    let chain = ["main", "alpha", "beta", "burn", "mix"];
+    let all = total(&stacks);
+    let named = with_chain(&stacks, &chain);
+    let refs: Vec<&Stack> = stacks.iter().collect();
+    assert!(all >= 100, "only {all} samples:\n{out}");
+    assert!(
+        named as f64 >= 0.9 * all as f64,
+        "{named} of {all} samples have {}:\n{}\n{out}",
+        chain.join(";"),
+        show(&refs)
+    );
+    // libc's debug file may be fetched too (a failure where it is
+    // installed neither here nor on the server).
+    let counts = debuginfod_counts(&out);
+    assert_eq!(counts.get("fetched"), Some(&1), "{out}");
+    let cached = cache.path().join(&id).join("debuginfo");
+    assert_eq!(build_id(&cached), id, "the cached debug file");
+
+    // The server stopped, nothing cached: placeholders, and still a profile.
+    drop(server);
+    let empty = tempdir();
+    let (stacks, out) = profile(&program, "http://127.0.0.1:1", empty.path());
+    let all = total(&stacks);
+    let placeholders: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| {
+            user_frames(frames)
+                .last()
+                .is_some_and(|f| f.starts_with("lsw_dinfod+0x"))
+        })
+        .map(|(_, n)| n)
+        .sum();
+    let refs: Vec<&Stack> = stacks.iter().collect();
+    assert!(all >= 100, "only {all} samples:\n{out}");
+    assert!(
+        placeholders as f64 >= 0.9 * all as f64,
+        "{placeholders} of {all} samples end in lsw_dinfod+0x...:\n{}\n{out}",
+        show(&refs)
+    );
+    let counts = debuginfod_counts(&out);
+    assert_eq!(counts.get("fetched"), Some(&0), "{out}");
+    assert!(counts.get("failed").is_some_and(|&n| n >= 1), "{out}");
+    assert!(!empty.path().join(&id).join("debuginfo").exists());
+}
+
+/// The counts of the summary line `debuginfod: fetched=N cached=N failed=N`.
+fn debuginfod_counts(out: &str) -> std::collections::BTreeMap<String, u64> {
+    out.lines()
+        .find_map(|l| l.strip_prefix("debuginfod:"))
+        .unwrap_or_else(|| panic!("no debuginfod line:\n{out}"))
+        .split_whitespace()
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
