@@ -100,10 +100,9 @@ fn record_follows_a_shells_child_and_passes_its_exit_status_on() {
 /// The sampler is attached before the command execs: a 10 ms first phase
 /// (at 1000 Hz about 10 samples) is in the profile.
 ///
-/// Up to three runs: in about one run of ten, a known race leaves every
-/// user stack of a 50 ms program `no_mapping` (its maps were read before
-/// ld.so mapped libc, and the next unknown-mapping report is rate-limited
-/// to 200 ms later), and then no function is named at all.
+/// Up to three runs: before the exec-time mapping lists (issue 16), about
+/// one run in ten left every user stack of a 50 ms program `no_mapping`
+/// (its maps read before ld.so mapped libc); none in ten runs since.
 #[test]
 fn record_samples_the_first_milliseconds() {
     let _serial = serial();
