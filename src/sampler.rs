@@ -40,6 +40,10 @@ pub struct SamplerConfig {
     pub libbpf_debug: bool,
     /// Capacity of the `unwind_rows` map, rows (8 bytes each): the unwind-table memory budget.
     pub max_unwind_rows: u32,
+    /// Also sample every process a process in `pids` creates, from its
+    /// first instruction (`record`: fork and clone are followed inside the
+    /// BPF program; exec keeps the pid). Needs a non-empty `pids`.
+    pub follow_children: bool,
 }
 
 /// Unsupported-rule kinds the BPF program counts (`MAX_UNSUPPORTED_KINDS`).
@@ -296,6 +300,7 @@ impl<'obj> Sampler<'obj> {
                 .ok_or_else(|| anyhow!("BPF object has no .rodata section"))?;
             rodata.filter_pids = !config.pids.is_empty();
             rodata.exclude_pid = config.exclude_pid.unwrap_or(0);
+            rodata.follow_children = config.follow_children;
         }
         let online = online_cpus()?;
         let ring_bytes = samples_ring_bytes_per_cpu(config.sample_freq_hz);

@@ -17,6 +17,7 @@ use libbpf_rs::RingBuffer;
 use tracing::{debug, info};
 
 use super::plan::RunPlan;
+use super::progress::Progress;
 use crate::process::ProcessTracker;
 use crate::profile::window::{ClosedWindow, Windows};
 use crate::sample::{RawSample, TimedEvent, UnwindStatus};
@@ -100,6 +101,8 @@ pub struct Agent<'s, 'o> {
     deadline: Option<Instant>,
     last_alive_check: Instant,
     last_metrics: Instant,
+    /// The status line, when stderr is a terminal.
+    progress: Option<Progress>,
 }
 
 /// What the run leaves when the perf events are detached.
@@ -181,11 +184,28 @@ impl<'s, 'o> Agent<'s, 'o> {
             totals: Totals::default(),
             served: 0,
             listen_only: plan.listen_only,
-            pids: plan.sampler.pids.clone(),
+            // A followed command (`record`) ends the run itself when it exits.
+            pids: if plan.sampler.follow_children {
+                Vec::new()
+            } else {
+                plan.sampler.pids.clone()
+            },
             deadline: plan.duration.map(|d| start + d),
             last_alive_check: start,
             last_metrics: start,
+            progress: Progress::on_terminal(start),
         })
+    }
+
+    /// Finish the start-up scan now. For `record`'s held command: described
+    /// before it execs, the walker knows the pid, so its exec is reported
+    /// and its new image read at once; scanned later, the scan could read
+    /// its maps in the middle of the exec and describe the old image.
+    pub fn scan_now(&mut self) {
+        while self
+            .loader
+            .continue_scan(&mut self.tracker, self.sampler, SCAN_SLICE)
+        {}
     }
 
     /// Whether the run is over: the duration has passed or, without one,
@@ -244,6 +264,10 @@ impl<'s, 'o> Agent<'s, 'o> {
             self.last_metrics = Instant::now();
             self.refresh_metrics();
         }
+        if let Some(progress) = self.progress.as_mut() {
+            let (sampler, malformed) = (self.sampler, &self.malformed);
+            progress.tick(|| sampler.stats().map_or(0, |s| s.lost) + *malformed.borrow());
+        }
         Ok(())
     }
 
@@ -273,6 +297,9 @@ impl<'s, 'o> Agent<'s, 'o> {
             self.loader
                 .on_sample(&sample, &frames, &mut self.tracker, self.sampler);
             self.metrics.sample(sample.user_status);
+            if let Some(progress) = self.progress.as_mut() {
+                progress.sample(sample.pid, sample.user_status);
+            }
             self.subscriptions.add(&sample, &frames);
             if !self.listen_only {
                 self.windows.add_resolved(&sample, frames);
@@ -349,6 +376,9 @@ impl<'s, 'o> Agent<'s, 'o> {
     /// still in progress are answered 503 (their span outlives the run).
     pub fn stop(mut self) -> Result<Stopped> {
         self.sampler.detach();
+        if let Some(progress) = self.progress.as_mut() {
+            progress.clear();
+        }
         self.ring
             .consume()
             .context("draining the samples ring buffers")?;
