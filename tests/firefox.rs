@@ -645,8 +645,11 @@ int main(void) {{
         .collect();
     assert_eq!(exits.len(), 1, "{:?}\n{out}", main.markers);
     let last_sample = main.times.last().copied().unwrap_or(0.0);
+    // The exit event is stamped at the sched_process_exit tracepoint; the
+    // rest of do_exit (releasing files, the cgroup) can still be sampled,
+    // for well under a few ms.
     assert!(
-        exits[0] >= last_sample,
+        exits[0] + 5.0 >= last_sample,
         "exit at {} ms, last sample at {last_sample} ms",
         exits[0]
     );
