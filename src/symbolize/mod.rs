@@ -13,6 +13,7 @@
 //! `object+0xFILE_OFFSET` (or `[kernel.kallsyms]+0xADDR`), never dropped.
 
 mod assembly;
+mod cache;
 mod elf_file;
 pub mod kernel;
 mod objects;
@@ -31,6 +32,7 @@ use crate::process::ObjectId;
 use crate::profile::aggregate::Aggregator;
 use crate::profile::{unwind_marker_name, FrameKind, Line, Profile, ProfileMapping, Sample};
 use assembly::{user_frame_lines, ProfileAssembly};
+use cache::{AddressKey, LineCache};
 pub use source::MappingSource;
 
 /// Name of the mapping kernel frames belong to (as perf and pprof call it).
@@ -67,6 +69,14 @@ pub fn demangle(name: &str) -> String {
 }
 
 type Lines = (Vec<Line>, bool);
+
+/// Lines of a window's kernel addresses, object file offsets and `[vdso]`
+/// offsets.
+type SymbolizedAddresses = (
+    HashMap<u64, Lines>,
+    HashMap<(ObjectId, u64), Lines>,
+    HashMap<u64, Lines>,
+);
 
 fn source_file(info: &CodeInfo<'_>) -> Arc<str> {
     Arc::from(info.to_path().to_string_lossy().as_ref())
@@ -114,20 +124,27 @@ fn file_name(path: &str) -> &str {
         .unwrap_or(path)
 }
 
-/// Symbolizes windows of samples. [`Symbolizer::new`] keeps blazesym's
-/// parsed objects (symbol tables, DWARF) from one window to the next, which
-/// spares continuous mode from parsing them again every window. Only the
-/// objects the latest window used are kept, only those of at most
-/// [`KEPT_OBJECT_MAX_BYTES`], and only while their files total at most
-/// [`PARSED_OBJECTS_BUDGET_BYTES`]; everything else is evicted
-/// after each window, so memory follows the working set of objects, not
-/// every object that ever came and went (process churn).
+/// Symbolizes windows of samples. [`Symbolizer::new`] keeps the lines of
+/// the addresses it symbolized (at most [`LINE_CACHE_MAX_ADDRESSES`]) from
+/// one window to the next, so that continuous mode only symbolizes
+/// addresses it has not seen before (see [`cache`]). For those, it keeps
+/// blazesym's parsed objects (symbol tables, DWARF) of the latest window's
+/// new addresses: only objects of at most [`KEPT_OBJECT_MAX_BYTES`], and
+/// only while their files total at most [`PARSED_OBJECTS_BUDGET_BYTES`];
+/// everything else is evicted after each window (also `/proc/kallsyms`,
+/// after a window without new kernel addresses), so memory follows the
+/// objects still being discovered, not every object that ever came and went
+/// (process churn).
 /// [`Symbolizer::one_shot`] releases each object's data as soon as its
 /// addresses are done, so that memory peaks at the largest object, not at
 /// all of them.
 pub struct Symbolizer {
     inner: std::cell::RefCell<BlazeSymbolizer>,
+    /// Holds the parsed `/proc/kallsyms` while windows bring new kernel
+    /// addresses.
+    kernel: std::cell::RefCell<Option<BlazeSymbolizer>>,
     keep_parsed_objects: bool,
+    lines: std::cell::RefCell<LineCache>,
     /// Objects whose parsed data `inner` holds.
     parsed: std::cell::RefCell<HashMap<ObjectId, objects::ParsedObject>>,
     kernel_build_id: Option<String>,
@@ -150,6 +167,12 @@ pub const PARSED_OBJECTS_BUDGET_BYTES: u64 = 64 << 20;
 /// (issue 18).
 pub const KEPT_OBJECT_MAX_BYTES: u64 = 32 << 20;
 
+/// Most addresses (kernel addresses, object file offsets) whose lines a
+/// continuous [`Symbolizer`] keeps between windows; past it, those unused
+/// for the longest are dropped. Each costs about 150 bytes besides its
+/// strings (which are shared): about 10 MiB when full.
+pub const LINE_CACHE_MAX_ADDRESSES: usize = 1 << 16;
+
 impl Default for Symbolizer {
     fn default() -> Self {
         Self::new()
@@ -165,7 +188,9 @@ impl Symbolizer {
         let debug_dirs = crate::unwind::identity::debug_dirs().to_vec();
         Symbolizer {
             inner: std::cell::RefCell::new(Self::blazesym(&debug_dirs)),
+            kernel: Default::default(),
             keep_parsed_objects: true,
+            lines: std::cell::RefCell::new(LineCache::new(LINE_CACHE_MAX_ADDRESSES)),
             parsed: Default::default(),
             kernel_build_id: kernel::kernel_build_id(),
             debug_dirs,
@@ -174,10 +199,11 @@ impl Symbolizer {
 
     /// A symbolizer for a single profile: like [`Symbolizer::new`], but
     /// each object's parsed data is dropped once its addresses are
-    /// symbolized.
+    /// symbolized, and nothing is kept for later profiles.
     pub fn one_shot() -> Self {
         Symbolizer {
             keep_parsed_objects: false,
+            lines: std::cell::RefCell::new(LineCache::new(0)),
             ..Self::new()
         }
     }
@@ -191,10 +217,16 @@ impl Symbolizer {
             .build()
     }
 
+    /// Lines for kernel addresses `addrs`, from `/proc/kallsyms` (parsed
+    /// once and kept while windows bring new kernel addresses: 7.5 MiB).
     fn symbolize_kernel(&self, addrs: &[u64]) -> HashMap<u64, Lines> {
-        if addrs.is_empty() {
+        let mut kernel = self.kernel.borrow_mut();
+        if addrs.is_empty() || !self.keep_parsed_objects {
             // blazesym would read all of /proc/kallsyms (~100 ms) first.
-            return HashMap::new();
+            *kernel = None;
+            if addrs.is_empty() {
+                return HashMap::new();
+            }
         }
         let source = Source::Kernel(Kernel {
             kallsyms: MaybeDefault::Default,
@@ -203,7 +235,7 @@ impl Symbolizer {
             debug_syms: false,
             ..Default::default()
         });
-        let inner = self.inner.borrow();
+        let inner = kernel.get_or_insert_with(|| Self::blazesym(&self.debug_dirs));
         let results = match inner.symbolize(&source, Input::AbsAddr(addrs)) {
             Ok(r) => r,
             Err(err) => {
@@ -265,6 +297,91 @@ impl Symbolizer {
             .collect()
     }
 
+    /// Lines for a window's unique addresses: kernel addresses, file
+    /// offsets per object, `[vdso]` offsets. Addresses the cache holds are
+    /// taken from it; the others are symbolized (per object, see
+    /// [`Self::objects_to_keep`]) and stored in it.
+    fn symbolize_addresses<S: MappingSource + ?Sized>(
+        &self,
+        tracker: &S,
+        kernel_addrs: &[u64],
+        object_offsets: &HashMap<ObjectId, BTreeSet<u64>>,
+        vdso_offsets: &BTreeSet<u64>,
+    ) -> SymbolizedAddresses {
+        let mut cache = self.lines.borrow_mut();
+        let mut kernel_lines = HashMap::new();
+        let mut kernel_new = Vec::new();
+        for &addr in kernel_addrs {
+            match cache.get(AddressKey::Kernel(addr)) {
+                Some(lines) => {
+                    kernel_lines.insert(addr, lines);
+                }
+                None => kernel_new.push(addr),
+            }
+        }
+        for (addr, lines) in self.symbolize_kernel(&kernel_new) {
+            kernel_lines.insert(addr, cache.insert(AddressKey::Kernel(addr), lines));
+        }
+
+        let mut user_lines: HashMap<(ObjectId, u64), Lines> = HashMap::new();
+        let mut object_new: HashMap<ObjectId, Vec<u64>> = HashMap::new();
+        for (&object, offsets) in object_offsets {
+            for &offset in offsets {
+                match cache.get(AddressKey::Object(object, offset)) {
+                    Some(lines) => {
+                        user_lines.insert((object, offset), lines);
+                    }
+                    None => object_new.entry(object).or_default().push(offset),
+                }
+            }
+        }
+        let kept = self.objects_to_keep(tracker, &object_new);
+        for (&object, offsets) in &object_new {
+            let keep = kept.contains_key(&object);
+            let results = self.symbolize_object(tracker, object, offsets, keep);
+            let name = file_name(tracker.object_path(object).unwrap_or("[unknown]"));
+            for (&offset, lines) in offsets.iter().zip(results) {
+                let entry = match lines {
+                    Some(lines) => (lines, true),
+                    None => (vec![unknown_line(format!("{name}+0x{offset:x}"))], false),
+                };
+                let lines = cache.insert(AddressKey::Object(object, offset), entry);
+                user_lines.insert((object, offset), lines);
+            }
+        }
+        if self.keep_parsed_objects {
+            self.keep_only(&kept);
+        }
+
+        let mut vdso_lines = HashMap::new();
+        let mut vdso_new = Vec::new();
+        for &offset in vdso_offsets {
+            match cache.get(AddressKey::Vdso(offset)) {
+                Some(lines) => {
+                    vdso_lines.insert(offset, lines);
+                }
+                None => vdso_new.push(offset),
+            }
+        }
+        for (offset, lines) in self.symbolize_vdso(&vdso_new) {
+            vdso_lines.insert(offset, cache.insert(AddressKey::Vdso(offset), lines));
+        }
+
+        let stats = cache.end_window();
+        debug!(
+            "symbolizer: {} addresses, {} new ({} in {} objects, {} in the kernel); \
+             cache holds {} addresses, {} strings",
+            stats.hits + stats.misses,
+            stats.misses,
+            object_new.values().map(Vec::len).sum::<usize>(),
+            object_new.len(),
+            kernel_new.len(),
+            stats.entries,
+            stats.strings
+        );
+        (kernel_lines, user_lines, vdso_lines)
+    }
+
     /// Symbolize every stack in `aggregator` and build the window's profile.
     /// `tracker` must be the one the aggregator resolved mappings with (or a
     /// [`source::TrackerSnapshot`] of it taken for this aggregator).
@@ -274,31 +391,11 @@ impl Symbolizer {
         tracker: &S,
         window: Window,
     ) -> Profile {
-        // 1. The unique addresses to symbolize.
+        // 1. The unique addresses, 2. their lines.
         let (kernel_addrs, object_offsets, vdso_offsets) = unique_addresses(aggregator, tracker);
-
-        // 2. Symbolize them in batches.
         let kernel_addrs: Vec<u64> = kernel_addrs.into_iter().collect();
-        let kernel_lines = self.symbolize_kernel(&kernel_addrs);
-        let mut user_lines: HashMap<(ObjectId, u64), Lines> = HashMap::new();
-        let kept = self.objects_to_keep(tracker, &object_offsets);
-        for (object, offsets) in &object_offsets {
-            let offsets: Vec<u64> = offsets.iter().copied().collect();
-            let keep = kept.contains_key(object);
-            let results = self.symbolize_object(tracker, *object, &offsets, keep);
-            let name = file_name(tracker.object_path(*object).unwrap_or("[unknown]"));
-            for (offset, lines) in offsets.iter().zip(results) {
-                let entry = match lines {
-                    Some(lines) => (lines, true),
-                    None => (vec![unknown_line(format!("{name}+0x{offset:x}"))], false),
-                };
-                user_lines.insert((*object, *offset), entry);
-            }
-        }
-        if self.keep_parsed_objects {
-            self.keep_only(&kept);
-        }
-        let vdso_lines = self.symbolize_vdso(&vdso_offsets.into_iter().collect::<Vec<_>>());
+        let (kernel_lines, user_lines, vdso_lines) =
+            self.symbolize_addresses(tracker, &kernel_addrs, &object_offsets, &vdso_offsets);
 
         // 3. Assemble mappings, frames and samples.
         let mut builder = ProfileAssembly::default();
@@ -436,23 +533,24 @@ mod tests {
         assert_eq!(demangle("main"), "main");
     }
 
-    /// An address in the middle of the first executable mapping of this
+    /// An address `eighths`/8 into the first executable mapping of this
     /// test process whose path satisfies `wanted` (/proc/self/maps).
-    fn address_in(wanted: impl Fn(&str) -> bool) -> u64 {
+    fn address_in(wanted: impl Fn(&str) -> bool, eighths: u64) -> u64 {
         crate::process::maps::read_maps(std::process::id())
             .unwrap()
             .into_iter()
             .find(|m| m.executable && wanted(&m.path))
-            .map(|m| m.start + (m.end - m.start) / 2)
+            .map(|m| m.start + (m.end - m.start) / 8 * eighths)
             .unwrap()
     }
 
     #[test]
-    fn continuous_symbolizer_keeps_only_the_latest_windows_objects() {
+    fn continuous_symbolizer_keeps_lines_and_only_the_objects_of_new_addresses() {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         let exe = exe.to_string_lossy().into_owned();
-        let in_exe = address_in(|p| p == exe);
-        let in_libc = address_in(|p| p.contains("/libc.so"));
+        let in_exe = address_in(|p| p == exe, 4);
+        let in_libc = address_in(|p| p.contains("/libc.so"), 4);
+        let elsewhere_in_libc = address_in(|p| p.contains("/libc.so"), 5);
         let pid = std::process::id();
         let mut tracker = crate::process::ProcessTracker::new();
         let window = Window {
@@ -475,14 +573,28 @@ mod tests {
                 .map(|&object| tracker.object(object).expect("known object").path.clone())
                 .collect();
             kept.sort();
-            kept
+            let names: Vec<Vec<Line>> = profile.frames.iter().map(|f| f.lines.clone()).collect();
+            (kept, names)
         };
-        let both = symbolize(&mut tracker, &[vec![in_libc, in_exe]]);
+        let (both, names) = symbolize(&mut tracker, &[vec![in_libc, in_exe]]);
         assert_eq!(both.len(), 2, "{both:?}");
-        let libc_only = symbolize(&mut tracker, &[vec![in_libc]]);
+        // The same addresses again: answered from the cache, nothing parsed
+        // is kept.
+        let (none, names_again) = symbolize(&mut tracker, &[vec![in_libc, in_exe]]);
+        assert!(none.is_empty(), "{none:?}");
+        assert_eq!(names_again, names);
+        // A new address in libc: only libc is parsed (and kept).
+        let (libc_only, _) = symbolize(&mut tracker, &[vec![elsewhere_in_libc, in_exe]]);
         assert_eq!(libc_only.len(), 1);
         assert!(libc_only[0].contains("/libc.so"), "{libc_only:?}");
-        // The evicted executable is parsed again when a window needs it.
-        assert_eq!(symbolize(&mut tracker, &[vec![in_exe, in_libc]]), both);
+        // The one-shot symbolizer names the same frames.
+        let mut aggregator = Aggregator::new();
+        aggregator.add(
+            &RawSample::for_test(pid, 0, vec![in_libc, in_exe]),
+            &mut tracker,
+        );
+        let fresh = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+        let fresh: Vec<Vec<Line>> = fresh.frames.iter().map(|f| f.lines.clone()).collect();
+        assert_eq!(fresh, names);
     }
 }
