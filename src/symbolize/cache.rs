@@ -36,10 +36,14 @@ pub(super) enum AddressKey {
     Vdso(u64),
 }
 
+/// 24 bytes besides the lines (40 with the key), so that a full cache
+/// stays within a few MiB.
 struct Entry {
-    lines: Lines,
-    /// [`LineCache::window`] when it was last looked up or stored.
-    last_used: u64,
+    lines: Box<[Line]>,
+    symbolized: bool,
+    /// [`LineCache::window`] (its low 32 bits) when it was last looked up
+    /// or stored.
+    last_used: u32,
 }
 
 /// Lines by address, kept across windows (see the module docs). A cache of
@@ -47,8 +51,9 @@ struct Entry {
 pub(super) struct LineCache {
     entries: HashMap<AddressKey, Entry>,
     strings: HashSet<Arc<str>>,
-    /// Windows ended so far.
-    window: u64,
+    /// Windows ended so far (wrapping: only the order of recent ones
+    /// matters, and 2^32 windows are 136 years of 1 s windows).
+    window: u32,
     max_entries: usize,
     hits: u64,
     misses: u64,
@@ -87,7 +92,7 @@ impl LineCache {
             Some(entry) => {
                 entry.last_used = window;
                 self.hits += 1;
-                Some(entry.lines.clone())
+                Some((entry.lines.to_vec(), entry.symbolized))
             }
             None => {
                 self.misses += 1;
@@ -102,7 +107,7 @@ impl LineCache {
             return lines;
         }
         let (lines, symbolized) = lines;
-        let lines: Vec<Line> = lines
+        let lines: Box<[Line]> = lines
             .into_iter()
             .map(|line| Line {
                 function: self.intern(line.function),
@@ -111,13 +116,14 @@ impl LineCache {
                 line: line.line,
             })
             .collect();
+        let copy = lines.to_vec();
         let entry = Entry {
-            lines: (lines, symbolized),
+            lines,
+            symbolized,
             last_used: self.window,
         };
-        let lines = entry.lines.clone();
         self.entries.insert(key, entry);
-        lines
+        (copy, symbolized)
     }
 
     fn intern(&mut self, s: Arc<str>) -> Arc<str> {
@@ -138,7 +144,7 @@ impl LineCache {
         if self.entries.len() > self.max_entries {
             let target = self.max_entries * 3 / 4;
             let mut excess = self.entries.len() - target;
-            let mut ages: Vec<u64> = self.entries.values().map(|e| e.last_used).collect();
+            let mut ages: Vec<u32> = self.entries.values().map(|e| e.last_used).collect();
             // The `excess`-th oldest use: fewer than `excess` entries are
             // older, and those all go; then as many of its ties as needed.
             let (_, &mut threshold, _) = ages.select_nth_unstable(excess - 1);
@@ -158,7 +164,7 @@ impl LineCache {
             hits: self.hits,
             misses: self.misses,
         };
-        self.window += 1;
+        self.window = self.window.wrapping_add(1);
         self.hits = 0;
         self.misses = 0;
         stats

@@ -128,13 +128,13 @@ fn file_name(path: &str) -> &str {
 /// the addresses it symbolized (at most [`LINE_CACHE_MAX_ADDRESSES`]) from
 /// one window to the next, so that continuous mode only symbolizes
 /// addresses it has not seen before (see [`cache`]). For those, it keeps
-/// blazesym's parsed objects (symbol tables, DWARF) of the latest window's
-/// new addresses: only objects of at most [`KEPT_OBJECT_MAX_BYTES`], and
-/// only while their files total at most [`PARSED_OBJECTS_BUDGET_BYTES`];
-/// everything else is evicted after each window (also `/proc/kallsyms`,
-/// after a window without new kernel addresses), so memory follows the
-/// objects still being discovered, not every object that ever came and went
-/// (process churn).
+/// blazesym's parsed objects (symbol tables, DWARF) that brought new
+/// addresses in the latest [`KEEP_PARSED_WINDOWS`] windows: only objects of
+/// at most [`KEPT_OBJECT_MAX_BYTES`], smallest first while their files total
+/// at most [`PARSED_OBJECTS_BUDGET_BYTES`]; everything else is evicted after
+/// each window (also `/proc/kallsyms`, after a window without new kernel
+/// addresses), so memory follows the objects still being discovered, not
+/// every object that ever came and went (process churn).
 /// [`Symbolizer::one_shot`] releases each object's data as soon as its
 /// addresses are done, so that memory peaks at the largest object, not at
 /// all of them.
@@ -147,6 +147,8 @@ pub struct Symbolizer {
     lines: std::cell::RefCell<LineCache>,
     /// Objects whose parsed data `inner` holds.
     parsed: std::cell::RefCell<HashMap<ObjectId, objects::ParsedObject>>,
+    /// Windows symbolized so far.
+    window: std::cell::Cell<u64>,
     kernel_build_id: Option<String>,
     /// Where separate debug files are looked up (by build ID, and for
     /// `.gnu_debuglink` names).
@@ -155,23 +157,32 @@ pub struct Symbolizer {
 
 /// Total size (bytes) of the object files whose parsed data a continuous
 /// [`Symbolizer`] keeps between windows.
-pub const PARSED_OBJECTS_BUDGET_BYTES: u64 = 64 << 20;
+pub const PARSED_OBJECTS_BUDGET_BYTES: u64 = 32 << 20;
 
 /// Largest object file (bytes) whose parsed data a continuous [`Symbolizer`]
 /// keeps between windows. Bigger ones (the agent's own binary, 35 MB with
-/// 22 MB of DWARF; rustc's libraries, 150-200 MB) are parsed again for every
-/// window that needs them and dropped right after, so that what stays
-/// between windows does not depend on which big programs happened to run:
-/// with all-or-nothing keeping, an agent's RssAnon between windows flipped
-/// between 15 and 40 MiB as the window's objects met the budget or not
-/// (issue 18).
-pub const KEPT_OBJECT_MAX_BYTES: u64 = 32 << 20;
+/// 22 MB of DWARF; libpython, 23 MB; rustc's libraries, 150-200 MB) are
+/// parsed again for every window that brings new addresses in them and
+/// dropped right after, so that what stays between windows does not depend
+/// on which big programs happened to run: with all-or-nothing keeping, an
+/// agent's RssAnon between windows flipped between 15 and 40 MiB as the
+/// window's objects met the budget or not (issue 18).
+pub const KEPT_OBJECT_MAX_BYTES: u64 = 16 << 20;
+
+/// Windows after the latest one that brought new addresses in an object
+/// for which a continuous [`Symbolizer`] may keep its parsed data (while
+/// addresses still come in, parsing it again for each would cost more
+/// than keeping it).
+pub const KEEP_PARSED_WINDOWS: u64 = 10;
 
 /// Most addresses (kernel addresses, object file offsets) whose lines a
 /// continuous [`Symbolizer`] keeps between windows; past it, those unused
 /// for the longest are dropped. Each costs about 150 bytes besides its
-/// strings (which are shared): about 10 MiB when full.
-pub const LINE_CACHE_MAX_ADDRESSES: usize = 1 << 16;
+/// strings (which are shared): about 5 MiB when full (issue 18: under
+/// `mixed` churn with Rust builds on the machine, 1 s windows brought about
+/// 1,000 new addresses each after two minutes; under churn alone, the
+/// addresses of a window were nearly all known after a minute).
+pub const LINE_CACHE_MAX_ADDRESSES: usize = 28_000;
 
 impl Default for Symbolizer {
     fn default() -> Self {
@@ -192,6 +203,7 @@ impl Symbolizer {
             keep_parsed_objects: true,
             lines: std::cell::RefCell::new(LineCache::new(LINE_CACHE_MAX_ADDRESSES)),
             parsed: Default::default(),
+            window: Default::default(),
             kernel_build_id: kernel::kernel_build_id(),
             debug_dirs,
         }
@@ -338,8 +350,15 @@ impl Symbolizer {
         let kept = self.objects_to_keep(tracker, &object_new);
         for (&object, offsets) in &object_new {
             let keep = kept.contains_key(&object);
+            let started = std::time::Instant::now();
             let results = self.symbolize_object(tracker, object, offsets, keep);
-            let name = file_name(tracker.object_path(object).unwrap_or("[unknown]"));
+            let path = tracker.object_path(object).unwrap_or("[unknown]");
+            debug!(
+                "symbolizer: {path}: {} new addresses in {:?} (kept: {keep})",
+                offsets.len(),
+                started.elapsed()
+            );
+            let name = file_name(path);
             for (&offset, lines) in offsets.iter().zip(results) {
                 let entry = match lines {
                     Some(lines) => (lines, true),
@@ -368,6 +387,7 @@ impl Symbolizer {
         }
 
         let stats = cache.end_window();
+        self.window.set(self.window.get() + 1);
         debug!(
             "symbolizer: {} addresses, {} new ({} in {} objects, {} in the kernel); \
              cache holds {} addresses, {} strings",
@@ -549,6 +569,7 @@ mod tests {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         let exe = exe.to_string_lossy().into_owned();
         let in_exe = address_in(|p| p == exe, 4);
+        let in_ld = address_in(|p| p.contains("/ld-linux"), 4);
         let in_libc = address_in(|p| p.contains("/libc.so"), 4);
         let elsewhere_in_libc = address_in(|p| p.contains("/libc.so"), 5);
         let pid = std::process::id();
@@ -576,21 +597,29 @@ mod tests {
             let names: Vec<Vec<Line>> = profile.frames.iter().map(|f| f.lines.clone()).collect();
             (kept, names)
         };
-        let (both, names) = symbolize(&mut tracker, &[vec![in_libc, in_exe]]);
-        assert_eq!(both.len(), 2, "{both:?}");
-        // The same addresses again: answered from the cache, nothing parsed
-        // is kept.
-        let (none, names_again) = symbolize(&mut tracker, &[vec![in_libc, in_exe]]);
+        let (both, names) = symbolize(&mut tracker, &[vec![in_libc, in_ld, in_exe]]);
+        // libc and ld.so are kept; the test binary only if it is small.
+        let exe_is_small = std::fs::metadata(&exe).unwrap().len() <= KEPT_OBJECT_MAX_BYTES;
+        assert_eq!(both.len(), 2 + usize::from(exe_is_small), "{both:?}");
+        assert_eq!(both.contains(&exe), exe_is_small, "{both:?}");
+        // The same addresses again: answered from the cache; the parsed
+        // objects stay for KEEP_PARSED_WINDOWS windows, then go.
+        for _ in 0..KEEP_PARSED_WINDOWS {
+            let (kept, names_again) = symbolize(&mut tracker, &[vec![in_libc, in_ld, in_exe]]);
+            assert_eq!(kept, both);
+            assert_eq!(names_again, names);
+        }
+        let (none, names_again) = symbolize(&mut tracker, &[vec![in_libc, in_ld, in_exe]]);
         assert!(none.is_empty(), "{none:?}");
         assert_eq!(names_again, names);
         // A new address in libc: only libc is parsed (and kept).
-        let (libc_only, _) = symbolize(&mut tracker, &[vec![elsewhere_in_libc, in_exe]]);
+        let (libc_only, _) = symbolize(&mut tracker, &[vec![elsewhere_in_libc, in_ld, in_exe]]);
         assert_eq!(libc_only.len(), 1);
         assert!(libc_only[0].contains("/libc.so"), "{libc_only:?}");
         // The one-shot symbolizer names the same frames.
         let mut aggregator = Aggregator::new();
         aggregator.add(
-            &RawSample::for_test(pid, 0, vec![in_libc, in_exe]),
+            &RawSample::for_test(pid, 0, vec![in_libc, in_ld, in_exe]),
             &mut tracker,
         );
         let fresh = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);

@@ -13,8 +13,8 @@ use tracing::debug;
 
 use super::elf_file::ObjectFile;
 use super::{
-    demangle, line_of, lines_of, MappingSource, Symbolizer, KEPT_OBJECT_MAX_BYTES,
-    PARSED_OBJECTS_BUDGET_BYTES,
+    demangle, line_of, lines_of, MappingSource, Symbolizer, KEEP_PARSED_WINDOWS,
+    KEPT_OBJECT_MAX_BYTES, PARSED_OBJECTS_BUDGET_BYTES,
 };
 use crate::process::ObjectId;
 use crate::profile::Line;
@@ -25,6 +25,11 @@ use crate::profile::Line;
 pub(super) struct ParsedObject {
     path: PathBuf,
     debug_file: Option<PathBuf>,
+    /// File size of the object, bytes.
+    size: u64,
+    /// The latest window ([`Symbolizer`]'s count) that brought new
+    /// addresses in it.
+    last_new: u64,
 }
 
 impl ParsedObject {
@@ -143,11 +148,14 @@ impl Symbolizer {
     /// other paths is evicted (unless another object is reached through
     /// them).
     fn note_parsed(&self, object: ObjectId, path: &Path, debug_file: Option<PathBuf>) {
+        let size = std::fs::metadata(path).map_or(0, |m| m.len());
         let previous = self.parsed.borrow_mut().insert(
             object,
             ParsedObject {
                 path: path.to_path_buf(),
                 debug_file,
+                size,
+                last_new: self.window.get(),
             },
         );
         let Some(previous) = previous else {
@@ -176,51 +184,72 @@ impl Symbolizer {
         }
     }
 
-    /// Which of the objects a window uses (`used`) keep their parsed data
-    /// after it, with their file sizes: those of at most
-    /// [`KEPT_OBJECT_MAX_BYTES`], while they total at most
+    /// Which objects keep their parsed data after this window, with their
+    /// file sizes: of those with new addresses in this window (`new`) or in
+    /// one of the [`KEEP_PARSED_WINDOWS`] before, the ones of at most
+    /// [`KEPT_OBJECT_MAX_BYTES`], smallest first while they total at most
     /// [`PARSED_OBJECTS_BUDGET_BYTES`]. The others are symbolized one at a
     /// time, each with its parsed data dropped as soon as its addresses are
     /// done, as in one-shot runs: memory peaks at the largest object, not at
     /// the sum of them (issue 18: 600-775 MB of objects in one window while
-    /// Rust builds ran on the machine). If even the small ones are over the
-    /// budget, nothing is kept and blazesym starts afresh, which also drops
-    /// what it holds for `.gnu_debuglink` targets (cached under their own
-    /// paths, which eviction by object path does not reach).
+    /// Rust builds ran on the machine).
     pub(super) fn objects_to_keep<S: MappingSource + ?Sized, V>(
         &self,
         tracker: &S,
-        used: &HashMap<ObjectId, V>,
+        new: &HashMap<ObjectId, V>,
     ) -> HashMap<ObjectId, u64> {
         if !self.keep_parsed_objects {
             return HashMap::new();
         }
-        let small: HashMap<ObjectId, u64> = used
-            .keys()
-            .filter_map(|&object| {
-                let size = std::fs::metadata(tracker.object_open_path(object)?)
-                    .ok()?
-                    .len();
-                (size <= KEPT_OBJECT_MAX_BYTES).then_some((object, size))
-            })
+        let window = self.window.get();
+        let recent = self
+            .parsed
+            .borrow()
+            .iter()
+            .filter(|(_, p)| p.last_new + KEEP_PARSED_WINDOWS >= window)
+            .map(|(&object, p)| (object, p.size))
+            .collect::<Vec<_>>();
+        let fresh = new.keys().filter_map(|&object| {
+            let size = std::fs::metadata(tracker.object_open_path(object)?)
+                .ok()?
+                .len();
+            Some((object, size))
+        });
+        let mut candidates: Vec<(ObjectId, u64)> = recent
+            .into_iter()
+            .chain(fresh)
+            .filter(|&(_, size)| size <= KEPT_OBJECT_MAX_BYTES)
             .collect();
-        let total: u64 = small.values().sum();
-        if total <= PARSED_OBJECTS_BUDGET_BYTES {
-            return small;
+        candidates.sort_by_key(|&(object, size)| (size, object));
+        candidates.dedup_by_key(|&mut (object, _)| object);
+        let mut total = 0;
+        let mut keep = HashMap::new();
+        for (object, size) in candidates {
+            if total + size <= PARSED_OBJECTS_BUDGET_BYTES {
+                total += size;
+                keep.insert(object, size);
+            }
         }
-        debug!("symbolizer: this window's objects total {total} bytes, over the budget: none kept");
-        *self.inner.borrow_mut() = Self::blazesym(&self.debug_dirs);
-        self.parsed.borrow_mut().clear();
-        HashMap::new()
+        keep
     }
 
     /// After a window: keep the parsed data of the objects
-    /// [`Self::objects_to_keep`] chose (`used`) and evict everything else.
-    pub(super) fn keep_only<V>(&self, used: &HashMap<ObjectId, V>) {
+    /// [`Self::objects_to_keep`] chose (`keep`) and evict everything else.
+    /// When nothing is kept, blazesym starts afresh, which also drops what
+    /// it holds for `.gnu_debuglink` targets (cached under their own paths,
+    /// which eviction by object path does not reach).
+    pub(super) fn keep_only<V>(&self, keep: &HashMap<ObjectId, V>) {
         let mut parsed = self.parsed.borrow_mut();
+        if keep.is_empty() {
+            if !parsed.is_empty() {
+                *self.inner.borrow_mut() = Self::blazesym(&self.debug_dirs);
+                parsed.clear();
+            }
+            return;
+        }
         let (keep, drop): (HashMap<_, _>, HashMap<_, _>) = parsed
             .drain()
-            .partition(|(object, _)| used.contains_key(object));
+            .partition(|(object, _)| keep.contains_key(object));
         for old in drop.values().flat_map(ParsedObject::paths) {
             // A path a kept object is also reached through stays.
             if !keep.values().any(|p| p.paths().any(|p| p == old)) {
