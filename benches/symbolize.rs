@@ -13,7 +13,8 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use lightswitch::process::ProcessTracker;
 use lightswitch::profile::aggregate::Aggregator;
-use lightswitch::symbolize::{Symbolizer, Window};
+use lightswitch::profile::Window;
+use lightswitch::symbolize::Symbolizer;
 
 /// `n` addresses of kernel functions from `/proc/kallsyms` (empty when
 /// the addresses are hidden from this user).

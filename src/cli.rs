@@ -5,28 +5,41 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-pub use crate::format::pprof::Compression;
+use crate::format::{Compression, ProfileFormat};
+use crate::sender::{remote::HttpSettings, SenderConfig};
 use crate::unwind::identity::DEFAULT_DEBUG_ROOT;
 
-/// Output format of the written profile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ProfileFormat {
-    /// SVG flame graph (inferno). Default file name `flamegraph.svg`.
-    FlameGraph,
-    /// Folded stacks, `comm;root;..;leaf count` per line. Default file name `folded.txt`.
-    Folded,
-    /// pprof protobuf (`go tool pprof`). Default file name `profile.pb`.
-    Pprof,
+/// `--profile-format` values come from the format registry
+/// ([`ProfileFormat::spec`]): canonical names, aliases and help lines.
+impl ValueEnum for ProfileFormat {
+    fn value_variants<'a>() -> &'a [Self] {
+        &ProfileFormat::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let spec = self.spec();
+        Some(
+            clap::builder::PossibleValue::new(spec.name)
+                .aliases(spec.aliases.iter().copied())
+                .help(spec.help),
+        )
+    }
 }
 
-impl ProfileFormat {
-    /// The file name used when `--profile-name` is not given.
-    pub fn default_file_name(self) -> &'static str {
-        match self {
-            ProfileFormat::FlameGraph => "flamegraph.svg",
-            ProfileFormat::Folded => "folded.txt",
-            ProfileFormat::Pprof => "profile.pb",
-        }
+/// `--pprof-compression` values.
+impl ValueEnum for Compression {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Compression::None, Compression::Gzip]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(match self {
+            Compression::None => {
+                clap::builder::PossibleValue::new("none").help("raw protobuf bytes")
+            }
+            Compression::Gzip => clap::builder::PossibleValue::new("gzip")
+                .help("gzip-compressed protobuf (what `go tool pprof` and HTTP receivers prefer)"),
+        })
     }
 }
 
@@ -345,6 +358,37 @@ impl Cli {
                 (f, self.profile_path.join(name))
             })
             .collect())
+    }
+}
+
+impl Cli {
+    /// The continuous-mode sender these options ask for. Errors as
+    /// [`Cli::outputs`] does.
+    pub fn sender_config(&self) -> anyhow::Result<SenderConfig> {
+        let http = HttpSettings {
+            token: self.token.clone(),
+            send_timeout_s: self.send_timeout,
+            send_queue_bytes: self.send_queue_bytes,
+        };
+        Ok(match self.sender {
+            SenderKind::Disk => SenderConfig::Disk {
+                outputs: self.outputs()?,
+                compression: self.pprof_compression,
+                max_profiles: self.max_profiles,
+                mode: self.profile_mode,
+            },
+            SenderKind::Remote => SenderConfig::Remote {
+                url: self.server_url.clone(),
+                http,
+            },
+            SenderKind::Pyroscope => SenderConfig::Pyroscope {
+                url: self.server_url.clone(),
+                http,
+                app_name: self.pyroscope_app_name.clone(),
+                labels: self.labels.clone(),
+                tenant_id: self.pyroscope_tenant_id.clone(),
+            },
+        })
     }
 }
 

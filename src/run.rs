@@ -30,12 +30,11 @@ mod summary;
 
 pub use summary::{ContinuousSummary, RunSummary};
 
-use crate::cli::{Cli, Compression, ProfileFormat, SenderKind};
+use crate::cli::{Cli, SenderKind};
 use crate::format;
 use crate::preflight;
 use crate::process::ProcessTracker;
 use crate::profile::window::{ClosedWindow, Windows};
-use crate::profile::Profile;
 use crate::sample::UnwindStatus;
 use crate::sampler::{self, Sampler, SamplerConfig};
 use crate::sender::disk;
@@ -113,7 +112,7 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     // Continuous mode: the sender (and its thread) starts before sampling,
     // so that a bad URL fails the run before anything is loaded.
     let mut worker = if continuous {
-        let sender = crate::sender::start(cli)?;
+        let sender = crate::sender::start(cli.sender_config()?)?;
         if let Some(queue) = sender.delivery_queue() {
             metrics.set_delivery_queue(queue);
         }
@@ -414,7 +413,12 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     // of them (a flame graph of no samples) leaves no partial set behind.
     let encoded = outputs
         .iter()
-        .map(|(format, output)| Ok((output, encode(&profile, *format, cli.pprof_compression)?)))
+        .map(|(format, output)| {
+            Ok((
+                output,
+                format::encode(&profile, *format, cli.pprof_compression)?,
+            ))
+        })
         .collect::<Result<Vec<_>>>()
         .context("no profile was written")?;
     for (output, bytes) in encoded {
@@ -486,22 +490,4 @@ fn unwind_rows_for_budget(mb: u32) -> Result<u32> {
         anyhow::bail!("--max-unwind-info-mb must be between 1 and 32767 MiB");
     }
     Ok(rows as u32)
-}
-
-/// Encode `profile` in `format` (`compression` applies to pprof only).
-pub fn encode(
-    profile: &Profile,
-    format: ProfileFormat,
-    compression: Compression,
-) -> Result<Vec<u8>> {
-    match format {
-        ProfileFormat::FlameGraph => {
-            if profile.total_samples() == 0 {
-                anyhow::bail!("no samples were collected, so there is no flame graph to draw");
-            }
-            format::flamegraph::encode(profile, "lightswitch CPU profile")
-        }
-        ProfileFormat::Folded => Ok(format::folded::encode(profile).into_bytes()),
-        ProfileFormat::Pprof => format::pprof::encode(profile, compression),
-    }
 }

@@ -179,7 +179,7 @@ fn known_profile(start_unix_ns: u64, count: u64, stacks: usize) -> Vec<u8> {
         frames,
         samples,
     };
-    lightswitch::format::pprof::encode(&profile, lightswitch::cli::Compression::None).unwrap()
+    lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
 }
 
 const T0: u64 = 1_714_564_800_000_000_000; // 2024-05-01T12:00:00Z

@@ -893,7 +893,7 @@ fn known_profile(start_unix_ns: u64, count: u64) -> Vec<u8> {
             count,
         }],
     };
-    lightswitch::format::pprof::encode(&profile, lightswitch::cli::Compression::None).unwrap()
+    lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
 }
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
@@ -1008,6 +1008,6 @@ fn collector_validates_limits_authenticates_lists_and_merges() {
     assert_eq!(merged.duration_nanos as u64, 2 * s);
     let (status, _) = get("/merged?from=1&to=2");
     assert_eq!(status, 404);
-    let (status, _) = get("/merged?format=svg");
+    let (status, _) = get("/merged?format=png");
     assert_eq!(status, 400);
 }

@@ -43,8 +43,7 @@ use tracing::{info, warn};
 
 use super::merge::{self, BodyError};
 use super::storage::{Filter, Storage, StoredProfile};
-use crate::cli::{Compression, ProfileFormat};
-use crate::format::pprof;
+use crate::format::{self, Compression, ProfileFormat};
 use crate::httpd::{blocking, check_bearer, text};
 use crate::sender::remote::{HOST_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
 use crate::timefmt;
@@ -307,16 +306,11 @@ fn merged_blocking(state: &AppState, query: Option<String>) -> Response {
         Ok(f) => f,
         Err(message) => return text(StatusCode::BAD_REQUEST, message),
     };
-    let format = match query_value(&pairs, "format").unwrap_or("pprof") {
-        "pprof" => ProfileFormat::Pprof,
-        "flame-graph" | "flamegraph" => ProfileFormat::FlameGraph,
-        "folded" => ProfileFormat::Folded,
-        other => {
-            return text(
-                StatusCode::BAD_REQUEST,
-                format!("format={other:?}: expected pprof, flame-graph or folded"),
-            )
-        }
+    let format = match query_value(&pairs, "format").map_or(Ok(ProfileFormat::Pprof), |name| {
+        ProfileFormat::from_name(name).map_err(|e| format!("format={name:?}: {e}"))
+    }) {
+        Ok(format) => format,
+        Err(message) => return text(StatusCode::BAD_REQUEST, message),
     };
     let stored = match state.storage.list(&filter) {
         Ok(s) => s,
@@ -375,19 +369,13 @@ fn merge_stored(state: &AppState, stored: &[StoredProfile]) -> (merge::Merged, u
 
 /// The answer to a merge: `merged` encoded as `format`.
 fn encode_merged(merged: &merge::Merged, format: ProfileFormat, skipped: usize) -> Response {
-    let content_type = match format {
-        ProfileFormat::Pprof => "application/vnd.google.protobuf",
-        ProfileFormat::FlameGraph => "image/svg+xml",
-        ProfileFormat::Folded => "text/plain; charset=utf-8",
-    };
-    let encoded = match format {
-        ProfileFormat::Pprof => pprof::encode(&merged.profile, Compression::Gzip),
-        other => crate::run::encode(&merged.profile, other, Compression::None),
-    };
+    // pprof answers are gzip'd (what `go tool pprof` fetches); the other
+    // formats have one encoding.
+    let encoded = format::encode(&merged.profile, format, Compression::Gzip);
     match encoded {
         Ok(bytes) => Response::builder()
             .status(StatusCode::OK)
-            .header(header::CONTENT_TYPE, content_type)
+            .header(header::CONTENT_TYPE, format.mime_type())
             .header("X-Lightswitch-Merged-Profiles", merged.inputs.to_string())
             .header("X-Lightswitch-Skipped-Profiles", skipped.to_string())
             .body(Body::from(bytes))

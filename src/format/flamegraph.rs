@@ -6,8 +6,24 @@
 use anyhow::{Context, Result};
 use inferno::flamegraph::{self, color::MultiPalette, Options, Palette};
 
-use super::folded;
+use super::{folded, FormatSpec};
 use crate::profile::Profile;
+
+/// The registry entry: `flame-graph` (also `flamegraph`, `flame`, `svg`),
+/// `flamegraph.svg`, `image/svg+xml`. An empty profile has nothing to draw.
+pub const SPEC: FormatSpec = FormatSpec {
+    name: "flame-graph",
+    aliases: &["flamegraph", "flame", "svg"],
+    noun: "flame graph",
+    help: "SVG flame graph (inferno); default file name flamegraph.svg",
+    default_file_name: "flamegraph.svg",
+    mime_type: "image/svg+xml",
+    encodes_empty: false,
+    encode: |profile, _| encode(profile, TITLE),
+};
+
+/// The title drawn at the top of the profiler's CPU flame graphs.
+const TITLE: &str = "lightswitch CPU profile";
 
 /// Render `profile` as an SVG flame graph. `title` is drawn at the top.
 /// Errors if inferno cannot render (e.g. the profile has no samples).

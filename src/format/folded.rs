@@ -8,7 +8,21 @@
 
 use std::collections::BTreeMap;
 
+use super::FormatSpec;
 use crate::profile::{FrameKind, Profile};
+
+/// The registry entry: `folded`, `folded.txt`, plain text. An empty profile
+/// is an empty file.
+pub const SPEC: FormatSpec = FormatSpec {
+    name: "folded",
+    aliases: &["collapsed"],
+    noun: "folded stacks file",
+    help: "folded stacks, `comm;root;..;leaf count` per line; default file name folded.txt",
+    default_file_name: "folded.txt",
+    mime_type: "text/plain; charset=utf-8",
+    encodes_empty: true,
+    encode: |profile, _| Ok(encode(profile).into_bytes()),
+};
 
 /// Suffix that marks a kernel frame in folded stacks.
 pub const KERNEL_SUFFIX: &str = "_[k]";

@@ -1,5 +1,184 @@
-//! Encoders: pure functions from a [`crate::profile::Profile`] to bytes. One file per format.
+//! Output formats. Each format is one file here with a [`FormatSpec`]: its
+//! names (the `--profile-format` value, also the HTTP `format=` query value,
+//! and the aliases people type), default file name, MIME type, whether an
+//! empty profile can be encoded, and its encoder, a pure function from a
+//! [`crate::profile::Profile`] to bytes. [`ProfileFormat`] names a format and
+//! [`ProfileFormat::spec`] is the registry. Everything that writes or serves
+//! a profile (one-shot runs, window files, the on-demand API, the collector's
+//! merges) goes through [`encode`], so a new format is a new file, a variant
+//! and one registry line.
 
 pub mod flamegraph;
 pub mod folded;
 pub mod pprof;
+
+use anyhow::Result;
+
+pub use pprof::Compression;
+
+use crate::profile::Profile;
+
+/// An output format; [`ProfileFormat::spec`] says everything about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProfileFormat {
+    /// SVG flame graph ([`flamegraph`]).
+    FlameGraph,
+    /// Folded stacks ([`folded`]).
+    Folded,
+    /// pprof protobuf ([`pprof`]).
+    Pprof,
+}
+
+/// What one output format is: names, file name, MIME type, encoder.
+#[derive(Debug)]
+pub struct FormatSpec {
+    /// Canonical name: the `--profile-format` value and the HTTP `format=`
+    /// value, e.g. `flame-graph`.
+    pub name: &'static str,
+    /// Other accepted spellings (e.g. `flamegraph`, `svg`), matched without
+    /// regard to case like [`FormatSpec::name`].
+    pub aliases: &'static [&'static str],
+    /// What it is called in prose ("flame graph"), for messages.
+    pub noun: &'static str,
+    /// One line for `--help`.
+    pub help: &'static str,
+    /// File name used when `--profile-name` is not given.
+    pub default_file_name: &'static str,
+    /// `Content-Type` of the encoded bytes when served over HTTP.
+    pub mime_type: &'static str,
+    /// Whether a profile without samples can be encoded. When false,
+    /// [`encode`] answers [`EmptyProfile`] instead.
+    pub encodes_empty: bool,
+    /// The encoder. The [`Compression`] applies where the format has a
+    /// choice (pprof); formats with a fixed encoding ignore it.
+    pub encode: fn(&Profile, Compression) -> Result<Vec<u8>>,
+}
+
+impl ProfileFormat {
+    /// Every format, in the order `--help` lists them.
+    pub const ALL: [ProfileFormat; 3] = [
+        ProfileFormat::Pprof,
+        ProfileFormat::FlameGraph,
+        ProfileFormat::Folded,
+    ];
+
+    /// The registry: this format's [`FormatSpec`].
+    pub fn spec(self) -> &'static FormatSpec {
+        match self {
+            ProfileFormat::FlameGraph => &flamegraph::SPEC,
+            ProfileFormat::Folded => &folded::SPEC,
+            ProfileFormat::Pprof => &pprof::SPEC,
+        }
+    }
+
+    /// The canonical name (`flame-graph`, `folded`, `pprof`).
+    pub fn name(self) -> &'static str {
+        self.spec().name
+    }
+
+    /// The file name used when `--profile-name` is not given.
+    pub fn default_file_name(self) -> &'static str {
+        self.spec().default_file_name
+    }
+
+    /// `Content-Type` of this format's bytes.
+    pub fn mime_type(self) -> &'static str {
+        self.spec().mime_type
+    }
+
+    /// The format called `name` (canonical name or alias, any case). The
+    /// error lists the canonical names.
+    pub fn from_name(name: &str) -> Result<ProfileFormat, UnknownFormat> {
+        Self::ALL
+            .into_iter()
+            .find(|f| {
+                let spec = f.spec();
+                std::iter::once(&spec.name)
+                    .chain(spec.aliases)
+                    .any(|n| n.eq_ignore_ascii_case(name))
+            })
+            .ok_or_else(|| UnknownFormat(name.to_string()))
+    }
+}
+
+/// A format name that is neither a canonical name nor an alias.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("format {0:?} is not one of {names}", names = canonical_names())]
+pub struct UnknownFormat(pub String);
+
+/// The canonical names joined by ", ", for messages.
+pub fn canonical_names() -> String {
+    ProfileFormat::ALL.map(ProfileFormat::name).join(", ")
+}
+
+/// The profile has no samples and the format cannot draw nothing (e.g. a
+/// flame graph). Callers that skip such a window check for this error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no samples were collected, so there is no {0} to draw")]
+pub struct EmptyProfile(pub &'static str);
+
+/// Encode `profile` as `format`. `compression` applies to formats with a
+/// choice (pprof). Errors with [`EmptyProfile`] for a profile without
+/// samples in a format that cannot encode one, or with the encoder's error.
+pub fn encode(
+    profile: &Profile,
+    format: ProfileFormat,
+    compression: Compression,
+) -> Result<Vec<u8>> {
+    let spec = format.spec();
+    if !spec.encodes_empty && profile.total_samples() == 0 {
+        return Err(EmptyProfile(spec.noun).into());
+    }
+    (spec.encode)(profile, compression)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_aliases_resolve_and_unknown_names_list_the_formats() {
+        for format in ProfileFormat::ALL {
+            assert_eq!(ProfileFormat::from_name(format.name()), Ok(format));
+            for alias in format.spec().aliases {
+                assert_eq!(ProfileFormat::from_name(alias), Ok(format));
+            }
+        }
+        for alias in ["flame", "flamegraph", "svg", "SVG", "Flame-Graph"] {
+            assert_eq!(
+                ProfileFormat::from_name(alias),
+                Ok(ProfileFormat::FlameGraph)
+            );
+        }
+        let err = ProfileFormat::from_name("png").unwrap_err().to_string();
+        assert!(
+            err.contains("png") && err.contains("pprof, flame-graph, folded"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn names_are_unique_across_formats() {
+        let mut seen = std::collections::HashSet::new();
+        for format in ProfileFormat::ALL {
+            let spec = format.spec();
+            for name in std::iter::once(&spec.name).chain(spec.aliases) {
+                assert!(seen.insert(name.to_ascii_lowercase()), "{name} twice");
+            }
+        }
+    }
+
+    #[test]
+    fn empty_profiles_are_refused_only_where_the_format_cannot_draw_them() {
+        let empty = Profile::default();
+        for format in ProfileFormat::ALL {
+            let result = encode(&empty, format, Compression::None);
+            if format.spec().encodes_empty {
+                assert!(result.is_ok(), "{format:?}: {result:?}");
+            } else {
+                let err = result.unwrap_err();
+                assert!(err.downcast_ref::<EmptyProfile>().is_some(), "{err:#}");
+            }
+        }
+    }
+}

@@ -25,8 +25,21 @@ pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
 }
 
+/// The registry entry: `pprof`, `profile.pb`, the protobuf MIME type the
+/// remote sender and the collector use. An empty profile is a valid pprof.
+pub const SPEC: super::FormatSpec = super::FormatSpec {
+    name: "pprof",
+    aliases: &["pb", "protobuf"],
+    noun: "pprof profile",
+    help: "pprof protobuf (`go tool pprof`); default file name profile.pb",
+    default_file_name: "profile.pb",
+    mime_type: "application/vnd.google.protobuf",
+    encodes_empty: true,
+    encode,
+};
+
 /// Whether the written pprof is gzip-compressed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Compression {
     /// Raw protobuf bytes.
     #[default]

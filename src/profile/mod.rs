@@ -11,6 +11,17 @@ use std::sync::Arc;
 
 use crate::sample::UnwindStatus;
 
+/// The time span and settings a profile covers.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    /// Start, ns since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// Length, ns.
+    pub duration_ns: u64,
+    /// Sampling frequency, Hz.
+    pub sample_freq_hz: u64,
+}
+
 /// One window's symbolized samples.
 #[derive(Debug, Clone, Default)]
 pub struct Profile {

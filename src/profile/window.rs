@@ -23,8 +23,8 @@ use std::collections::BTreeMap;
 
 use crate::process::ProcessTracker;
 use crate::profile::aggregate::{Aggregator, UserFrame};
+use crate::profile::Window;
 use crate::sample::RawSample;
-use crate::symbolize::Window;
 
 /// How long after a window's end it is closed, ns (see the module docs).
 pub const CLOSE_SLACK_NS: u64 = 50_000_000;

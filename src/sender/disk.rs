@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use tracing::{debug, info, warn};
 
 use super::{Sender, SenderReport};
-use crate::cli::{Compression, ProfileFormat};
+use crate::format::{self, Compression, EmptyProfile, ProfileFormat};
 use crate::profile::Profile;
 
 /// Default mode of the profiles lightswitch writes (and the collector
@@ -165,14 +165,18 @@ impl WindowFiles {
 impl Sender for WindowFiles {
     fn send(&mut self, profile: &Profile) -> Result<()> {
         for (format, base) in &self.outputs {
-            if *format == ProfileFormat::FlameGraph && profile.total_samples() == 0 {
-                info!(
-                    "no samples in the window starting {}: no flame graph written",
-                    crate::timefmt::rfc3339(profile.start_unix_ns)
-                );
-                continue;
-            }
-            let bytes = crate::run::encode(profile, *format, self.compression)?;
+            let bytes = match format::encode(profile, *format, self.compression) {
+                Ok(bytes) => bytes,
+                Err(e) if e.downcast_ref::<EmptyProfile>().is_some() => {
+                    info!(
+                        "no samples in the window starting {}: no {} written",
+                        crate::timefmt::rfc3339(profile.start_unix_ns),
+                        format.spec().noun
+                    );
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let path = window_path(base, profile.start_unix_ns);
             write_atomic(&path, &bytes, self.mode)?;
             debug!("profile written to {}", path.display());

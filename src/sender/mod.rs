@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use crate::cli::{Cli, SenderKind};
+use crate::format::{Compression, ProfileFormat};
 use crate::profile::Profile;
 use queue::{DeliveryStats, Queue};
 
@@ -69,38 +69,79 @@ pub fn hostname() -> String {
     }
 }
 
-/// Start the sender `cli` asks for (continuous mode). Errors: an invalid
-/// URL or settings, or an output directory that cannot be created.
-pub fn start(cli: &Cli) -> Result<Box<dyn Sender>> {
-    match cli.sender {
-        SenderKind::Disk => Ok(Box::new(disk::WindowFiles::new(
-            cli.outputs()?,
-            cli.pprof_compression,
-            cli.max_profiles,
-            cli.profile_mode,
+/// Which sender continuous mode uses and its settings, as the command line
+/// gave them (built by [`crate::cli::Cli::sender_config`]).
+#[derive(Debug, Clone)]
+pub enum SenderConfig {
+    /// Window files in a directory.
+    Disk {
+        /// Each format with its base path (the window's start is added to the name).
+        outputs: Vec<(ProfileFormat, PathBuf)>,
+        /// pprof compression.
+        compression: Compression,
+        /// Keep only the newest N windows per format (`--max-profiles`).
+        max_profiles: Option<usize>,
+        /// File mode of written profiles (`--profile-mode`, e.g. 0o600).
+        mode: u32,
+    },
+    /// HTTP POST of gzip'd pprof to a collector at `url`.
+    Remote {
+        /// The collector's endpoint (`--server-url`), default [`remote::DEFAULT_URL`].
+        url: Option<String>,
+        /// Token, timeout, queue budget.
+        http: remote::HttpSettings,
+    },
+    /// Grafana Pyroscope's push API.
+    Pyroscope {
+        /// The server's base URL (`--server-url`), default [`pyroscope::DEFAULT_URL`].
+        url: Option<String>,
+        /// Token, timeout, queue budget.
+        http: remote::HttpSettings,
+        /// `service_name` label (`--pyroscope-app-name`).
+        app_name: String,
+        /// Extra `KEY=VALUE` series labels (`--label`).
+        labels: Vec<(String, String)>,
+        /// `X-Scope-OrgID` (`--pyroscope-tenant-id`).
+        tenant_id: Option<String>,
+    },
+}
+
+/// Start the sender `config` describes (continuous mode). Errors: an
+/// invalid URL or settings, or an output directory that cannot be created.
+pub fn start(config: SenderConfig) -> Result<Box<dyn Sender>> {
+    match config {
+        SenderConfig::Disk {
+            outputs,
+            compression,
+            max_profiles,
+            mode,
+        } => Ok(Box::new(disk::WindowFiles::new(
+            outputs,
+            compression,
+            max_profiles,
+            mode,
         ))),
-        SenderKind::Remote => {
-            let url = cli
-                .server_url
-                .clone()
-                .unwrap_or_else(|| remote::DEFAULT_URL.to_string());
-            let config = remote::HttpConfig::from_cli(cli, &url)?;
+        SenderConfig::Remote { url, http } => {
+            let url = url.unwrap_or_else(|| remote::DEFAULT_URL.to_string());
+            let config = remote::HttpConfig::new(&url, &http)?;
             Ok(Box::new(
                 remote::RemoteSender::start(config, hostname())
                     .context("starting the remote sender")?,
             ))
         }
-        SenderKind::Pyroscope => {
-            let base = cli
-                .server_url
-                .clone()
-                .unwrap_or_else(|| pyroscope::DEFAULT_URL.to_string());
+        SenderConfig::Pyroscope {
+            url,
+            http,
+            app_name,
+            labels,
+            tenant_id,
+        } => {
+            let base = url.unwrap_or_else(|| pyroscope::DEFAULT_URL.to_string());
             let url = pyroscope::push_url(&base);
-            let config = remote::HttpConfig::from_cli(cli, &url)?;
-            let labels =
-                pyroscope::series_labels(&cli.pyroscope_app_name, &hostname(), &cli.labels);
+            let config = remote::HttpConfig::new(&url, &http)?;
+            let labels = pyroscope::series_labels(&app_name, &hostname(), &labels);
             Ok(Box::new(
-                pyroscope::PyroscopeSender::start(config, labels, cli.pyroscope_tenant_id.clone())
+                pyroscope::PyroscopeSender::start(config, labels, tenant_id)
                     .context("starting the Pyroscope sender")?,
             ))
         }

@@ -21,8 +21,8 @@ use url::Url;
 
 use super::queue::{Attempt, Backoff, Delivery, Item, Transport};
 use super::{Sender, SenderReport};
-use crate::cli::{Cli, Compression};
 use crate::format::pprof;
+use crate::format::Compression;
 use crate::profile::Profile;
 
 /// Default endpoint of the remote sender: a local `lightswitch collector`.
@@ -68,10 +68,33 @@ impl std::fmt::Debug for HttpConfig {
     }
 }
 
+/// A network sender's settings as the user gave them (`--token`,
+/// `--send-timeout`, `--send-queue-bytes`), before validation.
+#[derive(Clone, Default)]
+pub struct HttpSettings {
+    /// Bearer token, if any (`--token` / `LIGHTSWITCH_TOKEN`).
+    pub token: Option<String>,
+    /// Timeout of one request, seconds.
+    pub send_timeout_s: f64,
+    /// Queue budget, bytes.
+    pub send_queue_bytes: usize,
+}
+
+impl std::fmt::Debug for HttpSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the token.
+        f.debug_struct("HttpSettings")
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("send_timeout_s", &self.send_timeout_s)
+            .field("send_queue_bytes", &self.send_queue_bytes)
+            .finish()
+    }
+}
+
 impl HttpConfig {
-    /// Parse `url` (http or https) and take the token and limits from `cli`.
-    /// Errors name the flag at fault.
-    pub fn from_cli(cli: &Cli, url: &str) -> Result<Self> {
+    /// Parse `url` (http or https) and validate `settings`. Errors name the
+    /// flag at fault.
+    pub fn new(url: &str, settings: &HttpSettings) -> Result<Self> {
         let mut url =
             Url::parse(url).with_context(|| format!("--server-url {url:?} is not a URL"))?;
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
@@ -88,10 +111,14 @@ impl HttpConfig {
         // Neither setter fails on an http(s) URL with a host.
         let _ = url.set_username("");
         let _ = url.set_password(None);
-        if cli.send_queue_bytes == 0 {
+        if settings.send_queue_bytes == 0 {
             anyhow::bail!("--send-queue-bytes must be at least 1");
         }
-        if cli.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        if settings
+            .token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
             anyhow::bail!(
                 "--token / LIGHTSWITCH_TOKEN is set but empty: give a token, or unset it \
                  to send without one"
@@ -100,9 +127,9 @@ impl HttpConfig {
         Ok(HttpConfig {
             url,
             basic,
-            token: cli.token.clone(),
-            timeout: crate::preflight::seconds("--send-timeout", cli.send_timeout)?,
-            queue_bytes: cli.send_queue_bytes,
+            token: settings.token.clone(),
+            timeout: crate::preflight::seconds("--send-timeout", settings.send_timeout_s)?,
+            queue_bytes: settings.send_queue_bytes,
             backoff: Backoff::default(),
         })
     }
@@ -263,17 +290,20 @@ impl Sender for RemoteSender {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     #[test]
     fn url_credentials_become_basic_auth_and_leave_the_url() {
-        let cli = Cli::parse_from(["lightswitch"]);
-        let c = HttpConfig::from_cli(&cli, "https://me:p%40ss@example.invalid:8443/x").unwrap();
+        let cli = HttpSettings {
+            send_timeout_s: 10.0,
+            send_queue_bytes: 1 << 20,
+            ..HttpSettings::default()
+        };
+        let c = HttpConfig::new("https://me:p%40ss@example.invalid:8443/x", &cli).unwrap();
         assert_eq!(c.url.as_str(), "https://example.invalid:8443/x");
         assert_eq!(c.basic, Some(("me".into(), Some("p@ss".into()))));
         assert!(!format!("{c:?}").contains("p@ss"));
-        assert!(HttpConfig::from_cli(&cli, "ftp://x/").is_err());
-        assert!(HttpConfig::from_cli(&cli, "not a url").is_err());
+        assert!(HttpConfig::new("ftp://x/", &cli).is_err());
+        assert!(HttpConfig::new("not a url", &cli).is_err());
     }
 
     #[test]

@@ -24,7 +24,6 @@ use super::{Sender, SenderReport};
 use crate::guard::contain;
 use crate::process::ProcessTracker;
 use crate::profile::window::ClosedWindow;
-use crate::server::metrics::Metrics;
 use crate::symbolize::source::{ObjectCache, TrackerSnapshot};
 use crate::symbolize::Symbolizer;
 
@@ -105,13 +104,27 @@ pub struct WindowWorker {
     dropped: u64,
     panicked: u64,
     missing: u64,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn WindowCounters>,
+}
+
+/// Where the worker counts what became of each window; the agent's
+/// `/metrics` implements it (`crate::server::metrics::Metrics`).
+pub trait WindowCounters: Send + Sync {
+    /// A window's profile was handed to the sender (written, for the disk sender).
+    fn window_written(&self);
+    /// The sender failed on a window (encoding or writing).
+    fn window_failed(&self);
+    /// A window was dropped because processing it panicked.
+    fn window_panicked(&self);
+    /// `n` more samples had a user frame whose mapping was retired before
+    /// their window was handed over.
+    fn add_samples_missing_mapping(&self, n: u64);
 }
 
 impl WindowWorker {
     /// Start the worker thread, which sends every window's profile to
     /// `sender` and counts what happened to each window in `metrics`.
-    pub fn start(sender: Box<dyn Sender>, metrics: Arc<Metrics>) -> Result<Self> {
+    pub fn start(sender: Box<dyn Sender>, metrics: Arc<dyn WindowCounters>) -> Result<Self> {
         let (tx, rx) = sync_channel(MAX_PENDING_WINDOWS);
         let worker_metrics = metrics.clone();
         let thread = std::thread::Builder::new()
@@ -194,7 +207,11 @@ impl WindowWorker {
     }
 }
 
-fn run(rx: Receiver<Message>, mut sender: Box<dyn Sender>, metrics: &Metrics) -> WorkerReport {
+fn run(
+    rx: Receiver<Message>,
+    mut sender: Box<dyn Sender>,
+    metrics: &Arc<dyn WindowCounters>,
+) -> WorkerReport {
     let mut symbolizer = Symbolizer::new();
     let mut report = WorkerReport::default();
     let mut flush = Duration::from_secs(5);

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::httpd::serve::ConnectionStats;
 use crate::sample::UnwindStatus;
 use crate::sender::queue::Queue;
+use crate::sender::worker::WindowCounters;
 
 /// The agent's metrics, shared between the sampling loop and the server.
 #[derive(Default)]
@@ -294,6 +295,25 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str, series: &[(&str,
         } else {
             let _ = writeln!(out, "{name}{{{labels}}} {value}");
         }
+    }
+}
+
+/// The window worker counts into `/metrics`.
+impl WindowCounters for Metrics {
+    fn window_written(&self) {
+        Metrics::window_written(self);
+    }
+
+    fn window_failed(&self) {
+        Metrics::window_failed(self);
+    }
+
+    fn window_panicked(&self) {
+        Metrics::window_panicked(self);
+    }
+
+    fn add_samples_missing_mapping(&self, n: u64) {
+        Metrics::add_samples_missing_mapping(self, n);
     }
 }
 

@@ -21,15 +21,16 @@ use anyhow::{Context, Result};
 use tokio::sync::oneshot;
 use tracing::debug;
 
-use crate::cli::{Compression, ProfileFormat};
+use crate::format::{self, Compression, EmptyProfile, ProfileFormat};
 use crate::guard::contain;
 use crate::process::ProcessTracker;
 use crate::profile::aggregate::{Aggregator, UserFrame};
 use crate::profile::window::CLOSE_SLACK_NS;
+use crate::profile::Window;
 use crate::sample::RawSample;
 use crate::sampler::Sampler;
 use crate::symbolize::source::{ObjectCache, TrackerSnapshot};
-use crate::symbolize::{Symbolizer, Window};
+use crate::symbolize::Symbolizer;
 use crate::timefmt;
 
 /// Why a request got no profile.
@@ -355,14 +356,13 @@ fn answer(
 ) -> Reply {
     let started = std::time::Instant::now();
     let profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
-    let reply = if profile.total_samples() == 0 && closed.format == ProfileFormat::FlameGraph {
-        Err(RequestError::NoSamples(
-            "no samples were collected, so there is no flame graph to draw".into(),
-        ))
-    } else {
-        crate::run::encode(&profile, closed.format, Compression::Gzip)
-            .map_err(|e| RequestError::Failed(format!("{e:#}")))
-    };
+    let reply =
+        format::encode(&profile, closed.format, Compression::Gzip).map_err(|e| match e
+            .downcast_ref::<EmptyProfile>()
+        {
+            Some(empty) => RequestError::NoSamples(empty.to_string()),
+            None => RequestError::Failed(format!("{e:#}")),
+        });
     debug!(
         "on-demand profile: {} samples symbolized and encoded in {:?}",
         profile.total_samples(),

@@ -2,8 +2,10 @@
 //!
 //! - `GET /debug/pprof/profile?seconds=N&pids=1,2&format=pprof|flame-graph|folded&sample_freq=HZ`:
 //!   a CPU profile of the next N seconds (default 30), gzip'd pprof unless
-//!   `format` says otherwise.
-//! - `GET /debug/pprof/heap?format=pprof|flame-graph`: the profiler's own
+//!   `format` says otherwise (any name or alias in [`crate::format`], e.g.
+//!   `flamegraph`, `svg`).
+//! - `GET /debug/pprof/heap?format=pprof|flame-graph` (or an alias: `flame`,
+//!   `flamegraph`, `svg`): the profiler's own
 //!   heap profile (jemalloc, [`crate::heap`]).
 //! - `GET /debug/pprof/heap/settings`, `POST /debug/pprof/heap/settings?enabled=true|false`:
 //!   read or switch heap sampling; the answer is `{"enabled":BOOL}`.
@@ -30,7 +32,7 @@ use tokio::sync::oneshot;
 use super::metrics::{resident_memory_bytes, Metrics};
 use super::ondemand::{ProfileRequest, RequestError};
 use super::{ServerConfig, DEFAULT_SECONDS};
-use crate::cli::ProfileFormat;
+use crate::format::ProfileFormat;
 use crate::heap::{self, HeapFormat};
 use crate::httpd::{blocking, check_bearer, text};
 use crate::timefmt;
@@ -132,16 +134,12 @@ fn value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-/// `format=` of a CPU profile.
+/// `format=` of a CPU profile: any name or alias in the format registry;
+/// pprof when absent.
 fn profile_format(value: Option<&str>) -> Result<ProfileFormat, String> {
-    match value {
-        None | Some("pprof") => Ok(ProfileFormat::Pprof),
-        Some("flame-graph") => Ok(ProfileFormat::FlameGraph),
-        Some("folded") => Ok(ProfileFormat::Folded),
-        Some(other) => Err(format!(
-            "format={other:?} is not one of pprof, flame-graph, folded"
-        )),
-    }
+    value.map_or(Ok(ProfileFormat::Pprof), |name| {
+        ProfileFormat::from_name(name).map_err(|e| format!("format={name:?}: {e}"))
+    })
 }
 
 /// A validated `/debug/pprof/profile` query.
@@ -222,14 +220,6 @@ impl Drop for InProgress {
     }
 }
 
-fn content_type(format: ProfileFormat) -> &'static str {
-    match format {
-        ProfileFormat::Pprof => "application/octet-stream",
-        ProfileFormat::FlameGraph => "image/svg+xml",
-        ProfileFormat::Folded => "text/plain; charset=utf-8",
-    }
-}
-
 async fn profile(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
     let arrived_mono_ns = timefmt::monotonic_ns();
     let metrics = state.metrics.clone();
@@ -293,7 +283,7 @@ async fn profile(State(state): State<AppState>, RawQuery(query): RawQuery) -> Re
             (
                 StatusCode::OK,
                 [
-                    (header::CONTENT_TYPE, content_type(query.format)),
+                    (header::CONTENT_TYPE, query.format.mime_type()),
                     (header::CONTENT_DISPOSITION, "inline"),
                 ],
                 body,
@@ -334,24 +324,26 @@ async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 async fn heap_profile(RawQuery(query): RawQuery) -> Response {
-    let format = match query_pairs(query.as_deref(), &["format"]).and_then(|pairs| {
-        match value(&pairs, "format") {
-            None | Some("pprof") => Ok(HeapFormat::Pprof),
-            Some("flame-graph") => Ok(HeapFormat::FlameGraph),
-            Some(other) => Err(format!("format={other:?} is not one of pprof, flame-graph")),
-        }
-    }) {
+    let format = match query_pairs(query.as_deref(), &["format"])
+        .and_then(|pairs| profile_format(value(&pairs, "format")))
+        .and_then(|format| match format {
+            ProfileFormat::Pprof => Ok((HeapFormat::Pprof, format)),
+            ProfileFormat::FlameGraph => Ok((HeapFormat::FlameGraph, format)),
+            other => Err(format!(
+                "format={:?}: heap profiles come as pprof or flame-graph",
+                other.name()
+            )),
+        }) {
         Ok(f) => f,
         Err(message) => return text(StatusCode::BAD_REQUEST, message),
     };
-    blocking(move || match heap::dump(format) {
-        Ok(body) => {
-            let kind = match format {
-                HeapFormat::Pprof => "application/octet-stream",
-                HeapFormat::FlameGraph => "image/svg+xml",
-            };
-            (StatusCode::OK, [(header::CONTENT_TYPE, kind)], body).into_response()
-        }
+    blocking(move || match heap::dump(format.0) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, format.1.mime_type())],
+            body,
+        )
+            .into_response(),
         Err(err) if !heap::available() => text(StatusCode::CONFLICT, format!("{err:#}")),
         // jemalloc_pprof's flame graph of an empty profile.
         Err(err) if format!("{err:#}").contains("No stack counts found") => text(
@@ -453,7 +445,7 @@ mod tests {
             "seconds=NaN",
             "pids=1,x",
             "pids=0",
-            "format=svg",
+            "format=png",
             "sample_freq=0",
             "sample_freq=1001",
             "secs=1",

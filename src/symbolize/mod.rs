@@ -30,6 +30,7 @@ use tracing::debug;
 
 use crate::process::ObjectId;
 use crate::profile::aggregate::Aggregator;
+use crate::profile::Window;
 use crate::profile::{unwind_marker_name, FrameKind, Line, Profile, ProfileMapping, Sample};
 use assembly::{user_frame_lines, ProfileAssembly};
 use cache::{AddressKey, LineCache};
@@ -40,17 +41,6 @@ pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
 
 /// Name of the kernel's virtual shared object in `/proc/PID/maps`.
 const VDSO_MAPPING_NAME: &str = "[vdso]";
-
-/// The time span and settings a profile covers.
-#[derive(Debug, Clone, Copy)]
-pub struct Window {
-    /// Start, ns since the Unix epoch.
-    pub start_unix_ns: u64,
-    /// Length, ns.
-    pub duration_ns: u64,
-    /// Sampling frequency, Hz.
-    pub sample_freq_hz: u64,
-}
 
 /// Demangle a Rust (legacy or v0) or C++ (Itanium) symbol name; other names
 /// are returned unchanged.

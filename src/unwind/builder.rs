@@ -156,7 +156,8 @@ fn eh_frame_of<'d>(
     file: &ElfFile64<'d, Endianness>,
 ) -> Result<Option<EhFrameData<'d>>, BuildError> {
     if file.elf_section_table().is_empty() {
-        return Ok(eh_frame_hdr::eh_frame_from_segments(file)?
+        return Ok(eh_frame_hdr::eh_frame_from_segments(file)
+            .map_err(BuildError::EhFrameHdr)?
             .map(|found| (Cow::Borrowed(found.data), found.bases())));
     }
     let Some(section) = file.section_by_name(".eh_frame") else {

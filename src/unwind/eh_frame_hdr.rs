@@ -18,8 +18,6 @@ use object::elf;
 use object::read::elf::{ElfFile64, ProgramHeader};
 use object::Endianness;
 
-use super::builder::BuildError;
-
 /// `.eh_frame` located through the program headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct SegmentEhFrame<'d> {
@@ -44,10 +42,11 @@ impl SegmentEhFrame<'_> {
 }
 
 /// The `.eh_frame` of `file` through its `PT_GNU_EH_FRAME` segment, or
-/// `None` when it has no such segment (or an empty one).
+/// `None` when it has no such segment (or an empty one). The error says
+/// what is malformed about the segment.
 pub(super) fn eh_frame_from_segments<'d>(
     file: &ElfFile64<'d, Endianness>,
-) -> Result<Option<SegmentEhFrame<'d>>, BuildError> {
+) -> Result<Option<SegmentEhFrame<'d>>, String> {
     let endian = file.endian();
     let data = file.data();
     let Some(hdr) = file
@@ -57,15 +56,14 @@ pub(super) fn eh_frame_from_segments<'d>(
     else {
         return Ok(None);
     };
-    let malformed = BuildError::EhFrameHdr;
     let hdr_address = hdr.p_vaddr(endian);
     let hdr_bytes = hdr
         .data(endian, data)
-        .map_err(|()| malformed("segment beyond the end of the file".into()))?;
+        .map_err(|()| "segment beyond the end of the file".to_string())?;
     let bases = BaseAddresses::default().set_eh_frame_hdr(hdr_address);
     let parsed = EhFrameHdr::new(hdr_bytes, LittleEndian)
         .parse(&bases, 8)
-        .map_err(|e| malformed(e.to_string()))?;
+        .map_err(|e| e.to_string())?;
     let deref = |pointer| match pointer {
         Pointer::Direct(address) => Some(address),
         Pointer::Indirect(address) => {
@@ -75,9 +73,7 @@ pub(super) fn eh_frame_from_segments<'d>(
     };
     let (address, mut bytes) = deref(parsed.eh_frame_ptr())
         .and_then(|address| Some((address, loaded_bytes(file, address)?)))
-        .ok_or_else(|| {
-            malformed("the .eh_frame pointer is outside every PT_LOAD segment".into())
-        })?;
+        .ok_or_else(|| "the .eh_frame pointer is outside every PT_LOAD segment".to_string())?;
     if let Some(end) = parsed
         .table()
         .and_then(|t| last_fde_end(&t, &bases, address, bytes))
