@@ -302,13 +302,15 @@ impl Symbolizer {
     /// Lines for a window's unique addresses: kernel addresses, file
     /// offsets per object, `[vdso]` offsets. Addresses the cache holds are
     /// taken from it; the others are symbolized (per object, see
-    /// [`Self::objects_to_keep`]) and stored in it.
+    /// [`Self::objects_to_keep`], within `budget`: see
+    /// [`Self::symbolize_new_in_objects`]) and stored in it.
     fn symbolize_addresses<S: MappingSource + ?Sized>(
         &self,
         tracker: &S,
         kernel_addrs: &[u64],
         object_offsets: &HashMap<ObjectId, BTreeSet<u64>>,
         vdso_offsets: &BTreeSet<u64>,
+        budget: Option<std::time::Duration>,
     ) -> SymbolizedAddresses {
         let mut cache = self.lines.borrow_mut();
         let mut kernel_lines = HashMap::new();
@@ -337,30 +339,13 @@ impl Symbolizer {
                 }
             }
         }
-        let kept = self.objects_to_keep(tracker, &object_new);
-        for (&object, offsets) in &object_new {
-            let keep = kept.contains_key(&object);
-            let started = std::time::Instant::now();
-            let results = self.symbolize_object(tracker, object, offsets, keep);
-            let path = tracker.object_path(object).unwrap_or("[unknown]");
-            debug!(
-                "symbolizer: {path}: {} new addresses in {:?} (kept: {keep})",
-                offsets.len(),
-                started.elapsed()
-            );
-            let name = file_name(path);
-            for (&offset, lines) in offsets.iter().zip(results) {
-                let entry = match lines {
-                    Some(lines) => (lines, true),
-                    None => (vec![unknown_line(format!("{name}+0x{offset:x}"))], false),
-                };
-                let lines = cache.insert(AddressKey::Object(object, offset), entry);
-                user_lines.insert((object, offset), lines);
-            }
-        }
-        if self.keep_parsed_objects {
-            self.keep_only(&kept);
-        }
+        let deferred = self.symbolize_new_in_objects(
+            tracker,
+            &mut cache,
+            &object_new,
+            budget,
+            &mut user_lines,
+        );
 
         let mut vdso_lines = HashMap::new();
         let mut vdso_new = Vec::new();
@@ -379,8 +364,8 @@ impl Symbolizer {
         let stats = cache.end_window();
         self.window.set(self.window.get() + 1);
         debug!(
-            "symbolizer: {} addresses, {} new ({} in {} objects, {} in the kernel); \
-             cache holds {} addresses, {} strings",
+            "symbolizer: {} addresses, {} new ({} in {} objects, {} in the kernel), \
+             {deferred} left for later windows; cache holds {} addresses, {} strings",
             stats.hits + stats.misses,
             stats.misses,
             object_new.values().map(Vec::len).sum::<usize>(),
@@ -404,8 +389,14 @@ impl Symbolizer {
         // 1. The unique addresses, 2. their lines.
         let (kernel_addrs, object_offsets, vdso_offsets) = unique_addresses(aggregator, tracker);
         let kernel_addrs: Vec<u64> = kernel_addrs.into_iter().collect();
-        let (kernel_lines, user_lines, vdso_lines) =
-            self.symbolize_addresses(tracker, &kernel_addrs, &object_offsets, &vdso_offsets);
+        let (kernel_lines, user_lines, vdso_lines) = self.symbolize_addresses(
+            tracker,
+            &kernel_addrs,
+            &object_offsets,
+            &vdso_offsets,
+            self.keep_parsed_objects
+                .then(|| std::time::Duration::from_nanos(window.duration_ns) / 2),
+        );
 
         // 3. Assemble mappings, frames and samples.
         let mut builder = ProfileAssembly::default();
@@ -615,5 +606,39 @@ mod tests {
         let fresh = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
         let fresh: Vec<Vec<Line>> = fresh.frames.iter().map(|f| f.lines.clone()).collect();
         assert_eq!(fresh, names);
+    }
+
+    #[test]
+    fn continuous_symbolizer_leaves_big_objects_for_a_later_window_once_over_budget() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let exe_is_big = std::fs::metadata(&exe).unwrap().len() > KEPT_OBJECT_MAX_BYTES;
+        let exe = exe.to_string_lossy().into_owned();
+        let stack = vec![
+            address_in(|p| p.contains("/libc.so"), 3),
+            address_in(|p| p == exe, 3),
+        ];
+        let pid = std::process::id();
+        let mut tracker = crate::process::ProcessTracker::new();
+        let mut aggregator = Aggregator::new();
+        aggregator.add(&RawSample::for_test(pid, 0, stack), &mut tracker);
+        let symbolizer = Symbolizer::new();
+        let unnamed = |duration_ns: u64| {
+            let window = Window {
+                start_unix_ns: 0,
+                duration_ns,
+                sample_freq_hz: 99,
+            };
+            let profile = symbolizer.build_profile(&aggregator, &tracker, window);
+            profile
+                .frames
+                .iter()
+                .filter(|f| f.kind == FrameKind::User && !f.symbolized)
+                .count()
+        };
+        // A window of no length has no time for objects not kept: the big
+        // test binary's frame stays unnamed, libc's is named.
+        assert_eq!(unnamed(0), usize::from(exe_is_big));
+        // The next window (with time) names it.
+        assert_eq!(unnamed(1_000_000_000), 0);
     }
 }

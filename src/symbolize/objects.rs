@@ -2,19 +2,22 @@
 //! by [`super::elf_file`] where blazesym finds nothing), and the cache of
 //! parsed objects a continuous [`Symbolizer`] keeps between windows.
 
+use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use blazesym::symbolize::evict::{Elf as EvictElf, Evict};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolizer as BlazeSymbolizer};
 use tracing::debug;
 
+use super::cache::{AddressKey, LineCache};
 use super::elf_file::ObjectFile;
 use super::{
-    demangle, line_of, lines_of, MappingSource, Symbolizer, KEEP_PARSED_WINDOWS,
-    KEPT_OBJECT_MAX_BYTES, PARSED_OBJECTS_BUDGET_BYTES,
+    demangle, file_name, line_of, lines_of, unknown_line, Lines, MappingSource, Symbolizer,
+    KEEP_PARSED_WINDOWS, KEPT_OBJECT_MAX_BYTES, PARSED_OBJECTS_BUDGET_BYTES,
 };
 use crate::process::ObjectId;
 use crate::profile::Line;
@@ -141,6 +144,61 @@ impl Symbolizer {
                 lines
             })
             .collect()
+    }
+
+    /// Symbolize the addresses of `new` (offsets by object, none in
+    /// `cache`) into `user_lines` and `cache`. Objects whose parsed data is
+    /// kept ([`Self::objects_to_keep`]) come first, then the others, most
+    /// new addresses first. Once `budget` (wall time, half the window in
+    /// continuous mode) is spent, objects not kept are left for a later
+    /// window: their frames stay `object+0xOFFSET` in this one (with the
+    /// mapping's build ID), so that a loaded machine costs names, not whole
+    /// windows (issue 18: with 1 s windows on a 2-CPU machine at a load
+    /// average of 15, parsing one big object took longer than a window).
+    /// Returns how many addresses were left.
+    pub(super) fn symbolize_new_in_objects<S: MappingSource + ?Sized>(
+        &self,
+        tracker: &S,
+        cache: &mut LineCache,
+        new: &HashMap<ObjectId, Vec<u64>>,
+        budget: Option<Duration>,
+        user_lines: &mut HashMap<(ObjectId, u64), Lines>,
+    ) -> usize {
+        let started = Instant::now();
+        let kept = self.objects_to_keep(tracker, new);
+        let mut order: Vec<(&ObjectId, &Vec<u64>)> = new.iter().collect();
+        order.sort_by_key(|&(object, offsets)| {
+            (!kept.contains_key(object), Reverse(offsets.len()), *object)
+        });
+        let mut deferred = 0;
+        for (&object, offsets) in order {
+            let keep = kept.contains_key(&object);
+            if !keep && budget.is_some_and(|b| started.elapsed() > b) {
+                deferred += offsets.len();
+                continue;
+            }
+            let object_started = Instant::now();
+            let results = self.symbolize_object(tracker, object, offsets, keep);
+            let path = tracker.object_path(object).unwrap_or("[unknown]");
+            debug!(
+                "symbolizer: {path}: {} new addresses in {:?} (kept: {keep})",
+                offsets.len(),
+                object_started.elapsed()
+            );
+            let name = file_name(path);
+            for (&offset, lines) in offsets.iter().zip(results) {
+                let entry = match lines {
+                    Some(lines) => (lines, true),
+                    None => (vec![unknown_line(format!("{name}+0x{offset:x}"))], false),
+                };
+                let lines = cache.insert(AddressKey::Object(object, offset), entry);
+                user_lines.insert((object, offset), lines);
+            }
+        }
+        if self.keep_parsed_objects {
+            self.keep_only(&kept);
+        }
+        deferred
     }
 
     /// Records that blazesym now holds parsed data for `object`, opened at
