@@ -150,8 +150,9 @@ impl Symbolizer {
     /// `cache`) into `user_lines` and `cache`. Objects whose parsed data is
     /// kept ([`Self::objects_to_keep`]) come first, then the others, most
     /// new addresses first. Once `budget` (wall time, half the window in
-    /// continuous mode) is spent, objects not kept are left for a later
-    /// window: their frames stay `object+0xOFFSET` in this one (with the
+    /// continuous mode) is spent, the objects still to do are left for a
+    /// later window (at least one object is done in each window): their
+    /// frames stay `object+0xOFFSET` in this one (with the
     /// mapping's build ID), so that a loaded machine costs names, not whole
     /// windows (issue 18: with 1 s windows on a 2-CPU machine at a load
     /// average of 15, parsing one big object took longer than a window).
@@ -171,12 +172,15 @@ impl Symbolizer {
             (!kept.contains_key(object), Reverse(offsets.len()), *object)
         });
         let mut deferred = 0;
+        let mut done = 0;
         for (&object, offsets) in order {
             let keep = kept.contains_key(&object);
-            if !keep && budget.is_some_and(|b| started.elapsed() > b) {
+            // At least one object a window, however short the budget.
+            if done > 0 && budget.is_some_and(|b| started.elapsed() > b) {
                 deferred += offsets.len();
                 continue;
             }
+            done += 1;
             let object_started = Instant::now();
             let results = self.symbolize_object(tracker, object, offsets, keep);
             let path = tracker.object_path(object).unwrap_or("[unknown]");
