@@ -167,11 +167,10 @@ pub const KEEP_PARSED_WINDOWS: u64 = 10;
 
 /// Most addresses (kernel addresses, object file offsets) whose lines a
 /// continuous [`Symbolizer`] keeps between windows; past it, those unused
-/// for the longest are dropped. Each costs about 150 bytes besides its
-/// strings (which are shared): about 5 MiB when full (issue 18: under
-/// `mixed` churn with Rust builds on the machine, 1 s windows brought about
-/// 1,000 new addresses each after two minutes; under churn alone, the
-/// addresses of a window were nearly all known after a minute).
+/// for the longest are dropped. Each costs about 350 bytes with its share
+/// of the (interned) strings: about 10 MiB when full (heap profile). Issue
+/// 18: under `mixed` churn with Rust builds on the machine, 1 s windows
+/// still brought about 1,000 new addresses each after two minutes.
 pub const LINE_CACHE_MAX_ADDRESSES: usize = 28_000;
 
 impl Default for Symbolizer {
