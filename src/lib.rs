@@ -4,13 +4,18 @@
 //! ring buffer of [`sample::RawSample`]s) -> [`process`] (mappings and
 //! objects) -> [`profile::aggregate`] (exact stacks) -> [`symbolize`]
 //! (blazesym) -> [`profile::Profile`] -> [`format`] encoders -> [`sender`]s.
-//! [`run`] drives one profiling run; [`cli`] parses the command line;
-//! [`server`] answers on-demand profile, heap ([`heap`]) and metrics requests
-//! over HTTP (`--listen`).
+//! [`run`] drives one profiling run; [`cli`] parses the command line and
+//! builds the stages' config structs; [`server`] answers on-demand profile,
+//! heap ([`heap`]) and metrics requests over HTTP (`--listen`);
+//! [`collector`] receives profiles from [`sender::remote`] ([`wire`] names
+//! the headers between them); [`files`] writes every file atomically.
+
+#![deny(missing_docs)]
 
 pub mod bpf_info;
 pub mod cli;
 pub mod collector;
+pub mod files;
 pub mod format;
 pub mod guard;
 pub mod heap;
@@ -27,3 +32,4 @@ mod skel;
 pub mod symbolize;
 pub mod timefmt;
 pub mod unwind;
+pub mod wire;

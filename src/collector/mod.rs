@@ -31,7 +31,7 @@ pub struct CollectorConfig {
     /// Storage directory.
     pub storage: PathBuf,
     /// Mode of stored profiles before the umask (default
-    /// [`crate::sender::disk::PROFILE_MODE`]); directories get the matching
+    /// [`crate::files::PROFILE_MODE`]); directories get the matching
     /// search bits.
     pub profile_mode: u32,
     /// Bearer token every request must carry, if set (`--token` /

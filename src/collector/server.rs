@@ -45,8 +45,11 @@ use super::merge::{self, BodyError};
 use super::storage::{Filter, Storage, StoredProfile};
 use crate::format::{self, Compression, ProfileFormat};
 use crate::httpd::{blocking, check_bearer, text};
-use crate::sender::remote::{HOST_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
 use crate::timefmt;
+use crate::wire::{
+    HOST_HEADER, MERGED_PROFILES_HEADER, SKIPPED_PROFILES_HEADER, WINDOW_END_HEADER,
+    WINDOW_START_HEADER,
+};
 
 /// Longest a `POST /v1/profiles` may take, waiting for its turn and
 /// reading its body included (a slow client is answered 408 and dropped).
@@ -99,7 +102,9 @@ async fn one_of_few_ingests(
     next.run(request).await
 }
 
-fn json(status: StatusCode, body: String) -> Response {
+/// A JSON answer (one line).
+fn json(status: StatusCode, body: serde_json::Value) -> Response {
+    let body = format!("{body}\n");
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
@@ -150,31 +155,19 @@ fn filter_from(pairs: &[(String, String)]) -> Result<Filter, String> {
     })
 }
 
-fn escape_json(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-fn describe(storage: &Storage, p: &StoredProfile) -> String {
+/// One stored profile as the listing describes it: host, window (ns and
+/// RFC 3339), gzip'd size in bytes, path relative to the storage root.
+fn describe(storage: &Storage, p: &StoredProfile) -> serde_json::Value {
     let relative = p.path.strip_prefix(storage.root()).unwrap_or(&p.path);
-    format!(
-        "{{\"host\":\"{}\",\"start_unix_ns\":{},\"end_unix_ns\":{},\"start\":\"{}\",\"end\":\"{}\",\"size\":{},\"path\":\"{}\"}}",
-        escape_json(&p.host),
-        p.start_unix_ns,
-        p.end_unix_ns,
-        timefmt::rfc3339(p.start_unix_ns),
-        timefmt::rfc3339(p.end_unix_ns),
-        p.size,
-        escape_json(&relative.to_string_lossy())
-    )
+    serde_json::json!({
+        "host": p.host,
+        "start_unix_ns": p.start_unix_ns,
+        "end_unix_ns": p.end_unix_ns,
+        "start": timefmt::rfc3339(p.start_unix_ns),
+        "end": timefmt::rfc3339(p.end_unix_ns),
+        "size": p.size,
+        "path": relative.to_string_lossy(),
+    })
 }
 
 /// A time header; errors are the 400 message.
@@ -285,14 +278,11 @@ async fn list(State(state): State<AppState>, RawQuery(query): RawQuery) -> Respo
         };
         match state.storage.list(&filter) {
             Ok(profiles) => {
-                let items: Vec<String> = profiles
+                let items: Vec<_> = profiles
                     .iter()
                     .map(|p| describe(&state.storage, p))
                     .collect();
-                json(
-                    StatusCode::OK,
-                    format!("{{\"profiles\":[{}]}}\n", items.join(",")),
-                )
+                json(StatusCode::OK, serde_json::json!({ "profiles": items }))
             }
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
         }
@@ -376,8 +366,8 @@ fn encode_merged(merged: &merge::Merged, format: ProfileFormat, skipped: usize) 
         Ok(bytes) => Response::builder()
             .status(StatusCode::OK)
             .header(header::CONTENT_TYPE, format.mime_type())
-            .header("X-Lightswitch-Merged-Profiles", merged.inputs.to_string())
-            .header("X-Lightswitch-Skipped-Profiles", skipped.to_string())
+            .header(MERGED_PROFILES_HEADER, merged.inputs.to_string())
+            .header(SKIPPED_PROFILES_HEADER, skipped.to_string())
             .body(Body::from(bytes))
             .unwrap_or_else(|e| text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
         Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")),

@@ -12,11 +12,13 @@
 //! directories only. Temporary files start with `.` and are never listed.
 
 use std::fs::{self, File};
-use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::io::Read;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+
+use crate::files::{sync_dir, write_atomic};
 
 const SUFFIX: &str = ".pb.gz";
 
@@ -98,12 +100,6 @@ fn dir_builder(file_mode: u32) -> fs::DirBuilder {
     builder
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("syncing directory {}", dir.display()))
-}
-
 /// Create `dir` and any missing parents up to `root`, syncing each parent
 /// that gained an entry.
 fn create_dirs(root: &Path, dir: &Path, file_mode: u32) -> Result<()> {
@@ -172,19 +168,7 @@ impl Storage {
         let hash = xxhash_rust::xxh3::xxh3_64(gzipped);
         let name = format!("{start_unix_ns}-{end_unix_ns}-{hash:016x}{SUFFIX}");
         let path = dir.join(&name);
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".tmp-")
-            .permissions(fs::Permissions::from_mode(self.file_mode))
-            .tempfile_in(&dir)
-            .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-        tmp.write_all(gzipped)
-            .with_context(|| format!("writing {}", path.display()))?;
-        tmp.as_file()
-            .sync_all()
-            .with_context(|| format!("syncing {}", path.display()))?;
-        tmp.persist(&path)
-            .with_context(|| format!("renaming into {}", path.display()))?;
-        sync_dir(&dir)?;
+        write_atomic(&path, gzipped, self.file_mode)?;
         Ok(StoredProfile {
             host,
             start_unix_ns,
@@ -259,7 +243,8 @@ impl Storage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sender::disk::PROFILE_MODE;
+    use crate::files::PROFILE_MODE;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn stores_lists_and_filters() {

@@ -86,12 +86,35 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
         value_type(&mut strings, "cpu", "nanoseconds"),
     ];
     let period_type = Some(value_type(&mut strings, "cpu", "nanoseconds"));
+    let mapping = mappings(profile, &mut strings);
+    let (location, function) = locations(profile, &mut strings);
+    let sample = samples(profile, period, &mut strings);
+    let default_sample_type = strings.get("cpu");
+    proto::Profile {
+        sample_type,
+        sample,
+        mapping,
+        location,
+        function,
+        string_table: strings.table,
+        drop_frames: 0,
+        keep_frames: 0,
+        time_nanos: profile.start_unix_ns as i64,
+        duration_nanos: profile.duration_ns as i64,
+        period_type,
+        period,
+        comment: Vec::new(),
+        default_sample_type,
+    }
+}
 
-    // Mappings. Their has_* flags say what symbolization found for them:
-    // set when any of the mapping's frames got functions, file names, line
-    // numbers (pprof's reading: these kinds of information are present, do
-    // not re-symbolize for them). A binary with DWARF still has frames
-    // without (crt1's `_start`); that does not make its DWARF absent.
+/// One pprof mapping per profile mapping (ids from 1). Their has_* flags
+/// say what symbolization found for them: set when any of the mapping's
+/// frames got functions, file names, line numbers (pprof's reading: these
+/// kinds of information are present, do not re-symbolize for them). A
+/// binary with DWARF still has frames without (crt1's `_start`); that does
+/// not make its DWARF absent.
+fn mappings(profile: &Profile, strings: &mut Strings) -> Vec<proto::Mapping> {
     let mut mappings: Vec<proto::Mapping> = profile
         .mappings
         .iter()
@@ -117,11 +140,19 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
         // names come from: with them, inlining was resolved.
         mapping.has_inline_frames |= files;
     }
+    mappings
+}
 
-    // Functions and locations.
+/// One location per profile frame (ids from 1; inlined functions as extra
+/// lines, innermost first as in the profile), and the functions they name,
+/// each (name, system name, file) once.
+fn locations(
+    profile: &Profile,
+    strings: &mut Strings,
+) -> (Vec<proto::Location>, Vec<proto::Function>) {
     let mut functions: Vec<proto::Function> = Vec::new();
     let mut function_ids: HashMap<(i64, i64, i64), u64> = HashMap::new();
-    let locations: Vec<proto::Location> = profile
+    let locations = profile
         .frames
         .iter()
         .enumerate()
@@ -165,14 +196,19 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
             }
         })
         .collect();
+    (locations, functions)
+}
 
+/// One pprof sample per profile sample: its location ids, `[count, count *
+/// period_ns]`, and the pid, tid, comm and thread_name labels.
+fn samples(profile: &Profile, period: i64, strings: &mut Strings) -> Vec<proto::Sample> {
     let (pid, tid, comm, thread_name) = (
         strings.get("pid"),
         strings.get("tid"),
         strings.get("comm"),
         strings.get("thread_name"),
     );
-    let samples = profile
+    profile
         .samples
         .iter()
         .map(|s| proto::Sample {
@@ -201,25 +237,7 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
                 },
             ],
         })
-        .collect();
-
-    let default_sample_type = strings.get("cpu");
-    proto::Profile {
-        sample_type,
-        sample: samples,
-        mapping: mappings,
-        location: locations,
-        function: functions,
-        string_table: strings.table,
-        drop_frames: 0,
-        keep_frames: 0,
-        time_nanos: profile.start_unix_ns as i64,
-        duration_nanos: profile.duration_ns as i64,
-        period_type,
-        period,
-        comment: Vec::new(),
-        default_sample_type,
-    }
+        .collect()
 }
 
 /// Encode `profile` as pprof bytes, gzip'd or not.

@@ -1,6 +1,6 @@
-//! The local-disk sender: writes a profile's bytes to a file atomically
-//! (temporary file in the same directory, then rename), so a reader never
-//! sees a half-written profile.
+//! The local-disk sender: writes each profile to a file atomically
+//! ([`crate::files::write_atomic`]), so a reader never sees a half-written
+//! profile.
 //!
 //! In continuous mode ([`WindowFiles`]) each window gets its own file per
 //! format, named after the window's start (UTC): `--profile-name`
@@ -8,8 +8,6 @@
 //! `--max-profiles N` only the newest N such files per format are kept.
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -17,53 +15,9 @@ use anyhow::{Context, Result};
 use tracing::{debug, info, warn};
 
 use super::{Sender, SenderReport};
+use crate::files::write_atomic;
 use crate::format::{self, Compression, EmptyProfile, ProfileFormat};
 use crate::profile::Profile;
-
-/// Default mode of the profiles lightswitch writes (and the collector
-/// stores), before the caller's umask (`--profile-mode` changes it):
-/// readable by the owner only, as perf writes `perf.data`. A profile names
-/// every sampled process and command and holds raw kernel addresses, which
-/// would defeat KASLR where `kernel.kptr_restrict` hides them from other
-/// users.
-pub const PROFILE_MODE: u32 = 0o600;
-
-/// Parse `--profile-mode`: octal permission bits (`600`, `0640`), at most
-/// `0666` (profiles are not executable).
-pub fn parse_mode(text: &str) -> Result<u32, String> {
-    let mode = u32::from_str_radix(text.trim_start_matches("0o"), 8)
-        .map_err(|_| format!("{text:?} is not an octal file mode such as 600 or 640"))?;
-    if mode & !0o666 != 0 {
-        return Err(format!(
-            "{text:?}: a profile's mode may only have read and write bits (at most 666)"
-        ));
-    }
-    Ok(mode)
-}
-
-/// Write `bytes` to `path` atomically, as a new file of `mode` less the
-/// umask (replacing a file keeps no old mode). Errors name the path.
-pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    // The directory may have gone since the run started: make it again
-    // rather than lose the profile.
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut tmp = tempfile::Builder::new()
-        .permissions(fs::Permissions::from_mode(mode))
-        .tempfile_in(dir)
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    tmp.write_all(bytes)
-        .with_context(|| format!("writing {}", path.display()))?;
-    tmp.as_file()
-        .sync_all()
-        .with_context(|| format!("syncing {}", path.display()))?;
-    tmp.persist(path)
-        .with_context(|| format!("renaming into {}", path.display()))?;
-    Ok(())
-}
 
 /// The file a window starting at `start_unix_ns` is written to, for the
 /// single-profile path `base`: the window's UTC start is inserted before the
@@ -207,43 +161,7 @@ impl Sender for WindowFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn writes_and_replaces() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p.txt");
-        write_atomic(&path, b"one", PROFILE_MODE).unwrap();
-        write_atomic(&path, b"two", PROFILE_MODE).unwrap();
-        assert_eq!(fs::read(&path).unwrap(), b"two");
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
-    }
-
-    #[test]
-    fn profiles_are_private_whatever_the_umask_allows() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p.pb");
-        // SAFETY: umask only swaps the process's file-mode mask.
-        let old = unsafe { libc::umask(0o022) };
-        let written = write_atomic(&path, b"x", PROFILE_MODE);
-        let mode = fs::metadata(&path).map(|m| m.permissions().mode() & 0o777);
-        // A stricter umask makes it stricter still.
-        unsafe { libc::umask(0o277) };
-        let strict = write_atomic(&path, b"y", PROFILE_MODE);
-        let strict_mode = fs::metadata(&path).map(|m| m.permissions().mode() & 0o777);
-        // Loosened on purpose (--profile-mode 644), the umask still applies.
-        unsafe { libc::umask(0o022) };
-        let loose = write_atomic(&path, b"z", parse_mode("666").unwrap());
-        let loose_mode = fs::metadata(&path).map(|m| m.permissions().mode() & 0o777);
-        unsafe { libc::umask(old) };
-        written.unwrap();
-        strict.unwrap();
-        loose.unwrap();
-        assert_eq!(mode.unwrap(), 0o600);
-        assert_eq!(strict_mode.unwrap(), 0o400);
-        assert_eq!(loose_mode.unwrap(), 0o644);
-        assert_eq!(parse_mode("0640"), Ok(0o640));
-        assert!(parse_mode("755").is_err() && parse_mode("rw").is_err());
-    }
+    use crate::files::PROFILE_MODE;
 
     #[test]
     fn window_files_are_named_by_start_and_pruned() {

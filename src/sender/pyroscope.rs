@@ -18,7 +18,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use prost::Message;
 
-use super::queue::{Delivery, Item, Jitter};
+use super::queue::{Delivery, Item};
 use super::remote::{describe_window, HttpConfig, HttpTransport};
 use super::{Sender, SenderReport};
 use crate::format::pprof;
@@ -96,24 +96,6 @@ pub fn series_labels(app_name: &str, host: &str, extra: &[(String, String)]) -> 
     labels
 }
 
-/// A random (version 4) UUID, as Pyroscope's clients use for sample IDs.
-pub fn uuid_v4(random: &mut Jitter) -> String {
-    let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&random.next_u64().to_le_bytes());
-    bytes[8..].copy_from_slice(&random.next_u64().to_le_bytes());
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
-
 /// The push request for one gzip'd pprof profile.
 pub fn push_request(labels: &[LabelPair], gzipped_pprof: Vec<u8>, id: String) -> PushRequest {
     PushRequest {
@@ -131,7 +113,6 @@ pub fn push_request(labels: &[LabelPair], gzipped_pprof: Vec<u8>, id: String) ->
 pub struct PyroscopeSender {
     delivery: Delivery,
     labels: Vec<LabelPair>,
-    random: Jitter,
 }
 
 impl PyroscopeSender {
@@ -153,18 +134,14 @@ impl PyroscopeSender {
         let transport = HttpTransport::new(config, headers)?;
         let delivery = Delivery::start(transport, queue_bytes, timeout, backoff)
             .context("starting the sender thread")?;
-        Ok(PyroscopeSender {
-            delivery,
-            labels,
-            random: Jitter::new(),
-        })
+        Ok(PyroscopeSender { delivery, labels })
     }
 }
 
 impl Sender for PyroscopeSender {
     fn send(&mut self, profile: &Profile) -> Result<()> {
         let raw = pprof::encode(profile, Compression::Gzip)?;
-        let request = push_request(&self.labels, raw, uuid_v4(&mut self.random));
+        let request = push_request(&self.labels, raw, uuid::Uuid::new_v4().to_string());
         self.delivery.queue().push(Item {
             body: request.encode_to_vec(),
             headers: Vec::new(),
@@ -219,11 +196,9 @@ mod tests {
 
     #[test]
     fn request_round_trips_and_ids_are_uuids() {
-        let mut random = Jitter::new();
-        let id = uuid_v4(&mut random);
+        let id = uuid::Uuid::new_v4().to_string();
         assert_eq!(id.len(), 36);
         assert_eq!(&id[14..15], "4");
-        assert_ne!(id, uuid_v4(&mut random));
         let labels = series_labels("app", "h", &[]);
         let bytes = push_request(&labels, vec![1, 2, 3], id.clone()).encode_to_vec();
         let back = PushRequest::decode(bytes.as_slice()).unwrap();

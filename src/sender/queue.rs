@@ -129,12 +129,6 @@ impl Jitter {
         self.0 ^= self.0 << 17;
         (self.0 >> 11) as f64 / (1u64 << 53) as f64
     }
-
-    /// 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.next_f64();
-        self.0
-    }
 }
 
 impl Default for Jitter {

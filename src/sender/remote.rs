@@ -22,21 +22,12 @@ use url::Url;
 use super::queue::{Attempt, Backoff, Delivery, Item, Transport};
 use super::{Sender, SenderReport};
 use crate::format::pprof;
-use crate::format::Compression;
+use crate::format::{Compression, ProfileFormat};
 use crate::profile::Profile;
+use crate::wire::{HOST_HEADER, SAMPLES_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
 
 /// Default endpoint of the remote sender: a local `lightswitch collector`.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:4567/v1/profiles";
-/// Header naming the host the profile comes from.
-pub const HOST_HEADER: &str = "X-Lightswitch-Host";
-/// Header with the window's start, ns since the Unix epoch.
-pub const WINDOW_START_HEADER: &str = "X-Lightswitch-Window-Start";
-/// Header with the window's end, ns since the Unix epoch.
-pub const WINDOW_END_HEADER: &str = "X-Lightswitch-Window-End";
-/// Header with the number of samples in the profile.
-pub const SAMPLES_HEADER: &str = "X-Lightswitch-Samples";
-/// Content type of a pprof body.
-pub const PPROF_CONTENT_TYPE: &str = "application/vnd.google.protobuf";
 
 /// How to reach a server: URL, credentials, limits.
 #[derive(Clone)]
@@ -238,7 +229,10 @@ impl RemoteSender {
         let transport = HttpTransport::new(
             config,
             vec![
-                ("Content-Type".into(), PPROF_CONTENT_TYPE.into()),
+                (
+                    "Content-Type".into(),
+                    ProfileFormat::Pprof.mime_type().into(),
+                ),
                 ("Content-Encoding".into(), "gzip".into()),
             ],
         )?;

@@ -130,16 +130,32 @@ impl Metrics {
     /// resident memory, read by the caller.
     pub fn render(&self, rss_bytes: Option<u64>) -> String {
         let mut out = String::new();
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        self.render_sampling(&mut out);
+        self.render_windows(&mut out);
+        self.render_serving(&mut out);
+        if let Some(rss) = rss_bytes {
+            family(
+                &mut out,
+                "process_resident_memory_bytes",
+                "gauge",
+                "Resident memory size of the profiler, bytes.",
+                &[("", rss)],
+            );
+        }
+        out
+    }
+
+    /// Samples, lost samples, unwind results and tables, sampling frequency.
+    fn render_sampling(&self, out: &mut String) {
         family(
-            &mut out,
+            out,
             "lightswitch_samples_total",
             "counter",
             "Samples read from the BPF ring buffer.",
             &[("", get(&self.samples))],
         );
         family(
-            &mut out,
+            out,
             "lightswitch_samples_lost_total",
             "counter",
             "Samples lost: the ring buffer was full, or a record did not parse.",
@@ -152,42 +168,46 @@ impl Metrics {
         unwind.sort();
         let unwind: Vec<(&str, u64)> = unwind.iter().map(|(l, n)| (l.as_str(), *n)).collect();
         family(
-            &mut out,
+            out,
             "lightswitch_unwind_results_total",
             "counter",
             "Samples by how their user-stack walk ended.",
             &unwind,
         );
         family(
-            &mut out,
+            out,
             "lightswitch_unwind_table_bytes",
             "gauge",
             "Memory of the unwind-table rows loaded in BPF maps, bytes.",
             &[("", get(&self.unwind_table_bytes))],
         );
         family(
-            &mut out,
+            out,
             "lightswitch_unwind_tables_loaded_total",
             "counter",
             "Unwind tables built or read from the cache and loaded.",
             &[("", get(&self.unwind_tables_loaded))],
         );
         family(
-            &mut out,
+            out,
             "lightswitch_unwind_tables_evicted_total",
             "counter",
             "Unwind tables evicted to stay within the memory budget.",
             &[("", get(&self.unwind_tables_evicted))],
         );
         family(
-            &mut out,
+            out,
             "lightswitch_sampling_frequency_hertz",
             "gauge",
             "Frequency the perf events sample at, per CPU (0 while idle).",
             &[("", get(&self.sampling_freq_hz))],
         );
+    }
+
+    /// Continuous mode's windows and the samples whose mapping retired early.
+    fn render_windows(&self, out: &mut String) {
         family(
-            &mut out,
+            out,
             "lightswitch_windows_total",
             "counter",
             "Windows closed, dropped because symbolization fell behind, written (handed to the \
@@ -202,16 +222,20 @@ impl Metrics {
             ],
         );
         family(
-            &mut out,
+            out,
             "lightswitch_samples_missing_mapping_total",
             "counter",
             "Samples with a user frame whose mapping had been retired before its window was \
              handed over (the frame is left unsymbolized).",
             &[("", get(&self.samples_missing_mapping))],
         );
+    }
+
+    /// HTTP connections, the network sender's deliveries, on-demand requests.
+    fn render_serving(&self, out: &mut String) {
         let c = &self.connections;
         family(
-            &mut out,
+            out,
             "lightswitch_http_connections_total",
             "counter",
             "HTTP API: connections served, closed because --listen-max-connections \
@@ -225,7 +249,7 @@ impl Metrics {
         if let Some(queue) = self.delivery.get() {
             let d = queue.stats();
             family(
-                &mut out,
+                out,
                 "lightswitch_sender_profiles_total",
                 "counter",
                 "Network sender: profiles by what happened to them.",
@@ -237,14 +261,14 @@ impl Metrics {
                 ],
             );
             family(
-                &mut out,
+                out,
                 "lightswitch_sender_retries_total",
                 "counter",
                 "Network sender: attempts that failed transiently.",
                 &[("", d.retried)],
             );
             family(
-                &mut out,
+                out,
                 "lightswitch_sender_sent_bytes_total",
                 "counter",
                 "Network sender: body bytes of the profiles the server accepted.",
@@ -258,30 +282,25 @@ impl Metrics {
         requests.sort();
         let requests: Vec<(&str, u64)> = requests.iter().map(|(l, n)| (l.as_str(), *n)).collect();
         family(
-            &mut out,
+            out,
             "lightswitch_profile_requests_total",
             "counter",
             "On-demand profile requests by outcome.",
             &requests,
         );
         family(
-            &mut out,
+            out,
             "lightswitch_profile_requests_in_progress",
             "gauge",
             "On-demand profile requests in progress.",
             &[("", get(&self.profile_requests_active))],
         );
-        if let Some(rss) = rss_bytes {
-            family(
-                &mut out,
-                "process_resident_memory_bytes",
-                "gauge",
-                "Resident memory size of the profiler, bytes.",
-                &[("", rss)],
-            );
-        }
-        out
     }
+}
+
+/// A counter's current value.
+fn get(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
 }
 
 /// One metric family: `# HELP`, `# TYPE` and a line per label set (`""`

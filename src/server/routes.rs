@@ -386,8 +386,8 @@ async fn heap_settings(method: Method, RawQuery(query): RawQuery) -> Response {
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
             format!(
-                "{{\"enabled\":{active},\"available\":{}}}\n",
-                heap::available()
+                "{}\n",
+                serde_json::json!({ "enabled": active, "available": heap::available() })
             ),
         )
             .into_response()

@@ -1,0 +1,367 @@
+//! The sampling loop as an agent with named steps: [`Agent::step`] takes
+//! profile requests, goes on with the start-up scan, waits for the ring
+//! buffers, [`Agent::drain`]s them (process events to the unwind loader,
+//! samples to the windows and subscriptions), [`Agent::close_due`] windows
+//! and requests, and now and then [`Agent::refresh_metrics`];
+//! [`Agent::stop`] detaches the perf events and takes what is left.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use libbpf_rs::RingBuffer;
+use tracing::{debug, info};
+
+use super::plan::RunPlan;
+use crate::process::ProcessTracker;
+use crate::profile::window::{ClosedWindow, Windows};
+use crate::sample::{ProcessEvent, RawSample, UnwindStatus};
+use crate::sampler::{self, BpfStats, Sampler};
+use crate::sender::worker::WindowWorker;
+use crate::server::metrics::Metrics;
+use crate::server::ondemand::{
+    accept_requests, OnDemandWorker, ProfileRequest, Sampling, Subscriptions,
+};
+use crate::timefmt;
+use crate::unwind::loader::UnwindLoader;
+
+/// How often the loop checks for a stop (and drains the ring buffer) when no
+/// window ends sooner.
+const POLL_PERIOD: Duration = Duration::from_millis(100);
+/// The loop's period while unwind tables are being built, so that each is
+/// loaded within this long of being ready.
+const BUILD_POLL_PERIOD: Duration = Duration::from_millis(5);
+/// Longest the start-up scan of running processes runs between two drains
+/// of the ring buffer.
+const SCAN_SLICE: Duration = Duration::from_millis(20);
+/// How often the loop refreshes the metrics it does not count per sample.
+const METRICS_PERIOD: Duration = Duration::from_secs(1);
+/// How often, without a duration, the loop checks whether every `--pids`
+/// target has exited.
+const ALIVE_CHECK_PERIOD: Duration = Duration::from_secs(1);
+
+/// Counts over all windows of a continuous run (each window's aggregator
+/// leaves the loop with it).
+#[derive(Debug, Default)]
+pub struct Totals {
+    /// Windows closed.
+    pub windows: u64,
+    /// Distinct processes with samples.
+    pub pids: HashSet<u32>,
+    /// Samples per unwind result.
+    pub status: HashMap<UnwindStatus, u64>,
+}
+
+impl Totals {
+    /// Count `closed` in.
+    pub fn account(&mut self, closed: &ClosedWindow) {
+        self.windows += 1;
+        self.pids
+            .extend(closed.aggregator.stacks().map(|(key, _)| key.pid));
+        for (status, n) in closed.aggregator.status_counts() {
+            *self.status.entry(*status).or_default() += n;
+        }
+    }
+}
+
+/// Where closed windows and requests go: the continuous-mode worker and the
+/// on-demand worker, when the run has them.
+pub struct Workers {
+    /// Continuous mode's window worker.
+    pub windows: Option<WindowWorker>,
+    /// The HTTP API's on-demand worker.
+    pub on_demand: Option<OnDemandWorker>,
+    /// Profile requests from the HTTP server.
+    pub requests: Receiver<ProfileRequest>,
+}
+
+/// The state of a run while the perf events are attached.
+pub struct Agent<'s, 'o> {
+    sampler: &'s Sampler<'o>,
+    ring: RingBuffer<'s>,
+    samples: Rc<RefCell<Vec<RawSample>>>,
+    events: Rc<RefCell<Vec<ProcessEvent>>>,
+    malformed: Rc<RefCell<u64>>,
+    tracker: ProcessTracker,
+    windows: Windows,
+    subscriptions: Subscriptions,
+    sampling: Sampling,
+    loader: UnwindLoader,
+    workers: Workers,
+    metrics: Arc<Metrics>,
+    totals: Totals,
+    served: u64,
+    listen_only: bool,
+    pids: Vec<u32>,
+    deadline: Option<Instant>,
+    last_alive_check: Instant,
+    last_metrics: Instant,
+}
+
+/// What the run leaves when the perf events are detached.
+pub struct Stopped {
+    /// Every process seen, with its mappings.
+    pub tracker: ProcessTracker,
+    /// The windows still open (continuous mode) or the run's one window.
+    pub windows: Windows,
+    /// The unwind loader (its table statistics).
+    pub loader: UnwindLoader,
+    /// Continuous mode's window worker.
+    pub window_worker: Option<WindowWorker>,
+    /// The on-demand worker, still finishing its last answers.
+    pub on_demand: Option<OnDemandWorker>,
+    /// Windows closed so far.
+    pub totals: Totals,
+    /// On-demand profiles answered.
+    pub served: u64,
+    /// The BPF program's counters at the stop.
+    pub stats: BpfStats,
+    /// Records that did not parse.
+    pub malformed: u64,
+}
+
+impl<'s, 'o> Agent<'s, 'o> {
+    /// Set up the loop over `sampler` (attached just now) for `plan`:
+    /// windows start now, the start-up scan of running processes begins,
+    /// and with `--listen` alone the perf events are paused until a request.
+    /// Errors: the ring buffers or the unwind cache cannot be set up.
+    pub fn new(
+        sampler: &'s Sampler<'o>,
+        plan: &RunPlan,
+        cache_dir: Option<std::path::PathBuf>,
+        workers: Workers,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self> {
+        let start = Instant::now();
+        let start_mono = timefmt::monotonic_ns();
+        let start_unix_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let freq = plan.sampler.sample_freq_hz;
+        let mut sampling = Sampling::new(freq, start_mono, plan.listen_only);
+        if plan.listen_only {
+            sampling.pause(sampler);
+        } else {
+            info!("sampling {} CPUs at {freq} Hz", sampler.attached_cpus());
+        }
+        metrics.set_sampling_freq(sampling.freq_hz().unwrap_or(0));
+        let windows = Windows::new(
+            start_mono,
+            start_unix_ns,
+            plan.interval.map(|i| i.as_nanos() as u64),
+            plan.duration.map(|d| d.as_nanos() as u64),
+            freq,
+        );
+        let mut loader = UnwindLoader::new(plan.sampler.max_unwind_rows, cache_dir)?;
+        loader.scan_processes(&plan.sampler.pids, start);
+        let samples = Rc::new(RefCell::new(Vec::new()));
+        let events = Rc::new(RefCell::new(Vec::new()));
+        let malformed = Rc::new(RefCell::new(0u64));
+        let ring = sampler.ring_buffer(samples.clone(), events.clone(), malformed.clone())?;
+        Ok(Agent {
+            sampler,
+            ring,
+            samples,
+            events,
+            malformed,
+            tracker: ProcessTracker::new(),
+            windows,
+            subscriptions: Subscriptions::default(),
+            sampling,
+            loader,
+            workers,
+            metrics,
+            totals: Totals::default(),
+            served: 0,
+            listen_only: plan.listen_only,
+            pids: plan.sampler.pids.clone(),
+            deadline: plan.duration.map(|d| start + d),
+            last_alive_check: start,
+            last_metrics: start,
+        })
+    }
+
+    /// Whether the run is over: the duration has passed or, without one,
+    /// every `--pids` target has exited (like `perf record -p`).
+    pub fn finished(&mut self) -> bool {
+        if let Some(deadline) = self.deadline {
+            return Instant::now() >= deadline;
+        }
+        if self.pids.is_empty() || self.last_alive_check.elapsed() < ALIVE_CHECK_PERIOD {
+            return false;
+        }
+        self.last_alive_check = Instant::now();
+        let gone = !self
+            .pids
+            .iter()
+            .any(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+        if gone {
+            info!("every target process has exited: stopping");
+        }
+        gone
+    }
+
+    /// One turn of the loop: take new requests, scan a slice of the running
+    /// processes, wait for samples (at most until the next window or
+    /// request closes), drain them, close what is due, refresh metrics.
+    pub fn step(&mut self) -> Result<()> {
+        accept_requests(
+            &self.workers.requests,
+            &mut self.subscriptions,
+            &mut self.sampling,
+            self.sampler,
+        );
+        // The start-up scan goes on a slice at a time, between drains, so
+        // that the ring buffer never waits for it.
+        let scanning = self
+            .loader
+            .continue_scan(&mut self.tracker, self.sampler, SCAN_SLICE);
+        // While scanning, or while tables are being built, come back soon.
+        let period = if scanning || self.loader.builds_pending() {
+            BUILD_POLL_PERIOD
+        } else {
+            POLL_PERIOD
+        };
+        let poll = self.next_close_ns().map_or(period, |due| {
+            Duration::from_nanos(due.saturating_sub(timefmt::monotonic_ns())).min(period)
+        });
+        sampler::poll(&self.ring, poll)?;
+        self.drain();
+        if self
+            .next_close_ns()
+            .is_some_and(|due| timefmt::monotonic_ns() >= due)
+        {
+            self.close_due()?;
+        }
+        if self.last_metrics.elapsed() >= METRICS_PERIOD {
+            self.last_metrics = Instant::now();
+            self.refresh_metrics();
+        }
+        Ok(())
+    }
+
+    /// When the next window or request closes, CLOCK_MONOTONIC ns.
+    fn next_close_ns(&self) -> Option<u64> {
+        [
+            self.windows.next_close_ns(),
+            self.subscriptions.next_close_ns(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Hand what the ring buffers delivered to its owners: process events to
+    /// the unwind loader, each sample (resolved against the tracker's
+    /// mappings) to the loader, the metrics, the subscriptions and the
+    /// windows; then load the tables that finished building.
+    pub fn drain(&mut self) {
+        for event in self.events.borrow_mut().drain(..) {
+            self.loader.on_event(event, &mut self.tracker, self.sampler);
+        }
+        for sample in self.samples.borrow_mut().drain(..) {
+            let frames = crate::profile::aggregate::resolve(&sample, &mut self.tracker);
+            self.loader
+                .on_sample(&sample, &frames, &mut self.tracker, self.sampler);
+            self.metrics.sample(sample.user_status);
+            self.subscriptions.add(&sample, &frames);
+            if !self.listen_only {
+                self.windows.add_resolved(&sample, frames);
+            }
+        }
+        self.loader.load_ready_tables(self.sampler);
+    }
+
+    /// Close the windows and requests whose end has passed: read the clock,
+    /// then everything submitted before it, then hand each closed one to its
+    /// worker. Pauses sampling when no request is left (listen-only mode).
+    pub fn close_due(&mut self) -> Result<()> {
+        let now = timefmt::monotonic_ns();
+        self.ring
+            .consume()
+            .context("draining the samples ring buffers")?;
+        self.drain();
+        for closed in self.windows.close_due(now) {
+            self.totals.account(&closed);
+            if let Some(worker) = self.workers.windows.as_mut() {
+                worker.submit(closed, &self.tracker);
+            }
+        }
+        for closed in self.subscriptions.close_due(now) {
+            self.served += 1;
+            if let Some(on_demand) = self.workers.on_demand.as_mut() {
+                on_demand.submit(closed, &self.tracker);
+            }
+        }
+        if self.subscriptions.is_empty() {
+            self.sampling.pause(self.sampler);
+        }
+        Ok(())
+    }
+
+    /// Retire processes no open window or request can refer to, and update
+    /// the metrics that are not counted per sample (lost samples, unwind
+    /// tables, windows, sampling frequency).
+    pub fn refresh_metrics(&mut self) {
+        // Closed windows and requests took copies of what they need: what
+        // no sample in an open one can refer to can go.
+        let now = timefmt::monotonic_ns();
+        let windows_since = if self.listen_only {
+            Some(now)
+        } else {
+            self.windows.open_since_ns()
+        };
+        if let Some(since) = windows_since {
+            let since = self
+                .subscriptions
+                .open_since_ns()
+                .map_or(since, |s| s.min(since));
+            let retired = self.tracker.retire_exited(since);
+            if retired > 0 {
+                debug!("retired {retired} exited processes");
+            }
+        }
+        let lost = self.sampler.stats().map_or(0, |s| s.lost) + *self.malformed.borrow();
+        self.metrics.set_lost(lost);
+        let tables = self.loader.stats();
+        self.metrics.set_unwind_tables(
+            tables.rows_loaded * 8,
+            tables.tables_loaded,
+            tables.evictions,
+        );
+        let dropped = self.workers.windows.as_ref().map_or(0, |w| w.dropped());
+        self.metrics.set_windows(self.totals.windows, dropped);
+        self.metrics
+            .set_sampling_freq(self.sampling.freq_hz().unwrap_or(0));
+    }
+
+    /// Detach the perf events, take what is still in the ring buffers, and
+    /// hand over the state the summary and the last windows need. Requests
+    /// still in progress are answered 503 (their span outlives the run).
+    pub fn stop(mut self) -> Result<Stopped> {
+        self.sampler.detach();
+        self.ring
+            .consume()
+            .context("draining the samples ring buffers")?;
+        self.drain();
+        drop(self.subscriptions);
+        drop(self.workers.requests);
+        let stats = self.sampler.stats()?;
+        let malformed = *self.malformed.borrow();
+        Ok(Stopped {
+            tracker: self.tracker,
+            windows: self.windows,
+            loader: self.loader,
+            window_worker: self.workers.windows,
+            on_demand: self.workers.on_demand,
+            totals: self.totals,
+            served: self.served,
+            stats,
+            malformed,
+        })
+    }
+}

@@ -1,0 +1,103 @@
+//! A run's settings, validated: the flags that decide the run's shape
+//! (one-shot, continuous, listen-only), checked against each other and
+//! against the running system (privileges, BTF, kernel features, the
+//! kernel's sample-rate limit, output paths) before anything is loaded.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::cli::{Cli, SenderKind};
+use crate::format::ProfileFormat;
+use crate::preflight;
+use crate::sampler::SamplerConfig;
+
+/// What a run will do, from [`RunPlan::from_cli`].
+#[derive(Debug, Clone)]
+pub struct RunPlan {
+    /// Each output format with the file it goes to (one-shot and disk sender).
+    pub outputs: Vec<(ProfileFormat, PathBuf)>,
+    /// Continuous mode: the window length (`--profile-interval`, default
+    /// 10 s with a network sender); `None` for one profile of the whole run.
+    pub interval: Option<Duration>,
+    /// `--duration`; `None` runs until a signal (or until every `--pids`
+    /// target has exited).
+    pub duration: Option<Duration>,
+    /// `--listen` alone: record nothing but on-demand requests, and sample
+    /// only while one is in progress.
+    pub listen_only: bool,
+    /// The kernel's `perf_event_max_sample_rate`, Hz.
+    pub max_sample_rate_hz: u64,
+    /// The sampler's settings (frequency, pids, unwind-table budget).
+    pub sampler: SamplerConfig,
+}
+
+impl RunPlan {
+    /// Check `cli`'s flags against each other and the system. Errors name
+    /// the flag, privilege or kernel feature at fault; the missing privilege
+    /// is named before anything that needs it.
+    pub fn from_cli(cli: &Cli) -> Result<RunPlan> {
+        let outputs = cli.outputs()?;
+        let continuous = cli.profile_interval.is_some() || cli.sender != SenderKind::Disk;
+        let interval = continuous
+            .then(|| preflight::seconds("--profile-interval", cli.profile_interval.unwrap_or(10.0)))
+            .transpose()?;
+        if interval.is_some_and(|i| i < Duration::from_millis(100)) {
+            anyhow::bail!("--profile-interval must be at least 0.1 seconds");
+        }
+        if cli.sender == SenderKind::Disk && cli.server_url.is_some() {
+            anyhow::bail!("--server-url is for --sender remote or --sender pyroscope");
+        }
+        if cli.max_profiles == Some(0) {
+            anyhow::bail!("--max-profiles must be at least 1");
+        }
+        if cli.max_profiles.is_some() && !(continuous && cli.sender == SenderKind::Disk) {
+            anyhow::bail!("--max-profiles applies to continuous mode with the disk sender (give --profile-interval)");
+        }
+        let duration = cli
+            .duration
+            .map(|s| preflight::seconds("--duration", s))
+            .transpose()?;
+        let max_sample_rate_hz = preflight::max_sample_rate()?;
+        preflight::check_frequency(cli.sample_freq, max_sample_rate_hz)?;
+        let pids = preflight::resolve_pids(&cli.pids)?;
+        let listen_only = cli.listen.is_some() && cli.duration.is_none() && !continuous;
+        preflight::check_btf()?;
+        preflight::check_privileges()?;
+        preflight::check_kernel_features(preflight::KERNEL_FEATURES)?;
+        if cli.sender == SenderKind::Disk && !listen_only {
+            for (_, output) in &outputs {
+                preflight::check_output(&cli.profile_path, output)?;
+            }
+        }
+        Ok(RunPlan {
+            outputs,
+            interval,
+            duration,
+            listen_only,
+            max_sample_rate_hz,
+            sampler: SamplerConfig {
+                sample_freq_hz: cli.sample_freq,
+                pids,
+                exclude_pid: cli.exclude_self.then(std::process::id),
+                libbpf_debug: cli.libbpf_debug,
+                max_unwind_rows: unwind_rows_for_budget(cli.max_unwind_info_mb)?,
+            },
+        })
+    }
+
+    /// Continuous mode: windows go to a sender as they close.
+    pub fn continuous(&self) -> bool {
+        self.interval.is_some()
+    }
+}
+
+/// Rows of the `unwind_rows` map that fit in `mb` MiB (8 bytes a row).
+fn unwind_rows_for_budget(mb: u32) -> Result<u32> {
+    let rows = u64::from(mb) * 1024 * 1024 / 8;
+    if rows == 0 || rows > u64::from(u32::MAX) {
+        anyhow::bail!("--max-unwind-info-mb must be between 1 and 32767 MiB");
+    }
+    Ok(rows as u32)
+}
