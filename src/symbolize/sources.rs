@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::cache::LineCache;
 use super::{Lines, MappingSource};
 use crate::process::Mapping;
 
@@ -45,11 +46,21 @@ pub(super) trait SymbolSource {
 
     /// Lines (innermost first) for every site of `batch`, with whether each
     /// was named (`false` for a placeholder such as `object+0xOFFSET`). A
-    /// site left out gets the mapping's placeholder. Called once per window
-    /// with all of the window's sites of this source, so that a source can
-    /// keep or drop its per-window state (parsed files, read maps) here.
+    /// site left out gets the mapping's placeholder (and is asked again in
+    /// a later window). Called once per window with all of the window's
+    /// sites of this source that the lines cache does not hold (possibly
+    /// none), so that a source can keep or drop its per-window state
+    /// (parsed files, read maps) here.
     /// `tracker` holds the mappings and objects the window refers to.
     fn symbolize(&self, tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines>;
+
+    /// Whether a site's lines stay right for the whole run, so that
+    /// [`Resolved::resolve`] may keep them in the lines cache and not ask
+    /// again. `false` for sources whose addresses get new names as code
+    /// moves (JIT code: perf maps, jitdump files).
+    fn cacheable(&self) -> bool {
+        true
+    }
 }
 
 /// The sources' lines for one window: for each source (by its index in the
@@ -63,10 +74,15 @@ pub(super) struct Resolved<'s> {
 impl<'s> Resolved<'s> {
     /// Asks `sources` to name every frame in `frames`: each frame goes to
     /// the first source that locates it; frames none locates are left out.
+    /// Sites `cache` holds (of [`SymbolSource::cacheable`] sources) are
+    /// answered from it; the lines sources give for the others are stored
+    /// in it. Every source is called, with an empty batch when it has no
+    /// new sites.
     pub(super) fn resolve<'f>(
         sources: &'s [&'s dyn SymbolSource],
         tracker: &'s dyn MappingSource,
         frames: impl Iterator<Item = FrameRef<'f>>,
+        cache: &mut LineCache,
     ) -> Self {
         let mut batches: Vec<Batch> = vec![Batch::new(); sources.len()];
         for frame in frames {
@@ -76,13 +92,32 @@ impl<'s> Resolved<'s> {
         }
         let lines = sources
             .iter()
-            .zip(&batches)
-            .map(|(source, batch)| {
-                if batch.is_empty() {
-                    HashMap::new()
-                } else {
-                    source.symbolize(tracker, batch)
+            .zip(batches)
+            .enumerate()
+            .map(|(index, (source, mut batch))| {
+                let mut lines = HashMap::new();
+                if source.cacheable() {
+                    for (&group, addresses) in batch.iter_mut() {
+                        addresses.retain(|&address| {
+                            let site = (group, address);
+                            let Some(found) = cache.get((index, site)) else {
+                                return true;
+                            };
+                            lines.insert(site, found);
+                            false
+                        });
+                    }
+                    batch.retain(|_, addresses| !addresses.is_empty());
                 }
+                for (site, found) in source.symbolize(tracker, &batch) {
+                    let found = if source.cacheable() {
+                        cache.insert((index, site), found)
+                    } else {
+                        found
+                    };
+                    lines.insert(site, found);
+                }
+                lines
             })
             .collect();
         Resolved {
