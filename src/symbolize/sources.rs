@@ -144,3 +144,85 @@ fn locate(
         .enumerate()
         .find_map(|(index, source)| Some((index, source.locate(tracker, frame)?)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Line;
+    use std::cell::RefCell;
+
+    /// Names kernel addresses in `range` (`f<address>`), except `unnamed`,
+    /// which it leaves out; records each batch it is given.
+    struct Recording {
+        range: std::ops::Range<u64>,
+        unnamed: u64,
+        cacheable: bool,
+        batches: RefCell<Vec<Vec<u64>>>,
+    }
+
+    impl SymbolSource for Recording {
+        fn locate(&self, _tracker: &dyn MappingSource, frame: FrameRef<'_>) -> Option<Site> {
+            match frame {
+                FrameRef::Kernel(a) if self.range.contains(&a) => Some((0, a)),
+                _ => None,
+            }
+        }
+
+        fn symbolize(&self, _tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines> {
+            let addresses: Vec<u64> = batch.values().flatten().copied().collect();
+            self.batches.borrow_mut().push(addresses.clone());
+            addresses
+                .into_iter()
+                .filter(|&a| a != self.unnamed)
+                .map(|a| {
+                    let name: std::sync::Arc<str> = format!("f{a}").into();
+                    let line = Line {
+                        function: name.clone(),
+                        system_name: name,
+                        file: None,
+                        line: None,
+                    };
+                    ((0, a), (vec![line], true))
+                })
+                .collect()
+        }
+
+        fn cacheable(&self) -> bool {
+            self.cacheable
+        }
+    }
+
+    #[test]
+    fn cached_sites_are_not_asked_again_unless_uncacheable_or_left_out() {
+        let source = |range, unnamed, cacheable| Recording {
+            range,
+            unnamed,
+            cacheable,
+            batches: Default::default(),
+        };
+        let stable = source(0..100, 5, true);
+        let moving = source(100..200, 0, false);
+        let sources: [&dyn SymbolSource; 2] = [&stable, &moving];
+        let tracker = crate::process::ProcessTracker::new();
+        let mut cache = LineCache::new(100);
+        let frames = [4, 5, 6, 150].map(FrameRef::Kernel);
+        for _ in 0..2 {
+            let resolved = Resolved::resolve(&sources, &tracker, frames.into_iter(), &mut cache);
+            let name = |a| {
+                let (lines, _) = resolved.lines(FrameRef::Kernel(a))?;
+                Some(lines[0].function.to_string())
+            };
+            assert_eq!(name(4).as_deref(), Some("f4"));
+            assert!(name(5).is_none());
+            assert_eq!(name(150).as_deref(), Some("f150"));
+            cache.end_window();
+        }
+        // The stable source is asked for what it left out only; the moving
+        // one for its address every window.
+        assert_eq!(*stable.batches.borrow(), vec![vec![4, 5, 6], vec![5]]);
+        assert_eq!(*moving.batches.borrow(), vec![vec![150], vec![150]]);
+        // A window without its frames: each source still called, empty.
+        let _ = Resolved::resolve(&sources, &tracker, std::iter::empty(), &mut cache);
+        assert_eq!(stable.batches.borrow().last(), Some(&vec![]));
+    }
+}
