@@ -1,17 +1,21 @@
 //! Encoding cost (`cargo bench --bench encode`): pprof (raw and gzip),
 //! folded stacks and the SVG flame graph of a profile with N distinct
-//! 20-frame stacks over 500 functions, per stack.
+//! 20-frame stacks over 500 functions, per stack; and the Firefox timeline
+//! of a 60 s, 10 kHz, 2-CPU run (1.2 M timed samples over 100 000 distinct
+//! stacks of 40 threads), per sample.
 
 use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use lightswitch::format::{flamegraph, folded, pprof};
-use lightswitch::profile::{Frame, FrameKind, Line, Profile, ProfileMapping, Sample};
+use lightswitch::format::{firefox, flamegraph, folded, pprof};
+use lightswitch::profile::{Frame, FrameKind, Line, Profile, ProfileMapping, Sample, TimedSample};
 use lightswitch::sample::UnwindStatus;
 
 const FUNCTIONS: usize = 500;
 const DEPTH: usize = 20;
+/// Threads the stacks are spread over (4 processes).
+const THREADS: usize = 40;
 
 /// A profile with `n` distinct stacks (distinct in their three leaf frames).
 fn profile(n: usize) -> Profile {
@@ -36,7 +40,7 @@ fn profile(n: usize) -> Profile {
     let samples = (0..n)
         .map(|s| Sample {
             pid: 1000 + (s % 4) as u32,
-            tid: 1000 + (s % 4) as u32,
+            tid: 1000 + (s % THREADS) as u32,
             process_comm: comm.clone(),
             thread_comm: comm.clone(),
             frames: (0..DEPTH)
@@ -64,6 +68,8 @@ fn profile(n: usize) -> Profile {
         }],
         frames,
         samples,
+        timeline: vec![],
+        markers: vec![],
     }
 }
 
@@ -89,5 +95,37 @@ fn encode(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, encode);
+/// `profile(stacks)` with a timeline of `samples` samples, 2 CPUs at
+/// 10 kHz (100 µs apart per CPU, a little jitter), the stacks in turn.
+fn timed_profile(stacks: usize, samples: usize) -> Profile {
+    let mut p = profile(stacks);
+    for s in &mut p.samples {
+        s.count = 0;
+    }
+    p.timeline = (0..samples)
+        .map(|i| {
+            let stack = (i * 7919) % stacks;
+            p.samples[stack].count += 1;
+            TimedSample {
+                offset_ns: (i / 2) as i64 * 100_000 + (i % 13) as i64 * 97,
+                sample: stack as u32,
+            }
+        })
+        .collect();
+    p
+}
+
+fn encode_firefox(c: &mut Criterion) {
+    let mut group = c.benchmark_group("encode");
+    group.sample_size(10);
+    let samples = 1_200_000;
+    let p = timed_profile(100_000, samples);
+    group.throughput(Throughput::Elements(samples as u64));
+    group.bench_with_input(BenchmarkId::new("firefox", samples), &p, |b, p| {
+        b.iter(|| firefox::encode(black_box(p)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, encode, encode_firefox);
 criterion_main!(benches);

@@ -1,9 +1,10 @@
 //! Command-line interface (clap). Parsing only: validation that needs the
 //! running system (privileges, kernel limits, pids) lives in [`crate::preflight`].
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::format::{Compression, ProfileFormat};
 use crate::sender::{remote::HttpSettings, SenderConfig};
@@ -73,6 +74,23 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
 
+    /// How to profile (without a subcommand).
+    #[command(flatten)]
+    pub profile: ProfileArgs,
+}
+
+impl std::ops::Deref for Cli {
+    type Target = ProfileArgs;
+
+    /// The top-level profiling options.
+    fn deref(&self) -> &ProfileArgs {
+        &self.profile
+    }
+}
+
+/// The options of a profiling run: the top-level flags, and `record`'s.
+#[derive(Debug, Args)]
+pub struct ProfileArgs {
     /// Only profile these processes (thread group ids). Comma-separated or repeated.
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     pub pids: Vec<i32>,
@@ -279,7 +297,28 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
 
 /// Subcommands.
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once; boxing buys nothing
 pub enum Command {
+    /// Run a command and profile it and every process it starts, from its
+    /// first instruction, until it exits; exits with the command's status.
+    #[command(after_help = "Examples:\n  \
+        sudo lightswitch record -- ./bench --iterations 10\n  \
+        sudo lightswitch record --profile-format pprof -- make -j2\n  \
+        sudo lightswitch record --duration 5 --as-root -- ./server")]
+    Record(RecordArgs),
+    /// Compare two saved profiles (pprof, raw or gzip'd, or folded stacks):
+    /// the functions whose share of samples changed most, in percentage points.
+    #[command(after_help = "Examples:\n  \
+        lightswitch diff base.pb new.pb\n  \
+        lightswitch diff --fail-above 5 base.pb new.pb   # CI: exit 1 on a regression\n  \
+        lightswitch diff --output json --flame-graph diff.svg base.txt new.txt")]
+    Diff(DiffArgs),
+    /// Print the top functions of a saved profile (flat and cumulative, like
+    /// `go tool pprof -top`), or re-encode it into another format.
+    #[command(after_help = "Examples:\n  \
+        lightswitch report profile.pb\n  \
+        lightswitch report --format flame-graph --output cpu.svg profile.pb")]
+    Report(ReportArgs),
     /// Print the unwind table lightswitch builds for an object file (its rows
     /// and a summary: rows, pages, bytes, unsupported rules by kind).
     ShowUnwind {
@@ -338,16 +377,95 @@ pub enum Command {
     },
 }
 
+/// `lightswitch record [OPTIONS] -- CMD [ARGS...]`.
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// How to profile (every option of a profiling run but `--pids`).
+    #[command(flatten)]
+    pub profile: ProfileArgs,
+    /// Run the command as root even when lightswitch was started through
+    /// sudo (by default it runs as the invoking user, SUDO_UID/SUDO_GID).
+    #[arg(long)]
+    pub as_root: bool,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// How `diff` prints its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DiffOutput {
+    /// A table for people.
+    Text,
+    /// One JSON object (serde_json) for machines.
+    Json,
+}
+
+/// `lightswitch diff BASE NEW`.
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The baseline profile (pprof raw or gzip'd, or folded stacks).
+    pub base: PathBuf,
+    /// The profile compared against it.
+    pub new: PathBuf,
+    /// `text` (default) or `json`.
+    #[arg(long, value_enum, default_value_t = DiffOutput::Text)]
+    pub output: DiffOutput,
+    /// How many functions to list (those whose share changed most); 0 lists all.
+    #[arg(long, default_value_t = 20)]
+    pub top: usize,
+    /// Also write a differential flame graph (inferno: NEW's stacks, grown
+    /// in red, shrunk in blue; BASE normalized to NEW's total) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub flame_graph: Option<PathBuf>,
+    /// Exit 1 when any function's inclusive share grew by more than this
+    /// many percentage points (exit 0 otherwise; 2 on bad input).
+    #[arg(long, value_name = "PCT")]
+    pub fail_above: Option<f64>,
+}
+
+/// `lightswitch report FILE`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A saved profile (pprof raw or gzip'd, or folded stacks).
+    pub file: PathBuf,
+    /// How many functions to list; 0 lists all.
+    #[arg(long, default_value_t = 20)]
+    pub top: usize,
+    /// Instead of the table, re-encode the profile into this format.
+    #[arg(long, value_enum)]
+    pub format: Option<ProfileFormat>,
+    /// With --format: the file to write (default: the format's default
+    /// file name in the current directory; `-` writes to stdout).
+    #[arg(long, short = 'o', requires = "format")]
+    pub output: Option<PathBuf>,
+    /// With --format pprof: `none` (raw protobuf) or `gzip`.
+    #[arg(long, value_enum, default_value_t = Compression::None)]
+    pub pprof_compression: Compression,
+}
+
 impl Cli {
     /// The directories separate debug files are looked up in: the
-    /// subcommand's `--debug-dirs` for `show-unwind`, else the top-level one.
+    /// subcommand's `--debug-dirs` for `show-unwind` and `record`, else the
+    /// top-level one.
     pub fn debug_dirs(&self) -> &[PathBuf] {
         match &self.command {
             Some(Command::ShowUnwind { debug_dirs, .. }) => debug_dirs,
-            _ => &self.debug_dirs,
+            Some(Command::Record(record)) => &record.profile.debug_dirs,
+            _ => &self.profile.debug_dirs,
         }
     }
 
+    /// The log level: `record`'s `--logging`, else the top-level one.
+    pub fn log_level(&self) -> LogLevel {
+        match &self.command {
+            Some(Command::Record(record)) => record.profile.logging,
+            _ => self.profile.logging,
+        }
+    }
+}
+
+impl ProfileArgs {
     /// Each output format (duplicates removed, in the given order) with the
     /// file it is written to: `--profile-path` joined with `--profile-name`
     /// or the format's default file name. Errors when `--profile-name` is
@@ -373,11 +491,9 @@ impl Cli {
             })
             .collect())
     }
-}
 
-impl Cli {
     /// The continuous-mode sender these options ask for. Errors as
-    /// [`Cli::outputs`] does.
+    /// [`ProfileArgs::outputs`] does.
     pub fn sender_config(&self) -> anyhow::Result<SenderConfig> {
         let http = HttpSettings {
             token: self.token.clone(),

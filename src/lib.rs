@@ -15,6 +15,7 @@
 pub mod bpf_info;
 pub mod cli;
 pub mod collector;
+pub mod compare;
 pub mod files;
 pub mod format;
 pub mod guard;
@@ -23,6 +24,7 @@ pub mod httpd;
 pub mod preflight;
 pub mod process;
 pub mod profile;
+pub mod record;
 pub mod run;
 pub mod sample;
 pub mod sampler;

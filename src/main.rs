@@ -16,7 +16,7 @@ pub static malloc_conf: &[u8] = lightswitch::heap::DEFAULT_MALLOC_CONF;
 
 fn main() {
     let cli = Cli::parse();
-    let level = match cli.logging {
+    let level = match cli.log_level() {
         LogLevel::Error => "error",
         LogLevel::Warn => "warn",
         LogLevel::Info => "info",
@@ -46,6 +46,31 @@ fn main() {
                 std::process::exit(1);
             }
         }
+    }
+    match &cli.command {
+        Some(Command::Record(args)) => match lightswitch::record::record(args) {
+            Ok(code) => std::process::exit(code),
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                // As a shell says of a command it cannot run.
+                std::process::exit(127);
+            }
+        },
+        Some(Command::Diff(args)) => match lightswitch::compare::diff::run(args) {
+            Ok(code) => std::process::exit(code),
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                std::process::exit(lightswitch::compare::diff::BAD_INPUT_EXIT_STATUS);
+            }
+        },
+        Some(Command::Report(args)) => {
+            if let Err(err) = lightswitch::compare::report::run(args) {
+                eprintln!("error: {err:#}");
+                std::process::exit(1);
+            }
+            return;
+        }
+        _ => {}
     }
     if let Some(Command::Collector {
         listen,

@@ -17,23 +17,26 @@
 use std::collections::BTreeMap;
 use std::mem::MaybeUninit;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use tracing::{debug, info, warn};
 
 mod agent;
 mod plan;
+pub mod progress;
 mod summary;
+pub mod workload;
 
 pub use agent::{Agent, Stopped, Totals, Workers};
 pub use plan::RunPlan;
 pub use summary::{ContinuousSummary, RunSummary};
+pub use workload::Workload;
 
-use crate::cli::Cli;
+use crate::cli::ProfileArgs;
 use crate::files;
 use crate::format::{self, Compression, ProfileFormat};
 use crate::preflight;
@@ -47,15 +50,6 @@ use crate::server::ondemand::OnDemandWorker;
 use crate::server::{Server, ServerConfig};
 use crate::symbolize::Symbolizer;
 use crate::timefmt;
-
-fn install_stop_handler() -> Result<Arc<AtomicBool>> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    // With the "termination" feature this covers SIGINT, SIGTERM and SIGHUP.
-    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
-        .context("installing the SIGINT/SIGTERM handler")?;
-    Ok(stop)
-}
 
 fn setup_libbpf_logging(debug: bool) {
     let level = if debug {
@@ -71,10 +65,21 @@ fn setup_libbpf_logging(debug: bool) {
 /// Run the profiler as `cli` says and write the profile. Errors are the
 /// preflight errors (each names its cause) or failures to load, attach,
 /// encode or write.
-pub fn run(cli: &Cli) -> Result<RunSummary> {
-    let plan = RunPlan::from_cli(cli)?;
+pub fn run(cli: &ProfileArgs) -> Result<RunSummary> {
+    run_with(cli, None)
+}
+
+/// [`run`], profiling `workload` (a held process, `record`) and every
+/// process it starts instead of `--pids` or the whole machine: it is let go
+/// once sampling is attached, and the run ends when it exits (or at
+/// `--duration`); a stop request is passed on to it.
+pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> Result<RunSummary> {
+    let plan = RunPlan::from_cli(cli, workload.as_ref().map(|w| w.pid()))?;
     setup_libbpf_logging(cli.libbpf_debug);
-    let stop = install_stop_handler()?;
+    let stop = progress::install_stop_handler(match workload {
+        Some(_) => " once the command exits",
+        None => "",
+    })?;
     let metrics = Arc::new(Metrics::default());
     // Continuous mode: the sender (and its thread) starts before sampling,
     // so that a bad URL fails the run before anything is loaded.
@@ -127,7 +132,15 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
     if let Some(server) = &server {
         print_banner(server);
     }
-    while !stop.load(Ordering::SeqCst) && !agent.finished() {
+    // Sampling is attached and its records have somewhere to go.
+    if let Some(workload) = workload.as_mut() {
+        agent.scan_now();
+        workload.release()?;
+    }
+    let mut interrupted = false;
+    while !workload::ends_run(&mut workload, stop.load(Ordering::SeqCst), &mut interrupted)
+        && !agent.finished()
+    {
         agent.step()?;
     }
     let mut stopped = agent.stop()?;
@@ -143,7 +156,12 @@ pub fn run(cli: &Cli) -> Result<RunSummary> {
 
 /// Everything after sampling: log what the run saw, hand the last windows
 /// over (continuous mode) or write the one profile, and say what happened.
-fn finish(cli: &Cli, plan: &RunPlan, metrics: &Metrics, stopped: Stopped) -> Result<RunSummary> {
+fn finish(
+    cli: &ProfileArgs,
+    plan: &RunPlan,
+    metrics: &Metrics,
+    stopped: Stopped,
+) -> Result<RunSummary> {
     let Stopped {
         tracker,
         mut windows,
@@ -212,9 +230,22 @@ fn finish(cli: &Cli, plan: &RunPlan, metrics: &Metrics, stopped: Stopped) -> Res
 
     // One profile for the whole run.
     let ClosedWindow {
-        aggregator, window, ..
+        mut aggregator,
+        window,
+        ..
     } = last.pop().context("a run has one window")?;
-    let profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+    let (timeline, markers) = (aggregator.take_timeline(), aggregator.take_markers());
+    let started = Instant::now();
+    let mut profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+    profile.timeline = timeline;
+    profile.markers = markers;
+    info!(
+        "{} samples, {} distinct stacks, {} frames symbolized in {:?}",
+        profile.total_samples(),
+        profile.samples.len(),
+        profile.frames.len(),
+        started.elapsed()
+    );
     write_outputs(
         &profile,
         &plan.outputs,
@@ -248,7 +279,17 @@ fn write_outputs(
 ) -> Result<()> {
     let encoded = outputs
         .iter()
-        .map(|(format, output)| Ok((output, format::encode(profile, *format, compression)?)))
+        .map(|(format, output)| {
+            let started = Instant::now();
+            let bytes = format::encode(profile, *format, compression)?;
+            info!(
+                "{}: {} bytes encoded in {:?}",
+                format.name(),
+                bytes.len(),
+                started.elapsed()
+            );
+            Ok((output, bytes))
+        })
         .collect::<Result<Vec<_>>>()
         .context("no profile was written")?;
     for (output, bytes) in encoded {

@@ -256,6 +256,16 @@ pub enum ProcessEvent {
     },
 }
 
+/// A [`ProcessEvent`] with the time the BPF program saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedEvent {
+    /// What happened.
+    pub event: ProcessEvent,
+    /// `bpf_ktime_get_ns()` when it happened: CLOCK_MONOTONIC, ns (the
+    /// clock of [`RawSample::timestamp_ns`]).
+    pub timestamp_ns: u64,
+}
+
 impl ProcessEvent {
     /// Parse one `struct process_event` record; `None` for an unknown type or short record.
     pub fn parse(data: &[u8]) -> Option<Self> {
@@ -285,6 +295,20 @@ impl ProcessEvent {
             }),
             _ => None,
         }
+    }
+}
+
+impl TimedEvent {
+    /// Parse one `struct process_event` record with its time; `None` for an
+    /// unknown type or short record.
+    pub fn parse(data: &[u8]) -> Option<Self> {
+        let event = ProcessEvent::parse(data)?;
+        let mut raw = types::process_event::default();
+        plain::copy_from_bytes(&mut raw, data).ok()?;
+        Some(TimedEvent {
+            event,
+            timestamp_ns: raw.timestamp_ns,
+        })
     }
 }
 
@@ -383,6 +407,7 @@ mod tests {
             data.extend_from_slice(&0u32.to_ne_bytes());
             data
         };
+        let parse = |data: &[u8]| TimedEvent::parse(data).map(|e| (e.event, e.timestamp_ns));
         assert_eq!(
             ProcessEvent::parse(&record(5, 7, 0x4000)),
             Some(ProcessEvent::Mapping {
@@ -395,22 +420,28 @@ mod tests {
             })
         );
         assert_eq!(
-            ProcessEvent::parse(&record(1, 7, 0)),
-            Some(ProcessEvent::Exec {
-                pid: 7,
-                timestamp_ns: 99
-            })
+            parse(&record(1, 7, 0)),
+            Some((
+                ProcessEvent::Exec {
+                    pid: 7,
+                    timestamp_ns: 99
+                },
+                99
+            ))
         );
         assert_eq!(
-            ProcessEvent::parse(&record(2, 7, 0)),
-            Some(ProcessEvent::Exit { pid: 7 })
+            parse(&record(2, 7, 0)),
+            Some((ProcessEvent::Exit { pid: 7 }, 99))
         );
         assert_eq!(
-            ProcessEvent::parse(&record(3, 7, 0x4000)),
-            Some(ProcessEvent::UnknownMapping {
-                pid: 7,
-                address: 0x4000
-            })
+            parse(&record(3, 7, 0x4000)),
+            Some((
+                ProcessEvent::UnknownMapping {
+                    pid: 7,
+                    address: 0x4000
+                },
+                99
+            ))
         );
         assert_eq!(
             ProcessEvent::parse(&record(4, 8, 7)),
@@ -420,8 +451,8 @@ mod tests {
                 timestamp_ns: 99
             })
         );
-        assert_eq!(ProcessEvent::parse(&record(9, 7, 0)), None);
-        assert_eq!(ProcessEvent::parse(&record(1, 7, 0)[..47]), None);
+        assert_eq!(parse(&record(9, 7, 0)), None);
+        assert_eq!(parse(&record(1, 7, 0)[..47]), None);
     }
 
     #[test]

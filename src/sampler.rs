@@ -20,7 +20,7 @@ use libbpf_rs::{
 use perf_event_open_sys as perf;
 use tracing::{info, warn};
 
-use crate::sample::{ProcessEvent, RawSample};
+use crate::sample::{RawSample, TimedEvent};
 use crate::skel::{ProfilerSkel, ProfilerSkelBuilder};
 use crate::unwind::row::{Page, RawRow};
 
@@ -40,6 +40,10 @@ pub struct SamplerConfig {
     pub libbpf_debug: bool,
     /// Capacity of the `unwind_rows` map, rows (8 bytes each): the unwind-table memory budget.
     pub max_unwind_rows: u32,
+    /// Also sample every process a process in `pids` creates, from its
+    /// first instruction (`record`: fork and clone are followed inside the
+    /// BPF program; exec keeps the pid). Needs a non-empty `pids`.
+    pub follow_children: bool,
 }
 
 /// Unsupported-rule kinds the BPF program counts (`MAX_UNSUPPORTED_KINDS`).
@@ -296,6 +300,7 @@ impl<'obj> Sampler<'obj> {
                 .ok_or_else(|| anyhow!("BPF object has no .rodata section"))?;
             rodata.filter_pids = !config.pids.is_empty();
             rodata.exclude_pid = config.exclude_pid.unwrap_or(0);
+            rodata.follow_children = config.follow_children;
         }
         let online = online_cpus()?;
         let ring_bytes = samples_ring_bytes_per_cpu(config.sample_freq_hz);
@@ -409,7 +414,7 @@ impl<'obj> Sampler<'obj> {
     pub fn ring_buffer(
         &self,
         samples: Rc<RefCell<Vec<RawSample>>>,
-        events: Rc<RefCell<Vec<ProcessEvent>>>,
+        events: Rc<RefCell<Vec<TimedEvent>>>,
         malformed: Rc<RefCell<u64>>,
     ) -> Result<RingBuffer<'_>> {
         let mut builder = RingBufferBuilder::new();
@@ -425,7 +430,7 @@ impl<'obj> Sampler<'obj> {
             })?;
         }
         builder.add(&self.skel.maps.events, move |data: &[u8]| {
-            if let Some(event) = ProcessEvent::parse(data) {
+            if let Some(event) = TimedEvent::parse(data) {
                 events.borrow_mut().push(event);
             }
             0
@@ -631,9 +636,9 @@ mod tests {
             assert!(!s.user_stack.is_empty());
         }
         assert!(
-            events
-                .borrow()
-                .contains(&ProcessEvent::Exit { pid: child.id() }),
+            events.borrow().iter().any(|e| e.event
+                == crate::sample::ProcessEvent::Exit { pid: child.id() }
+                && (started..=crate::timefmt::monotonic_ns()).contains(&e.timestamp_ns)),
             "{:?}",
             events.borrow()
         );

@@ -178,6 +178,8 @@ fn known_profile(start_unix_ns: u64, count: u64, stacks: usize) -> Vec<u8> {
         mappings: vec![],
         frames,
         samples,
+        timeline: vec![],
+        markers: vec![],
     };
     lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
 }

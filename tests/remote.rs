@@ -892,6 +892,8 @@ fn known_profile(start_unix_ns: u64, count: u64) -> Vec<u8> {
             unwind_status: UnwindStatus::Complete,
             count,
         }],
+        timeline: vec![],
+        markers: vec![],
     };
     lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
 }

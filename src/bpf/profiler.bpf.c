@@ -41,6 +41,9 @@
 /* Set by user space before load (read-only data section). */
 const volatile bool filter_pids = false; /* only sample pids in target_pids */
 const volatile __u32 exclude_pid = 0;    /* never sample this pid (--exclude-self) */
+/* `record`: the processes a wanted process creates are wanted too (on_fork),
+ * and a wanted process leaves target_pids when its last thread exits. */
+const volatile bool follow_children = false;
 /* Unconsumed bytes in a CPU's `samples` ring above which a new record wakes user space;
  * below it, user space reads records at its next periodic poll, which spares
  * each sample the cost of a wake-up (an inter-processor interrupt). */
@@ -1250,6 +1253,14 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	__u32 pid = child->tgid, parent_pid = parent->tgid;
 	if (child->pid != child->tgid)
 		return 0;
+	/* `record`: a new process (fork, or clone without CLONE_THREAD) of a
+	 * wanted process is wanted from its first instruction. The tracepoint
+	 * fires in the parent before the child can run, so no sample of the
+	 * child is missed; exec keeps the pid, so it needs nothing. */
+	if (follow_children && bpf_map_lookup_elem(&target_pids, &parent_pid)) {
+		__u8 wanted = 1;
+		bpf_map_update_elem(&target_pids, &pid, &wanted, BPF_ANY);
+	}
 	if (filter_pids && !bpf_map_lookup_elem(&target_pids, &pid))
 		return 0;
 	struct process_info *proc = bpf_map_lookup_elem(&process_mappings, &parent_pid);
@@ -1265,6 +1276,11 @@ SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_exit, struct task_struct *p)
 {
 	__u32 pid = p->tgid;
+	/* `record`: a followed process whose last thread exits leaves the
+	 * filter, so that a long build's many short processes do not fill it
+	 * (signal->live counts the group's threads not yet exiting). */
+	if (follow_children && BPF_CORE_READ(p, signal, live.counter) == 0)
+		bpf_map_delete_elem(&target_pids, &pid);
 	if (p->pid != p->tgid)
 		return 0;
 	if (bpf_map_lookup_elem(&process_mappings, &pid))

@@ -166,7 +166,8 @@ pub fn validate(p: &proto::Profile) -> Result<(), String> {
 /// Lowest kernel address on x86-64 and arm64 (the upper half).
 const KERNEL_SPACE_START: u64 = 0xffff_8000_0000_0000;
 
-const STATUSES: [UnwindStatus; 8] = [
+/// Every unwind result, to find the one an `[unwind: ...]` marker names.
+pub(crate) const STATUSES: [UnwindStatus; 8] = [
     UnwindStatus::Complete,
     UnwindStatus::Truncated,
     UnwindStatus::ReadFault,

@@ -102,9 +102,12 @@ async fn one_of_few_ingests(
     next.run(request).await
 }
 
-/// A JSON answer (one line).
-fn json(status: StatusCode, body: serde_json::Value) -> Response {
-    let body = format!("{body}\n");
+/// A JSON answer (one line), fields in the order `body` declares them.
+fn json(status: StatusCode, body: &impl serde::Serialize) -> Response {
+    let body = match serde_json::to_string(body) {
+        Ok(body) => format!("{body}\n"),
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
@@ -156,18 +159,36 @@ fn filter_from(pairs: &[(String, String)]) -> Result<Filter, String> {
 }
 
 /// One stored profile as the listing describes it: host, window (ns and
-/// RFC 3339), gzip'd size in bytes, path relative to the storage root.
-fn describe(storage: &Storage, p: &StoredProfile) -> serde_json::Value {
+/// RFC 3339), gzip'd size in bytes, path relative to the storage root
+/// (fields in this order).
+#[derive(serde::Serialize)]
+struct Described {
+    host: String,
+    start_unix_ns: u64,
+    end_unix_ns: u64,
+    start: String,
+    end: String,
+    size: u64,
+    path: String,
+}
+
+/// The answer of a listing.
+#[derive(serde::Serialize)]
+struct Listing {
+    profiles: Vec<Described>,
+}
+
+fn describe(storage: &Storage, p: &StoredProfile) -> Described {
     let relative = p.path.strip_prefix(storage.root()).unwrap_or(&p.path);
-    serde_json::json!({
-        "host": p.host,
-        "start_unix_ns": p.start_unix_ns,
-        "end_unix_ns": p.end_unix_ns,
-        "start": timefmt::rfc3339(p.start_unix_ns),
-        "end": timefmt::rfc3339(p.end_unix_ns),
-        "size": p.size,
-        "path": relative.to_string_lossy(),
-    })
+    Described {
+        host: p.host.clone(),
+        start_unix_ns: p.start_unix_ns,
+        end_unix_ns: p.end_unix_ns,
+        start: timefmt::rfc3339(p.start_unix_ns),
+        end: timefmt::rfc3339(p.end_unix_ns),
+        size: p.size,
+        path: relative.to_string_lossy().into_owned(),
+    }
 }
 
 /// A time header; errors are the 400 message.
@@ -242,7 +263,7 @@ fn ingest_blocking(
     match state.storage.store(&host, start, end, &gzipped) {
         Ok(stored) => {
             info!("stored {} ({} bytes)", stored.path.display(), stored.size);
-            json(StatusCode::OK, describe(&state.storage, &stored))
+            json(StatusCode::OK, &describe(&state.storage, &stored))
         }
         Err(e) => {
             warn!("storing a profile failed: {e:#}");
@@ -282,7 +303,7 @@ async fn list(State(state): State<AppState>, RawQuery(query): RawQuery) -> Respo
                     .iter()
                     .map(|p| describe(&state.storage, p))
                     .collect();
-                json(StatusCode::OK, serde_json::json!({ "profiles": items }))
+                json(StatusCode::OK, &Listing { profiles: items })
             }
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
         }

@@ -19,6 +19,7 @@ pub const SPEC: FormatSpec = FormatSpec {
     default_file_name: "flamegraph.svg",
     mime_type: "image/svg+xml",
     encodes_empty: false,
+    timeline: false,
     encode: |profile, _| encode(profile, TITLE),
 };
 

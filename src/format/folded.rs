@@ -21,6 +21,7 @@ pub const SPEC: FormatSpec = FormatSpec {
     default_file_name: "folded.txt",
     mime_type: "text/plain; charset=utf-8",
     encodes_empty: true,
+    timeline: false,
     encode: |profile, _| Ok(encode(profile).into_bytes()),
 };
 
@@ -123,6 +124,8 @@ pub(crate) mod tests {
                 sample(8, vec![0, 1, 2, 3], 2, UnwindStatus::Complete),
                 sample(8, vec![2, 4], 1, UnwindStatus::Truncated),
             ],
+            timeline: vec![],
+            markers: vec![],
         }
     }
 

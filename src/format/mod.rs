@@ -8,6 +8,7 @@
 //! merges) goes through [`encode`], so a new format is a new file, a variant
 //! and one registry line.
 
+pub mod firefox;
 pub mod flamegraph;
 pub mod folded;
 pub mod pprof;
@@ -27,6 +28,8 @@ pub enum ProfileFormat {
     Folded,
     /// pprof protobuf ([`pprof`]).
     Pprof,
+    /// Firefox Profiler timeline ([`firefox`]).
+    Firefox,
 }
 
 /// What one output format is: names, file name, MIME type, encoder.
@@ -49,6 +52,9 @@ pub struct FormatSpec {
     /// Whether a profile without samples can be encoded. When false,
     /// [`encode`] answers [`EmptyProfile`] instead.
     pub encodes_empty: bool,
+    /// Whether the encoder shows samples over time: it needs
+    /// [`Profile::timeline`], which runs then keep (16 bytes a sample).
+    pub timeline: bool,
     /// The encoder. The [`Compression`] applies where the format has a
     /// choice (pprof); formats with a fixed encoding ignore it.
     pub encode: fn(&Profile, Compression) -> Result<Vec<u8>>,
@@ -56,10 +62,11 @@ pub struct FormatSpec {
 
 impl ProfileFormat {
     /// Every format, in the order `--help` lists them.
-    pub const ALL: [ProfileFormat; 3] = [
+    pub const ALL: [ProfileFormat; 4] = [
         ProfileFormat::Pprof,
         ProfileFormat::FlameGraph,
         ProfileFormat::Folded,
+        ProfileFormat::Firefox,
     ];
 
     /// The registry: this format's [`FormatSpec`].
@@ -68,6 +75,7 @@ impl ProfileFormat {
             ProfileFormat::FlameGraph => &flamegraph::SPEC,
             ProfileFormat::Folded => &folded::SPEC,
             ProfileFormat::Pprof => &pprof::SPEC,
+            ProfileFormat::Firefox => &firefox::SPEC,
         }
     }
 
@@ -79,6 +87,11 @@ impl ProfileFormat {
     /// The file name used when `--profile-name` is not given.
     pub fn default_file_name(self) -> &'static str {
         self.spec().default_file_name
+    }
+
+    /// Whether the format needs every sample's time ([`FormatSpec::timeline`]).
+    pub fn is_timeline(self) -> bool {
+        self.spec().timeline
     }
 
     /// `Content-Type` of this format's bytes.
@@ -152,7 +165,7 @@ mod tests {
         }
         let err = ProfileFormat::from_name("png").unwrap_err().to_string();
         assert!(
-            err.contains("png") && err.contains("pprof, flame-graph, folded"),
+            err.contains("png") && err.contains("pprof, flame-graph, folded, firefox"),
             "{err}"
         );
     }

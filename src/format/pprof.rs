@@ -35,6 +35,7 @@ pub const SPEC: super::FormatSpec = super::FormatSpec {
     default_file_name: "profile.pb",
     mime_type: "application/vnd.google.protobuf",
     encodes_empty: true,
+    timeline: false,
     encode,
 };
 

@@ -1,5 +1,9 @@
 //! Aggregation: counts exact stacks. Every distinct (process, thread, kernel
 //! stack, user stack, unwind result) is its own entry; nothing is merged by hash.
+//! Stacks keep the order of their first sample, so each has a stable index
+//! ([`Aggregator::stacks`]); an aggregator made with
+//! [`Aggregator::with_timeline`] also keeps every sample's time and stack
+//! index (a timeline), for the formats that show samples over time.
 //!
 //! User addresses are resolved to the mapping that contains them when the
 //! sample arrives (the process may be gone by the time the window ends).
@@ -10,9 +14,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
+use indexmap::IndexMap;
+use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use crate::process::{MappingId, ProcessTracker};
+use crate::profile::{ProcessMarker, ProcessMarkerKind, TimedSample};
 use crate::sample::{RawSample, UnwindStatus};
 
 /// A user frame: an address, and the mapping it fell in (if any).
@@ -43,13 +49,24 @@ pub struct StackKey {
     pub user_status: UnwindStatus,
 }
 
-/// Counts of exact stacks over one window.
+/// Counts of exact stacks over one window, in the order of their first
+/// sample; optionally every sample's time too.
 #[derive(Debug, Default)]
 pub struct Aggregator {
-    counts: FxHashMap<StackKey, u64>,
+    counts: IndexMap<StackKey, u64, FxBuildHasher>,
     comms: FxHashMap<String, Arc<str>>,
     total: u64,
     status_counts: HashMap<UnwindStatus, u64>,
+    timeline: Option<Timeline>,
+}
+
+/// Every sample's time (relative to `origin_mono_ns`) and stack index.
+#[derive(Debug)]
+struct Timeline {
+    /// CLOCK_MONOTONIC ns that offsets are taken from (the window's start).
+    origin_mono_ns: u64,
+    samples: Vec<TimedSample>,
+    markers: Vec<ProcessMarker>,
 }
 
 fn call_sites(stack: &[u64]) -> impl Iterator<Item = u64> + '_ {
@@ -90,6 +107,54 @@ impl Aggregator {
         Self::default()
     }
 
+    /// An empty aggregator that also keeps a timeline: each sample's
+    /// timestamp as an offset from `origin_mono_ns` (CLOCK_MONOTONIC ns, the
+    /// start of the window) and the index of its stack. 16 bytes a sample.
+    pub fn with_timeline(origin_mono_ns: u64) -> Self {
+        Aggregator {
+            timeline: Some(Timeline {
+                origin_mono_ns,
+                samples: Vec::new(),
+                markers: Vec::new(),
+            }),
+            ..Self::default()
+        }
+    }
+
+    /// Take the timeline out (leaving it empty), sorted by time: one entry
+    /// per sample added, naming the stack's index in [`Self::stacks`]. Empty
+    /// for an aggregator made with [`Self::new`].
+    pub fn take_timeline(&mut self) -> Vec<TimedSample> {
+        let Some(timeline) = self.timeline.as_mut() else {
+            return Vec::new();
+        };
+        let mut samples = std::mem::take(&mut timeline.samples);
+        samples.sort_unstable();
+        samples
+    }
+
+    /// Note that `kind` happened to process `pid` at `timestamp_ns`
+    /// (CLOCK_MONOTONIC); kept only by an aggregator with a timeline.
+    pub fn add_marker(&mut self, pid: u32, kind: ProcessMarkerKind, timestamp_ns: u64) {
+        if let Some(timeline) = self.timeline.as_mut() {
+            timeline.markers.push(ProcessMarker {
+                offset_ns: timestamp_ns.wrapping_sub(timeline.origin_mono_ns) as i64,
+                pid,
+                kind,
+            });
+        }
+    }
+
+    /// Take the markers out (leaving none), in time order.
+    pub fn take_markers(&mut self) -> Vec<ProcessMarker> {
+        let Some(timeline) = self.timeline.as_mut() else {
+            return Vec::new();
+        };
+        let mut markers = std::mem::take(&mut timeline.markers);
+        markers.sort_by_key(|m| m.offset_ns);
+        markers
+    }
+
     fn intern(&mut self, comm: &str) -> Arc<str> {
         if let Some(c) = self.comms.get(comm) {
             return c.clone();
@@ -116,7 +181,15 @@ impl Aggregator {
             user,
             user_status: sample.user_status,
         };
-        *self.counts.entry(key).or_default() += 1;
+        let entry = self.counts.entry(key);
+        let index = entry.index();
+        *entry.or_default() += 1;
+        if let Some(timeline) = self.timeline.as_mut() {
+            timeline.samples.push(TimedSample {
+                offset_ns: sample.timestamp_ns.wrapping_sub(timeline.origin_mono_ns) as i64,
+                sample: index as u32,
+            });
+        }
         *self.status_counts.entry(sample.user_status).or_default() += 1;
         self.total += 1;
     }
@@ -131,7 +204,8 @@ impl Aggregator {
         &self.status_counts
     }
 
-    /// The distinct stacks and their sample counts.
+    /// The distinct stacks and their sample counts, in the order of their
+    /// first sample (the n-th item is the stack of index n).
     pub fn stacks(&self) -> impl Iterator<Item = (&StackKey, u64)> {
         self.counts.iter().map(|(k, &v)| (k, v))
     }
@@ -174,5 +248,25 @@ mod tests {
             &key.kernel[..],
             &[0xffff_ffff_8100_0010, 0xffff_ffff_8100_001f]
         );
+        assert!(agg.take_timeline().is_empty());
+    }
+
+    #[test]
+    fn timeline_keeps_every_sample_in_time_order_with_its_stack() {
+        let mut tracker = ProcessTracker::new();
+        let mut agg = Aggregator::with_timeline(1_000);
+        let pid = u32::MAX - 2;
+        // Read out of order (two CPUs' ring buffers), one before the origin.
+        for (ts, leaf) in [(1_500, 0x10), (1_200, 0x30), (990, 0x10), (1_700, 0x10)] {
+            let mut s = sample(pid, vec![leaf, 0x20]);
+            s.timestamp_ns = ts;
+            agg.add(&s, &mut tracker);
+        }
+        let stacks: Vec<u64> = agg.stacks().map(|(k, _)| k.user[0].address).collect();
+        assert_eq!(stacks, vec![0x10, 0x30], "stacks in first-sample order");
+        let timeline = agg.take_timeline();
+        let got: Vec<(i64, u32)> = timeline.iter().map(|t| (t.offset_ns, t.sample)).collect();
+        assert_eq!(got, vec![(-10, 0), (200, 1), (500, 0), (700, 0)]);
+        assert_eq!(timeline.len() as u64, agg.total());
     }
 }

@@ -23,8 +23,9 @@ use std::collections::BTreeMap;
 
 use crate::process::ProcessTracker;
 use crate::profile::aggregate::{Aggregator, UserFrame};
+use crate::profile::ProcessMarkerKind;
 use crate::profile::Window;
-use crate::sample::RawSample;
+use crate::sample::{ProcessEvent, RawSample, TimedEvent};
 
 /// How long after a window's end it is closed, ns (see the module docs).
 pub const CLOSE_SLACK_NS: u64 = 50_000_000;
@@ -58,6 +59,8 @@ pub struct Windows {
     /// Index of the last window when the run has a duration limit.
     last_index: Option<u64>,
     sample_freq_hz: u64,
+    /// Whether each window's aggregator keeps a timeline.
+    timeline: bool,
     open: BTreeMap<u64, OpenWindow>,
     /// Every window with a lower index has been closed.
     next_to_close: u64,
@@ -87,11 +90,19 @@ impl Windows {
             interval_ns,
             last_index,
             sample_freq_hz,
+            timeline: false,
             open: BTreeMap::new(),
             next_to_close: 0,
             late: 0,
             total: 0,
         }
+    }
+
+    /// Make every window keep a timeline (each sample's time and stack, see
+    /// [`Aggregator::with_timeline`]), for timeline formats.
+    pub fn with_timeline(mut self, timeline: bool) -> Self {
+        self.timeline = timeline;
+        self
     }
 
     /// The window a CLOCK_MONOTONIC time falls in.
@@ -123,6 +134,40 @@ impl Windows {
         self.add_resolved(sample, crate::profile::aggregate::resolve(sample, tracker));
     }
 
+    /// Note a process exec or exit in the window its timestamp falls in (as
+    /// for samples, a late one goes to the oldest open window), when
+    /// windows keep timelines; other events and runs without a timeline
+    /// format keep nothing.
+    pub fn add_event(&mut self, event: &TimedEvent) {
+        let (pid, kind) = match event.event {
+            ProcessEvent::Exec { pid, .. } => (pid, ProcessMarkerKind::Exec),
+            ProcessEvent::Exit { pid } => (pid, ProcessMarkerKind::Exit),
+            ProcessEvent::UnknownMapping { .. }
+            | ProcessEvent::Fork { .. }
+            | ProcessEvent::Mapping { .. } => return,
+        };
+        if !self.timeline {
+            return;
+        }
+        let index = self.index_of(event.timestamp_ns).max(self.next_to_close);
+        self.open_window(index)
+            .aggregator
+            .add_marker(pid, kind, event.timestamp_ns);
+    }
+
+    /// The open window `index`, made if it has no sample yet.
+    fn open_window(&mut self, index: u64) -> &mut OpenWindow {
+        let (timeline, start) = (self.timeline, self.start_of(index));
+        self.open.entry(index).or_insert_with(|| OpenWindow {
+            aggregator: if timeline {
+                Aggregator::with_timeline(start)
+            } else {
+                Aggregator::new()
+            },
+            earliest_ns: None,
+        })
+    }
+
     /// Like [`Self::add`], with the user frames already resolved
     /// ([`crate::profile::aggregate::resolve`]).
     pub fn add_resolved(&mut self, sample: &RawSample, user: Box<[UserFrame]>) {
@@ -131,7 +176,7 @@ impl Windows {
             index = self.next_to_close;
             self.late += 1;
         }
-        let open = self.open.entry(index).or_default();
+        let open = self.open_window(index);
         open.aggregator.add_resolved(sample, user);
         open.earliest_ns = Some(
             open.earliest_ns
@@ -292,5 +337,32 @@ mod tests {
         assert_eq!(all[0].window.start_unix_ns, 1_000);
         assert_eq!(all[0].window.duration_ns, 5 * S);
         assert_eq!(all[0].window.sample_freq_hz, 49);
+    }
+
+    #[test]
+    fn windows_with_timeline_time_samples_from_their_own_start() {
+        let mut tracker = ProcessTracker::new();
+        let t0 = 100 * S;
+        let mut w = Windows::new(t0, 0, Some(S), None, 99).with_timeline(true);
+        for ts in [t0 + 5, t0 + S + 7, t0 - 3] {
+            w.add(&sample(ts), &mut tracker);
+        }
+        let mut closed = w.finish(t0 + 2 * S);
+        let offsets = |c: &mut ClosedWindow| -> Vec<i64> {
+            c.aggregator
+                .take_timeline()
+                .iter()
+                .map(|t| t.offset_ns)
+                .collect()
+        };
+        assert_eq!(offsets(&mut closed[0]), vec![-3, 5]);
+        assert_eq!(offsets(&mut closed[1]), vec![7]);
+        // Without a timeline format nothing is kept.
+        let mut plain = Windows::new(t0, 0, None, None, 99);
+        plain.add(&sample(t0), &mut tracker);
+        assert!(plain.finish(t0 + S)[0]
+            .aggregator
+            .take_timeline()
+            .is_empty());
     }
 }

@@ -17,9 +17,10 @@ use libbpf_rs::RingBuffer;
 use tracing::{debug, info};
 
 use super::plan::RunPlan;
+use super::progress::Progress;
 use crate::process::ProcessTracker;
 use crate::profile::window::{ClosedWindow, Windows};
-use crate::sample::{ProcessEvent, RawSample, UnwindStatus};
+use crate::sample::{RawSample, TimedEvent, UnwindStatus};
 use crate::sampler::{self, BpfStats, Sampler};
 use crate::sender::worker::WindowWorker;
 use crate::server::metrics::Metrics;
@@ -84,7 +85,7 @@ pub struct Agent<'s, 'o> {
     sampler: &'s Sampler<'o>,
     ring: RingBuffer<'s>,
     samples: Rc<RefCell<Vec<RawSample>>>,
-    events: Rc<RefCell<Vec<ProcessEvent>>>,
+    events: Rc<RefCell<Vec<TimedEvent>>>,
     malformed: Rc<RefCell<u64>>,
     tracker: ProcessTracker,
     windows: Windows,
@@ -100,6 +101,8 @@ pub struct Agent<'s, 'o> {
     deadline: Option<Instant>,
     last_alive_check: Instant,
     last_metrics: Instant,
+    /// The status line, when stderr is a terminal.
+    progress: Option<Progress>,
 }
 
 /// What the run leaves when the perf events are detached.
@@ -155,7 +158,8 @@ impl<'s, 'o> Agent<'s, 'o> {
             plan.interval.map(|i| i.as_nanos() as u64),
             plan.duration.map(|d| d.as_nanos() as u64),
             freq,
-        );
+        )
+        .with_timeline(plan.timeline);
         let mut loader = UnwindLoader::new(plan.sampler.max_unwind_rows, cache_dir)?;
         loader.scan_processes(&plan.sampler.pids, start);
         let samples = Rc::new(RefCell::new(Vec::new()));
@@ -180,11 +184,28 @@ impl<'s, 'o> Agent<'s, 'o> {
             totals: Totals::default(),
             served: 0,
             listen_only: plan.listen_only,
-            pids: plan.sampler.pids.clone(),
+            // A followed command (`record`) ends the run itself when it exits.
+            pids: if plan.sampler.follow_children {
+                Vec::new()
+            } else {
+                plan.sampler.pids.clone()
+            },
             deadline: plan.duration.map(|d| start + d),
             last_alive_check: start,
             last_metrics: start,
+            progress: Progress::on_terminal(start),
         })
+    }
+
+    /// Finish the start-up scan now. For `record`'s held command: described
+    /// before it execs, the walker knows the pid, so its exec is reported
+    /// and its new image read at once; scanned later, the scan could read
+    /// its maps in the middle of the exec and describe the old image.
+    pub fn scan_now(&mut self) {
+        while self
+            .loader
+            .continue_scan(&mut self.tracker, self.sampler, SCAN_SLICE)
+        {}
     }
 
     /// Whether the run is over: the duration has passed or, without one,
@@ -243,6 +264,10 @@ impl<'s, 'o> Agent<'s, 'o> {
             self.last_metrics = Instant::now();
             self.refresh_metrics();
         }
+        if let Some(progress) = self.progress.as_mut() {
+            let (sampler, malformed) = (self.sampler, &self.malformed);
+            progress.tick(|| sampler.stats().map_or(0, |s| s.lost) + *malformed.borrow());
+        }
         Ok(())
     }
 
@@ -263,13 +288,18 @@ impl<'s, 'o> Agent<'s, 'o> {
     /// windows; then load the tables that finished building.
     pub fn drain(&mut self) {
         for event in self.events.borrow_mut().drain(..) {
-            self.loader.on_event(event, &mut self.tracker, self.sampler);
+            self.windows.add_event(&event);
+            self.loader
+                .on_event(event.event, &mut self.tracker, self.sampler);
         }
         for sample in self.samples.borrow_mut().drain(..) {
             let frames = crate::profile::aggregate::resolve(&sample, &mut self.tracker);
             self.loader
                 .on_sample(&sample, &frames, &mut self.tracker, self.sampler);
             self.metrics.sample(sample.user_status);
+            if let Some(progress) = self.progress.as_mut() {
+                progress.sample(sample.pid, sample.user_status);
+            }
             self.subscriptions.add(&sample, &frames);
             if !self.listen_only {
                 self.windows.add_resolved(&sample, frames);
@@ -346,6 +376,9 @@ impl<'s, 'o> Agent<'s, 'o> {
     /// still in progress are answered 503 (their span outlives the run).
     pub fn stop(mut self) -> Result<Stopped> {
         self.sampler.detach();
+        if let Some(progress) = self.progress.as_mut() {
+            progress.clear();
+        }
         self.ring
             .consume()
             .context("draining the samples ring buffers")?;

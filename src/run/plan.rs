@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::cli::{Cli, SenderKind};
+use crate::cli::{ProfileArgs, SenderKind};
 use crate::format::ProfileFormat;
 use crate::preflight;
 use crate::sampler::SamplerConfig;
@@ -31,13 +31,20 @@ pub struct RunPlan {
     pub max_sample_rate_hz: u64,
     /// The sampler's settings (frequency, pids, unwind-table budget).
     pub sampler: SamplerConfig,
+    /// Whether windows keep every sample's time and the processes' execs
+    /// and exits: a timeline format (firefox) is written to files (network
+    /// senders send pprof).
+    pub timeline: bool,
 }
 
 impl RunPlan {
     /// Check `cli`'s flags against each other and the system. Errors name
     /// the flag, privilege or kernel feature at fault; the missing privilege
     /// is named before anything that needs it.
-    pub fn from_cli(cli: &Cli) -> Result<RunPlan> {
+    ///
+    /// `workload`: the pid of `record`'s held command, which replaces
+    /// `--pids` (an error with it) and is followed into its children.
+    pub fn from_cli(cli: &ProfileArgs, workload: Option<u32>) -> Result<RunPlan> {
         let outputs = cli.outputs()?;
         let continuous = cli.profile_interval.is_some() || cli.sender != SenderKind::Disk;
         let interval = continuous
@@ -61,8 +68,17 @@ impl RunPlan {
             .transpose()?;
         let max_sample_rate_hz = preflight::max_sample_rate()?;
         preflight::check_frequency(cli.sample_freq, max_sample_rate_hz)?;
-        let pids = preflight::resolve_pids(&cli.pids)?;
-        let listen_only = cli.listen.is_some() && cli.duration.is_none() && !continuous;
+        let pids = match workload {
+            Some(_) if !cli.pids.is_empty() => {
+                anyhow::bail!(
+                    "record profiles its command and what it starts: --pids does not apply"
+                )
+            }
+            Some(pid) => vec![pid],
+            None => preflight::resolve_pids(&cli.pids)?,
+        };
+        let listen_only =
+            cli.listen.is_some() && cli.duration.is_none() && !continuous && workload.is_none();
         preflight::check_btf()?;
         preflight::check_privileges()?;
         preflight::check_kernel_features(preflight::KERNEL_FEATURES)?;
@@ -71,7 +87,10 @@ impl RunPlan {
                 preflight::check_output(&cli.profile_path, output)?;
             }
         }
+        let timeline =
+            cli.sender == SenderKind::Disk && outputs.iter().any(|(f, _)| f.is_timeline());
         Ok(RunPlan {
+            timeline,
             outputs,
             interval,
             duration,
@@ -83,6 +102,7 @@ impl RunPlan {
                 exclude_pid: cli.exclude_self.then(std::process::id),
                 libbpf_debug: cli.libbpf_debug,
                 max_unwind_rows: unwind_rows_for_budget(cli.max_unwind_info_mb)?,
+                follow_children: workload.is_some(),
             },
         })
     }

@@ -28,13 +28,18 @@ pub fn window_path(base: &Path, start_unix_ns: u64) -> PathBuf {
     base.with_file_name(name)
 }
 
-/// `profile.pb` -> (`profile`, `.pb`); a name without extension has `""`.
+/// `profile.pb` -> (`profile`, `.pb`), `profile.json.gz` -> (`profile`,
+/// `.json.gz`); a name without extension has `""`.
 fn split_name(base: &Path) -> (String, String) {
     let name = base
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    match name.rfind('.') {
+    let ext_start = match name.strip_suffix(".json.gz") {
+        Some(stem) if !stem.is_empty() => Some(stem.len()),
+        _ => name.rfind('.'),
+    };
+    match ext_start {
         Some(dot) if dot > 0 => (name[..dot].to_string(), name[dot..].to_string()),
         _ => (name, String::new()),
     }
@@ -172,6 +177,13 @@ mod tests {
         assert_eq!(
             window_path(&base, t).file_name().unwrap(),
             "profile-20240501T120000.000Z.pb"
+        );
+        // The double extension of the firefox format stays whole.
+        assert_eq!(
+            window_path(&dir.path().join("profile.json.gz"), t)
+                .file_name()
+                .unwrap(),
+            "profile-20240501T120000.000Z.json.gz"
         );
         for i in 0..5 {
             write_atomic(&window_path(&base, t + i * second), b"x", PROFILE_MODE).unwrap();

@@ -218,11 +218,11 @@ fn run(
     for message in rx {
         match message {
             Message::Window(job) => {
-                let (closed, snapshot) = *job;
+                let (mut closed, snapshot) = *job;
                 let index = closed.index;
                 let sent = contain(
                     || format!("window {index}"),
-                    || send_window(&symbolizer, sender.as_mut(), &closed, &snapshot),
+                    || send_window(&symbolizer, sender.as_mut(), &mut closed, &snapshot),
                 );
                 match sent {
                     Some(Ok(())) => {
@@ -258,11 +258,17 @@ fn run(
 fn send_window(
     symbolizer: &Symbolizer,
     sender: &mut dyn Sender,
-    closed: &ClosedWindow,
+    closed: &mut ClosedWindow,
     snapshot: &TrackerSnapshot,
 ) -> Result<()> {
     let started = Instant::now();
-    let profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
+    let (timeline, markers) = (
+        closed.aggregator.take_timeline(),
+        closed.aggregator.take_markers(),
+    );
+    let mut profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
+    profile.timeline = timeline;
+    profile.markers = markers;
     debug!(
         "window {}: {} samples symbolized in {:?}",
         closed.index,

@@ -103,7 +103,11 @@ impl Subscriptions {
             pids: request.pids.into_iter().collect(),
             sample_freq_hz,
             format: request.format,
-            aggregator: Aggregator::new(),
+            aggregator: if request.format.is_timeline() {
+                Aggregator::with_timeline(start_mono_ns)
+            } else {
+                Aggregator::new()
+            },
             reply: request.reply,
         });
     }
@@ -329,13 +333,13 @@ fn run(rx: Receiver<Job>) {
             }
         };
         let symbolizer = cached.get_or_insert_with(Symbolizer::new);
-        let (closed, snapshot) = *job;
+        let (mut closed, snapshot) = *job;
         if closed.reply.is_closed() {
             continue;
         }
         let reply = contain(
             || "on-demand profile".into(),
-            || answer(symbolizer, &closed, &snapshot),
+            || answer(symbolizer, &mut closed, &snapshot),
         )
         .unwrap_or_else(|| {
             // Its caches may be half updated: start afresh.
@@ -351,11 +355,13 @@ fn run(rx: Receiver<Job>) {
 /// Symbolize and encode one closed subscription.
 fn answer(
     symbolizer: &Symbolizer,
-    closed: &ClosedSubscription,
+    closed: &mut ClosedSubscription,
     snapshot: &TrackerSnapshot,
 ) -> Reply {
     let started = std::time::Instant::now();
-    let profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
+    let timeline = closed.aggregator.take_timeline();
+    let mut profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
+    profile.timeline = timeline;
     let reply =
         format::encode(&profile, closed.format, Compression::Gzip).map_err(|e| match e
             .downcast_ref::<EmptyProfile>()

@@ -323,6 +323,15 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// The answer of `/debug/pprof/heap/settings`, fields in this order.
+#[derive(serde::Serialize)]
+struct HeapSettings {
+    /// Whether heap sampling is on.
+    enabled: bool,
+    /// Whether the binary was built with jemalloc's profiling.
+    available: bool,
+}
+
 async fn heap_profile(RawQuery(query): RawQuery) -> Response {
     let format = match query_pairs(query.as_deref(), &["format"])
         .and_then(|pairs| profile_format(value(&pairs, "format")))
@@ -387,7 +396,11 @@ async fn heap_settings(method: Method, RawQuery(query): RawQuery) -> Response {
             [(header::CONTENT_TYPE, "application/json")],
             format!(
                 "{}\n",
-                serde_json::json!({ "enabled": active, "available": heap::available() })
+                serde_json::to_string(&HeapSettings {
+                    enabled: active,
+                    available: heap::available(),
+                })
+                .unwrap_or_default()
             ),
         )
             .into_response()

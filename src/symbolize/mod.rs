@@ -155,7 +155,11 @@ impl Symbolizer {
         ]
     }
 
-    /// Symbolize every stack in `aggregator` and build the window's profile.
+    /// Symbolize every stack in `aggregator` and build the window's profile:
+    /// stack `i` of [`Aggregator::stacks`] becomes `samples[i]`, which is
+    /// what the indices of the aggregator's timeline refer to. The timeline
+    /// itself is left to the caller ([`Aggregator::take_timeline`] into
+    /// [`Profile::timeline`]), who owns the aggregator.
     /// `tracker` must be the one the aggregator resolved mappings with (or a
     /// [`source::TrackerSnapshot`] of it taken for this aggregator).
     pub fn build_profile(

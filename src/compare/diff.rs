@@ -1,0 +1,321 @@
+//! `lightswitch diff BASE NEW`: which functions' shares of the samples
+//! changed between two profiles, for people (a table), machines (JSON) and
+//! eyes (inferno's differential flame graph), and a CI gate
+//! (`--fail-above PCT`).
+//!
+//! Counts are normalized to shares of each profile's total, so profiles of
+//! different lengths or frequencies compare. A function is its name, and
+//! its object's file name when both profiles know objects (pprof does,
+//! folded stacks do not), so two builds of one program in different
+//! directories compare.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use super::input::read_profile;
+use super::{function_table, has_objects, FunctionKey, FunctionTable};
+use crate::cli::{DiffArgs, DiffOutput};
+use crate::format::folded;
+use crate::profile::Profile;
+
+/// lightswitch's exit status when an input cannot be read or decoded.
+pub const BAD_INPUT_EXIT_STATUS: i32 = 2;
+
+/// A function's share of one profile's samples, percent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Shares {
+    /// Share of samples with the function on the stack.
+    pub inclusive: f64,
+    /// Share of samples with the function at the leaf.
+    #[serde(rename = "self")]
+    pub self_share: f64,
+}
+
+/// One function in both profiles.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionChange {
+    /// Function name.
+    pub function: String,
+    /// Object file name, when both profiles know objects.
+    pub object: Option<String>,
+    /// Shares in BASE (0 when absent).
+    pub base: Shares,
+    /// Shares in NEW (0 when absent).
+    pub new: Shares,
+    /// NEW's inclusive share minus BASE's, percentage points.
+    pub inclusive_change: f64,
+    /// NEW's self share minus BASE's, percentage points.
+    pub self_change: f64,
+}
+
+impl FunctionChange {
+    /// The larger of the two changes, in absolute value: the sort key.
+    fn magnitude(&self) -> f64 {
+        self.inclusive_change.abs().max(self.self_change.abs())
+    }
+
+    fn label(&self) -> String {
+        match &self.object {
+            Some(object) => format!("{} ({object})", self.function),
+            None => self.function.clone(),
+        }
+    }
+}
+
+/// The comparison of two profiles.
+#[derive(Debug, Clone, Serialize)]
+pub struct Diff {
+    /// Samples in BASE.
+    pub base_samples: u64,
+    /// Samples in NEW.
+    pub new_samples: u64,
+    /// Every function of either profile whose shares changed, largest
+    /// change first.
+    pub functions: Vec<FunctionChange>,
+}
+
+/// Compare `base` and `new` function by function (by name, and by object
+/// when both have objects).
+pub fn diff(base: &Profile, new: &Profile) -> Diff {
+    let with_objects = has_objects(base) && has_objects(new);
+    let before = function_table(base, with_objects);
+    let after = function_table(new, with_objects);
+    let keys: BTreeSet<&FunctionKey> = before
+        .functions
+        .keys()
+        .chain(after.functions.keys())
+        .collect();
+    let shares = |table: &FunctionTable, key: &FunctionKey| {
+        let counts = table.functions.get(key).copied().unwrap_or_default();
+        Shares {
+            inclusive: table.share(counts.inclusive),
+            self_share: table.share(counts.self_samples),
+        }
+    };
+    let mut functions: Vec<FunctionChange> = keys
+        .into_iter()
+        .map(|key| {
+            let (b, n) = (shares(&before, key), shares(&after, key));
+            FunctionChange {
+                function: key.name.to_string(),
+                object: key.object.as_ref().map(|o| o.to_string()),
+                base: b,
+                new: n,
+                inclusive_change: n.inclusive - b.inclusive,
+                self_change: n.self_share - b.self_share,
+            }
+        })
+        .filter(|c| c.magnitude() > 0.0)
+        .collect();
+    // Largest change first; ties by name, so the order is stable.
+    functions.sort_by(|a, b| {
+        b.magnitude()
+            .total_cmp(&a.magnitude())
+            .then_with(|| a.function.cmp(&b.function))
+    });
+    Diff {
+        base_samples: before.total,
+        new_samples: after.total,
+        functions,
+    }
+}
+
+impl Diff {
+    /// Functions whose inclusive share grew by more than `points`.
+    pub fn grown_above(&self, points: f64) -> Vec<&FunctionChange> {
+        self.functions
+            .iter()
+            .filter(|c| c.inclusive_change > points)
+            .collect()
+    }
+
+    /// The table for people: the `top` largest changes (0: all).
+    pub fn render_text(&self, base: &Path, new: &Path, top: usize) -> String {
+        let mut out = format!(
+            "base: {} ({} samples)\nnew:  {} ({} samples)\n",
+            base.display(),
+            self.base_samples,
+            new.display(),
+            self.new_samples
+        );
+        if self.functions.is_empty() {
+            out.push_str("no function's share changed\n");
+            return out;
+        }
+        out.push_str(&format!(
+            "{:>27}  {:>27}\n{:>8} {:>8} {:>9}  {:>8} {:>8} {:>9}  function\n",
+            "inclusive", "self", "base", "new", "change", "base", "new", "change"
+        ));
+        let shown = if top == 0 { self.functions.len() } else { top };
+        for c in self.functions.iter().take(shown) {
+            out.push_str(&format!(
+                "{:>7.2}% {:>7.2}% {:>+7.2}pp  {:>7.2}% {:>7.2}% {:>+7.2}pp  {}\n",
+                c.base.inclusive,
+                c.new.inclusive,
+                c.inclusive_change,
+                c.base.self_share,
+                c.new.self_share,
+                c.self_change,
+                c.label()
+            ));
+        }
+        if self.functions.len() > shown {
+            out.push_str(&format!(
+                "({} more functions changed; --top 0 lists all)\n",
+                self.functions.len() - shown
+            ));
+        }
+        out
+    }
+}
+
+/// Render a differential flame graph of `new` against `base` (inferno:
+/// NEW's stacks, coloured red where they grew and blue where they shrank;
+/// BASE's counts scaled to NEW's total first).
+pub fn differential_flame_graph(base: &Profile, new: &Profile) -> Result<Vec<u8>> {
+    let before = folded::encode(base);
+    let after = folded::encode(new);
+    let mut lines = Vec::new();
+    let options = inferno::differential::Options {
+        normalize: true,
+        ..Default::default()
+    };
+    inferno::differential::from_readers(options, before.as_bytes(), after.as_bytes(), &mut lines)
+        .context("pairing the two profiles' stacks")?;
+    let lines = String::from_utf8(lines).context("inferno's differential output")?;
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = "lightswitch differential flame graph (red: grew, blue: shrank)".into();
+    options.count_name = "samples".into();
+    let mut svg = Vec::new();
+    inferno::flamegraph::from_lines(&mut options, lines.lines(), &mut svg)
+        .context("rendering the differential flame graph")?;
+    Ok(svg)
+}
+
+/// `lightswitch diff`: print the comparison, write the flame graph when
+/// asked, and return the exit status: 1 when `--fail-above` is exceeded,
+/// else 0. Errors (exit status [`BAD_INPUT_EXIT_STATUS`]) name the input
+/// that could not be read.
+pub fn run(args: &DiffArgs) -> Result<i32> {
+    if let Some(points) = args.fail_above {
+        if !points.is_finite() || points < 0.0 {
+            bail!("--fail-above must be a number of percentage points, at least 0, got {points}");
+        }
+    }
+    let base = read_profile(&args.base)?;
+    let new = read_profile(&args.new)?;
+    let diff = diff(&base, &new);
+    if let Some(path) = &args.flame_graph {
+        let svg = differential_flame_graph(&base, &new)?;
+        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let grown = args
+        .fail_above
+        .map(|points| diff.grown_above(points))
+        .unwrap_or_default();
+    let mut stdout = std::io::stdout().lock();
+    match args.output {
+        DiffOutput::Json => {
+            let value = serde_json::json!({
+                "base": { "path": args.base, "samples": diff.base_samples },
+                "new": { "path": args.new, "samples": diff.new_samples },
+                "functions": diff.functions.iter().take(if args.top == 0 { usize::MAX } else { args.top }).collect::<Vec<_>>(),
+                "fail_above": args.fail_above,
+                "grown_above_threshold": grown,
+            });
+            let _ = writeln!(stdout, "{value:#}");
+        }
+        DiffOutput::Text => {
+            let _ = write!(
+                stdout,
+                "{}",
+                diff.render_text(&args.base, &args.new, args.top)
+            );
+            if let Some(points) = args.fail_above {
+                for c in &grown {
+                    let _ = writeln!(
+                        stdout,
+                        "FAIL: {} grew by {:+.2} points (inclusive {:.2}% -> {:.2}%), above {points}",
+                        c.label(),
+                        c.inclusive_change,
+                        c.base.inclusive,
+                        c.new.inclusive
+                    );
+                }
+            }
+        }
+    }
+    Ok(if grown.is_empty() { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::input::parse_folded;
+
+    fn profile(text: &str) -> Profile {
+        parse_folded(text).unwrap()
+    }
+
+    #[test]
+    fn a_profile_against_itself_changes_nothing() {
+        let p = profile("app;main;a 30\napp;main;b 70\n");
+        let d = diff(&p, &p);
+        assert!(d.functions.is_empty());
+        assert!(d.grown_above(0.0).is_empty());
+    }
+
+    #[test]
+    fn doubled_share_is_the_largest_change_and_fails_the_gate() {
+        let base = profile("app;main;a 25\napp;main;b 75\n");
+        // Twice the samples, and a's share doubles: 25% -> 50%.
+        let new = profile("app;main;a 100\napp;main;b 100\n");
+        let d = diff(&base, &new);
+        let first = &d.functions[0];
+        assert_eq!(first.inclusive_change, 25.0);
+        assert!(["a", "b"].contains(&first.function.as_str()));
+        let a = d.functions.iter().find(|c| c.function == "a").unwrap();
+        assert_eq!((a.base.inclusive, a.new.inclusive), (25.0, 50.0));
+        assert_eq!((a.base.self_share, a.new.self_share), (25.0, 50.0));
+        let grown: Vec<_> = d
+            .grown_above(10.0)
+            .iter()
+            .map(|c| c.function.clone())
+            .collect();
+        assert_eq!(grown, vec!["a".to_string()]);
+        // main is on every stack in both: unchanged, not listed.
+        assert!(d.functions.iter().all(|c| c.function != "main"));
+    }
+
+    #[test]
+    fn functions_only_in_one_profile_count_from_zero() {
+        let d = diff(&profile("app;main;old 10\n"), &profile("app;main;new 10\n"));
+        let new = d.functions.iter().find(|c| c.function == "new").unwrap();
+        assert_eq!((new.base.inclusive, new.new.inclusive), (0.0, 100.0));
+        let old = d.functions.iter().find(|c| c.function == "old").unwrap();
+        assert_eq!(old.inclusive_change, -100.0);
+    }
+
+    #[test]
+    fn differential_flame_graph_is_svg_with_both_functions() {
+        let base = profile("app;main;a 25\napp;main;b 75\n");
+        let new = profile("app;main;a 100\napp;main;b 100\n");
+        let svg = String::from_utf8(differential_flame_graph(&base, &new).unwrap()).unwrap();
+        let options = roxmltree::ParsingOptions {
+            allow_dtd: true,
+            ..Default::default()
+        };
+        let doc = roxmltree::Document::parse_with_options(&svg, options).unwrap();
+        let titles: Vec<&str> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("title"))
+            .filter_map(|n| n.text())
+            .collect();
+        assert!(titles.iter().any(|t| t.starts_with("a (")), "{titles:?}");
+        assert!(titles.iter().any(|t| t.starts_with("b (")), "{titles:?}");
+    }
+}

@@ -1,0 +1,152 @@
+//! Reading saved profiles back and looking at them: `lightswitch report`
+//! ([`report`]: top functions, re-encoding) and `lightswitch diff`
+//! ([`diff`]: what changed between two profiles). Both count per function
+//! ([`function_table`]) on the format-neutral [`Profile`] that
+//! [`input::read_profile`] decodes from pprof or folded stacks.
+
+pub mod diff;
+pub mod input;
+pub mod report;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::profile::Profile;
+
+/// A function as profiles are compared: its name, and the file name (no
+/// directory) of the object it is in, when the profile knows it and
+/// objects are wanted.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FunctionKey {
+    /// Demangled function name (or `object+0xOFFSET`, `[unwind: ...]`).
+    pub name: Arc<str>,
+    /// Object file name, e.g. `libc.so.6`, `[kernel.kallsyms]`.
+    pub object: Option<Arc<str>>,
+}
+
+impl std::fmt::Display for FunctionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.object {
+            Some(object) => write!(f, "{} ({object})", self.name),
+            None => write!(f, "{}", self.name),
+        }
+    }
+}
+
+/// Samples of one function.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Samples with the function anywhere on the stack (once per sample,
+    /// however deep it recurses): "cum" in pprof.
+    pub inclusive: u64,
+    /// Samples with the function at the leaf (innermost inlined function
+    /// of the innermost frame): "flat" in pprof.
+    pub self_samples: u64,
+}
+
+/// Per-function sample counts of one profile.
+#[derive(Debug, Clone, Default)]
+pub struct FunctionTable {
+    /// All samples of the profile (the denominator of every share).
+    pub total: u64,
+    /// Counts per function.
+    pub functions: HashMap<FunctionKey, Counts>,
+}
+
+impl FunctionTable {
+    /// `count` as a percentage of [`FunctionTable::total`] (0 for an empty profile).
+    pub fn share(&self, count: u64) -> f64 {
+        if self.total == 0 {
+            0.0
+        } else {
+            100.0 * count as f64 / self.total as f64
+        }
+    }
+}
+
+/// Whether any frame of `profile` knows its object (pprof has mappings;
+/// folded stacks do not).
+pub fn has_objects(profile: &Profile) -> bool {
+    profile.frames.iter().any(|f| f.mapping.is_some())
+}
+
+/// Count every function of `profile`: each line of each frame (inlined
+/// functions included) is a function; process names are not. With
+/// `with_objects`, functions of the same name in different objects are
+/// kept apart.
+pub fn function_table(profile: &Profile, with_objects: bool) -> FunctionTable {
+    let objects: Vec<Arc<str>> = profile
+        .mappings
+        .iter()
+        .map(|m| Arc::from(m.filename.rsplit('/').next().unwrap_or(&m.filename)))
+        .collect();
+    let key_of = |frame: usize, line: usize| {
+        let frame = &profile.frames[frame];
+        FunctionKey {
+            name: frame.lines[line].function.clone(),
+            object: frame
+                .mapping
+                .filter(|_| with_objects)
+                .and_then(|m| objects.get(m).cloned()),
+        }
+    };
+    let mut table = FunctionTable::default();
+    let mut seen = HashSet::new();
+    for sample in &profile.samples {
+        table.total += sample.count;
+        if let Some(&leaf) = sample.frames.first() {
+            let key = key_of(leaf, 0);
+            table.functions.entry(key).or_default().self_samples += sample.count;
+        }
+        seen.clear();
+        for &frame in &sample.frames {
+            for line in 0..profile.frames[frame].lines.len() {
+                let key = key_of(frame, line);
+                if seen.insert(key.clone()) {
+                    table.functions.entry(key).or_default().inclusive += sample.count;
+                }
+            }
+        }
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::folded::tests::sample_profile;
+
+    fn named(name: &str) -> FunctionKey {
+        FunctionKey {
+            name: Arc::from(name),
+            object: None,
+        }
+    }
+
+    #[test]
+    fn inclusive_and_self_counts() {
+        // Stacks (leaf first): vfs_read, do_syscall_64, [inner_inlined, c], main: 7
+        // and [inner_inlined, c], [unwind: truncated]: 1.
+        let table = function_table(&sample_profile(), true);
+        assert_eq!(table.total, 8);
+        let counts = |n| table.functions[&named(n)];
+        assert_eq!(counts("vfs_read").self_samples, 7);
+        assert_eq!(counts("vfs_read").inclusive, 7);
+        assert_eq!(counts("inner_inlined").self_samples, 1);
+        assert_eq!(counts("inner_inlined").inclusive, 8);
+        assert_eq!(counts("c").inclusive, 8);
+        assert_eq!(counts("c").self_samples, 0);
+        assert_eq!(counts("main").inclusive, 7);
+        assert_eq!(counts("[unwind: truncated]").inclusive, 1);
+        assert!((table.share(4) - 50.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn recursion_counts_once_per_sample() {
+        let mut profile = sample_profile();
+        // main -> main -> c: main still counts once per sample.
+        profile.samples[0].frames = vec![2, 3, 3];
+        let table = function_table(&profile, false);
+        assert_eq!(table.functions[&named("main")].inclusive, 7);
+    }
+}

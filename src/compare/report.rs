@@ -1,0 +1,114 @@
+//! `lightswitch report FILE`: the top functions of a saved profile, flat
+//! and cumulative like `go tool pprof -top`, or the profile re-encoded into
+//! another output format (e.g. pprof to flame graph).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+use super::input::read_profile;
+use super::{function_table, FunctionTable};
+use crate::cli::ReportArgs;
+use crate::profile::Profile;
+
+/// The top-functions table of `table` (from `profile`): the `top` functions
+/// with the most self samples (0: all), with `flat flat% sum% cum cum%`
+/// columns as `go tool pprof -top` prints them (counts in samples).
+pub fn render_top(profile: &Profile, table: &FunctionTable, top: usize) -> String {
+    let mut rows: Vec<_> = table.functions.iter().collect();
+    rows.sort_by(|(ka, a), (kb, b)| {
+        b.self_samples
+            .cmp(&a.self_samples)
+            .then(b.inclusive.cmp(&a.inclusive))
+            .then_with(|| ka.cmp(kb))
+    });
+    let shown = if top == 0 {
+        rows.len()
+    } else {
+        top.min(rows.len())
+    };
+    // Folded stacks do not say how often they were sampled.
+    let rate = match profile.sample_freq_hz {
+        0 => String::new(),
+        hz => format!(
+            " at {hz} Hz ({:.2} s of CPU)",
+            table.total as f64 * profile.period_ns() as f64 / 1e9
+        ),
+    };
+    let mut out = format!(
+        "{} samples{rate}; showing {shown} of {} functions\n",
+        table.total,
+        rows.len()
+    );
+    out.push_str(&format!(
+        "{:>10} {:>7} {:>7} {:>10} {:>7}  function\n",
+        "flat", "flat%", "sum%", "cum", "cum%"
+    ));
+    let mut sum = 0;
+    for (key, counts) in rows.into_iter().take(shown) {
+        sum += counts.self_samples;
+        out.push_str(&format!(
+            "{:>10} {:>6.2}% {:>6.2}% {:>10} {:>6.2}%  {key}\n",
+            counts.self_samples,
+            table.share(counts.self_samples),
+            table.share(sum),
+            counts.inclusive,
+            table.share(counts.inclusive),
+        ));
+    }
+    out
+}
+
+/// `lightswitch report`: print the table, or with `--format` write the
+/// profile in that format (to `--output`, `-` for stdout, else the
+/// format's default file name). Errors name the file that could not be
+/// read, encoded or written.
+pub fn run(args: &ReportArgs) -> Result<()> {
+    let profile = read_profile(&args.file)?;
+    let Some(format) = args.format else {
+        let table = function_table(&profile, false);
+        let text = render_top(&profile, &table, args.top);
+        // A closed pipe (`| head`) is not an error worth reporting.
+        let _ = std::io::stdout().lock().write_all(text.as_bytes());
+        return Ok(());
+    };
+    let bytes = crate::format::encode(&profile, format, args.pprof_compression)?;
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format.default_file_name()));
+    if output.as_os_str() == "-" {
+        let _ = std::io::stdout().lock().write_all(&bytes);
+        return Ok(());
+    }
+    std::fs::write(&output, &bytes).with_context(|| format!("writing {}", output.display()))?;
+    eprintln!("wrote {}", output.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::input::parse_folded;
+
+    #[test]
+    fn top_table_sorts_by_flat_and_sums() {
+        let profile = parse_folded("app;main;a 30\napp;main;b 60\napp;main 10\n").unwrap();
+        let table = function_table(&profile, false);
+        let text = render_top(&profile, &table, 2);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("100 samples"), "{text}");
+        assert!(lines[0].contains("showing 2 of 3 functions"), "{text}");
+        let cols = |l: &str| l.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert_eq!(
+            cols(lines[2]),
+            ["60", "60.00%", "60.00%", "60", "60.00%", "b"]
+        );
+        assert_eq!(
+            cols(lines[3]),
+            ["30", "30.00%", "90.00%", "30", "30.00%", "a"]
+        );
+        assert_eq!(lines.len(), 4);
+    }
+}

@@ -1,0 +1,407 @@
+//! Starting `record`'s command held at the door: the child process exists
+//! (so its pid can go into the BPF filter) but waits, before `exec`, until
+//! the profiler is attached and [`HeldCommand::release`] lets it go. Then
+//! waiting for it, passing interrupts on, and turning how it ended into an
+//! exit status.
+//!
+//! The child is started by `std::process::Command` with a `pre_exec` hook
+//! that writes the child's pid into one pipe and blocks reading another.
+//! `Command::spawn` only returns once the child has exec'd, so it runs on a
+//! thread of its own while the caller reads the pid from the first pipe;
+//! that thread then waits for the child and reports its exit.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+/// The user and groups the command runs as (from `SUDO_UID`/`SUDO_GID`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// Supplementary groups (the user's groups from the group database;
+    /// just `gid` when they cannot be read).
+    pub groups: Vec<u32>,
+    /// The user's name (`SUDO_USER`), for `USER` and `LOGNAME`.
+    pub name: Option<OsString>,
+    /// The user's home directory (password database), for `HOME`.
+    pub home: Option<PathBuf>,
+}
+
+impl Identity {
+    /// Who started lightswitch through sudo: `SUDO_UID` and `SUDO_GID`
+    /// (both set by sudo), with `SUDO_USER`'s supplementary groups. `None`
+    /// when not started by sudo or when running as root already.
+    pub fn from_sudo() -> Result<Option<Self>> {
+        let (Some(uid), Some(gid)) = (std::env::var_os("SUDO_UID"), std::env::var_os("SUDO_GID"))
+        else {
+            return Ok(None);
+        };
+        let parse = |name: &str, value: &OsStr| -> Result<u32> {
+            value
+                .to_str()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| anyhow!("{name}={value:?} is not a numeric id"))
+        };
+        let uid = parse("SUDO_UID", &uid)?;
+        let gid = parse("SUDO_GID", &gid)?;
+        if uid == 0 {
+            return Ok(None);
+        }
+        let name = std::env::var_os("SUDO_USER");
+        let groups = name
+            .as_deref()
+            .and_then(|user| user_groups(user, gid))
+            .unwrap_or_else(|| vec![gid]);
+        Ok(Some(Identity {
+            uid,
+            gid,
+            groups,
+            name,
+            home: home_directory(uid),
+        }))
+    }
+}
+
+/// `uid`'s home directory from the password database (getpwuid_r).
+fn home_directory(uid: u32) -> Option<PathBuf> {
+    let mut buffer = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: an all-zero passwd is a valid value to be overwritten.
+    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; `buffer` outlives `entry`'s use.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut entry,
+            buffer.as_mut_ptr(),
+            buffer.len(),
+            &mut result,
+        )
+    };
+    if rc != 0 || result.is_null() || entry.pw_dir.is_null() {
+        return None;
+    }
+    // SAFETY: getpwuid_r filled pw_dir with a NUL-terminated string in `buffer`.
+    let dir = unsafe { std::ffi::CStr::from_ptr(entry.pw_dir) };
+    Some(PathBuf::from(OsStr::from_bytes(dir.to_bytes())))
+}
+
+/// `user`'s groups from the group database (getgrouplist), `gid` included.
+fn user_groups(user: &OsStr, gid: u32) -> Option<Vec<u32>> {
+    let name = CString::new(user.as_bytes()).ok()?;
+    let mut count: libc::c_int = 64;
+    loop {
+        let mut groups = vec![0 as libc::gid_t; count as usize];
+        let before = count;
+        // SAFETY: `groups` has room for `count` entries; `name` is NUL-terminated.
+        let n = unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut count) };
+        if n >= 0 {
+            groups.truncate(count as usize);
+            return Some(groups);
+        }
+        if count <= before || count > 65_536 {
+            return None;
+        }
+    }
+}
+
+/// The path `program` would be executed from: itself when it names a path,
+/// else the first executable of that name in `PATH`. Errors (before any
+/// process is started) when there is none.
+pub fn resolve_program(program: &OsStr) -> Result<PathBuf> {
+    let is_executable = |path: &Path| {
+        CString::new(path.as_os_str().as_bytes())
+            // SAFETY: a NUL-terminated path.
+            .map(|c| unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0 && path.is_file())
+            .unwrap_or(false)
+    };
+    if program.as_bytes().contains(&b'/') {
+        let path = PathBuf::from(program);
+        if !path.exists() {
+            bail!("{}: no such file", path.display());
+        }
+        if !is_executable(&path) {
+            bail!("{}: not an executable file", path.display());
+        }
+        return Ok(path);
+    }
+    let search = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&search)
+        .map(|dir| dir.join(program))
+        .find(|path| is_executable(path))
+        .ok_or_else(|| anyhow!("{}: command not found in PATH", program.to_string_lossy()))
+}
+
+/// What the spawner thread reports about the child.
+#[derive(Debug)]
+enum ChildEvent {
+    /// It exec'd the command.
+    Started,
+    /// It could not (the hook failed, or exec did).
+    Failed(std::io::Error),
+    /// It exited (reaped by the spawner thread).
+    Exited(std::io::Result<ExitStatus>),
+}
+
+/// A started child process waiting to exec its command.
+///
+/// The thread that forks the child (the spawner) stays with it until it
+/// exits and reaps it: a child that asked to die with its parent
+/// (`PR_SET_PDEATHSIG`) is signalled when the thread that forked it ends.
+#[derive(Debug)]
+pub struct HeldCommand {
+    pid: u32,
+    /// Write end of the "go" pipe: one byte releases the child, closing it
+    /// without one makes the child exit without exec'ing.
+    go: Option<File>,
+    events: Receiver<ChildEvent>,
+    started: bool,
+    status: Option<std::io::Result<ExitStatus>>,
+}
+
+/// A pipe's (read, write) ends, both close-on-exec.
+fn pipe() -> Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("creating a pipe");
+    }
+    // SAFETY: the kernel just returned these and nothing else owns them.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+impl HeldCommand {
+    /// Start `program` (a path from [`resolve_program`]) with `args`, the
+    /// caller's stdin/stdout/stderr and environment, as `identity` when
+    /// given (then with its `HOME`, `USER` and `LOGNAME`); the child waits before exec until [`HeldCommand::release`].
+    pub fn spawn(program: &Path, args: &[OsString], identity: Option<&Identity>) -> Result<Self> {
+        let (pid_read, pid_write) = pipe()?;
+        let (go_read, go_write) = pipe()?;
+        let mut command = Command::new(program);
+        command.args(args);
+        // As `sudo -u USER` would: the user's own HOME, USER and LOGNAME.
+        if let Some(id) = identity {
+            if let Some(home) = &id.home {
+                command.env("HOME", home);
+            }
+            if let Some(name) = &id.name {
+                command.env("USER", name).env("LOGNAME", name);
+            }
+        }
+        let identity = identity.cloned();
+        let (pid_read_fd, pid_write_fd) = (pid_read.as_raw_fd(), pid_write.as_raw_fd());
+        let (go_read_fd, go_write_fd) = (go_read.as_raw_fd(), go_write.as_raw_fd());
+        // SAFETY: the hook runs in the forked child and calls only
+        // async-signal-safe functions (close, setgroups, setgid, setuid,
+        // getpid, write, read); it allocates nothing.
+        unsafe {
+            command.pre_exec(move || {
+                child_wait_for_go(
+                    pid_read_fd,
+                    pid_write_fd,
+                    go_read_fd,
+                    go_write_fd,
+                    identity.as_ref(),
+                )
+            });
+        }
+        // The child's ends stay open until the fork has happened (spawn
+        // returns after it), so that the child inherits them; closing the
+        // pid pipe's write end then lets a child that died early show as
+        // end-of-file below.
+        let (tx, events) = mpsc::channel();
+        // The thread's name is the child's comm until exec: samples taken
+        // in the kernel during exec then carry the command's name.
+        let mut comm: String = program
+            .file_name()
+            .map_or_else(|| "record".into(), |n| n.to_string_lossy().into_owned());
+        while comm.len() > 15 {
+            comm.pop();
+        }
+        std::thread::Builder::new()
+            .name(comm)
+            .spawn(move || {
+                let spawned = command.spawn();
+                drop((pid_write, go_read));
+                match spawned {
+                    Ok(mut child) => {
+                        let _ = tx.send(ChildEvent::Started);
+                        let _ = tx.send(ChildEvent::Exited(child.wait()));
+                    }
+                    Err(err) => {
+                        let _ = tx.send(ChildEvent::Failed(err));
+                    }
+                }
+            })
+            .context("starting the command's spawner thread")?;
+        let mut pid_bytes = [0u8; 4];
+        let read = File::from(pid_read).read_exact(&mut pid_bytes);
+        let mut held = HeldCommand {
+            pid: u32::from_ne_bytes(pid_bytes),
+            go: Some(File::from(go_write)),
+            events,
+            started: false,
+            status: None,
+        };
+        if read.is_err() {
+            // The child never reached the hook: spawn failed before or at fork.
+            let err = held.wait_started().err();
+            return Err(err.unwrap_or_else(|| anyhow!("the command's process did not start")))
+                .with_context(|| format!("starting {}", program.display()));
+        }
+        Ok(held)
+    }
+
+    /// The child's pid (its process id before and after exec).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Let the child exec its command; errors when exec failed.
+    pub fn release(&mut self) -> Result<()> {
+        if let Some(mut go) = self.go.take() {
+            go.write_all(&[1]).context("releasing the command")?;
+        }
+        self.wait_started()
+    }
+
+    /// Wait for the spawner's first report: started, or why not.
+    fn wait_started(&mut self) -> Result<()> {
+        if self.started {
+            return Ok(());
+        }
+        match self.events.recv() {
+            Ok(ChildEvent::Started) => {
+                self.started = true;
+                Ok(())
+            }
+            Ok(ChildEvent::Failed(err)) => Err(err).context("executing the command"),
+            Ok(ChildEvent::Exited(_)) | Err(_) => bail!("the command's spawner thread ended early"),
+        }
+    }
+
+    /// Whether the command was let go and exec'd.
+    pub fn released(&self) -> bool {
+        self.started
+    }
+
+    /// Whether the command has exited (its status is then
+    /// [`HeldCommand::exit_code`]'s).
+    pub fn has_exited(&mut self) -> bool {
+        if self.started && self.status.is_none() {
+            match self.events.try_recv() {
+                Ok(ChildEvent::Exited(status)) => self.status = Some(status),
+                Ok(_) | Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => {
+                    self.status = Some(Err(std::io::Error::other("the spawner thread ended")))
+                }
+            }
+        }
+        self.status.is_some()
+    }
+
+    /// Send `signal` to the command (nothing if it has exited).
+    pub fn signal(&mut self, signal: libc::c_int) {
+        if self.started && !self.has_exited() {
+            // SAFETY: kill(2) of our child, which the spawner thread has not
+            // reported reaped (a narrow window remains between its reaping
+            // and this check).
+            unsafe { libc::kill(self.pid as libc::pid_t, signal) };
+        }
+    }
+
+    /// Wait for the command to exit and return lightswitch's exit status
+    /// for it: its exit code, or 128 + N when signal N killed it.
+    pub fn exit_code(&mut self) -> Result<i32> {
+        if !self.started {
+            bail!("the command never started");
+        }
+        while self.status.is_none() {
+            match self.events.recv() {
+                Ok(ChildEvent::Exited(status)) => self.status = Some(status),
+                Ok(_) => {}
+                Err(_) => bail!("the command's spawner thread ended early"),
+            }
+        }
+        match self.status.as_ref().context("the command's status")? {
+            Ok(status) => Ok(exit_code(*status)),
+            Err(err) => Err(anyhow!("waiting for the command: {err}")),
+        }
+    }
+}
+
+impl Drop for HeldCommand {
+    fn drop(&mut self) {
+        // Never released: closing the go pipe makes the child exit.
+        self.go.take();
+    }
+}
+
+/// A shell's exit status for how a process ended: its exit code, or
+/// 128 + N for signal N.
+pub fn exit_code(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .or_else(|| status.signal().map(|n| 128 + n))
+        .unwrap_or(1)
+}
+
+/// The `pre_exec` hook: in the forked child, drop the descriptors of the
+/// parent's ends, take on `identity`, report our pid and wait for the go
+/// byte. A closed go pipe (the profiler failed to start) fails the hook,
+/// so the child exits without exec'ing.
+fn child_wait_for_go(
+    pid_read: libc::c_int,
+    pid_write: libc::c_int,
+    go_read: libc::c_int,
+    go_write: libc::c_int,
+    identity: Option<&Identity>,
+) -> std::io::Result<()> {
+    let check = |r: libc::c_int| {
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: async-signal-safe system calls on descriptors and buffers this
+    // child owns; `groups` was allocated before the fork.
+    unsafe {
+        libc::close(pid_read);
+        libc::close(go_write);
+        if let Some(id) = identity {
+            check(libc::setgroups(id.groups.len(), id.groups.as_ptr()))?;
+            check(libc::setgid(id.gid))?;
+            check(libc::setuid(id.uid))?;
+        }
+        let pid = libc::getpid().to_ne_bytes();
+        check(libc::write(pid_write, pid.as_ptr().cast(), pid.len()) as libc::c_int)?;
+        libc::close(pid_write);
+        let mut byte = 0u8;
+        loop {
+            let n = libc::read(go_read, (&mut byte as *mut u8).cast(), 1);
+            if n == 1 {
+                break;
+            }
+            let err = std::io::Error::last_os_error();
+            if n < 0 && err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            // The profiler did not start (no allocation after fork).
+            return Err(std::io::Error::from_raw_os_error(libc::ECANCELED));
+        }
+        libc::close(go_read);
+    }
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! What a run tells the person at the terminal while it goes: one status
+//! line on stderr (only when stderr is a terminal), and what the first and
+//! second Ctrl-C (or SIGTERM, SIGHUP) do.
+
+use std::collections::HashSet;
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::sample::UnwindStatus;
+
+/// Exit status of a run ended by a second interrupt (128 + SIGINT).
+pub const INTERRUPTED_EXIT_STATUS: i32 = 130;
+
+/// Install the stop handler: the first SIGINT, SIGTERM or SIGHUP sets the
+/// returned flag (the run then stops and writes its profile) and prints
+/// `stopping, writing the profile` followed by `how` (e.g. what is waited
+/// for); a second one ends the process at once, without writing, with
+/// status 130, and says so. Errors if a handler is installed already.
+pub fn install_stop_handler(how: &'static str) -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let count = AtomicU32::new(0);
+    let terminal = std::io::stderr().is_terminal();
+    // With the "termination" feature this covers SIGINT, SIGTERM and SIGHUP;
+    // the handler runs on a thread of its own.
+    ctrlc::set_handler(move || {
+        let clear = if terminal { "\r\x1b[K" } else { "" };
+        if count.fetch_add(1, Ordering::SeqCst) == 0 {
+            flag.store(true, Ordering::SeqCst);
+            eprintln!(
+                "{clear}stopping, writing the profile{how} (interrupt again to quit without it)"
+            );
+        } else {
+            eprintln!("{clear}interrupted again: exiting now, no profile written");
+            std::process::exit(INTERRUPTED_EXIT_STATUS);
+        }
+    })
+    .context("installing the SIGINT/SIGTERM handler")?;
+    Ok(stop)
+}
+
+/// How often the status line is redrawn, at most.
+const REFRESH: Duration = Duration::from_secs(1);
+
+/// The status line: elapsed time, samples, lost samples, processes sampled
+/// and the share of complete stacks, redrawn at most once a second.
+#[derive(Debug)]
+pub struct Progress {
+    start: Instant,
+    last_drawn: Instant,
+    samples: u64,
+    complete: u64,
+    pids: HashSet<u32>,
+    drawn: bool,
+}
+
+impl Progress {
+    /// A status line on stderr, or `None` when stderr is not a terminal
+    /// (then nothing extra is printed).
+    pub fn on_terminal(start: Instant) -> Option<Self> {
+        std::io::stderr().is_terminal().then(|| Progress {
+            start,
+            last_drawn: start,
+            samples: 0,
+            complete: 0,
+            pids: HashSet::new(),
+            drawn: false,
+        })
+    }
+
+    /// Count one sample of process `pid` whose user walk ended with `status`.
+    pub fn sample(&mut self, pid: u32, status: UnwindStatus) {
+        self.samples += 1;
+        if matches!(status, UnwindStatus::Complete | UnwindStatus::NoUserStack) {
+            self.complete += 1;
+        }
+        self.pids.insert(pid);
+    }
+
+    /// Redraw the line if a second has passed since the last time; `lost`
+    /// gives the samples lost so far (only called when drawing).
+    pub fn tick(&mut self, lost: impl FnOnce() -> u64) {
+        if self.last_drawn.elapsed() < REFRESH {
+            return;
+        }
+        self.last_drawn = Instant::now();
+        let line = self.line(lost());
+        let mut stderr = std::io::stderr().lock();
+        let _ = write!(stderr, "\r\x1b[K{line}");
+        let _ = stderr.flush();
+        self.drawn = true;
+    }
+
+    /// The text of the status line.
+    fn line(&self, lost: u64) -> String {
+        let complete = if self.samples == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.1}%", 100.0 * self.complete as f64 / self.samples as f64)
+        };
+        let processes = self.pids.len();
+        format!(
+            "lightswitch: {:.0}s, {} samples, {lost} lost, {processes} {}, {complete} complete stacks",
+            self.start.elapsed().as_secs_f64(),
+            self.samples,
+            if processes == 1 { "process" } else { "processes" },
+        )
+    }
+
+    /// Erase the line (before the summary is printed).
+    pub fn clear(&mut self) {
+        if self.drawn {
+            let mut stderr = std::io::stderr().lock();
+            let _ = write!(stderr, "\r\x1b[K");
+            let _ = stderr.flush();
+            self.drawn = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_counts_processes_and_complete_share() {
+        let mut p = Progress {
+            start: Instant::now(),
+            last_drawn: Instant::now(),
+            samples: 0,
+            complete: 0,
+            pids: HashSet::new(),
+            drawn: false,
+        };
+        assert!(p
+            .line(0)
+            .contains("0 samples, 0 lost, 0 processes, - complete"));
+        p.sample(7, UnwindStatus::Complete);
+        p.sample(7, UnwindStatus::NoTable);
+        p.sample(7, UnwindStatus::NoUserStack);
+        p.sample(7, UnwindStatus::Truncated);
+        let line = p.line(3);
+        assert!(
+            line.contains("4 samples, 3 lost, 1 process, 50.0% complete stacks"),
+            "{line}"
+        );
+    }
+}

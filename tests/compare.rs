@@ -1,0 +1,234 @@
+//! `lightswitch diff` and `lightswitch report` on profiles of real
+//! programs recorded by lightswitch (pprof, raw and gzip'd, and folded):
+//! a profile against itself, a function whose share doubles, JSON output,
+//! the differential flame graph, the top table and re-encoding.
+//! Needs root (recording) and gcc.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `alpha` and `beta` spin for `argv[1]` and `argv[2]` ms of CPU time.
+const SPLIT_SOURCE: &str = r#"
+#include <stdlib.h>
+#include <time.h>
+static double cpu_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+volatile unsigned long spin;
+__attribute__((noinline)) void alpha(double ms) { double end = cpu_ms() + ms; while (cpu_ms() < end) spin++; }
+__attribute__((noinline)) void beta(double ms) { double end = cpu_ms() + ms; while (cpu_ms() < end) spin++; }
+int main(int argc, char **argv) {
+    for (int i = 0; i < 10; i++) { alpha(atof(argv[1]) / 10); beta(atof(argv[2]) / 10); spin++; }
+    return 0;
+}
+"#;
+
+/// Record `program alpha_ms beta_ms` into `dir/name` in `format`.
+fn record(
+    program: &Program,
+    split: (u32, u32),
+    dir: &Path,
+    name: &str,
+    format: &[&str],
+) -> PathBuf {
+    let mut args: Vec<String> = ["record", "--sample-freq", "499", "--profile-path", s(dir)]
+        .map(String::from)
+        .to_vec();
+    args.extend(["--profile-name", name].map(String::from));
+    args.extend(format.iter().map(|a| a.to_string()));
+    args.extend([
+        "--".to_string(),
+        s(&program.path).to_string(),
+        split.0.to_string(),
+        split.1.to_string(),
+    ]);
+    let out = run(&args, TIMEOUT);
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    dir.join(name)
+}
+
+/// Parse an SVG flame graph (inferno writes a DTD).
+fn parse_svg(svg: &str) -> roxmltree::Document<'_> {
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    roxmltree::Document::parse_with_options(svg, options).expect("the SVG parses")
+}
+
+fn lightswitch(args: &[&str]) -> Output {
+    run(args, TIMEOUT)
+}
+
+#[test]
+fn diff_gates_on_a_doubled_share_and_not_on_itself() {
+    let _serial = serial();
+    let program = compile("cmp_split", SPLIT_SOURCE, FP_FLAGS);
+    let dir = tempdir();
+    let pprof = ["--profile-format", "pprof", "--pprof-compression", "gzip"];
+    let base = record(&program, (250, 750), dir.path(), "base.pb.gz", &pprof);
+    let new = record(
+        &program,
+        (500, 500),
+        dir.path(),
+        "new.pb",
+        &["--profile-format", "pprof"],
+    );
+    let (base, new) = (s(&base), s(&new));
+
+    let same = lightswitch(&["diff", "--fail-above", "1", base, base]);
+    assert_eq!(same.status.code(), Some(0), "{same}");
+    assert!(
+        same.stdout.contains("no function's share changed"),
+        "{same}"
+    );
+
+    // alpha: 25% -> 50% of the samples (expected +25 points).
+    let grown = lightswitch(&["diff", "--fail-above", "10", base, new]);
+    assert_eq!(grown.status.code(), Some(1), "{grown}");
+    let fail: Vec<&str> = grown
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("FAIL: "))
+        .collect();
+    // alpha is named; beta, which shrank, is not. (Frames every stack
+    // shares, like main, can also grow when BASE had incomplete stacks.)
+    assert!(
+        fail.iter()
+            .any(|l| l.starts_with("FAIL: alpha (cmp_split) grew by +")),
+        "{grown}"
+    );
+    assert!(!fail.iter().any(|l| l.starts_with("FAIL: beta")), "{grown}");
+
+    let json = lightswitch(&["diff", "--output", "json", "--fail-above", "10", base, new]);
+    assert_eq!(json.status.code(), Some(1), "{json}");
+    let value: serde_json::Value =
+        serde_json::from_str(&json.stdout).expect("diff --output json parses");
+    let alpha = value["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == "alpha")
+        .unwrap_or_else(|| panic!("alpha not listed: {value:#}"));
+    let change = alpha["inclusive_change"].as_f64().unwrap();
+    assert!(
+        (10.0..40.0).contains(&change),
+        "alpha grew by {change} points: {value:#}"
+    );
+    assert_eq!(alpha["object"], "cmp_split");
+    let base_share = alpha["base"]["inclusive"].as_f64().unwrap();
+    assert!((10.0..40.0).contains(&base_share), "{value:#}");
+    let grown = value["grown_above_threshold"].as_array().unwrap();
+    assert!(grown.iter().any(|f| f["function"] == "alpha"), "{value:#}");
+
+    // The flame graph: an SVG naming both functions.
+    let svg_path = dir.path().join("diff.svg");
+    let with_svg = lightswitch(&["diff", "--flame-graph", s(&svg_path), base, new]);
+    assert_eq!(with_svg.status.code(), Some(0), "{with_svg}");
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    let doc = parse_svg(&svg);
+    let titles: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("title"))
+        .filter_map(|n| n.text())
+        .collect();
+    assert!(
+        titles.iter().any(|t| t.starts_with("alpha (")),
+        "{titles:?}"
+    );
+    assert!(titles.iter().any(|t| t.starts_with("beta (")), "{titles:?}");
+}
+
+#[test]
+fn diff_of_folded_profiles_and_bad_input() {
+    let _serial = serial();
+    let program = compile("cmp_fold", SPLIT_SOURCE, FP_FLAGS);
+    let dir = tempdir();
+    let folded = ["--profile-format", "folded"];
+    let base = record(&program, (250, 750), dir.path(), "base.txt", &folded);
+    let new = record(&program, (500, 500), dir.path(), "new.txt", &folded);
+    let out = lightswitch(&["diff", "--fail-above", "10", s(&base), s(&new)]);
+    assert_eq!(out.status.code(), Some(1), "{out}");
+    // Folded stacks know no objects: the function is its name.
+    assert!(out.stdout.contains("FAIL: alpha grew by +"), "{out}");
+
+    let garbage = dir.path().join("garbage");
+    std::fs::write(&garbage, b"\x00\x01not a profile").unwrap();
+    let bad = lightswitch(&["diff", s(&base), s(&garbage)]);
+    assert_eq!(bad.status.code(), Some(2), "{bad}");
+    assert!(bad.stderr.contains("garbage is not a profile"), "{bad}");
+    let missing = lightswitch(&["diff", s(&base), "/nonexistent/profile.pb"]);
+    assert_eq!(missing.status.code(), Some(2), "{missing}");
+}
+
+#[test]
+fn report_tops_and_reencodes() {
+    let _serial = serial();
+    let program = compile("cmp_report", SPLIT_SOURCE, FP_FLAGS);
+    let dir = tempdir();
+    let pprof = record(
+        &program,
+        (200, 600),
+        dir.path(),
+        "p.pb",
+        &["--profile-format", "pprof"],
+    );
+    let out = lightswitch(&["report", "--top", "5", s(&pprof)]);
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    assert_eq!(out.stdout.lines().count(), 2 + 5, "{out}");
+    assert!(out.stdout.contains("showing 5 of "), "{out}");
+    // The workload's self time is mostly in clock_gettime: look up cum%
+    // in the whole table.
+    let all = lightswitch(&["report", "--top", "0", s(&pprof)]);
+    let cum = |name: &str| -> f64 {
+        let line = all
+            .stdout
+            .lines()
+            .find(|l| l.split_whitespace().last() == Some(name))
+            .unwrap_or_else(|| panic!("{name} not listed:\n{all}"));
+        let cum = line.split_whitespace().nth(4).unwrap();
+        cum.trim_end_matches('%').parse().unwrap()
+    };
+    // beta has 3/4 of the CPU time, main all of it.
+    assert!(cum("beta") > 40.0, "{all}");
+    assert!(cum("beta") > cum("alpha"), "{all}");
+    assert!(cum("main") > 90.0, "{all}");
+
+    // pprof -> folded and flame graph, decoded again.
+    let folded = dir.path().join("p.txt");
+    let re = lightswitch(&["report", "--format", "folded", "-o", s(&folded), s(&pprof)]);
+    assert_eq!(re.status.code(), Some(0), "{re}");
+    let stacks = read_folded(&folded);
+    assert!(of_process(&stacks, "cmp_report")
+        .iter()
+        .any(|(f, _)| f.iter().any(|x| x == "alpha")));
+    let svg = dir.path().join("p.svg");
+    let re = lightswitch(&[
+        "report",
+        "--format",
+        "flame-graph",
+        "-o",
+        s(&svg),
+        s(&pprof),
+    ]);
+    assert_eq!(re.status.code(), Some(0), "{re}");
+    parse_svg(&std::fs::read_to_string(&svg).unwrap());
+    // And back from folded to pprof: the folded report equals the original's.
+    let pb = dir.path().join("again.pb");
+    let re = lightswitch(&["report", "--format", "pprof", "-o", s(&pb), s(&folded)]);
+    assert_eq!(re.status.code(), Some(0), "{re}");
+    let twice = lightswitch(&["report", "--top", "0", s(&pb)]);
+    let once = lightswitch(&["report", "--top", "0", s(&folded)]);
+    assert_eq!(
+        twice.stdout.lines().skip(1).collect::<Vec<_>>(),
+        once.stdout.lines().skip(1).collect::<Vec<_>>()
+    );
+}
