@@ -63,6 +63,11 @@ impl SymbolSource for JitDumps {
         }
     }
 
+    /// JIT code moves: an address may name another function later.
+    fn cacheable(&self) -> bool {
+        false
+    }
+
     fn symbolize(&self, tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines> {
         let mut dumps = self.dumps.borrow_mut();
         dumps.retain(|&pid, _| batch.contains_key(&u64::from(pid)));

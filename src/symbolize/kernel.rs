@@ -1,6 +1,7 @@
 //! The kernel as a symbol source (`/proc/kallsyms`), and facts about the
 //! running kernel needed to describe kernel frames.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use blazesym::symbolize::source::{Kernel as KernelSource, Source};
@@ -18,15 +19,20 @@ use super::{MappingSource, KERNEL_MAPPING_NAME};
 /// are `(0, address)`. Addresses it cannot name become
 /// `[kernel.kallsyms]+0xADDR`.
 pub(super) struct Kallsyms {
-    inner: BlazeSymbolizer,
+    /// Holds the parsed `/proc/kallsyms` (7.5 MiB) while windows bring new
+    /// kernel addresses; dropped after a window without any.
+    inner: RefCell<Option<BlazeSymbolizer>>,
+    keep_parsed: bool,
 }
 
 impl Kallsyms {
-    /// A kernel source with its own blazesym symbolizer, which keeps the
-    /// parsed `/proc/kallsyms` from one window to the next.
-    pub(super) fn new() -> Self {
+    /// A kernel source with its own blazesym symbolizer; `keep_parsed`
+    /// keeps the parsed `/proc/kallsyms` from one window to the next while
+    /// windows bring new kernel addresses (continuous mode).
+    pub(super) fn new(keep_parsed: bool) -> Self {
         Kallsyms {
-            inner: BlazeSymbolizer::builder().enable_demangling(false).build(),
+            inner: RefCell::new(None),
+            keep_parsed,
         }
     }
 }
@@ -40,6 +46,17 @@ impl SymbolSource for Kallsyms {
     }
 
     fn symbolize(&self, _tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines> {
+        let mut inner = self.inner.borrow_mut();
+        if batch.is_empty() || !self.keep_parsed {
+            // Parsing it again (~100 ms) is cheaper than keeping it through
+            // windows without new kernel addresses.
+            *inner = None;
+            if batch.is_empty() {
+                return HashMap::new();
+            }
+        }
+        let inner = inner
+            .get_or_insert_with(|| BlazeSymbolizer::builder().enable_demangling(false).build());
         let addrs: Vec<u64> = batch.values().flatten().copied().collect();
         let source = Source::Kernel(KernelSource {
             kallsyms: MaybeDefault::Default,
@@ -48,7 +65,7 @@ impl SymbolSource for Kallsyms {
             debug_syms: false,
             ..Default::default()
         });
-        let results = match self.inner.symbolize(&source, Input::AbsAddr(&addrs)) {
+        let results = match inner.symbolize(&source, Input::AbsAddr(&addrs)) {
             Ok(r) => r,
             Err(err) => {
                 debug!("kernel symbolization failed: {err}");

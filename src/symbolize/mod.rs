@@ -17,6 +17,7 @@
 //! `object+0xFILE_OFFSET` (or `[kernel.kallsyms]+0xADDR`), never dropped.
 
 mod assembly;
+mod cache;
 pub mod debuginfod;
 mod elf_file;
 mod jitdump;
@@ -32,49 +33,74 @@ use crate::profile::aggregate::Aggregator;
 use crate::profile::Window;
 use crate::profile::{unwind_marker_name, FrameKind, Profile, ProfileMapping, Sample};
 use assembly::{user_frame_lines, ProfileAssembly};
+use cache::LineCache;
 pub use lines::demangle;
 use lines::{unknown_line, Lines};
 pub use source::MappingSource;
 use sources::{FrameRef, Resolved, SymbolSource};
+use tracing::debug;
 
 /// Name of the mapping kernel frames belong to (as perf and pprof call it).
 pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
 
 /// Symbolizes windows of samples, asking its symbol sources (kernel, ELF
-/// objects, vDSO; see [`sources`]) for the names of each window's frames.
-/// [`Symbolizer::new`] keeps blazesym's
-/// parsed objects (symbol tables, DWARF) from one window to the next, which
-/// spares continuous mode from parsing them again every window. Only the
-/// objects the latest window used are kept, only those of at most
-/// [`KEPT_OBJECT_MAX_BYTES`], and only while their files total at most
-/// [`PARSED_OBJECTS_BUDGET_BYTES`]; everything else is evicted
-/// after each window, so memory follows the working set of objects, not
-/// every object that ever came and went (process churn).
+/// objects, vDSO, JIT code; see [`sources`]) for the names of each window's
+/// frames. [`Symbolizer::new`] keeps the lines of the sites it symbolized
+/// (at most [`LINE_CACHE_MAX_ADDRESSES`]) from one window to the next, so
+/// that continuous mode only symbolizes addresses it has not seen before
+/// (see [`cache`]; JIT code, whose addresses change names, is asked every
+/// window). For those, it keeps blazesym's parsed objects (symbol tables,
+/// DWARF) that brought new addresses in the latest [`KEEP_PARSED_WINDOWS`]
+/// windows: only objects of at most [`KEPT_OBJECT_MAX_BYTES`], smallest
+/// first while their files total at most [`PARSED_OBJECTS_BUDGET_BYTES`];
+/// everything else is evicted after each window (also `/proc/kallsyms`,
+/// after a window without new kernel addresses), so memory follows the
+/// objects still being discovered, not every object that ever came and went
+/// (process churn). Objects get half a window's length of wall time; those
+/// that do not fit wait for a later window.
 /// [`Symbolizer::one_shot`] releases each object's data as soon as its
 /// addresses are done, so that memory peaks at the largest object, not at
-/// all of them.
+/// all of them, and keeps no lines.
 pub struct Symbolizer {
     kernel: kernel::Kallsyms,
     objects: objects::ElfObjects,
     vdso: vdso::Vdso,
     jitdumps: jitdump::JitDumps,
     perf_maps: perf_map::PerfMaps,
+    lines: std::cell::RefCell<LineCache>,
+    /// Whether this is a continuous symbolizer (keeps parsed data and
+    /// lines, limits each window's time on objects).
+    continuous: bool,
     kernel_build_id: Option<String>,
 }
 
 /// Total size (bytes) of the object files whose parsed data a continuous
 /// [`Symbolizer`] keeps between windows.
-pub const PARSED_OBJECTS_BUDGET_BYTES: u64 = 64 << 20;
+pub const PARSED_OBJECTS_BUDGET_BYTES: u64 = 32 << 20;
 
 /// Largest object file (bytes) whose parsed data a continuous [`Symbolizer`]
 /// keeps between windows. Bigger ones (the agent's own binary, 35 MB with
-/// 22 MB of DWARF; rustc's libraries, 150-200 MB) are parsed again for every
-/// window that needs them and dropped right after, so that what stays
-/// between windows does not depend on which big programs happened to run:
-/// with all-or-nothing keeping, an agent's RssAnon between windows flipped
-/// between 15 and 40 MiB as the window's objects met the budget or not
-/// (issue 18).
-pub const KEPT_OBJECT_MAX_BYTES: u64 = 32 << 20;
+/// 22 MB of DWARF; libpython, 23 MB; rustc's libraries, 150-200 MB) are
+/// parsed again for every window that brings new addresses in them and
+/// dropped right after, so that what stays between windows does not depend
+/// on which big programs happened to run: with all-or-nothing keeping, an
+/// agent's RssAnon between windows flipped between 15 and 40 MiB as the
+/// window's objects met the budget or not (issue 18).
+pub const KEPT_OBJECT_MAX_BYTES: u64 = 16 << 20;
+
+/// Windows after the latest one that brought new addresses in an object
+/// for which a continuous [`Symbolizer`] may keep its parsed data (while
+/// addresses still come in, parsing it again for each would cost more
+/// than keeping it).
+pub const KEEP_PARSED_WINDOWS: u64 = 10;
+
+/// Most sites (kernel addresses, object file offsets, vDSO offsets) whose
+/// lines a continuous [`Symbolizer`] keeps between windows; past it, those
+/// unused for the longest are dropped. Each costs about 350 bytes with its
+/// share of the (interned) strings: about 10 MiB when full (heap profile).
+/// Issue 18: under `mixed` churn with Rust builds on the machine, 1 s
+/// windows still brought about 1,000 new addresses each after two minutes.
+pub const LINE_CACHE_MAX_ADDRESSES: usize = 28_000;
 
 impl Default for Symbolizer {
     fn default() -> Self {
@@ -93,19 +119,26 @@ impl Symbolizer {
 
     /// A symbolizer for a single profile: like [`Symbolizer::new`], but
     /// each object's parsed data is dropped once its addresses are
-    /// symbolized.
+    /// symbolized, and nothing is kept for later profiles.
     pub fn one_shot() -> Self {
         Self::with_keep(false)
     }
 
-    fn with_keep(keep_parsed_objects: bool) -> Self {
+    fn with_keep(continuous: bool) -> Self {
         let debug_dirs = crate::unwind::identity::debug_dirs().to_vec();
+        let cache_size = if continuous {
+            LINE_CACHE_MAX_ADDRESSES
+        } else {
+            0
+        };
         Symbolizer {
-            kernel: kernel::Kallsyms::new(),
-            objects: objects::ElfObjects::new(debug_dirs, keep_parsed_objects),
+            kernel: kernel::Kallsyms::new(continuous),
+            objects: objects::ElfObjects::new(debug_dirs, continuous),
             vdso: vdso::Vdso::new(),
             jitdumps: jitdump::JitDumps::default(),
             perf_maps: perf_map::PerfMaps::default(),
+            lines: std::cell::RefCell::new(LineCache::new(cache_size)),
+            continuous,
             kernel_build_id: kernel::kernel_build_id(),
         }
     }
@@ -135,9 +168,29 @@ impl Symbolizer {
         tracker: &dyn MappingSource,
         window: Window,
     ) -> Profile {
-        // 1. Every source names its frames, in one batch per window.
+        // 1. Every source names its frames not in the lines cache, in one
+        // batch per window, within half the window's time (continuous mode).
         let sources = self.sources();
-        let resolved = Resolved::resolve(&sources, tracker, frames_of(aggregator, tracker));
+        self.objects.set_budget(
+            self.continuous
+                .then(|| std::time::Duration::from_nanos(window.duration_ns) / 2),
+        );
+        let mut cache = self.lines.borrow_mut();
+        let resolved = Resolved::resolve(
+            &sources,
+            tracker,
+            frames_of(aggregator, tracker),
+            &mut cache,
+        );
+        let stats = cache.end_window();
+        drop(cache);
+        debug!(
+            "symbolizer: {} sites, {} new; cache holds {} sites, {} strings",
+            stats.hits + stats.misses,
+            stats.misses,
+            stats.entries,
+            stats.strings
+        );
 
         // 2. Assemble mappings, frames and samples.
         let mut builder = ProfileAssembly::default();
@@ -247,6 +300,7 @@ fn frames_of<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::Line;
     use crate::sample::RawSample;
 
     #[test]
@@ -256,23 +310,25 @@ mod tests {
         assert_eq!(demangle("main"), "main");
     }
 
-    /// An address in the middle of the first executable mapping of this
+    /// An address `eighths`/8 into the first executable mapping of this
     /// test process whose path satisfies `wanted` (/proc/self/maps).
-    fn address_in(wanted: impl Fn(&str) -> bool) -> u64 {
+    fn address_in(wanted: impl Fn(&str) -> bool, eighths: u64) -> u64 {
         crate::process::maps::read_maps(std::process::id())
             .unwrap()
             .into_iter()
             .find(|m| m.executable && wanted(&m.path))
-            .map(|m| m.start + (m.end - m.start) / 2)
+            .map(|m| m.start + (m.end - m.start) / 8 * eighths)
             .unwrap()
     }
 
     #[test]
-    fn continuous_symbolizer_keeps_only_the_latest_windows_objects() {
+    fn continuous_symbolizer_keeps_lines_and_only_the_objects_of_new_addresses() {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         let exe = exe.to_string_lossy().into_owned();
-        let in_exe = address_in(|p| p == exe);
-        let in_libc = address_in(|p| p.contains("/libc.so"));
+        let in_exe = address_in(|p| p == exe, 4);
+        let in_ld = address_in(|p| p.contains("/ld-linux"), 4);
+        let in_libc = address_in(|p| p.contains("/libc.so"), 4);
+        let elsewhere_in_libc = address_in(|p| p.contains("/libc.so"), 5);
         let pid = std::process::id();
         let mut tracker = crate::process::ProcessTracker::new();
         let window = Window {
@@ -296,14 +352,70 @@ mod tests {
                 .map(|&object| tracker.object(object).expect("known object").path.clone())
                 .collect();
             kept.sort();
-            kept
+            let names: Vec<Vec<Line>> = profile.frames.iter().map(|f| f.lines.clone()).collect();
+            (kept, names)
         };
-        let both = symbolize(&mut tracker, &[vec![in_libc, in_exe]]);
-        assert_eq!(both.len(), 2, "{both:?}");
-        let libc_only = symbolize(&mut tracker, &[vec![in_libc]]);
+        let (both, names) = symbolize(&mut tracker, &[vec![in_libc, in_ld, in_exe]]);
+        // libc and ld.so are kept; the test binary only if it is small.
+        let exe_is_small = std::fs::metadata(&exe).unwrap().len() <= KEPT_OBJECT_MAX_BYTES;
+        assert_eq!(both.len(), 2 + usize::from(exe_is_small), "{both:?}");
+        assert_eq!(both.contains(&exe), exe_is_small, "{both:?}");
+        // The same addresses again: answered from the cache; the parsed
+        // objects stay for KEEP_PARSED_WINDOWS windows, then go.
+        for _ in 0..KEEP_PARSED_WINDOWS {
+            let (kept, names_again) = symbolize(&mut tracker, &[vec![in_libc, in_ld, in_exe]]);
+            assert_eq!(kept, both);
+            assert_eq!(names_again, names);
+        }
+        let (none, names_again) = symbolize(&mut tracker, &[vec![in_libc, in_ld, in_exe]]);
+        assert!(none.is_empty(), "{none:?}");
+        assert_eq!(names_again, names);
+        // A new address in libc: only libc is parsed (and kept).
+        let (libc_only, _) = symbolize(&mut tracker, &[vec![elsewhere_in_libc, in_ld, in_exe]]);
         assert_eq!(libc_only.len(), 1);
         assert!(libc_only[0].contains("/libc.so"), "{libc_only:?}");
-        // The evicted executable is parsed again when a window needs it.
-        assert_eq!(symbolize(&mut tracker, &[vec![in_exe, in_libc]]), both);
+        // The one-shot symbolizer names the same frames.
+        let mut aggregator = Aggregator::new();
+        aggregator.add(
+            &RawSample::for_test(pid, 0, vec![in_libc, in_ld, in_exe]),
+            &mut tracker,
+        );
+        let fresh = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+        let fresh: Vec<Vec<Line>> = fresh.frames.iter().map(|f| f.lines.clone()).collect();
+        assert_eq!(fresh, names);
+    }
+
+    #[test]
+    fn continuous_symbolizer_leaves_big_objects_for_a_later_window_once_over_budget() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let exe = exe.to_string_lossy().into_owned();
+        let stack = vec![
+            address_in(|p| p.contains("/libc.so"), 3),
+            address_in(|p| p == exe, 3),
+        ];
+        let pid = std::process::id();
+        let mut tracker = crate::process::ProcessTracker::new();
+        let mut aggregator = Aggregator::new();
+        aggregator.add(&RawSample::for_test(pid, 0, stack), &mut tracker);
+        let symbolizer = Symbolizer::new();
+        let unnamed = |duration_ns: u64| {
+            let window = Window {
+                start_unix_ns: 0,
+                duration_ns,
+                sample_freq_hz: 99,
+            };
+            let profile = symbolizer.build_profile(&aggregator, &tracker, window);
+            profile
+                .frames
+                .iter()
+                .filter(|f| f.kind == FrameKind::User && !f.symbolized)
+                .count()
+        };
+        // A window of no length has time for one object only: the kept
+        // ones come first (libc; the test binary too if it is small), the
+        // other's frame stays unnamed.
+        assert_eq!(unnamed(0), 1);
+        // The next window (with time) names it.
+        assert_eq!(unnamed(1_000_000_000), 0);
     }
 }

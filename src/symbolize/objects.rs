@@ -3,10 +3,12 @@
 //! blazesym finds nothing), and the cache of parsed objects a continuous
 //! [`super::Symbolizer`] keeps between windows.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
+use std::cell::{Cell, RefCell};
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use blazesym::symbolize::evict::{Elf as EvictElf, Evict};
 use blazesym::symbolize::source::{Elf, Source};
@@ -17,7 +19,9 @@ use super::debuginfod::Debuginfod;
 use super::elf_file::ObjectFile;
 use super::lines::{demangle, file_name, line_of, lines_of, unknown_line, Lines};
 use super::sources::{Batch, FrameRef, Site, SymbolSource};
-use super::{MappingSource, KEPT_OBJECT_MAX_BYTES, PARSED_OBJECTS_BUDGET_BYTES};
+use super::{
+    MappingSource, KEEP_PARSED_WINDOWS, KEPT_OBJECT_MAX_BYTES, PARSED_OBJECTS_BUDGET_BYTES,
+};
 use crate::process::ObjectId;
 use crate::profile::Line;
 
@@ -27,6 +31,11 @@ use crate::profile::Line;
 pub(super) struct ParsedObject {
     path: PathBuf,
     debug_file: Option<PathBuf>,
+    /// File size of the object, bytes.
+    size: u64,
+    /// The latest window ([`ElfObjects`]'s count) that brought new
+    /// addresses in it.
+    last_new: u64,
 }
 
 impl ParsedObject {
@@ -43,6 +52,10 @@ pub(super) struct ElfObjects {
     keep_parsed_objects: bool,
     /// Objects whose parsed data `inner` holds.
     pub(super) parsed: RefCell<HashMap<ObjectId, ParsedObject>>,
+    /// Windows symbolized so far.
+    window: Cell<u64>,
+    /// Wall time a window may spend on objects (see [`Self::set_budget`]).
+    budget: Cell<Option<Duration>>,
     /// Where separate debug files are looked up (by build ID, and for
     /// `.gnu_debuglink` names).
     debug_dirs: Vec<PathBuf>,
@@ -61,33 +74,61 @@ impl SymbolSource for ElfObjects {
         }
     }
 
+    /// Objects whose parsed data is kept ([`ElfObjects::objects_to_keep`])
+    /// come first, then the others, most addresses first. Once the budget
+    /// ([`ElfObjects::set_budget`]) is spent, the objects still to do are
+    /// left out for a later window (at least one object is done in each
+    /// window): their frames stay `object+0xOFFSET` in this one (with the
+    /// mapping's build ID), so that a loaded machine costs names, not whole
+    /// windows (issue 18: with 1 s windows on a 2-CPU machine at a load
+    /// average of 15, parsing one big object took longer than a window).
     fn symbolize(&self, tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines> {
-        let used: HashMap<ObjectId, ()> = batch
-            .keys()
-            .filter_map(|&group| Some((ObjectId(u32::try_from(group).ok()?), ())))
+        let started = Instant::now();
+        let budget = self.budget.get();
+        let new: HashMap<ObjectId, &BTreeSet<u64>> = batch
+            .iter()
+            .filter_map(|(&group, offsets)| Some((ObjectId(u32::try_from(group).ok()?), offsets)))
             .collect();
-        let kept = self.objects_to_keep(tracker, &used);
+        let kept = self.objects_to_keep(tracker, &new);
+        let mut order: Vec<(ObjectId, &BTreeSet<u64>)> = new.into_iter().collect();
+        order.sort_by_key(|&(object, offsets)| {
+            (!kept.contains_key(&object), Reverse(offsets.len()), object)
+        });
         let mut lines = HashMap::new();
-        for (&group, offsets) in batch {
-            let Ok(id) = u32::try_from(group) else {
+        let (mut done, mut deferred) = (0, 0);
+        for (object, offsets) in order {
+            // At least one object a window, however short the budget.
+            if done > 0 && budget.is_some_and(|b| started.elapsed() > b) {
+                deferred += offsets.len();
                 continue;
-            };
-            let object = ObjectId(id);
+            }
+            done += 1;
+            let object_started = Instant::now();
             let offsets: Vec<u64> = offsets.iter().copied().collect();
             let keep = kept.contains_key(&object);
             let results = self.symbolize_object(tracker, object, &offsets, keep);
-            let name = file_name(tracker.object_path(object).unwrap_or("[unknown]"));
+            let path = tracker.object_path(object).unwrap_or("[unknown]");
+            debug!(
+                "symbolizer: {path}: {} new addresses in {:?} (kept: {keep})",
+                offsets.len(),
+                object_started.elapsed()
+            );
+            let name = file_name(path);
             for (&offset, found) in offsets.iter().zip(results) {
                 let entry = match found {
                     Some(found) => (found, true),
                     None => (vec![unknown_line(format!("{name}+0x{offset:x}"))], false),
                 };
-                lines.insert((group, offset), entry);
+                lines.insert((u64::from(object.0), offset), entry);
             }
+        }
+        if deferred > 0 {
+            debug!("symbolizer: {deferred} addresses left for later windows (time budget)");
         }
         if self.keep_parsed_objects {
             self.keep_only(&kept);
         }
+        self.window.set(self.window.get() + 1);
         lines
     }
 }
@@ -102,9 +143,18 @@ impl ElfObjects {
             inner: RefCell::new(blazesym(&debug_dirs)),
             keep_parsed_objects,
             parsed: Default::default(),
+            window: Default::default(),
+            budget: Default::default(),
             debug_dirs,
             debuginfod: super::debuginfod::client(),
         }
+    }
+
+    /// Set the wall time the next windows may spend on objects: `None` for
+    /// no limit (one-shot runs), half the window's length in continuous
+    /// mode (see [`SymbolSource::symbolize`] for [`ElfObjects`]).
+    pub(super) fn set_budget(&self, budget: Option<Duration>) {
+        self.budget.set(budget);
     }
 
     /// Lines for each of `offsets` in `object`, its parsed data kept for
@@ -233,11 +283,14 @@ impl ElfObjects {
     /// other paths is evicted (unless another object is reached through
     /// them).
     fn note_parsed(&self, object: ObjectId, path: &Path, debug_file: Option<PathBuf>) {
+        let size = std::fs::metadata(path).map_or(0, |m| m.len());
         let previous = self.parsed.borrow_mut().insert(
             object,
             ParsedObject {
                 path: path.to_path_buf(),
                 debug_file,
+                size,
+                last_new: self.window.get(),
             },
         );
         let Some(previous) = previous else {
@@ -266,51 +319,72 @@ impl ElfObjects {
         }
     }
 
-    /// Which of the objects a window uses (`used`) keep their parsed data
-    /// after it, with their file sizes: those of at most
-    /// [`KEPT_OBJECT_MAX_BYTES`], while they total at most
+    /// Which objects keep their parsed data after this window, with their
+    /// file sizes: of those with new addresses in this window (`new`) or in
+    /// one of the [`KEEP_PARSED_WINDOWS`] before, the ones of at most
+    /// [`KEPT_OBJECT_MAX_BYTES`], smallest first while they total at most
     /// [`PARSED_OBJECTS_BUDGET_BYTES`]. The others are symbolized one at a
     /// time, each with its parsed data dropped as soon as its addresses are
     /// done, as in one-shot runs: memory peaks at the largest object, not at
     /// the sum of them (issue 18: 600-775 MB of objects in one window while
-    /// Rust builds ran on the machine). If even the small ones are over the
-    /// budget, nothing is kept and blazesym starts afresh, which also drops
-    /// what it holds for `.gnu_debuglink` targets (cached under their own
-    /// paths, which eviction by object path does not reach).
+    /// Rust builds ran on the machine).
     fn objects_to_keep<V>(
         &self,
         tracker: &dyn MappingSource,
-        used: &HashMap<ObjectId, V>,
+        new: &HashMap<ObjectId, V>,
     ) -> HashMap<ObjectId, u64> {
         if !self.keep_parsed_objects {
             return HashMap::new();
         }
-        let small: HashMap<ObjectId, u64> = used
-            .keys()
-            .filter_map(|&object| {
-                let size = std::fs::metadata(tracker.object_open_path(object)?)
-                    .ok()?
-                    .len();
-                (size <= KEPT_OBJECT_MAX_BYTES).then_some((object, size))
-            })
+        let window = self.window.get();
+        let recent = self
+            .parsed
+            .borrow()
+            .iter()
+            .filter(|(_, p)| p.last_new + KEEP_PARSED_WINDOWS >= window)
+            .map(|(&object, p)| (object, p.size))
+            .collect::<Vec<_>>();
+        let fresh = new.keys().filter_map(|&object| {
+            let size = std::fs::metadata(tracker.object_open_path(object)?)
+                .ok()?
+                .len();
+            Some((object, size))
+        });
+        let mut candidates: Vec<(ObjectId, u64)> = recent
+            .into_iter()
+            .chain(fresh)
+            .filter(|&(_, size)| size <= KEPT_OBJECT_MAX_BYTES)
             .collect();
-        let total: u64 = small.values().sum();
-        if total <= PARSED_OBJECTS_BUDGET_BYTES {
-            return small;
+        candidates.sort_by_key(|&(object, size)| (size, object));
+        candidates.dedup_by_key(|&mut (object, _)| object);
+        let mut total = 0;
+        let mut keep = HashMap::new();
+        for (object, size) in candidates {
+            if total + size <= PARSED_OBJECTS_BUDGET_BYTES {
+                total += size;
+                keep.insert(object, size);
+            }
         }
-        debug!("symbolizer: this window's objects total {total} bytes, over the budget: none kept");
-        *self.inner.borrow_mut() = blazesym(&self.debug_dirs);
-        self.parsed.borrow_mut().clear();
-        HashMap::new()
+        keep
     }
 
     /// After a window: keep the parsed data of the objects
-    /// [`Self::objects_to_keep`] chose (`used`) and evict everything else.
-    fn keep_only<V>(&self, used: &HashMap<ObjectId, V>) {
+    /// [`Self::objects_to_keep`] chose (`keep`) and evict everything else.
+    /// When nothing is kept, blazesym starts afresh, which also drops what
+    /// it holds for `.gnu_debuglink` targets (cached under their own paths,
+    /// which eviction by object path does not reach).
+    fn keep_only<V>(&self, keep: &HashMap<ObjectId, V>) {
         let mut parsed = self.parsed.borrow_mut();
+        if keep.is_empty() {
+            if !parsed.is_empty() {
+                *self.inner.borrow_mut() = blazesym(&self.debug_dirs);
+                parsed.clear();
+            }
+            return;
+        }
         let (keep, drop): (HashMap<_, _>, HashMap<_, _>) = parsed
             .drain()
-            .partition(|(object, _)| used.contains_key(object));
+            .partition(|(object, _)| keep.contains_key(object));
         for old in drop.values().flat_map(ParsedObject::paths) {
             // A path a kept object is also reached through stays.
             if !keep.values().any(|p| p.paths().any(|p| p == old)) {

@@ -55,6 +55,11 @@ impl SymbolSource for PerfMaps {
         }
     }
 
+    /// JIT code moves: an address may name another function later.
+    fn cacheable(&self) -> bool {
+        false
+    }
+
     fn symbolize(&self, tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines> {
         let mut maps = self.maps.borrow_mut();
         maps.retain(|&pid, _| batch.contains_key(&u64::from(pid)));

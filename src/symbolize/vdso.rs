@@ -45,6 +45,9 @@ impl SymbolSource for Vdso {
     /// Offsets are found at the same offsets in this process's own vDSO
     /// (`/proc/self/maps`); those it cannot name are left out.
     fn symbolize(&self, _tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines> {
+        if batch.is_empty() {
+            return HashMap::new();
+        }
         let offsets: Vec<u64> = batch.values().flatten().copied().collect();
         let own = match crate::process::maps::read_maps(std::process::id()) {
             Ok(entries) => entries.into_iter().find(|e| e.path == VDSO_MAPPING_NAME),
