@@ -638,11 +638,20 @@ fn heap_dumps_do_not_accumulate_memory() {
     let pid = agent.child.id();
     let client = http();
     let on = client
-        .post(format!("{}/debug/pprof/heap/settings?enabled=true", agent.url))
+        .post(format!(
+            "{}/debug/pprof/heap/settings?enabled=true",
+            agent.url
+        ))
         .send()
         .unwrap();
     assert_eq!(on.status(), 200);
-    thread::sleep(Duration::from_secs(1));
+    // A profile, so that the agent allocates and the heap profile has stacks.
+    let profile = client
+        .get(format!("{}/debug/pprof/profile?seconds=1", agent.url))
+        .send()
+        .unwrap();
+    assert_eq!(profile.status(), 200);
+    thread::sleep(Duration::from_secs(2));
     let before = rss_anon(pid);
     let mut symbolized = 0;
     for _ in 0..30 {
@@ -653,8 +662,8 @@ fn heap_dumps_do_not_accumulate_memory() {
         assert_eq!(dump.status(), 200);
         symbolized += usize::from(names_functions(&dump.bytes().unwrap()));
     }
-    // Sampling records an allocation every 512 KiB on average: the dumps'
-    // own allocations are sampled from the first few on.
+    // Sampling records an allocation every 512 KiB on average: the
+    // profile's allocations still live, and the dumps' own, are sampled.
     assert!(symbolized >= 10, "only {symbolized} of 30 dumps had stacks");
     // Freed pages go back to the kernel after jemalloc's 1 s decay.
     let limit = before + 16 * 1024 * 1024;
@@ -673,4 +682,97 @@ fn heap_dumps_do_not_accumulate_memory() {
         before >> 20,
         after >> 20
     );
+}
+
+// ---------------------------------------------------------------------------
+// Slow-header clients
+
+/// A client that sends a request line and then one header line every
+/// 300 ms, never ending its headers ("slowloris"), for at most 20 s; the
+/// thread returns how long the server kept the connection open, or `None`
+/// if it was still open at the end.
+fn slow_header_client(address: &str) -> thread::JoinHandle<Option<Duration>> {
+    let mut stream = TcpStream::connect(address).unwrap();
+    thread::spawn(move || {
+        let started = Instant::now();
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: slow\r\n")
+            .ok()?;
+        stream
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        while started.elapsed() < Duration::from_secs(20) {
+            if stream.write_all(b"X-Slow: 1\r\n").is_err() {
+                return Some(started.elapsed());
+            }
+            let mut byte = [0u8; 64];
+            match stream.read(&mut byte) {
+                Ok(_) => return Some(started.elapsed()),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return Some(started.elapsed()),
+            }
+        }
+        None
+    })
+}
+
+/// Slow-header clients holding every slot are closed as soon as a client
+/// with a request needs one (before, such a client was refused until the
+/// 10 s header timeout freed a slot), on the collector and on the agent's
+/// `/healthz`; with slots to spare, the header timeout closes them.
+#[test]
+fn slow_header_clients_are_dropped_and_the_servers_keep_answering() {
+    let _serial = common::serial();
+    let dir = common::tempdir();
+    let mut collector = Collector::start(&dir.path().join("store"), &["--max-connections", "4"]);
+    let mut sleeper = Command::new("sleep").arg("120").spawn().unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--listen", "127.0.0.1:0", "--listen-max-connections", "4"])
+        .args([
+            "--unwind-cache-dir",
+            "none",
+            "--pids",
+            &sleeper.id().to_string(),
+        ]);
+    let (child, url, _) = spawn_listening(cmd);
+    let mut agent = Collector { child, url };
+    let client = http();
+    for (server, probe) in [(&mut collector, "/v1/profiles"), (&mut agent, "/healthz")] {
+        let address = authority(&server.url).to_string();
+        let slow: Vec<_> = (0..4).map(|_| slow_header_client(&address)).collect();
+        thread::sleep(Duration::from_millis(1500));
+        let started = Instant::now();
+        let r = client
+            .get(format!("{}{probe}", server.url))
+            .send()
+            .unwrap_or_else(|e| panic!("{probe} with slow clients in every slot: {e}"));
+        assert_eq!(r.status(), 200);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        for (i, s) in slow.into_iter().enumerate() {
+            let open = s.join().unwrap();
+            assert!(
+                open.is_some_and(|t| t < Duration::from_secs(5)),
+                "slow client {i} of {probe}'s server kept for {open:?}"
+            );
+        }
+        server.assert_alive();
+    }
+    // Slots to spare: the header timeout (10 s) closes them.
+    let slow: Vec<_> = (0..2)
+        .map(|_| slow_header_client(authority(&collector.url)))
+        .collect();
+    for s in slow {
+        let open = s.join().unwrap();
+        assert!(
+            open.is_some_and(|t| t >= Duration::from_secs(9) && t < Duration::from_secs(15)),
+            "a slow client was kept for {open:?}"
+        );
+    }
+    collector.assert_alive();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
 }
