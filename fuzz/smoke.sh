@@ -4,7 +4,8 @@
 # over 30 s). CI's smoke: 20 s per target. For the long runs of
 # docs/reliability.md: `bash fuzz/smoke.sh --runs 1000000` (each target
 # until it has executed that many inputs; its corpus grows in
-# fuzz/corpus/TARGET, kept between runs and ignored by git).
+# fuzz/corpus/TARGET, kept between runs and ignored by git; with
+# `--seconds N` too, each stops at whichever comes first).
 #
 # Needs the nightly toolchain (`rustup toolchain install nightly`) and
 # cargo-fuzz, which is installed here if missing (`cargo install
@@ -14,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-seconds=20
+seconds=""
 runs=""
 targets=(pprof_body unwind_builder unwind_cache)
 while [ $# -gt 0 ]; do
@@ -33,12 +34,16 @@ fi
 
 cargo +nightly fuzz build -O
 for target in "${targets[@]}"; do
+    limit=()
     if [ -n "$runs" ]; then
         corpus="fuzz/corpus/$target"
-        limit=(-runs="$runs")
+        limit+=(-runs="$runs")
     else
         corpus=$(mktemp -d)
-        limit=(-max_total_time="$seconds")
+        seconds=${seconds:-20}
+    fi
+    if [ -n "$seconds" ]; then
+        limit+=(-max_total_time="$seconds")
     fi
     mkdir -p "$corpus"
     echo "fuzz: $target (${limit[*]})" >&2
