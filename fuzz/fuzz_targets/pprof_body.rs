@@ -17,9 +17,17 @@ fuzz_target!(|body: &[u8]| {
     };
     assert!(raw.len() <= MAX_DECODED_BYTES);
     let profile = merge::profile_from_pprof(&proto);
+    // One input: what the merge answers with is a pprof that validates again.
+    let single = merge::merge([profile.clone()]);
+    merge::validate(&pprof::to_proto(&single.profile)).expect("merged pprof is consistent");
+    // Two inputs: counts add up (beyond one body's value limit, so the
+    // value-total rule of `validate` no longer applies) and still encode.
     let merged = merge::merge([profile.clone(), profile]);
     assert_eq!(merged.inputs, 2);
-    // What the merge answers with: a pprof that validates again, and folded text.
-    merge::validate(&pprof::to_proto(&merged.profile)).expect("merged pprof is consistent");
+    assert_eq!(
+        merged.profile.total_samples(),
+        2 * single.profile.total_samples()
+    );
+    let _ = pprof::to_proto(&merged.profile);
     let _ = folded::encode(&merged.profile);
 });

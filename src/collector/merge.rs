@@ -82,14 +82,16 @@ pub fn decode_body(
     Ok((profile, raw))
 }
 
-/// Largest sum of one sample type's values (their absolute values) a
-/// profile may have: 2^40, a trillion samples, 30 years of one CPU at
-/// 1 kHz. Merging up to 2^23 such profiles cannot overflow a `u64` count.
+/// Largest sum of the sample counts (the `samples/count` values, else the
+/// first sample type's; absolute values) a profile may have: 2^40, a
+/// trillion samples, 30 years of one CPU at 1 kHz. Merging up to 2^23 such
+/// profiles cannot overflow a `u64` count. Other sample types (such as
+/// `cpu/nanoseconds`) are not limited.
 pub const MAX_VALUE_TOTAL: u64 = 1 << 40;
 
 /// Check that `p` is a consistent pprof profile (what `go tool pprof`
-/// checks when it reads one) whose values add up to at most
-/// [`MAX_VALUE_TOTAL`] per sample type. Errors say what is wrong.
+/// checks when it reads one) whose counts add up to at most
+/// [`MAX_VALUE_TOTAL`]. Errors say what is wrong.
 pub fn validate(p: &proto::Profile) -> Result<(), String> {
     if p.string_table.first().map(String::as_str) != Some("") {
         return Err("string_table must start with the empty string".into());
@@ -148,7 +150,14 @@ pub fn validate(p: &proto::Profile) -> Result<(), String> {
             ));
         }
     }
-    let mut totals = vec![0u64; p.sample_type.len()];
+    // The count column (what merges add up): `samples/count`, else the first.
+    let name = |i: i64| p.string_table.get(i as usize).map_or("", String::as_str);
+    let count_index = p
+        .sample_type
+        .iter()
+        .position(|t| name(t.r#type) == "samples" && name(t.unit) == "count")
+        .unwrap_or(0);
+    let mut total = 0u64;
     for s in &p.sample {
         if s.value.len() != p.sample_type.len() {
             return Err(format!(
@@ -160,13 +169,11 @@ pub fn validate(p: &proto::Profile) -> Result<(), String> {
         if let Some(id) = s.location_id.iter().find(|id| !location_ids.contains(id)) {
             return Err(format!("a sample names unknown location {id}"));
         }
-        for (total, value) in totals.iter_mut().zip(&s.value) {
-            *total = total.saturating_add(value.unsigned_abs());
-            if *total > MAX_VALUE_TOTAL {
-                return Err(format!(
-                    "sample values add up to more than {MAX_VALUE_TOTAL} (2^40)"
-                ));
-            }
+        total = total.saturating_add(s.value.get(count_index).map_or(0, |v| v.unsigned_abs()));
+        if total > MAX_VALUE_TOTAL {
+            return Err(format!(
+                "sample counts add up to more than {MAX_VALUE_TOTAL} (2^40)"
+            ));
         }
         for label in &s.label {
             string(label.key, "label")?;
@@ -516,8 +523,9 @@ mod tests {
         }
         let error = validate(&proto).expect_err("i64::MAX counts");
         assert!(error.contains("add up to more than"), "{error}");
+        // Only counts are limited: nanoseconds of CPU may add up to more.
         for s in &mut proto.sample {
-            s.value = vec![1 << 30; s.value.len()];
+            s.value = vec![1 << 30, 1 << 41];
         }
         validate(&proto).expect("2^30 per sample");
         let p = profile_from_pprof(&proto);
