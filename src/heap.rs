@@ -82,12 +82,20 @@ pub fn set_active(active: bool) -> Result<()> {
 /// The heap profile of this process now: the sampled allocations still
 /// live, with their stacks, in `format`. Blocks like [`is_active`]; writes a
 /// temporary file (jemalloc's `prof.dump`) in `$TMPDIR`.
+///
+/// The stacks are symbolized by the `backtrace` crate, which keeps the
+/// parsed DWARF line tables of this binary (and a mapping of its file) in a
+/// process-wide cache: about 65 MB of resident memory for the 35 MB
+/// release binary, kept for the rest of the run. The cache is dropped after
+/// every dump, so a dump costs its memory only while it runs (each dump
+/// parses the tables again: about a second more per dump).
 pub fn dump(format: HeapFormat) -> Result<Vec<u8>> {
     let ctl = ctl()?;
     let mut ctl = ctl.blocking_lock();
-    match format {
+    let dumped = match format {
         HeapFormat::Pprof => ctl.dump_pprof(),
         HeapFormat::FlameGraph => ctl.dump_flamegraph(),
-    }
-    .context("dumping jemalloc's heap profile")
+    };
+    backtrace::clear_symbol_cache();
+    dumped.context("dumping jemalloc's heap profile")
 }

@@ -16,15 +16,20 @@
 //!   [`ConnectionLimits::header_timeout`]; the same limit closes a
 //!   keep-alive connection that sits idle between requests (hyper's
 //!   `header_read_timeout`, which needs the runtime's timer).
+//! - When every slot is taken, a connection still sending its headers
+//!   (a slow-header client, "slowloris") is closed like an idle one: only a
+//!   connection whose request is being answered keeps its slot.
 //!
 //! The runtime must be built with `enable_time()`.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::Router;
+use http_body_util::BodyExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
@@ -108,6 +113,27 @@ const SHED_MIN_AGE: Duration = Duration::from_secs(1);
 const SLOT_WAIT: Duration = Duration::from_millis(250);
 /// Connections that may wait for a slot at once; more are closed at once.
 const MAX_WAITING: usize = 64;
+/// How long a connection asked to make room, with no request being
+/// answered, has to finish what it was writing before it is dropped.
+const SHED_GRACE: Duration = Duration::from_millis(50);
+
+/// One request being answered on a connection: from the call of the
+/// service (its headers were read) until hyper drops the response body
+/// (written). Counts in the connection's counter while alive.
+struct Answering(Arc<AtomicUsize>);
+
+impl Answering {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Answering(count.clone())
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// The process's soft limit on open files (`ulimit -n`), if it has one.
 fn open_file_limit() -> Option<u64> {
@@ -142,8 +168,9 @@ fn slots_for(configured: usize, nofile: Option<u64>) -> usize {
 /// then stop accepting, let requests in progress finish, and return once
 /// every connection is closed. Counts go to `stats`.
 ///
-/// When every slot is taken, connections idle between requests for at
-/// least [`SHED_MIN_AGE`] are asked to close, and the new connection
+/// When every slot is taken, connections idle between requests or still
+/// sending their headers, open for at least [`SHED_MIN_AGE`], are
+/// closed, and the new connection
 /// waits up to [`SLOT_WAIT`] for one of their slots (at most
 /// [`MAX_WAITING`] wait; the rest are closed at once): a flood of idle
 /// connections cannot keep a client that sends a request out for longer
@@ -244,7 +271,25 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, slot: OwnedSem
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(shared.limits.header_timeout);
-    let service = TowerToHyperService::new(shared.router.clone());
+    let answering = Arc::new(AtomicUsize::new(0));
+    let router = TowerToHyperService::new(shared.router.clone());
+    let service = hyper::service::service_fn({
+        let answering = answering.clone();
+        move |request| {
+            let answer = Answering::new(&answering);
+            let response = hyper::service::Service::call(&router, request);
+            async move {
+                let response = response.await?;
+                // The guard lives as long as the body: until it is written.
+                Ok::<_, std::convert::Infallible>(response.map(|body| {
+                    Body::new(body.map_err(move |e| {
+                        let _answering = &answer;
+                        e
+                    }))
+                }))
+            }
+        }
+    });
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(connection);
     let served = loop {
@@ -255,11 +300,24 @@ async fn serve_connection(shared: Arc<Shared>, stream: TcpStream, slot: OwnedSem
                 break connection.await;
             }
             _ = shed.changed() => {
+                if accepted.elapsed() < SHED_MIN_AGE {
+                    continue;
+                }
                 // Closes the connection if it is between requests; one in
                 // progress is answered first.
-                if accepted.elapsed() >= SHED_MIN_AGE {
-                    connection.as_mut().graceful_shutdown();
+                connection.as_mut().graceful_shutdown();
+                if answering.load(Ordering::Relaxed) > 0 {
                     break connection.await;
+                }
+                // Idle, or still sending headers (hyper waits for those
+                // until the header timeout): closed after a moment to
+                // flush what it was writing.
+                match tokio::time::timeout(SHED_GRACE, connection.as_mut()).await {
+                    Ok(served) => break served,
+                    Err(_) => {
+                        debug!("closed a connection still sending its request headers to make room");
+                        return;
+                    }
                 }
             }
         }

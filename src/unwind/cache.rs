@@ -169,8 +169,9 @@ pub fn store(cache_dir: &Path, key: &ObjectKey, table: &UnwindTable) -> std::io:
     Ok(())
 }
 
-/// The file contents for `table` under `key` (at most [`MAX_KEY_LEN`] bytes).
-fn encode(key: &ObjectKey, table: &UnwindTable) -> Vec<u8> {
+/// The file contents for `table` under `key` (the layout in the module
+/// docs; keys longer than 248 bytes are refused by [`store`], not here).
+pub fn encode(key: &ObjectKey, table: &UnwindTable) -> Vec<u8> {
     let key = key.to_string();
     let stats = table.stats();
     let (rows, pages) = (table.rows(), table.pages());
@@ -239,8 +240,11 @@ impl Fields<'_> {
     }
 }
 
-/// Parses and verifies a cache file's contents for `key`.
-fn decode(key: &ObjectKey, bytes: &[u8]) -> Result<UnwindTable, CacheError> {
+/// Parses and verifies a cache file's contents (`bytes`, the layout in the
+/// module docs) for `key`: every check of [`load`] without the file system.
+/// Errors name the first check that failed; no input panics (fuzzed by
+/// `fuzz/fuzz_targets/unwind_cache.rs`).
+pub fn decode(key: &ObjectKey, bytes: &[u8]) -> Result<UnwindTable, CacheError> {
     if bytes.len() < HEADER_LEN + 4 || bytes[..8] != MAGIC {
         return Err(CacheError::BadMagic);
     }

@@ -18,6 +18,11 @@ pub const PAGE_INDEX_BYTES: u64 = 16;
 pub const ROW_BYTES: u64 = 8;
 /// Highest address a table can describe (exclusive): page numbers are u32.
 pub const MAX_ADDRESS: u64 = 1 << (32 + PAGE_BITS);
+/// Most pages one table may have: 4 GiB of code (the largest objects
+/// known have a few hundred MiB). Rules that would need more (an FDE
+/// claiming a range of terabytes, from a damaged or hostile object) are an
+/// error, not gigabytes of pages each holding one carried row.
+pub const MAX_PAGES: usize = 1 << 16;
 
 /// Which section the rows were built from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -151,6 +156,12 @@ impl UnwindTable {
             {
                 rows.truncate(first_row);
             } else {
+                if pages.len() == MAX_PAGES {
+                    return Err(InvalidTable(format!(
+                        "more than {MAX_PAGES} pages (4 GiB of code) from {:#x}",
+                        rules[0].0
+                    )));
+                }
                 pages.push(Page {
                     page: u32::try_from(page)
                         .map_err(|_| InvalidTable("page above 2^32".into()))?,
@@ -284,6 +295,21 @@ mod tests {
 
     fn table(rules: &[RuleAt]) -> UnwindTable {
         UnwindTable::from_rules(rules, 1, BTreeMap::new(), CfiSource::EhFrame).expect("valid")
+    }
+
+    /// Found by fuzzing (`fuzz/seeds/unwind_builder/oom-debug-frame-huge-fde`):
+    /// a 177-byte `.debug_frame` whose FDE claims nearly 2^48 bytes made
+    /// one page per 64 KiB, over 2 GB before the fuzzer's limit stopped it.
+    #[test]
+    fn a_rule_spanning_terabytes_is_an_error_not_a_page_per_64_kib() {
+        let rules = [(0, rsp(8)), (MAX_ADDRESS - 1, Rule::EndOfFunction)];
+        let err = UnwindTable::from_rules(&rules, 1, BTreeMap::new(), CfiSource::DebugFrame)
+            .expect_err("2^32 pages");
+        assert!(err.0.contains("more than 65536 pages"), "{err}");
+        // Exactly MAX_PAGES pages of one function are still a table.
+        let end = (MAX_PAGES as u64) << PAGE_BITS;
+        let t = table(&[(0, rsp(8)), (end, Rule::EndOfFunction)]);
+        assert_eq!(t.pages().len(), MAX_PAGES);
     }
 
     #[test]
