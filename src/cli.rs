@@ -109,7 +109,7 @@ pub struct ProfileArgs {
 
     /// Output format(s): several (comma-separated or repeated) write one
     /// file each, from the same samples.
-    #[arg(long, value_enum, value_delimiter = ',', num_args = 1.., default_values_t = [ProfileFormat::FlameGraph])]
+    #[arg(long, value_enum, ignore_case = true, value_delimiter = ',', num_args = 1.., default_values_t = [ProfileFormat::FlameGraph])]
     pub profile_format: Vec<ProfileFormat>,
 
     /// Directory the profile is written to (created if missing).
@@ -433,7 +433,7 @@ pub struct ReportArgs {
     #[arg(long, default_value_t = 20)]
     pub top: usize,
     /// Instead of the table, re-encode the profile into this format.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, ignore_case = true)]
     pub format: Option<ProfileFormat>,
     /// With --format: the file to write (default: the format's default
     /// file name in the current directory; `-` writes to stdout).
@@ -545,5 +545,19 @@ mod tests {
             dirs(&["show-unwind", "--debug-dirs", "/a,/b", "/bin/true"]),
             ab
         );
+    }
+
+    #[test]
+    fn format_names_and_aliases_parse_in_any_case() {
+        let formats = |value: &str| {
+            Cli::try_parse_from(["lightswitch", "--profile-format", value])
+                .map(|cli| cli.profile_format.clone())
+        };
+        assert_eq!(formats("PPROF").unwrap(), vec![ProfileFormat::Pprof]);
+        assert_eq!(
+            formats("SVG,Folded").unwrap(),
+            vec![ProfileFormat::FlameGraph, ProfileFormat::Folded]
+        );
+        assert!(formats("png").is_err());
     }
 }

@@ -154,6 +154,30 @@ fn record_exit_statuses() {
             .contains("no-such-command-lsw: command not found"),
         "{out}"
     );
+    // Too short to be sampled, so the (default) flame graph cannot be
+    // drawn: the command's failure is still the exit status, and the
+    // missing profile is said on stderr; a command that succeeded gets 1.
+    for (script, expected) in [("exit 42", 42), ("kill -SEGV $$", 128 + 11), ("exit 0", 1)] {
+        let out = run(
+            &[
+                "record",
+                "--sample-freq",
+                "9",
+                "--profile-path",
+                s(dir.path()),
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+            TIMEOUT,
+        );
+        assert_eq!(out.status.code(), Some(expected), "{script}: {out}");
+        assert!(
+            out.stderr.contains("no profile was written"),
+            "{script}: {out}"
+        );
+    }
 }
 
 /// SIGINT to lightswitch goes to the command; the profile is still written

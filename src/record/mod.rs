@@ -50,8 +50,11 @@ fn foreground_of_terminal() -> bool {
 
 /// Start `args.command` held, profile it until it exits, wait for it and
 /// print the run's summary on stderr (stdout is the command's). Returns
-/// lightswitch's exit status: the command's (128 + N for signal N), or 1
-/// when the profile could not be written (after the command exited).
+/// lightswitch's exit status: the command's (128 + N for signal N); when
+/// the command succeeded but the profile could not be written (e.g. a
+/// flame graph of a command too short to be sampled), 1. A failing
+/// command's status is never hidden behind the profile's failure, which is
+/// still reported on stderr.
 /// Errors before the command starts (not found, not executable, a bad
 /// SUDO_UID) are returned.
 pub fn record(args: &RecordArgs) -> Result<i32> {
@@ -87,5 +90,9 @@ pub fn record(args: &RecordArgs) -> Result<i32> {
         eprintln!("waiting for the command to exit");
     }
     let code = held.exit_code()?;
-    Ok(if failure.is_some() { 1 } else { code })
+    Ok(if failure.is_some() && code == 0 {
+        1
+    } else {
+        code
+    })
 }
