@@ -16,8 +16,6 @@
 mod common;
 
 use std::fs;
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -35,35 +33,6 @@ const FLAGS: &[&str] = &[
 
 /// Share of the samples that must carry the whole chain.
 const SHARE: f64 = 0.9;
-
-/// `main -> alpha -> beta -> burn`, and `mix` inlined into `burn`.
-fn chain_source() -> String {
-    format!(
-        "{DIE_WITH_PARENT}
-volatile unsigned long sink;
-static inline __attribute__((always_inline)) void mix(unsigned long n) {{
-    for (unsigned long i = 0; i < n; i++) sink += i * 2654435761u;
-}}
-__attribute__((noinline)) void burn(unsigned long n) {{ mix(n); sink++; }}
-__attribute__((noinline)) void beta(unsigned long n) {{ burn(n); sink++; }}
-__attribute__((noinline)) void alpha(unsigned long n) {{ beta(n); sink++; }}
-int main(void) {{ for (;;) {{ alpha(200000); sink++; }} }}
-"
-    )
-}
-
-/// Run `program` with `args`, panicking with its output if it fails.
-fn tool(program: &str, args: &[&str]) {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {program} (is it installed?): {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// Profile the running `program` for 2 s (extra profiler arguments
 /// `extra`) and require `chain` (root to leaf, after libc's start-up
@@ -161,17 +130,4 @@ fn debug_file_by_build_id() {
         let chain = ["main", "alpha", "beta", "burn", "mix"];
         assert_profiled_chain(&program, &["--debug-dirs", &dirs], &chain);
     }
-}
-
-/// The GNU build ID of the ELF file at `path`, in hex (`readelf -n`).
-fn build_id(path: &Path) -> String {
-    let out = Command::new("readelf")
-        .arg("-n")
-        .arg(path)
-        .output()
-        .expect("running readelf");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_string))
-        .unwrap_or_else(|| panic!("{} has no build ID", path.display()))
 }

@@ -718,3 +718,45 @@ pub fn go_pprof(args: &[&str]) -> String {
     );
     stdout
 }
+
+/// `main -> alpha -> beta -> burn`, and `mix` inlined into `burn`.
+pub fn chain_source() -> String {
+    format!(
+        "{DIE_WITH_PARENT}
+volatile unsigned long sink;
+static inline __attribute__((always_inline)) void mix(unsigned long n) {{
+    for (unsigned long i = 0; i < n; i++) sink += i * 2654435761u;
+}}
+__attribute__((noinline)) void burn(unsigned long n) {{ mix(n); sink++; }}
+__attribute__((noinline)) void beta(unsigned long n) {{ burn(n); sink++; }}
+__attribute__((noinline)) void alpha(unsigned long n) {{ beta(n); sink++; }}
+int main(void) {{ for (;;) {{ alpha(200000); sink++; }} }}
+"
+    )
+}
+
+/// Run `program` with `args`, panicking with its output if it fails.
+pub fn tool(program: &str, args: &[&str]) {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {program} (is it installed?): {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The GNU build ID of the ELF file at `path`, in hex (`readelf -n`).
+pub fn build_id(path: &Path) -> String {
+    let out = Command::new("readelf")
+        .arg("-n")
+        .arg(path)
+        .output()
+        .expect("running readelf");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_string))
+        .unwrap_or_else(|| panic!("{} has no build ID", path.display()))
+}
