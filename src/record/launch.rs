@@ -358,8 +358,8 @@ pub fn exit_code(status: ExitStatus) -> i32 {
 }
 
 /// The `pre_exec` hook: in the forked child, drop the descriptors of the
-/// parent's ends, take on `identity`, report our pid and wait for the go
-/// byte. A closed go pipe (the profiler failed to start) fails the hook,
+/// parent's ends, take on `identity`, report our pid, wait for the go
+/// byte, and set SIGINT and SIGQUIT to their default action. A closed go pipe (the profiler failed to start) fails the hook,
 /// so the child exits without exec'ing.
 fn child_wait_for_go(
     pid_read: libc::c_int,
@@ -402,6 +402,12 @@ fn child_wait_for_go(
             return Err(std::io::Error::from_raw_os_error(libc::ECANCELED));
         }
         libc::close(go_read);
+        // The command starts with interrupts at their default action, as
+        // from an interactive shell, even when lightswitch was started with
+        // them ignored (a background job of a script inherits SIG_IGN, and
+        // exec keeps it): the SIGINT lightswitch forwards must stop it.
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+        libc::signal(libc::SIGQUIT, libc::SIG_DFL);
     }
     Ok(())
 }
