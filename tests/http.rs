@@ -341,7 +341,13 @@ fn on_demand_profiles() {
 #[test]
 fn heap_profile_of_the_agent() {
     let _serial = common::serial();
-    let agent = Agent::start(&["--unwind-cache-dir", "none"], &[]);
+    // One sampled allocation per 4 KiB (not 512 KiB): at the default rate a
+    // short-lived agent may hold no sampled allocation at the dump, and the
+    // profile is empty (seen in CI once the symbolizer allocated less).
+    let agent = Agent::start(
+        &["--unwind-cache-dir", "none"],
+        &[(lightswitch::heap::MALLOC_CONF_ENV, "lg_prof_sample:12")],
+    );
     let settings = agent.url("/debug/pprof/heap/settings");
     assert_eq!(
         body(get(&settings)),
