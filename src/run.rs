@@ -166,6 +166,7 @@ fn finish(
         tracker,
         mut windows,
         loader,
+        described,
         window_worker,
         mut totals,
         served,
@@ -175,7 +176,7 @@ fn finish(
     } = stopped;
     let mut last = windows.finish(timefmt::monotonic_ns());
     debug!(
-        "bpf stats: {stats:?}, tracker: {:?}, unwind tables: {:?}",
+        "bpf stats: {stats:?}, tracker: {:?}, unwind tables: {:?}, processes described: {described}",
         tracker.stats(),
         loader.stats()
     );

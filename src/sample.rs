@@ -312,6 +312,28 @@ impl TimedEvent {
     }
 }
 
+/// The latest exec of a process, as the exec program recorded it
+/// (`struct exec_time`, the `exec_times` map value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecTime {
+    /// `bpf_ktime_get_ns()` at the exec (CLOCK_MONOTONIC, ns).
+    pub timestamp_ns: u64,
+    /// The task's `self_exec_id` after it (grows by one per exec).
+    pub exec_id: u64,
+}
+
+impl ExecTime {
+    /// Parse an `exec_times` map value; `None` for a short one.
+    pub fn parse(bytes: &[u8]) -> Option<Self> {
+        let mut value = types::exec_time::default();
+        plain::copy_from_bytes(&mut value, bytes).ok()?;
+        Some(ExecTime {
+            timestamp_ns: value.timestamp_ns,
+            exec_id: value.exec_id,
+        })
+    }
+}
+
 /// One executable mapping as the BPF walker sees it (`struct exec_mapping`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExecMapping {

@@ -25,7 +25,6 @@ use crate::skel::{ProfilerSkel, ProfilerSkelBuilder};
 use crate::unwind::row::{Page, RawRow};
 
 mod follow;
-pub use follow::ExecTime;
 
 /// What to sample.
 #[derive(Debug, Clone, Default)]
@@ -537,6 +536,7 @@ pub fn poll(ring: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process::WalkerMaps;
 
     #[test]
     fn ring_buffers_grow_with_frequency() {

@@ -10,6 +10,9 @@
 //! re-read of the maps (see [`ProcessTracker::find_mappings`] for how often).
 //! A process's images follow each other in time (images.rs): a sample is
 //! resolved through the image the process had when the sample was taken.
+//! Process lifetimes (the start-up scan, exec, fork, exit) are followed for
+//! the BPF walker in walker.rs; lifetime.rs says when what the tracker
+//! knows of exited and exec'd processes can go.
 
 mod images;
 pub mod jit;
@@ -17,6 +20,7 @@ mod lifetime;
 pub mod maps;
 #[cfg(test)]
 mod tests;
+pub mod walker;
 
 use rustc_hash::FxHashMap;
 use std::fs::File;
@@ -37,6 +41,7 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_millis(250);
 pub const MIN_REREAD_INTERVAL: Duration = Duration::from_millis(5);
 
 pub use images::ExecClock;
+pub use walker::{ProcessFollower, StartupScan, TableSupply, WalkerMaps, VDSO_OBJECT_ID};
 
 /// Index of an object file in [`ProcessTracker::objects`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

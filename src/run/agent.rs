@@ -1,7 +1,8 @@
 //! The sampling loop as an agent with named steps: [`Agent::step`] takes
 //! profile requests, goes on with the start-up scan, waits for the ring
-//! buffers, [`Agent::drain`]s them (process events to the unwind loader,
-//! samples to the windows and subscriptions), [`Agent::close_due`] windows
+//! buffers, [`Agent::drain`]s them (process events to the process
+//! follower, samples to the follower, the unwind loader, the windows and
+//! subscriptions), [`Agent::close_due`] windows
 //! and requests, and now and then [`Agent::refresh_metrics`];
 //! [`Agent::stop`] detaches the perf events and takes what is left.
 
@@ -18,7 +19,7 @@ use tracing::{debug, info};
 
 use super::plan::RunPlan;
 use super::progress::Progress;
-use crate::process::ProcessTracker;
+use crate::process::{ProcessFollower, ProcessTracker};
 use crate::profile::window::{ClosedWindow, Windows};
 use crate::sample::{RawSample, TimedEvent, UnwindStatus};
 use crate::sampler::{self, BpfStats, Sampler};
@@ -88,6 +89,7 @@ pub struct Agent<'s, 'o> {
     events: Rc<RefCell<Vec<TimedEvent>>>,
     malformed: Rc<RefCell<u64>>,
     tracker: ProcessTracker,
+    follower: ProcessFollower,
     windows: Windows,
     subscriptions: Subscriptions,
     sampling: Sampling,
@@ -113,6 +115,8 @@ pub struct Stopped {
     pub windows: Windows,
     /// The unwind loader (its table statistics).
     pub loader: UnwindLoader,
+    /// Processes described to the walker at the stop.
+    pub described: usize,
     /// Continuous mode's window worker.
     pub window_worker: Option<WindowWorker>,
     /// The on-demand worker, still finishing its last answers.
@@ -160,8 +164,9 @@ impl<'s, 'o> Agent<'s, 'o> {
             freq,
         )
         .with_timeline(plan.timeline);
-        let mut loader = UnwindLoader::new(plan.sampler.max_unwind_rows, cache_dir)?;
-        loader.scan_processes(&plan.sampler.pids, start);
+        let loader = UnwindLoader::new(plan.sampler.max_unwind_rows, cache_dir)?;
+        let mut follower = ProcessFollower::new();
+        follower.scan_processes(&plan.sampler.pids, start);
         let samples = Rc::new(RefCell::new(Vec::new()));
         let events = Rc::new(RefCell::new(Vec::new()));
         let malformed = Rc::new(RefCell::new(0u64));
@@ -175,6 +180,7 @@ impl<'s, 'o> Agent<'s, 'o> {
             events,
             malformed,
             tracker,
+            follower,
             windows,
             subscriptions: Subscriptions::default(),
             sampling,
@@ -202,10 +208,18 @@ impl<'s, 'o> Agent<'s, 'o> {
     /// and its new image read at once; scanned later, the scan could read
     /// its maps in the middle of the exec and describe the old image.
     pub fn scan_now(&mut self) {
-        while self
-            .loader
-            .continue_scan(&mut self.tracker, self.sampler, SCAN_SLICE)
-        {}
+        while self.scan_slice() {}
+    }
+
+    /// Go on with the start-up scan for one [`SCAN_SLICE`]; whether
+    /// processes remain to be scanned.
+    fn scan_slice(&mut self) -> bool {
+        self.follower.continue_scan(
+            &mut self.tracker,
+            self.sampler,
+            &mut self.loader,
+            SCAN_SLICE,
+        )
     }
 
     /// Whether the run is over: the duration has passed or, without one,
@@ -240,9 +254,7 @@ impl<'s, 'o> Agent<'s, 'o> {
         );
         // The start-up scan goes on a slice at a time, between drains, so
         // that the ring buffer never waits for it.
-        let scanning = self
-            .loader
-            .continue_scan(&mut self.tracker, self.sampler, SCAN_SLICE);
+        let scanning = self.scan_slice();
         // While scanning, or while tables are being built, come back soon.
         let period = if scanning || self.loader.builds_pending() {
             BUILD_POLL_PERIOD
@@ -283,19 +295,25 @@ impl<'s, 'o> Agent<'s, 'o> {
     }
 
     /// Hand what the ring buffers delivered to its owners: process events to
-    /// the unwind loader, each sample (resolved against the tracker's
-    /// mappings) to the loader, the metrics, the subscriptions and the
+    /// the process follower, each sample (resolved against the tracker's
+    /// mappings) to the follower (its process described at its first
+    /// sample), the unwind loader, the metrics, the subscriptions and the
     /// windows; then load the tables that finished building.
     pub fn drain(&mut self) {
         for event in self.events.borrow_mut().drain(..) {
             self.windows.add_event(&event);
-            self.loader
-                .on_event(event.event, &mut self.tracker, self.sampler);
+            self.follower.on_event(
+                event.event,
+                &mut self.tracker,
+                self.sampler,
+                &mut self.loader,
+            );
         }
         for sample in self.samples.borrow_mut().drain(..) {
             let frames = crate::profile::aggregate::resolve(&sample, &mut self.tracker);
-            self.loader
-                .on_sample(&sample, &frames, &mut self.tracker, self.sampler);
+            self.follower
+                .on_sample(&sample, &mut self.tracker, self.sampler, &mut self.loader);
+            self.loader.on_sample(&sample, &frames, &self.tracker);
             self.metrics.sample(sample.user_status);
             if let Some(progress) = self.progress.as_mut() {
                 progress.sample(sample.pid, sample.user_status);
@@ -391,6 +409,7 @@ impl<'s, 'o> Agent<'s, 'o> {
             tracker: self.tracker,
             windows: self.windows,
             loader: self.loader,
+            described: self.follower.described(),
             window_worker: self.workers.windows,
             on_demand: self.workers.on_demand,
             totals: self.totals,

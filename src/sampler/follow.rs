@@ -8,7 +8,8 @@ use anyhow::{Context, Result};
 use libbpf_rs::{Link, MapCore, MapFlags, MapHandle};
 
 use super::Sampler;
-use crate::sample::{process_info_value, ExecMapping};
+use crate::process::WalkerMaps;
+use crate::sample::{process_info_value, ExecMapping, ExecTime};
 use crate::skel::{types, ProfilerSkel};
 
 /// Attach the programs that follow processes: exec, exit and fork.
@@ -30,34 +31,28 @@ pub(super) fn attach_tracking(skel: &ProfilerSkel<'_>) -> Result<Vec<Link>> {
     Ok(links)
 }
 
-/// The latest exec of a process, as the exec program recorded it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExecTime {
-    /// `bpf_ktime_get_ns()` at the exec (CLOCK_MONOTONIC, ns).
-    pub timestamp_ns: u64,
-    /// The task's `self_exec_id` after it (grows by one per exec).
-    pub exec_id: u64,
-}
-
-fn parse_exec_time(bytes: &[u8]) -> Option<ExecTime> {
-    let mut value = types::exec_time::default();
-    plain::copy_from_bytes(&mut value, bytes).ok()?;
-    Some(ExecTime {
-        timestamp_ns: value.timestamp_ns,
-        exec_id: value.exec_id,
-    })
-}
-
 /// Generations user space gives descriptions stay below the BPF programs'
 /// (`BPF_GENERATION_BASE`).
 const USER_GENERATIONS: u32 = 0x8000_0000;
 
 impl Sampler<'_> {
-    /// Describe `pid`'s executable mappings (sorted by start; at most
-    /// [`crate::sample::MAX_PROCESS_MAPPINGS`], the rest are dropped) to
-    /// the walker, as read after the exec `exec_id` ([`ExecTime::exec_id`];
-    /// 0: no exec of it was seen, the walker then does not check).
-    pub fn set_process(&self, pid: u32, mappings: &[ExecMapping], exec_id: u64) -> Result<()> {
+    /// A lookup of the latest exec's time of a pid that outlives this
+    /// borrow (its own handle on the `exec_times` map), for the process
+    /// tracker ([`crate::process::ProcessTracker::set_exec_clock`]).
+    pub fn exec_clock(&self) -> Result<impl Fn(u32) -> Option<u64>> {
+        let map = MapHandle::try_from(&self.skel.maps.exec_times)
+            .context("opening the exec_times map")?;
+        Ok(move |pid: u32| {
+            let bytes = map.lookup(&pid.to_ne_bytes(), MapFlags::ANY).ok()??;
+            ExecTime::parse(&bytes).map(|t| t.timestamp_ns)
+        })
+    }
+}
+
+/// The descriptions of processes and the object files the walker knows,
+/// written and read by [`crate::process::ProcessFollower`].
+impl WalkerMaps for Sampler<'_> {
+    fn set_process(&self, pid: u32, mappings: &[ExecMapping], exec_id: u64) -> Result<()> {
         let generation = self.mapping_generation.get() % (USER_GENERATIONS - 1) + 1;
         self.mapping_generation.set(generation);
         let value = process_info_value(mappings, generation, exec_id);
@@ -68,39 +63,21 @@ impl Sampler<'_> {
             .with_context(|| format!("describing pid {pid} to the walker"))
     }
 
-    /// Forget `pid` in the walker (it exited). Missing pids are fine.
-    pub fn remove_process(&self, pid: u32) {
+    fn remove_process(&self, pid: u32) {
         let _ = self.skel.maps.process_mappings.delete(&pid.to_ne_bytes());
     }
 
-    /// The latest exec of `pid` the exec program saw, if any.
-    pub fn latest_exec(&self, pid: u32) -> Option<ExecTime> {
+    fn latest_exec(&self, pid: u32) -> Option<ExecTime> {
         let bytes = self
             .skel
             .maps
             .exec_times
             .lookup(&pid.to_ne_bytes(), MapFlags::ANY)
             .ok()??;
-        parse_exec_time(&bytes)
+        ExecTime::parse(&bytes)
     }
 
-    /// A lookup of the latest exec's time of a pid that outlives this
-    /// borrow (its own handle on the `exec_times` map), for the process
-    /// tracker ([`crate::process::ProcessTracker::set_exec_clock`]).
-    pub fn exec_clock(&self) -> Result<impl Fn(u32) -> Option<u64>> {
-        let map = MapHandle::try_from(&self.skel.maps.exec_times)
-            .context("opening the exec_times map")?;
-        Ok(move |pid: u32| {
-            let bytes = map.lookup(&pid.to_ne_bytes(), MapFlags::ANY).ok()??;
-            parse_exec_time(&bytes).map(|t| t.timestamp_ns)
-        })
-    }
-
-    /// Tell the exec and mmap programs that the file `(dev, inode)` (as
-    /// `/proc/PID/maps` shows them) is the object whose table is
-    /// `object_id`, with executable segments `(p_offset, p_vaddr,
-    /// p_filesz)` (at most 4 are kept).
-    pub fn set_object_file(
+    fn set_object_file(
         &self,
         dev: u64,
         inode: u64,

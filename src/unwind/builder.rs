@@ -20,7 +20,7 @@ use gimli::{
     BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindContext, UnwindSection,
 };
 use object::elf;
-use object::read::elf::{ElfFile64, FileHeader, ProgramHeader};
+use object::read::elf::{ElfFile64, FileHeader};
 use object::{CompressionFormat, Endianness, Object, ObjectSection};
 
 use super::eh_frame_hdr;
@@ -170,20 +170,6 @@ fn eh_frame_of<'d>(
         .set_text(address_of(".text"))
         .set_got(address_of(".got"));
     Ok(section_data(&section, ".eh_frame")?.map(|data| (data, bases)))
-}
-
-/// The lowest `p_vaddr` of the object's `PT_LOAD` segments: the virtual
-/// address of its first mapped byte (for an in-memory image such as the
-/// vDSO, the address its first byte corresponds to).
-pub fn first_load_vaddr(elf_bytes: &[u8]) -> Result<u64, BuildError> {
-    let file = parse_x86_64(elf_bytes)?;
-    let endian = file.endian();
-    file.elf_program_headers()
-        .iter()
-        .filter(|ph| ph.p_type(endian) == elf::PT_LOAD)
-        .map(|ph| ph.p_vaddr(endian))
-        .min()
-        .ok_or_else(|| BuildError::Unsupported("no PT_LOAD segment".into()))
 }
 
 /// Parses a 64-bit little-endian x86-64 ELF executable or shared object.

@@ -1,16 +1,18 @@
-//! Keeps the BPF walker supplied: describes each sampled process's
-//! executable mappings to it (`process_mappings` map) and loads the unwind
-//! tables of the objects they map (`unwind_rows`, `unwind_pages`,
-//! `loaded_objects`), built on background threads so sampling never waits.
+//! Keeps the BPF walker supplied with unwind tables: builds the tables of
+//! the objects described processes map (on background threads, so sampling
+//! never waits; through the disk cache), loads them into the walker's maps
+//! (`unwind_rows`, `unwind_pages`, `loaded_objects`) and evicts them.
+//! Which processes map which objects is [`crate::process::ProcessFollower`]'s
+//! to say: it follows process lifetimes and tells this loader through
+//! [`TableSupply`].
 //!
 //! Tables are keyed by object and shared by every process mapping it. Their
 //! rows live in one array map sized by the memory budget
 //! (`--max-unwind-info-mb`); each object gets a contiguous range. When a
 //! table does not fit, the least recently sampled objects are evicted (and
-//! counted) until it does. Process events from BPF (exec, exit, a pc in an
-//! unknown mapping) keep the descriptions current without rescanning /proc.
+//! counted) until it does.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
@@ -19,18 +21,13 @@ use std::thread;
 use anyhow::{Context, Result};
 use tracing::{debug, info, warn};
 
-use crate::process::{ObjectId, ProcessTracker};
+use crate::process::{ObjectId, ProcessTracker, StartupScan, TableSupply, VDSO_OBJECT_ID};
 use crate::profile::aggregate::UserFrame;
 use crate::sample::RawSample;
 use crate::sampler::Sampler;
 use crate::unwind::builds::{build_worker, BuildQueue, BuildRequest, BuildResult, TableSource};
 use crate::unwind::row::Page;
 use crate::unwind::UnwindTable;
-
-mod describe;
-
-/// Object id of the vDSO's table (the same image for every process of a kernel).
-pub const VDSO_OBJECT_ID: u32 = u32::MAX - 1;
 
 pub use crate::unwind::builds::SMALL_OBJECT_BYTES;
 
@@ -52,16 +49,6 @@ struct ObjectTable {
     last_used: u64,
 }
 
-/// The tables the start-up scan asked for.
-struct StartupWatch {
-    /// When sampling started.
-    started: std::time::Instant,
-    /// Processes described by the scan.
-    processes: usize,
-    /// Objects whose tables their walks use.
-    objects: FxHashSet<u32>,
-}
-
 /// Counters of the table manager.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct UnwindLoaderStats {
@@ -73,8 +60,6 @@ pub struct UnwindLoaderStats {
     pub evictions: u64,
     /// Rows currently loaded.
     pub rows_loaded: u64,
-    /// Processes currently described to the walker.
-    pub processes: u64,
 }
 
 /// First-fit allocator of row ranges in the `unwind_rows` map.
@@ -117,18 +102,14 @@ impl RowAllocator {
     }
 }
 
-/// Supplies the BPF walker with process descriptions and unwind tables.
+/// Supplies the BPF walker with unwind tables.
 pub struct UnwindLoader {
     capacity_rows: u32,
     allocator: RowAllocator,
     tables: FxHashMap<u32, ObjectTable>,
-    described: FxHashSet<u32>,
-    /// Objects whose files the exec and mmap programs know (`object_files`).
-    registered_files: FxHashSet<u32>,
-    /// Processes the start-up scan has still to describe (popped from the end).
-    to_scan: Vec<u32>,
-    /// Until the tables of the processes running at start are all in.
-    startup: Option<StartupWatch>,
+    /// From the end of the start-up scan until the tables of the processes
+    /// running at start are all in.
+    startup: Option<StartupScan>,
     clock: u64,
     queue: Arc<BuildQueue>,
     results: Receiver<BuildResult>,
@@ -162,9 +143,6 @@ impl UnwindLoader {
             capacity_rows,
             allocator: RowAllocator::new(capacity_rows),
             tables: FxHashMap::default(),
-            described: FxHashSet::default(),
-            registered_files: FxHashSet::default(),
-            to_scan: Vec::new(),
             startup: None,
             clock: 0,
             queue,
@@ -175,59 +153,7 @@ impl UnwindLoader {
 
     /// Current counters.
     pub fn stats(&self) -> UnwindLoaderStats {
-        UnwindLoaderStats {
-            processes: self.described.len() as u64,
-            ..self.stats
-        }
-    }
-
-    /// Start the start-up scan: every process in `/proc` (or only `pids`,
-    /// when not empty) is to be described to the walker and its tables
-    /// queued, a few at a time by [`Self::continue_scan`], so that the
-    /// caller keeps draining samples meanwhile.
-    pub fn scan_processes(&mut self, pids: &[u32], sampling_started: std::time::Instant) {
-        let all: Vec<u32> = if pids.is_empty() {
-            std::fs::read_dir("/proc")
-                .map(|dir| {
-                    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                        .collect()
-                })
-                .unwrap_or_default()
-        } else {
-            pids.to_vec()
-        };
-        self.to_scan = all;
-        self.to_scan.reverse();
-        self.startup = Some(StartupWatch {
-            started: sampling_started,
-            processes: 0,
-            objects: FxHashSet::default(),
-        });
-    }
-
-    /// Go on with the start-up scan for at most about `budget`. Returns
-    /// whether processes remain to be scanned.
-    pub fn continue_scan(
-        &mut self,
-        tracker: &mut ProcessTracker,
-        sampler: &Sampler<'_>,
-        budget: std::time::Duration,
-    ) -> bool {
-        let started = std::time::Instant::now();
-        while started.elapsed() < budget {
-            let Some(pid) = self.to_scan.pop() else {
-                break;
-            };
-            if !self.described.contains(&pid) {
-                let objects = self.describe(pid, tracker, sampler);
-                if let Some(watch) = self.startup.as_mut() {
-                    watch.processes += usize::from(!objects.is_empty());
-                    watch.objects.extend(objects);
-                }
-            }
-        }
-        self.report_startup();
-        !self.to_scan.is_empty()
+        self.stats
     }
 
     /// Log, once, when the scan is over and every table it asked for is
@@ -237,9 +163,6 @@ impl UnwindLoader {
         let Some(watch) = &self.startup else {
             return;
         };
-        if !self.to_scan.is_empty() {
-            return;
-        }
         let mut failed = 0;
         for object in &watch.objects {
             match self.tables.get(object).map(|t| &t.state) {
@@ -258,21 +181,17 @@ impl UnwindLoader {
     }
 
     /// Account for one sample whose user frames `frames` are resolved
-    /// ([`crate::profile::aggregate::resolve`]): describe its process if
-    /// new, and mark the objects on its stack as recently used (re-queuing
-    /// evicted tables).
+    /// ([`crate::profile::aggregate::resolve`]): mark the objects on its
+    /// stack as recently used (re-queuing evicted tables, queuing the
+    /// tables of objects not seen before).
     pub fn on_sample(
         &mut self,
         sample: &RawSample,
         frames: &[UserFrame],
-        tracker: &mut ProcessTracker,
-        sampler: &Sampler<'_>,
+        tracker: &ProcessTracker,
     ) {
         if sample.kernel_thread {
             return;
-        }
-        if !self.described.contains(&sample.pid) {
-            self.describe(sample.pid, tracker, sampler);
         }
         self.clock += 1;
         let mut previous = None;
@@ -291,39 +210,32 @@ impl UnwindLoader {
                     t.last_used = now;
                     match t.state {
                         TableState::Building => self.queue.bump(object.0),
-                        TableState::Evicted => {
-                            if let Some(source) = file_source(tracker, object) {
-                                self.request(object.0, tracker, source, 1)
-                            }
-                        }
+                        TableState::Evicted => self.request_file(object, tracker, 1),
                         TableState::Loaded { .. } | TableState::Failed => {}
                     }
                 }
-                None => {
-                    if let Some(source) = file_source(tracker, object) {
-                        self.request(object.0, tracker, source, 1)
-                    }
-                }
+                None => self.request_file(object, tracker, 1),
             }
         }
     }
 
-    /// Queue a build of `object_id`'s table with a starting `priority`
-    /// (0: found by a scan, 1: needed by a sample).
-    fn request(
-        &mut self,
-        object_id: u32,
-        tracker: &ProcessTracker,
-        source: TableSource,
-        priority: u64,
-    ) {
-        let name = if object_id == VDSO_OBJECT_ID {
-            "[vdso]".to_string()
-        } else {
-            tracker
-                .object(ObjectId(object_id))
-                .map_or_else(|| format!("object {object_id}"), |o| o.path.clone())
+    /// Queue a build of the table of `object`, one of `tracker`'s object
+    /// files, with a starting `priority` (0: found by a scan, 1: needed by a
+    /// sample). Nothing for an object the tracker does not hold.
+    fn request_file(&mut self, object: ObjectId, tracker: &ProcessTracker, priority: u64) {
+        let Some(file) = tracker.object(object) else {
+            return;
         };
+        let source = TableSource::File {
+            open: file.open_path.clone(),
+            path: PathBuf::from(&file.path),
+        };
+        self.request(object.0, file.path.clone(), source, priority);
+    }
+
+    /// Queue a build of `object_id`'s table, named `name` in messages, from
+    /// `source` with a starting `priority` (see [`Self::request_file`]).
+    fn request(&mut self, object_id: u32, name: String, source: TableSource, priority: u64) {
         self.tables.insert(
             object_id,
             ObjectTable {
@@ -462,12 +374,26 @@ impl UnwindLoader {
     }
 }
 
-fn file_source(tracker: &ProcessTracker, object: ObjectId) -> Option<TableSource> {
-    let file = tracker.object(object)?;
-    Some(TableSource::File {
-        open: file.open_path.clone(),
-        path: PathBuf::from(&file.path),
-    })
+/// Tables are asked for by [`crate::process::ProcessFollower`] as it
+/// describes processes (at a lower priority than tables samples need).
+impl TableSupply for UnwindLoader {
+    fn object_mapped(&mut self, object: ObjectId, tracker: &ProcessTracker) {
+        if !self.tables.contains_key(&object.0) {
+            self.request_file(object, tracker, 0);
+        }
+    }
+
+    fn vdso_mapped(&mut self, image: Vec<u8>) {
+        if !self.tables.contains_key(&VDSO_OBJECT_ID) {
+            let name = "[vdso]".to_string();
+            self.request(VDSO_OBJECT_ID, name, TableSource::Bytes(image), 0);
+        }
+    }
+
+    fn startup_scanned(&mut self, scan: StartupScan) {
+        self.startup = Some(scan);
+        self.report_startup();
+    }
 }
 
 #[cfg(test)]

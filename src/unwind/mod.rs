@@ -30,8 +30,7 @@ pub mod table;
 mod x86_64;
 
 pub use builder::{
-    build_table, build_table_at, build_table_from_path, build_table_with_debug_file,
-    first_load_vaddr, BuildError,
+    build_table, build_table_at, build_table_from_path, build_table_with_debug_file, BuildError,
 };
 pub use identity::ObjectKey;
 pub use rule::{unsupported_kind_name, Rule, UnsupportedKind};

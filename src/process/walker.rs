@@ -1,0 +1,540 @@
+//! Processes through their lifetimes, as the BPF walker has to know them:
+//! the start-up scan of the processes running when sampling starts, and the
+//! process events from BPF (exec, fork, exit, a pc in no known mapping),
+//! each keeping what `process_mappings` holds for its pid current. The BPF
+//! programs keep a description of their own from exec and fork on
+//! (`src/bpf/profiler.bpf.c`, "Following processes"); the descriptions
+//! written here, from `/proc/PID/maps`, add what the kernel did not tell
+//! them (anonymous code, the vDSO, objects whose tables were not known yet)
+//! and carry the exec they were read after.
+//!
+//! Two narrow interfaces connect this to the other stages: [`WalkerMaps`],
+//! the BPF maps that hold the descriptions (implemented by the sampler), and
+//! [`TableSupply`], told which objects described processes map (implemented
+//! by the unwind table loader, which builds, caches, loads and evicts their
+//! tables).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use rustc_hash::FxHashSet;
+use tracing::{debug, warn};
+
+use super::{MappingId, ObjectId, ProcessTracker};
+use crate::sample::{ExecMapping, ExecTime, ProcessEvent, RawSample};
+
+/// Object id of the vDSO's table (the same image for every process of a
+/// kernel). The tracker never gives it out as an [`ObjectId`].
+pub const VDSO_OBJECT_ID: u32 = u32::MAX - 1;
+
+/// The walker's maps of processes and object files, as process lifetimes
+/// write and read them (`process_mappings`, `exec_times`, `object_files` in
+/// `src/bpf/profiler.bpf.c`). Implemented by [`crate::sampler::Sampler`].
+pub trait WalkerMaps {
+    /// Describe `pid`'s executable mappings (sorted by start; at most
+    /// [`crate::sample::MAX_PROCESS_MAPPINGS`], the rest are dropped) to
+    /// the walker, as read after the exec `exec_id` ([`ExecTime::exec_id`];
+    /// 0: no exec of it was seen, the walker then does not check).
+    /// Errors: the map update failed.
+    fn set_process(&self, pid: u32, mappings: &[ExecMapping], exec_id: u64) -> Result<()>;
+
+    /// Forget `pid` in the walker (it exited). Missing pids are fine.
+    fn remove_process(&self, pid: u32);
+
+    /// The latest exec of `pid` the exec program saw, if any.
+    fn latest_exec(&self, pid: u32) -> Option<ExecTime>;
+
+    /// Tell the exec and mmap programs that the file `(dev, inode)` (as
+    /// `/proc/PID/maps` shows them) is the object whose table is
+    /// `object_id`, with executable segments `(p_offset, p_vaddr,
+    /// p_filesz)` (at most 4 are kept). Errors: the map update failed.
+    fn set_object_file(
+        &self,
+        dev: u64,
+        inode: u64,
+        object_id: u32,
+        segments: &[(u64, u64, u64)],
+    ) -> Result<()>;
+}
+
+/// Where the objects of described processes are announced: the owner of
+/// the unwind tables, which builds and loads one for each.
+pub trait TableSupply {
+    /// `object` (one of `tracker`'s objects) is mapped by a process just
+    /// described to the walker: its table is wanted (not yet by a sample).
+    fn object_mapped(&mut self, object: ObjectId, tracker: &ProcessTracker);
+
+    /// The vDSO is mapped by a process just described to the walker;
+    /// `image` is its ELF image as read from `/proc/PID/mem`. Its table's
+    /// object id is [`VDSO_OBJECT_ID`].
+    fn vdso_mapped(&mut self, image: Vec<u8>);
+
+    /// The start-up scan is over: `scan` says which tables the walks of the
+    /// processes running at start use.
+    fn startup_scanned(&mut self, scan: StartupScan);
+}
+
+/// What the start-up scan described.
+#[derive(Debug)]
+pub struct StartupScan {
+    /// When sampling started.
+    pub started: Instant,
+    /// Processes described by the scan with at least one table.
+    pub processes: usize,
+    /// Table object ids (tracker [`ObjectId`]s and [`VDSO_OBJECT_ID`]) their
+    /// walks use.
+    pub objects: FxHashSet<u32>,
+}
+
+/// Follows processes for the walker: which ones are described, which
+/// objects' files the exec and mmap programs know, and the start-up scan.
+#[derive(Debug, Default)]
+pub struct ProcessFollower {
+    /// Processes described to the walker from `/proc/PID/maps`.
+    described: FxHashSet<u32>,
+    /// Objects whose files the exec and mmap programs know (`object_files`).
+    registered_files: FxHashSet<u32>,
+    /// Processes the start-up scan has still to describe (popped from the end).
+    to_scan: Vec<u32>,
+    /// What the start-up scan described so far, until it is over.
+    startup: Option<StartupScan>,
+}
+
+impl ProcessFollower {
+    /// A follower that has described nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Processes currently described to the walker.
+    pub fn described(&self) -> usize {
+        self.described.len()
+    }
+
+    /// Start the start-up scan: every process in `/proc` (or only `pids`,
+    /// when not empty) is to be described to the walker and its tables
+    /// queued, a few at a time by [`Self::continue_scan`], so that the
+    /// caller keeps draining samples meanwhile.
+    pub fn scan_processes(&mut self, pids: &[u32], sampling_started: Instant) {
+        let all: Vec<u32> = if pids.is_empty() {
+            std::fs::read_dir("/proc")
+                .map(|dir| {
+                    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        } else {
+            pids.to_vec()
+        };
+        self.to_scan = all;
+        self.to_scan.reverse();
+        self.startup = Some(StartupScan {
+            started: sampling_started,
+            processes: 0,
+            objects: FxHashSet::default(),
+        });
+    }
+
+    /// Go on with the start-up scan for at most about `budget`. When it is
+    /// over, `tables` hears which tables it asked for. Returns whether
+    /// processes remain to be scanned.
+    pub fn continue_scan(
+        &mut self,
+        tracker: &mut ProcessTracker,
+        walker: &impl WalkerMaps,
+        tables: &mut impl TableSupply,
+        budget: Duration,
+    ) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < budget {
+            let Some(pid) = self.to_scan.pop() else {
+                break;
+            };
+            if !self.described.contains(&pid) {
+                let objects = self.describe(pid, tracker, walker, tables);
+                if let Some(scan) = self.startup.as_mut() {
+                    scan.processes += usize::from(!objects.is_empty());
+                    scan.objects.extend(objects);
+                }
+            }
+        }
+        if self.to_scan.is_empty() {
+            if let Some(scan) = self.startup.take() {
+                tables.startup_scanned(scan);
+            }
+        }
+        !self.to_scan.is_empty()
+    }
+
+    /// Account for one sample: its process is described to the walker at
+    /// its first sample (kernel threads never are).
+    pub fn on_sample(
+        &mut self,
+        sample: &RawSample,
+        tracker: &mut ProcessTracker,
+        walker: &impl WalkerMaps,
+        tables: &mut impl TableSupply,
+    ) {
+        if !sample.kernel_thread && !self.described.contains(&sample.pid) {
+            self.describe(sample.pid, tracker, walker, tables);
+        }
+    }
+
+    /// React to a process event from BPF: an exit forgets the process in
+    /// the walker (the tracker keeps its mappings for a while, see
+    /// [`ProcessTracker::retire_exited`]); an exec or a pc in no known
+    /// mapping has a described process read and described again; a fork or
+    /// a new mapping reported by the kernel goes to the tracker.
+    pub fn on_event(
+        &mut self,
+        event: ProcessEvent,
+        tracker: &mut ProcessTracker,
+        walker: &impl WalkerMaps,
+        tables: &mut impl TableSupply,
+    ) {
+        match event {
+            ProcessEvent::Exit { pid } => {
+                walker.remove_process(pid);
+                self.described.remove(&pid);
+                tracker.process_exited(pid, crate::timefmt::monotonic_ns());
+            }
+            ProcessEvent::Exec { pid, timestamp_ns } => {
+                tracker.process_exec(pid, timestamp_ns);
+                // The exec program described the new image. A process
+                // described here before is read again now (for what the
+                // kernel did not tell: the vDSO, anonymous code); any other
+                // is read at its first sample, so that the execs of
+                // processes never sampled cost no read of /proc.
+                if self.described.remove(&pid) {
+                    tracker.refresh_process(pid);
+                    self.describe(pid, tracker, walker, tables);
+                }
+            }
+            ProcessEvent::Fork {
+                pid,
+                parent,
+                timestamp_ns,
+            } => {
+                // The walker already has the parent's description for it;
+                // its first sample has it read like any new process.
+                tracker.process_forked(pid, parent, timestamp_ns);
+            }
+            ProcessEvent::Mapping {
+                pid,
+                start,
+                end,
+                file_offset,
+                object,
+                timestamp_ns,
+            } => {
+                tracker.add_mapping(pid, timestamp_ns, start..end, file_offset, ObjectId(object));
+            }
+            ProcessEvent::UnknownMapping { pid, address } => {
+                debug!("pid {pid}: pc {address:#x} in no known mapping, re-reading its maps");
+                tracker.refresh_process(pid);
+                self.describe(pid, tracker, walker, tables);
+            }
+        }
+    }
+
+    /// How the walker unwinds through mapping `id` of `pid` (`None` if the
+    /// tracker no longer holds it). Queues the table of an object not seen
+    /// before and tells the exec and mmap programs about its file.
+    fn exec_mapping(
+        &mut self,
+        pid: u32,
+        id: MappingId,
+        tracker: &ProcessTracker,
+        walker: &impl WalkerMaps,
+        tables: &mut impl TableSupply,
+    ) -> Option<ExecMapping> {
+        let m = tracker.mapping(id)?;
+        let frame_pointers = ExecMapping {
+            start: m.start,
+            end: m.end,
+            bias: m.start,
+            object_id: 0,
+            frame_pointers: true,
+        };
+        if let Some((object, file)) = m.object.and_then(|o| Some((o, tracker.object(o)?))) {
+            tables.object_mapped(object, tracker);
+            if self.registered_files.insert(object.0) {
+                let (dev, inode) = file.file_key;
+                if let Err(err) = walker.set_object_file(dev, inode, object.0, &file.load_segments)
+                {
+                    debug!("{}: {err:#}", file.path);
+                }
+            }
+            return Some(ExecMapping {
+                start: m.start,
+                end: m.end,
+                bias: tracker.load_bias(id).unwrap_or(m.start),
+                object_id: object.0,
+                frame_pointers: false,
+            });
+        }
+        if m.name == "[vdso]" {
+            match read_vdso(pid, m.start, m.end) {
+                Ok((bytes, first_vaddr)) => {
+                    tables.vdso_mapped(bytes);
+                    return Some(ExecMapping {
+                        start: m.start,
+                        end: m.end,
+                        bias: m.start.wrapping_sub(first_vaddr),
+                        object_id: VDSO_OBJECT_ID,
+                        frame_pointers: false,
+                    });
+                }
+                Err(err) => debug!("pid {pid}: cannot read the vDSO: {err:#}"),
+            }
+        }
+        Some(frame_pointers)
+    }
+
+    /// Describe `pid`'s mappings to the walker (queuing their tables), as
+    /// the tracker has them for its current image, tagged with the exec
+    /// they belong to. Nothing is written when the tracker's image is older
+    /// than the latest exec (the BPF exec program's description stands).
+    /// Returns the objects whose tables the walker uses for it.
+    fn describe(
+        &mut self,
+        pid: u32,
+        tracker: &mut ProcessTracker,
+        walker: &impl WalkerMaps,
+        tables: &mut impl TableSupply,
+    ) -> Vec<u32> {
+        tracker.ensure_process(pid);
+        let exec = walker.latest_exec(pid);
+        if exec.is_some_and(|e| tracker.image_since(pid) != Some(e.timestamp_ns)) {
+            return Vec::new();
+        }
+        let ids: Vec<MappingId> = tracker.process_mappings(pid).to_vec();
+        if ids.is_empty() {
+            return Vec::new();
+        }
+        let mappings: Vec<ExecMapping> = ids
+            .iter()
+            .filter_map(|&id| self.exec_mapping(pid, id, tracker, walker, tables))
+            .collect();
+        let exec_id = exec.map_or(0, |e| e.exec_id);
+        match walker.set_process(pid, &mappings, exec_id) {
+            Ok(()) => {
+                self.described.insert(pid);
+                if exec.is_none() && walker.latest_exec(pid).is_some() {
+                    // It exec'd meanwhile, and this unchecked description
+                    // may have replaced the exec program's: read again.
+                    tracker.refresh_process(pid);
+                    return self.describe(pid, tracker, walker, tables);
+                }
+                mappings
+                    .iter()
+                    .filter(|m| !m.frame_pointers)
+                    .map(|m| m.object_id)
+                    .collect()
+            }
+            Err(err) => {
+                warn!("{err:#}");
+                Vec::new()
+            }
+        }
+    }
+}
+
+/// Read the vDSO image of `pid` (`/proc/PID/mem` at its mapping) and the
+/// vaddr its first byte corresponds to.
+fn read_vdso(pid: u32, start: u64, end: u64) -> Result<(Vec<u8>, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem"))?;
+    mem.seek(SeekFrom::Start(start))?;
+    let mut bytes = vec![0u8; (end - start) as usize];
+    mem.read_exact(&mut bytes)?;
+    let first_vaddr = first_load_vaddr(&bytes)?;
+    Ok((bytes, first_vaddr))
+}
+
+/// The lowest `p_vaddr` of an ELF image's `PT_LOAD` segments: the virtual
+/// address its first byte corresponds to (for the vDSO, an ELF shared
+/// object the kernel maps whole). Errors: not a 64-bit ELF image, or one
+/// without a `PT_LOAD` segment.
+fn first_load_vaddr(elf_bytes: &[u8]) -> Result<u64> {
+    use object::read::elf::{ElfFile64, ProgramHeader};
+    let elf = ElfFile64::<object::Endianness>::parse(elf_bytes)?;
+    let endian = elf.endian();
+    elf.elf_program_headers()
+        .iter()
+        .filter(|ph| ph.p_type(endian) == object::elf::PT_LOAD)
+        .map(|ph| ph.p_vaddr(endian))
+        .min()
+        .ok_or_else(|| anyhow::anyhow!("no PT_LOAD segment"))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The follower against this test process's own maps, with the walker's
+    //! maps and the table supply recorded instead of written to BPF.
+
+    use super::*;
+    use crate::sample::UnwindStatus;
+    use std::cell::RefCell;
+
+    /// What was written to the walker's maps.
+    #[derive(Default)]
+    struct Recorded {
+        described: RefCell<Vec<(u32, Vec<ExecMapping>, u64)>>,
+        removed: RefCell<Vec<u32>>,
+        files: RefCell<Vec<u32>>,
+        exec: Option<ExecTime>,
+    }
+
+    impl WalkerMaps for Recorded {
+        fn set_process(&self, pid: u32, mappings: &[ExecMapping], exec_id: u64) -> Result<()> {
+            let entry = (pid, mappings.to_vec(), exec_id);
+            self.described.borrow_mut().push(entry);
+            Ok(())
+        }
+        fn remove_process(&self, pid: u32) {
+            self.removed.borrow_mut().push(pid);
+        }
+        fn latest_exec(&self, _pid: u32) -> Option<ExecTime> {
+            self.exec
+        }
+        fn set_object_file(
+            &self,
+            _: u64,
+            _: u64,
+            object_id: u32,
+            _: &[(u64, u64, u64)],
+        ) -> Result<()> {
+            self.files.borrow_mut().push(object_id);
+            Ok(())
+        }
+    }
+
+    /// What the table supply was told.
+    #[derive(Default)]
+    struct Asked {
+        objects: Vec<ObjectId>,
+        vdso: Vec<Vec<u8>>,
+        startup: Vec<StartupScan>,
+    }
+
+    impl TableSupply for Asked {
+        fn object_mapped(&mut self, object: ObjectId, _tracker: &ProcessTracker) {
+            self.objects.push(object);
+        }
+        fn vdso_mapped(&mut self, image: Vec<u8>) {
+            self.vdso.push(image);
+        }
+        fn startup_scanned(&mut self, scan: StartupScan) {
+            self.startup.push(scan);
+        }
+    }
+
+    fn sample_of(pid: u32) -> RawSample {
+        RawSample {
+            timestamp_ns: 0,
+            pid,
+            tid: pid,
+            cpu: 0,
+            process_comm: String::new(),
+            thread_comm: String::new(),
+            kernel_thread: false,
+            kernel_stack: Vec::new(),
+            user_stack: Vec::new(),
+            user_status: UnwindStatus::Complete,
+        }
+    }
+
+    /// The object of the mapping holding this test's own code.
+    fn own_object(tracker: &mut ProcessTracker) -> (u64, ObjectId) {
+        let addr = own_object as *const () as usize as u64;
+        let id = tracker.find_mapping(std::process::id(), 0, addr).unwrap();
+        (addr, tracker.mapping(id).unwrap().object.unwrap())
+    }
+
+    #[test]
+    fn a_process_is_described_at_its_first_sample_and_again_after_its_exit() {
+        let pid = std::process::id();
+        let (mut tracker, walker, mut tables) =
+            (ProcessTracker::new(), Recorded::default(), Asked::default());
+        let mut follower = ProcessFollower::new();
+        follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+        follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+        assert_eq!(walker.described.borrow().len(), 1, "described once");
+        assert_eq!(follower.described(), 1);
+        let (addr, object) = own_object(&mut tracker);
+        {
+            let described = walker.described.borrow();
+            let (described_pid, mappings, exec_id) = &described[0];
+            assert_eq!((*described_pid, *exec_id), (pid, 0));
+            let own = mappings
+                .iter()
+                .find(|m| m.start <= addr && addr < m.end)
+                .expect("own code described");
+            assert_eq!((own.object_id, own.frame_pointers), (object.0, false));
+            let vdso = mappings.iter().find(|m| m.object_id == VDSO_OBJECT_ID);
+            assert!(vdso.is_some_and(|m| !m.frame_pointers), "{mappings:?}");
+        }
+        assert!(tables.objects.contains(&object));
+        assert_eq!(tables.vdso.len(), 1);
+        assert!(tables.vdso[0].starts_with(b"\x7fELF"));
+        let files = walker.files.borrow().len();
+        assert!(walker.files.borrow().contains(&object.0));
+
+        follower.on_event(
+            ProcessEvent::Exit { pid },
+            &mut tracker,
+            &walker,
+            &mut tables,
+        );
+        assert_eq!(*walker.removed.borrow(), vec![pid]);
+        assert_eq!(follower.described(), 0);
+        // A new process under the pid is described at its first sample; the
+        // exec and mmap programs know the objects' files already.
+        follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+        assert_eq!(walker.described.borrow().len(), 2);
+        assert_eq!(walker.files.borrow().len(), files);
+    }
+
+    #[test]
+    fn a_process_whose_image_is_older_than_its_latest_exec_is_not_described() {
+        let pid = std::process::id();
+        let walker = Recorded {
+            exec: Some(ExecTime {
+                timestamp_ns: 12_345,
+                exec_id: 7,
+            }),
+            ..Default::default()
+        };
+        let (mut tracker, mut tables) = (ProcessTracker::new(), Asked::default());
+        let mut follower = ProcessFollower::new();
+        follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+        assert!(walker.described.borrow().is_empty());
+        assert_eq!(follower.described(), 0);
+        assert!(tables.objects.is_empty());
+    }
+
+    #[test]
+    fn the_startup_scan_reports_its_tables_once_when_it_is_over() {
+        let pid = std::process::id();
+        let (mut tracker, walker, mut tables) =
+            (ProcessTracker::new(), Recorded::default(), Asked::default());
+        let mut follower = ProcessFollower::new();
+        // The second pid is above the kernel's pid_max: never a process.
+        follower.scan_processes(&[pid, u32::MAX - 5], Instant::now());
+        while follower.continue_scan(&mut tracker, &walker, &mut tables, Duration::from_secs(5)) {}
+        assert!(!follower.continue_scan(
+            &mut tracker,
+            &walker,
+            &mut tables,
+            Duration::from_secs(5)
+        ));
+        assert_eq!(tables.startup.len(), 1, "reported once");
+        let (_, object) = own_object(&mut tracker);
+        let scan = &tables.startup[0];
+        assert_eq!(scan.processes, 1);
+        assert!(scan.objects.contains(&object.0));
+        assert!(scan.objects.contains(&VDSO_OBJECT_ID));
+        assert_eq!(follower.described(), 1);
+    }
+}
