@@ -205,16 +205,16 @@ pub(crate) const STATUSES: [UnwindStatus; 8] = [
 /// address-0 locations without mapping named `[unwind: ...]`; labels `pid`,
 /// `tid`, `comm`, `thread_name` give a sample's process and thread.
 pub fn profile_from_pprof(p: &proto::Profile) -> Profile {
-    let s = |i: i64| -> &str { p.string_table.get(i as usize).map_or("", String::as_str) };
+    let mut names = PprofNames::new(p);
     let count_index = p
         .sample_type
         .iter()
-        .position(|t| s(t.r#type) == "samples" && s(t.unit) == "count")
+        .position(|t| names.str(t.r#type) == "samples" && names.str(t.unit) == "count")
         .unwrap_or(0);
     let period_ns = p
         .period_type
         .as_ref()
-        .filter(|t| s(t.unit) == "nanoseconds")
+        .filter(|t| names.str(t.unit) == "nanoseconds")
         .map_or(0, |_| p.period.max(0) as u64);
     let sample_freq_hz = (1_000_000_000 + period_ns / 2)
         .checked_div(period_ns)
@@ -228,73 +228,21 @@ pub fn profile_from_pprof(p: &proto::Profile) -> Profile {
     let mut mapping_index = HashMap::new();
     for m in &p.mapping {
         mapping_index.insert(m.id, profile.mappings.len());
-        let build_id = s(m.build_id);
+        let build_id = names.str(m.build_id);
         profile.mappings.push(ProfileMapping {
             start: m.memory_start,
             limit: m.memory_limit,
             file_offset: m.file_offset,
-            filename: s(m.filename).to_string(),
+            filename: names.str(m.filename).to_string(),
             build_id: (!build_id.is_empty()).then(|| build_id.to_string()),
         });
     }
-    let functions: HashMap<u64, &proto::Function> = p.function.iter().map(|f| (f.id, f)).collect();
-    let mut names: HashMap<i64, Arc<str>> = HashMap::new();
-    let mut name = |i: i64| names.entry(i).or_insert_with(|| Arc::from(s(i))).clone();
     let mut location_index = HashMap::new();
     for l in &p.location {
         let mapping = mapping_index.get(&l.mapping_id).copied();
-        let mut lines: Vec<Line> = l
-            .line
-            .iter()
-            .filter_map(|line| functions.get(&line.function_id).map(|f| (line, f)))
-            .map(|(line, f)| Line {
-                function: name(f.name),
-                system_name: name(f.system_name),
-                file: (f.filename != 0).then(|| name(f.filename)),
-                line: u32::try_from(line.line).ok().filter(|&n| n > 0),
-            })
-            .collect();
-        let symbolized = !lines.is_empty();
-        let kernel = match mapping {
-            Some(m) => profile.mappings[m].filename == KERNEL_MAPPING_NAME,
-            // No mapping: the upper half of the address space is the kernel's.
-            None => l.address >= KERNEL_SPACE_START,
-        };
-        let marker = mapping.is_none()
-            && l.address == 0
-            && lines.len() == 1
-            && lines[0].function.starts_with("[unwind: ");
-        if lines.is_empty() {
-            let label = match mapping {
-                Some(m) => {
-                    let file = &profile.mappings[m].filename;
-                    let short = file.rsplit('/').next().unwrap_or(file);
-                    format!("{short}+0x{:x}", l.address)
-                }
-                None => format!("[unknown]+0x{:x}", l.address),
-            };
-            let label: Arc<str> = Arc::from(label);
-            lines.push(Line {
-                function: label.clone(),
-                system_name: label,
-                file: None,
-                line: None,
-            });
-        }
         location_index.insert(l.id, profile.frames.len());
-        profile.frames.push(Frame {
-            kind: if marker {
-                FrameKind::UnwindMarker
-            } else if kernel {
-                FrameKind::Kernel
-            } else {
-                FrameKind::User
-            },
-            address: l.address,
-            mapping,
-            lines,
-            symbolized: symbolized && !marker,
-        });
+        let frame = frame_of_location(l, mapping, &profile.mappings, &mut names);
+        profile.frames.push(frame);
     }
     let unknown: Arc<str> = Arc::from("[unknown]");
     for sample in &p.sample {
@@ -307,41 +255,165 @@ pub fn profile_from_pprof(p: &proto::Profile) -> Profile {
             .iter()
             .filter_map(|id| location_index.get(id).copied())
             .collect();
-        let mut pid = 0;
-        let mut tid = 0;
-        let mut comm = unknown.clone();
-        let mut thread = None;
-        for label in &sample.label {
-            match s(label.key) {
-                "pid" => pid = label.num as u32,
-                "tid" => tid = label.num as u32,
-                "comm" => comm = name(label.str),
-                "thread_name" => thread = Some(name(label.str)),
-                _ => {}
-            }
-        }
-        let status = frames
-            .last()
-            .map(|&f| &profile.frames[f])
-            .filter(|f| f.kind == FrameKind::UnwindMarker)
-            .and_then(|f| {
-                STATUSES
-                    .iter()
-                    .copied()
-                    .find(|st| unwind_marker_name(*st) == *f.lines[0].function)
-            })
-            .unwrap_or(UnwindStatus::Complete);
-        profile.samples.push(Sample {
-            pid,
-            tid,
-            thread_comm: thread.unwrap_or_else(|| comm.clone()),
-            process_comm: comm,
+        let status = unwind_status(&frames, &profile.frames);
+        let sample = sample_of(
+            &sample.label,
             frames,
-            unwind_status: status,
-            count: count as u64,
-        });
+            status,
+            count as u64,
+            &unknown,
+            &mut names,
+        );
+        profile.samples.push(sample);
     }
     profile
+}
+
+/// The strings and functions of one pprof message, and the names taken
+/// from it so far (each string shared by every frame and sample naming it).
+struct PprofNames<'p> {
+    p: &'p proto::Profile,
+    functions: HashMap<u64, &'p proto::Function>,
+    names: HashMap<i64, Arc<str>>,
+}
+
+impl<'p> PprofNames<'p> {
+    fn new(p: &'p proto::Profile) -> Self {
+        PprofNames {
+            p,
+            functions: p.function.iter().map(|f| (f.id, f)).collect(),
+            names: HashMap::new(),
+        }
+    }
+
+    /// String `i` of the string table ("" when out of range).
+    fn str(&self, i: i64) -> &'p str {
+        self.p
+            .string_table
+            .get(i as usize)
+            .map_or("", String::as_str)
+    }
+
+    /// String `i`, shared.
+    fn name(&mut self, i: i64) -> Arc<str> {
+        let s = self.str(i);
+        self.names.entry(i).or_insert_with(|| Arc::from(s)).clone()
+    }
+}
+
+/// The frame of pprof location `l`, in mapping `mapping` (an index into
+/// `mappings`, the profile's mappings so far). A location without lines is
+/// named `FILE+0xADDRESS` (`[unknown]+0xADDRESS` without a mapping).
+fn frame_of_location(
+    l: &proto::Location,
+    mapping: Option<usize>,
+    mappings: &[ProfileMapping],
+    names: &mut PprofNames<'_>,
+) -> Frame {
+    let mut lines: Vec<Line> = Vec::with_capacity(l.line.len());
+    for line in &l.line {
+        let Some(f) = names.functions.get(&line.function_id).copied() else {
+            continue;
+        };
+        lines.push(Line {
+            function: names.name(f.name),
+            system_name: names.name(f.system_name),
+            file: (f.filename != 0).then(|| names.name(f.filename)),
+            line: u32::try_from(line.line).ok().filter(|&n| n > 0),
+        });
+    }
+    let symbolized = !lines.is_empty();
+    let kernel = match mapping {
+        Some(m) => mappings[m].filename == KERNEL_MAPPING_NAME,
+        // No mapping: the upper half of the address space is the kernel's.
+        None => l.address >= KERNEL_SPACE_START,
+    };
+    let marker = mapping.is_none()
+        && l.address == 0
+        && lines.len() == 1
+        && lines[0].function.starts_with("[unwind: ");
+    if lines.is_empty() {
+        let label = match mapping {
+            Some(m) => {
+                let file = &mappings[m].filename;
+                let short = file.rsplit('/').next().unwrap_or(file);
+                format!("{short}+0x{:x}", l.address)
+            }
+            None => format!("[unknown]+0x{:x}", l.address),
+        };
+        let label: Arc<str> = Arc::from(label);
+        lines.push(Line {
+            function: label.clone(),
+            system_name: label,
+            file: None,
+            line: None,
+        });
+    }
+    Frame {
+        kind: if marker {
+            FrameKind::UnwindMarker
+        } else if kernel {
+            FrameKind::Kernel
+        } else {
+            FrameKind::User
+        },
+        address: l.address,
+        mapping,
+        lines,
+        symbolized: symbolized && !marker,
+    }
+}
+
+/// `count` samples of stack `frames` that ended `status`, with their
+/// process and thread from the labels `pid`, `tid`, `comm` and
+/// `thread_name` (`unknown` without a `comm`; the thread's name is the
+/// process's without a `thread_name`).
+fn sample_of(
+    labels: &[proto::Label],
+    frames: Vec<usize>,
+    status: UnwindStatus,
+    count: u64,
+    unknown: &Arc<str>,
+    names: &mut PprofNames<'_>,
+) -> Sample {
+    let mut pid = 0;
+    let mut tid = 0;
+    let mut comm = unknown.clone();
+    let mut thread = None;
+    for label in labels {
+        match names.str(label.key) {
+            "pid" => pid = label.num as u32,
+            "tid" => tid = label.num as u32,
+            "comm" => comm = names.name(label.str),
+            "thread_name" => thread = Some(names.name(label.str)),
+            _ => {}
+        }
+    }
+    Sample {
+        pid,
+        tid,
+        thread_comm: thread.unwrap_or_else(|| comm.clone()),
+        process_comm: comm,
+        frames,
+        unwind_status: status,
+        count,
+    }
+}
+
+/// The unwind result a stack's outermost frame names, when it is an
+/// unwind marker; else complete.
+fn unwind_status(stack: &[usize], frames: &[Frame]) -> UnwindStatus {
+    stack
+        .last()
+        .map(|&f| &frames[f])
+        .filter(|f| f.kind == FrameKind::UnwindMarker)
+        .and_then(|f| {
+            STATUSES
+                .iter()
+                .copied()
+                .find(|st| unwind_marker_name(*st) == *f.lines[0].function)
+        })
+        .unwrap_or(UnwindStatus::Complete)
 }
 
 /// The result of [`merge`].
