@@ -21,8 +21,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::sources::Site;
-use super::Lines;
+use super::lines::{Lines, Site};
 use crate::profile::Line;
 
 /// What an entry of the cache is the lines of: a site of a symbol source

@@ -11,6 +11,12 @@ use crate::profile::Line;
 /// The lines of one frame (innermost first) and whether a source named it.
 pub(super) type Lines = (Vec<Line>, bool);
 
+/// Where a source looks a frame up: `(group, address)`, where the group is
+/// the source's own unit of work (an object id, a process id, or 0 when the
+/// source has one unit) and the address is what the source resolves within
+/// it (a file offset, an absolute address). See `sources.rs`.
+pub(super) type Site = (u64, u64);
+
 /// Demangle a Rust (legacy or v0) or C++ (Itanium) symbol name; other names
 /// are returned unchanged.
 pub fn demangle(name: &str) -> String {

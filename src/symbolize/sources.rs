@@ -12,6 +12,10 @@ use super::cache::LineCache;
 use super::{Lines, MappingSource};
 use crate::process::Mapping;
 
+/// Where a source looks a frame up (defined beside [`Lines`], which the
+/// cache shares too).
+pub(super) use super::lines::Site;
+
 /// A frame as the sources see it.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum FrameRef<'a> {
@@ -26,12 +30,6 @@ pub(super) enum FrameRef<'a> {
         mapping: &'a Mapping,
     },
 }
-
-/// Where a source looks a frame up: `(group, address)`, where the group is
-/// the source's own unit of work (an object id, a process id, or 0 when the
-/// source has one unit) and the address is what the source resolves within
-/// it (a file offset, an absolute address).
-pub(super) type Site = (u64, u64);
 
 /// The sites of one source a window needs, by group, each group's
 /// addresses sorted and distinct.
