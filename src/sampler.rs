@@ -536,7 +536,7 @@ pub fn poll(ring: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::process::WalkerMaps;
+    use crate::process::walker::WalkerMaps;
 
     #[test]
     fn ring_buffers_grow_with_frequency() {

@@ -41,7 +41,6 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_millis(250);
 pub const MIN_REREAD_INTERVAL: Duration = Duration::from_millis(5);
 
 pub use images::ExecClock;
-pub use walker::{ProcessFollower, StartupScan, TableSupply, WalkerMaps, VDSO_OBJECT_ID};
 
 /// Index of an object file in [`ProcessTracker::objects`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -19,7 +19,8 @@ use tracing::{debug, info};
 
 use super::plan::RunPlan;
 use super::progress::Progress;
-use crate::process::{ProcessFollower, ProcessTracker};
+use crate::process::walker::ProcessFollower;
+use crate::process::ProcessTracker;
 use crate::profile::window::{ClosedWindow, Windows};
 use crate::sample::{RawSample, TimedEvent, UnwindStatus};
 use crate::sampler::{self, BpfStats, Sampler};

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::{Link, MapCore, MapFlags, MapHandle};
 
 use super::Sampler;
-use crate::process::WalkerMaps;
+use crate::process::walker::WalkerMaps;
 use crate::sample::{process_info_value, ExecMapping, ExecTime};
 use crate::skel::{types, ProfilerSkel};
 
@@ -50,7 +50,7 @@ impl Sampler<'_> {
 }
 
 /// The descriptions of processes and the object files the walker knows,
-/// written and read by [`crate::process::ProcessFollower`].
+/// written and read by [`crate::process::walker::ProcessFollower`].
 impl WalkerMaps for Sampler<'_> {
     fn set_process(&self, pid: u32, mappings: &[ExecMapping], exec_id: u64) -> Result<()> {
         let generation = self.mapping_generation.get() % (USER_GENERATIONS - 1) + 1;

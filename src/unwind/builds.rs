@@ -23,7 +23,7 @@ pub(super) enum TableSource {
 
 /// One table to build.
 pub(super) struct BuildRequest {
-    /// The object (tracker id, or [`crate::process::VDSO_OBJECT_ID`]).
+    /// The object (tracker id, or [`crate::process::walker::VDSO_OBJECT_ID`]).
     pub(super) object_id: u32,
     /// Its name in messages.
     pub(super) name: String,

@@ -2,7 +2,7 @@
 //! the objects described processes map (on background threads, so sampling
 //! never waits; through the disk cache), loads them into the walker's maps
 //! (`unwind_rows`, `unwind_pages`, `loaded_objects`) and evicts them.
-//! Which processes map which objects is [`crate::process::ProcessFollower`]'s
+//! Which processes map which objects is [`crate::process::walker::ProcessFollower`]'s
 //! to say: it follows process lifetimes and tells this loader through
 //! [`TableSupply`].
 //!
@@ -21,7 +21,8 @@ use std::thread;
 use anyhow::{Context, Result};
 use tracing::{debug, info, warn};
 
-use crate::process::{ObjectId, ProcessTracker, StartupScan, TableSupply, VDSO_OBJECT_ID};
+use crate::process::walker::{StartupScan, TableSupply, VDSO_OBJECT_ID};
+use crate::process::{ObjectId, ProcessTracker};
 use crate::profile::aggregate::UserFrame;
 use crate::sample::RawSample;
 use crate::sampler::Sampler;
@@ -374,7 +375,7 @@ impl UnwindLoader {
     }
 }
 
-/// Tables are asked for by [`crate::process::ProcessFollower`] as it
+/// Tables are asked for by [`crate::process::walker::ProcessFollower`] as it
 /// describes processes (at a lower priority than tables samples need).
 impl TableSupply for UnwindLoader {
     fn object_mapped(&mut self, object: ObjectId, tracker: &ProcessTracker) {
