@@ -3,8 +3,10 @@
 //! swap aggregators and copy the few mappings a window refers to
 //! ([`TrackerSnapshot`]).
 //!
-//! Windows wait in a channel of [`MAX_PENDING_WINDOWS`]; if symbolization
-//! falls that far behind, the newest closed window is dropped (counted in
+//! Windows wait in a channel of [`MAX_PENDING_WINDOWS`]. While windows wait,
+//! each spends less time naming new objects ([`Symbolizer::set_backlog`]),
+//! so that the worker catches up; if it still falls that far behind, the
+//! newest closed window is dropped (counted in
 //! [`WorkerReport::windows_dropped`]) rather than stalling sampling.
 //!
 //! A panic while one window is processed (its snapshot on the sampling
@@ -12,6 +14,7 @@
 //! that window only: it is counted in [`WorkerReport::windows_panicked`] and
 //! logged, and both threads go on with the next window.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -101,6 +104,8 @@ pub struct WindowWorker {
     tx: SyncSender<Message>,
     thread: JoinHandle<WorkerReport>,
     objects: ObjectCache,
+    /// Windows submitted and not yet taken by the worker.
+    waiting: Arc<AtomicUsize>,
     dropped: u64,
     panicked: u64,
     missing: u64,
@@ -127,14 +132,17 @@ impl WindowWorker {
     pub fn start(sender: Box<dyn Sender>, metrics: Arc<dyn WindowCounters>) -> Result<Self> {
         let (tx, rx) = sync_channel(MAX_PENDING_WINDOWS);
         let worker_metrics = metrics.clone();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let worker_waiting = waiting.clone();
         let thread = std::thread::Builder::new()
             .name("lsw-windows".into())
-            .spawn(move || run(rx, sender, &worker_metrics))
+            .spawn(move || run(rx, sender, &worker_metrics, &worker_waiting))
             .context("starting the window worker thread")?;
         Ok(WindowWorker {
             tx,
             thread,
             objects: ObjectCache::new(),
+            waiting,
             dropped: 0,
             panicked: 0,
             missing: 0,
@@ -161,10 +169,16 @@ impl WindowWorker {
         self.missing += snapshot.missing_samples();
         self.metrics
             .add_samples_missing_mapping(snapshot.missing_samples());
-        match self
+        // Counted before it can be taken, so that the worker never sees
+        // fewer windows waiting than there are.
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let sent = self
             .tx
-            .try_send(Message::Window(Box::new((closed, snapshot))))
-        {
+            .try_send(Message::Window(Box::new((closed, snapshot))));
+        if sent.is_err() {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        match sent {
             Ok(()) => debug!(
                 "window {index}: handed to the worker in {:?}",
                 started.elapsed()
@@ -207,10 +221,15 @@ impl WindowWorker {
     }
 }
 
+/// The worker thread: symbolizes and sends each window from `rx`; `waiting`
+/// counts the windows submitted and not yet taken, which sets how much
+/// time each window may spend naming new objects
+/// ([`Symbolizer::set_backlog`]).
 fn run(
     rx: Receiver<Message>,
     mut sender: Box<dyn Sender>,
     metrics: &Arc<dyn WindowCounters>,
+    waiting: &AtomicUsize,
 ) -> WorkerReport {
     let mut symbolizer = Symbolizer::new();
     let mut report = WorkerReport::default();
@@ -220,6 +239,11 @@ fn run(
             Message::Window(job) => {
                 let (mut closed, snapshot) = *job;
                 let index = closed.index;
+                let behind = waiting.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+                symbolizer.set_backlog(behind);
+                if behind > 0 {
+                    debug!("window {index}: {behind} more windows waiting: less time on objects");
+                }
                 let sent = contain(
                     || format!("window {index}"),
                     || send_window(&symbolizer, sender.as_mut(), &mut closed, &snapshot),
