@@ -174,7 +174,11 @@ impl Summary {
         let first = out
             .stdout
             .lines()
-            .find(|l| l.contains(" windows queued for ") || l.contains(" windows written to "))
+            .find(|l| {
+                [" queued for ", " written to "].iter().any(|verb| {
+                    l.contains(&format!(" windows{verb}")) || l.contains(&format!(" window{verb}"))
+                })
+            })
             .unwrap_or_else(|| panic!("no continuous summary in stdout:\n{out}"));
         let windows = first.split(' ').next().unwrap().parse().unwrap();
         let (_, counts) = first.rsplit_once(": ").unwrap();
@@ -894,6 +898,8 @@ fn known_profile(start_unix_ns: u64, count: u64) -> Vec<u8> {
         }],
         timeline: vec![],
         markers: vec![],
+        subject: None,
+        host: None,
     };
     lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
 }
