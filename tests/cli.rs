@@ -236,3 +236,35 @@ fn a_run_whose_every_delivery_failed_exits_non_zero() {
     assert!(error.contains("first error: "), "{out}");
     assert!(error.to_lowercase().contains("connect"), "{out}");
 }
+
+/// Listen-only mode writes no profile, so its Ctrl-C does not say it does;
+/// the summary still says what was served, in the right number.
+#[test]
+fn listen_only_interrupt_promises_no_profile() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let _serial = serial();
+    let mut child = Command::new(BIN)
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut banner = String::new();
+    stdout.read_line(&mut banner).unwrap();
+    assert!(banner.starts_with("listening on http://"), "{banner}");
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("stopping, no profile is written in listen-only mode"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("writing the profile"), "{stderr}");
+    assert!(rest.starts_with("0 on-demand profiles served: "), "{rest}");
+}

@@ -443,7 +443,7 @@ fn record_flame_graph_title_subtitle_and_colours() {
         };
         *seen.entry(class).or_default() += 1;
     }
-    assert!(seen.get("process").is_some(), "{seen:?}");
+    assert!(seen.contains_key("process"), "{seen:?}");
     assert!(
         seen.get("user native").copied().unwrap_or(0) >= 3,
         "{seen:?}"
