@@ -282,13 +282,7 @@ fn finish(
     profile.timeline = timeline;
     profile.markers = markers;
     provenance.stamp(&mut profile);
-    let sampled = aggregator.stacks().map(|(key, _)| key.pid).collect();
-    if let Some(hint) = pids_hint(plan, &sampled) {
-        if profile.total_samples() == 0 {
-            anyhow::bail!("no samples were collected, so no profile was written: {hint}");
-        }
-        warn!("{hint}");
-    }
+    check_pids_sampled(plan, &aggregator, &profile)?;
     info!(
         "{} samples, {} distinct stacks, {} frames symbolized in {:?}",
         profile.total_samples(),
@@ -344,6 +338,24 @@ fn write_outputs(
         .context("no profile was written")?;
     for (output, bytes) in encoded {
         files::write_atomic(output, &bytes, mode)?;
+    }
+    Ok(())
+}
+
+/// A `--pids` target without samples whose children ran
+/// ([`pids_hint`]): an error when the profile is empty (nothing is
+/// written), a warning otherwise.
+fn check_pids_sampled(
+    plan: &RunPlan,
+    aggregator: &crate::profile::aggregate::Aggregator,
+    profile: &Profile,
+) -> Result<()> {
+    let sampled = aggregator.stacks().map(|(key, _)| key.pid).collect();
+    if let Some(hint) = pids_hint(plan, &sampled) {
+        if profile.total_samples() == 0 {
+            anyhow::bail!("no samples were collected, so no profile was written: {hint}");
+        }
+        warn!("{hint}");
     }
     Ok(())
 }
