@@ -649,8 +649,14 @@ fn unauthorized_is_not_retried_and_logged_with_the_servers_message() {
         ])
         .args(["--profile-interval", "1", "--duration", "1"]);
     let out = Lightswitch::spawn_command(cmd).wait(Duration::from_secs(60));
-    // A profile the server refused is lost: the exit status says so.
-    out.assert_error(&["1 profiles not delivered", "rejected=1"]);
+    // A profile the server refused is lost: the exit status says so, and
+    // the error names the server's answer.
+    out.assert_error(&[
+        "1 profile not delivered",
+        "rejected=1",
+        "first error: HTTP 401",
+        "token expired for tenant acme",
+    ]);
     let summary = Summary::parse(&out);
     assert_eq!(
         (

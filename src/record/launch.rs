@@ -516,3 +516,42 @@ fn child_wait_for_go(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_errors_get_a_shells_status() {
+        let exec_error = |errno| {
+            Err::<(), _>(std::io::Error::from_raw_os_error(errno))
+                .context("executing the command")
+                .unwrap_err()
+        };
+        let status = |errno| CannotRun::of_exec_error(&exec_error(errno)).map(|c| c.status);
+        assert_eq!(status(libc::ENOENT), Some(NOT_FOUND_EXIT_STATUS));
+        assert_eq!(status(libc::EACCES), Some(NOT_EXECUTABLE_EXIT_STATUS));
+        assert_eq!(status(libc::ENOEXEC), Some(NOT_EXECUTABLE_EXIT_STATUS));
+        assert_eq!(status(libc::ECANCELED), None);
+        let message = CannotRun::of_exec_error(&exec_error(libc::EACCES))
+            .unwrap()
+            .message;
+        assert!(message.starts_with("executing the command: "), "{message}");
+    }
+
+    #[test]
+    fn programs_resolve_or_say_why_not() {
+        let status = |program: &str| {
+            resolve_program(OsStr::new(program))
+                .unwrap_err()
+                .downcast::<CannotRun>()
+                .unwrap()
+                .status
+        };
+        assert_eq!(status(""), NOT_FOUND_EXIT_STATUS);
+        assert_eq!(status("/nonexistent/prog"), NOT_FOUND_EXIT_STATUS);
+        assert_eq!(status("/"), NOT_EXECUTABLE_EXIT_STATUS);
+        assert_eq!(status("/etc/passwd"), NOT_EXECUTABLE_EXIT_STATUS);
+        assert!(resolve_program(OsStr::new("sh")).unwrap().is_absolute());
+    }
+}
