@@ -70,6 +70,8 @@ fn profile(n: usize) -> Profile {
         samples,
         timeline: vec![],
         markers: vec![],
+        subject: None,
+        host: None,
     }
 }
 

@@ -26,31 +26,40 @@ pub fn read_profile(path: &Path) -> Result<Profile> {
         .with_context(|| format!("{} is not a profile lightswitch reads", path.display()))
 }
 
-/// Decode `bytes`: folded stacks when they are text whose every line ends
-/// in a count, else pprof (raw or gzip'd).
+/// Decode `bytes`: text is read as folded stacks (its error names the
+/// first bad line), anything else as pprof (raw or gzip'd).
 pub fn parse_profile(bytes: &[u8]) -> Result<Profile> {
     if bytes.is_empty() {
         bail!("the file is empty");
     }
-    if !merge::is_gzip(bytes) {
-        if let Ok(text) = std::str::from_utf8(bytes) {
-            if let Ok(profile) = parse_folded(text) {
-                return Ok(profile);
-            }
-        }
+    if let Some(text) = as_text(bytes) {
+        return parse_folded(text).context("it is text, but not folded stacks");
     }
     match merge::decode_body(bytes, MAX_DECODED_BYTES) {
         Ok((proto, _)) => Ok(merge::profile_from_pprof(&proto)),
         Err(BodyError::Malformed(why) | BodyError::TooLarge(why)) => {
-            bail!("not folded stacks, and as pprof: {why}")
+            bail!("it is binary, but not a pprof profile: {why}")
         }
     }
 }
 
+/// `bytes` as text: UTF-8 without control characters other than tab,
+/// newline and carriage return. A pprof profile is never that: its first
+/// byte is a field tag followed by binary lengths and varints, and gzip's
+/// magic number is not UTF-8.
+fn as_text(bytes: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    text.chars()
+        .all(|c| !c.is_control() || matches!(c, '\t' | '\n' | '\r'))
+        .then_some(text)
+}
+
 /// Parse folded stacks into a profile: the first frame of a line is the
 /// process name, `_[k]`-suffixed frames are kernel frames, `[unwind: ...]`
-/// frames are unwind markers, everything else is a user frame. Errors on a
-/// line without a count, or when there is no line at all.
+/// frames are unwind markers, everything else is a user frame. A line of
+/// one frame (`main 5`, as other tools write) is that frame in a process
+/// of the same name. Errors on a line without a count, or when there is no
+/// line at all.
 pub fn parse_folded(text: &str) -> Result<Profile> {
     let mut profile = Profile::default();
     let mut frames: HashMap<(FrameKind, &str), usize> = HashMap::new();
@@ -67,6 +76,8 @@ pub fn parse_folded(text: &str) -> Result<Profile> {
         };
         let mut names = stack.split(';');
         let comm: Arc<str> = Arc::from(names.next().unwrap_or_default());
+        // One frame: it is the stack's function as well as its process.
+        let names = names.chain((!stack.contains(';')).then_some(stack));
         let mut sample = Sample {
             pid: 0,
             tid: 0,
@@ -151,10 +162,35 @@ mod tests {
     }
 
     #[test]
+    fn a_line_of_one_frame_keeps_its_samples_as_that_function() {
+        let profile = parse_folded("main 5\napp;main;work 3\n").unwrap();
+        assert_eq!(profile.total_samples(), 8);
+        let table = crate::compare::function_table(&profile, false);
+        let main = &table.functions[&crate::compare::FunctionKey {
+            name: Arc::from("main"),
+            object: None,
+        }];
+        assert_eq!((main.self_samples, main.inclusive), (5, 8));
+    }
+
+    #[test]
     fn garbage_and_empty_input_are_errors() {
         assert!(parse_profile(b"").is_err());
-        let err = parse_profile(b"main;foo notanumber\n").unwrap_err();
-        assert!(format!("{err:#}").contains("not folded stacks"), "{err:#}");
+        // Text is judged as folded stacks and the bad line is named.
+        let err = parse_profile(b"main;foo 3\nmain;foo notanumber\n").unwrap_err();
+        let message = format!("{err:#}");
+        assert!(message.contains("not folded stacks"), "{message}");
+        assert!(
+            message.contains("line 2 does not end in a count"),
+            "{message}"
+        );
+        assert!(!message.contains("pprof"), "{message}");
+        // Binary is judged as pprof.
+        let err = parse_profile(&[0x0a, 0xff, 0x01]).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("not a pprof profile"),
+            "{err:#}"
+        );
         assert!(parse_profile(&[0x1f, 0x8b, 0, 1, 2]).is_err());
         assert!(parse_profile(&[0xff, 0xfe, 0x00]).is_err());
     }

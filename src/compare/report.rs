@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::input::read_profile;
 use super::{function_table, FunctionTable};
@@ -62,8 +62,8 @@ pub fn render_top(profile: &Profile, table: &FunctionTable, top: usize) -> Strin
 
 /// `lightswitch report`: print the table, or with `--format` write the
 /// profile in that format (to `--output`, `-` for stdout, else the
-/// format's default file name). Errors name the file that could not be
-/// read, encoded or written.
+/// format's default file name; written mode 0600 as profiles are). Errors
+/// name the file that could not be read, encoded or written.
 pub fn run(args: &ReportArgs) -> Result<()> {
     let profile = read_profile(&args.file)?;
     let Some(format) = args.format else {
@@ -82,7 +82,8 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         let _ = std::io::stdout().lock().write_all(&bytes);
         return Ok(());
     }
-    std::fs::write(&output, &bytes).with_context(|| format!("writing {}", output.display()))?;
+    // As every profile: private, atomic, its directory made if missing.
+    crate::files::write_atomic(&output, &bytes, crate::files::PROFILE_MODE)?;
     eprintln!("wrote {}", output.display());
     Ok(())
 }
