@@ -16,7 +16,39 @@ pub static malloc_conf: &[u8] = lightswitch::heap::DEFAULT_MALLOC_CONF;
 
 fn main() {
     let cli = Cli::parse();
-    // Generated from the command line's definition: nothing else to set up.
+    if generate(&cli) {
+        return;
+    }
+    init_logging(&cli);
+    lightswitch::unwind::identity::set_debug_dirs(cli.debug_dirs().to_vec());
+    lightswitch::symbolize::debuginfod::configure(
+        &cli.debuginfod_urls,
+        cli.debuginfod_cache.clone(),
+    );
+    if run_tool(&cli) {
+        return;
+    }
+    match lightswitch::run::run(&cli) {
+        Ok(summary) => {
+            println!("{summary}");
+            // Continuous mode: a run that lost windows or deliveries says
+            // so in its exit status too.
+            if let Some(failure) = summary.continuous.and_then(|c| c.report.failure()) {
+                eprintln!("error: {failure}");
+                std::process::exit(1);
+            }
+        }
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Print what is generated from the command line's definition (shell
+/// completions, the man page), if that is the command: nothing else to set
+/// up. Whether it was; exits 1 when writing fails.
+fn generate(cli: &Cli) -> bool {
     let generated = match &cli.command {
         Some(Command::Completions { shell }) => Some(lightswitch::cli::generate::completions(
             *shell,
@@ -27,13 +59,18 @@ fn main() {
         )),
         _ => None,
     };
-    if let Some(result) = generated {
-        if let Err(err) = result {
+    match generated {
+        Some(Err(err)) => {
             eprintln!("error: {err:#}");
             std::process::exit(1);
         }
-        return;
+        Some(Ok(())) => true,
+        None => false,
     }
+}
+
+/// The profiler's own messages go to stderr at the level `--logging` asks for.
+fn init_logging(cli: &Cli) {
     let level = match cli.log_level() {
         LogLevel::Error => "error",
         LogLevel::Warn => "warn",
@@ -47,25 +84,27 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    lightswitch::unwind::identity::set_debug_dirs(cli.debug_dirs().to_vec());
-    lightswitch::symbolize::debuginfod::configure(
-        &cli.debuginfod_urls,
-        cli.debuginfod_cache.clone(),
-    );
-    if let Some(Command::ShowUnwind { path, .. }) = &cli.command {
-        match lightswitch::unwind::show::show_unwind(path) {
-            Ok(text) => {
-                // A closed pipe (`| head`) is not an error worth reporting.
-                let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
-                return;
-            }
-            Err(err) => {
-                eprintln!("error: {err:#}");
-                std::process::exit(1);
+}
+
+/// Run the command if it is one of the tools (`show-unwind`, `record`,
+/// `diff`, `report`, `collector`) rather than a profiling run. Whether it
+/// was; a tool that fails, or has an exit status of its own, exits here.
+fn run_tool(cli: &Cli) -> bool {
+    match &cli.command {
+        Some(Command::ShowUnwind { path, .. }) => {
+            match lightswitch::unwind::show::show_unwind(path) {
+                Ok(text) => {
+                    // A closed pipe (`| head`) is not an error worth reporting.
+                    let _ =
+                        std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
+                    true
+                }
+                Err(err) => {
+                    eprintln!("error: {err:#}");
+                    std::process::exit(1);
+                }
             }
         }
-    }
-    match &cli.command {
         Some(Command::Record(args)) => match lightswitch::record::record(args) {
             Ok(code) => std::process::exit(code),
             Err(err) => {
@@ -92,52 +131,36 @@ fn main() {
                 // As `diff` does: 2 when the input (or the output) fails.
                 std::process::exit(lightswitch::compare::diff::BAD_INPUT_EXIT_STATUS);
             }
-            return;
+            true
         }
-        _ => {}
-    }
-    if let Some(Command::Collector {
-        listen,
-        storage,
-        token,
-        profile_mode,
-        max_body_bytes,
-        max_decoded_bytes,
-        max_concurrent_ingests,
-        max_merge_profiles,
-        max_connections,
-    }) = &cli.command
-    {
-        let config = lightswitch::collector::CollectorConfig {
-            listen: listen.clone(),
-            storage: storage.clone(),
-            token: token.clone(),
-            profile_mode: *profile_mode,
-            max_body_bytes: *max_body_bytes,
-            max_decoded_bytes: *max_decoded_bytes,
-            max_concurrent_ingests: *max_concurrent_ingests,
-            max_merge_profiles: *max_merge_profiles,
-            max_connections: *max_connections,
-        };
-        if let Err(err) = lightswitch::collector::run(&config) {
-            eprintln!("error: {err:#}");
-            std::process::exit(1);
-        }
-        return;
-    }
-    match lightswitch::run::run(&cli) {
-        Ok(summary) => {
-            println!("{summary}");
-            // Continuous mode: a run that lost windows or deliveries says
-            // so in its exit status too.
-            if let Some(failure) = summary.continuous.and_then(|c| c.report.failure()) {
-                eprintln!("error: {failure}");
+        Some(Command::Collector {
+            listen,
+            storage,
+            token,
+            profile_mode,
+            max_body_bytes,
+            max_decoded_bytes,
+            max_concurrent_ingests,
+            max_merge_profiles,
+            max_connections,
+        }) => {
+            let config = lightswitch::collector::CollectorConfig {
+                listen: listen.clone(),
+                storage: storage.clone(),
+                token: token.clone(),
+                profile_mode: *profile_mode,
+                max_body_bytes: *max_body_bytes,
+                max_decoded_bytes: *max_decoded_bytes,
+                max_concurrent_ingests: *max_concurrent_ingests,
+                max_merge_profiles: *max_merge_profiles,
+                max_connections: *max_connections,
+            };
+            if let Err(err) = lightswitch::collector::run(&config) {
+                eprintln!("error: {err:#}");
                 std::process::exit(1);
             }
+            true
         }
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            std::process::exit(1);
-        }
+        _ => false,
     }
 }
