@@ -68,6 +68,11 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .with_context(|| format!("syncing directory {}", dir.display()))
 }
 
+/// Held by tests that change the process's umask or check the modes of
+/// files they create: the umask is process-wide and tests run on threads.
+#[cfg(test)]
+pub(crate) static UMASK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,6 +89,7 @@ mod tests {
 
     #[test]
     fn profiles_are_private_whatever_the_umask_allows() {
+        let _umask = UMASK.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.pb");
         // SAFETY: umask only swaps the process's file-mode mask.

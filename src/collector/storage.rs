@@ -248,6 +248,9 @@ mod tests {
 
     #[test]
     fn stores_lists_and_filters() {
+        let _umask = crate::files::UMASK
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let storage = Storage::open(&dir.path().join("store"), PROFILE_MODE).unwrap();
         let s = 1_000_000_000u64;
