@@ -66,7 +66,7 @@ fn main() {
         Some(Command::Report(args)) => {
             if let Err(err) = lightswitch::compare::report::run(args) {
                 eprintln!("error: {err:#}");
-                std::process::exit(1);
+                std::process::exit(lightswitch::compare::diff::BAD_INPUT_EXIT_STATUS);
             }
             return;
         }

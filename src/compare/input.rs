@@ -1,15 +1,19 @@
 //! Reading a saved profile for `diff` and `report`: pprof (raw or gzip'd,
 //! decoded and checked by the collector's decoder,
 //! [`crate::collector::merge::decode_body`], and converted back into a
-//! [`Profile`]) or folded stacks (`comm;root;...;leaf COUNT` lines, as
-//! lightswitch, inferno and Brendan Gregg's scripts write them).
+//! [`Profile`]), folded stacks (`comm;root;...;leaf COUNT` lines, as
+//! lightswitch, inferno and Brendan Gregg's scripts write them), or a
+//! timeline (Firefox Profiler JSON, raw or gzip'd: [`super::timeline`]).
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use flate2::read::GzDecoder;
 
+use super::timeline;
 use crate::collector::merge::{self, BodyError};
 use crate::format::folded::KERNEL_SUFFIX;
 use crate::profile::{unwind_marker_name, Frame, FrameKind, Line, Profile, Sample};
@@ -18,33 +22,75 @@ use crate::sample::UnwindStatus;
 /// Largest size a gzip'd profile may decompress to, bytes (1 GiB).
 const MAX_DECODED_BYTES: usize = 1 << 30;
 
+/// The kind of file a profile was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputFormat {
+    /// pprof protobuf, raw or gzip'd.
+    Pprof,
+    /// Folded stacks.
+    Folded,
+    /// Firefox Profiler JSON, raw or gzip'd: every sample has its time
+    /// ([`Profile::timeline`] is filled).
+    Timeline,
+}
+
 /// Read and decode the profile in `path`. Errors name the file and say why
-/// it is neither a pprof profile nor folded stacks.
+/// it is not a pprof profile, folded stacks or a timeline.
 pub fn read_profile(path: &Path) -> Result<Profile> {
+    read_input(path).map(|(profile, _)| profile)
+}
+
+/// [`read_profile`], also saying which format the file is in.
+pub fn read_input(path: &Path) -> Result<(Profile, InputFormat)> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    parse_profile(&bytes)
+    parse_input(&bytes)
         .with_context(|| format!("{} is not a profile lightswitch reads", path.display()))
 }
 
 /// Decode `bytes`: folded stacks when they are text whose every line ends
-/// in a count, else pprof (raw or gzip'd).
+/// in a count, a timeline when they are (or decompress to) JSON, else pprof
+/// (raw or gzip'd).
 pub fn parse_profile(bytes: &[u8]) -> Result<Profile> {
+    parse_input(bytes).map(|(profile, _)| profile)
+}
+
+/// [`parse_profile`], also saying which format `bytes` are in.
+pub fn parse_input(bytes: &[u8]) -> Result<(Profile, InputFormat)> {
     if bytes.is_empty() {
         bail!("the file is empty");
     }
-    if !merge::is_gzip(bytes) {
+    let raw = if merge::is_gzip(bytes) {
+        gunzip(bytes)?
+    } else {
         if let Ok(text) = std::str::from_utf8(bytes) {
             if let Ok(profile) = parse_folded(text) {
-                return Ok(profile);
+                return Ok((profile, InputFormat::Folded));
             }
         }
+        bytes.to_vec()
+    };
+    if timeline::looks_like_json(&raw) {
+        return Ok((timeline::parse_timeline(&raw)?, InputFormat::Timeline));
     }
-    match merge::decode_body(bytes, MAX_DECODED_BYTES) {
-        Ok((proto, _)) => Ok(merge::profile_from_pprof(&proto)),
+    match merge::decode_body(&raw, MAX_DECODED_BYTES) {
+        Ok((proto, _)) => Ok((merge::profile_from_pprof(&proto), InputFormat::Pprof)),
         Err(BodyError::Malformed(why) | BodyError::TooLarge(why)) => {
-            bail!("not folded stacks, and as pprof: {why}")
+            bail!("not folded stacks or a timeline, and as pprof: {why}")
         }
     }
+}
+
+/// Decompress gzip'd `bytes`, refusing more than [`MAX_DECODED_BYTES`].
+fn gunzip(bytes: &[u8]) -> Result<Vec<u8>> {
+    let mut raw = Vec::new();
+    GzDecoder::new(bytes)
+        .take(MAX_DECODED_BYTES as u64 + 1)
+        .read_to_end(&mut raw)
+        .context("not valid gzip")?;
+    if raw.len() > MAX_DECODED_BYTES {
+        bail!("decompresses to more than {MAX_DECODED_BYTES} bytes");
+    }
+    Ok(raw)
 }
 
 /// Parse folded stacks into a profile: the first frame of a line is the

@@ -29,7 +29,10 @@
 //! - Markers: each exec and exit of a sampled process (from the BPF
 //!   tracepoints, at their BPF timestamps; only processes the profiler has
 //!   described to the walker send them) is an instant marker `exec` or
-//!   `exit` on its main thread.
+//!   `exit` on its main thread. Spans in which samples were lost
+//!   ([`Profile::lost`]) are interval markers `lost samples` on a thread of
+//!   their own, `lost samples`, in a pseudo-process `lightswitch` (pid
+//!   [`LOST_PID`], which no real process has).
 
 use std::io::{BufWriter, Write};
 use std::sync::Arc;
@@ -52,6 +55,16 @@ use crate::profile::{Frame, FrameKind, ProcessMarkerKind, Profile, ProfileMappin
 
 /// Default file name of the format.
 pub const FILE_NAME: &str = "profile.json.gz";
+
+/// The `type` of the exec and exit markers' data.
+pub const PROCESS_MARKER_TYPE: &str = "LightswitchProcessEvent";
+
+/// The `type` of the lost-samples markers' data.
+pub const LOST_MARKER_TYPE: &str = "LightswitchLostSamples";
+
+/// The pid of the pseudo-process that holds the lost-samples markers: above
+/// the kernel's largest pid (2^22), so no real process has it.
+pub const LOST_PID: u32 = u32::MAX;
 
 /// The format's registry entry.
 pub const SPEC: FormatSpec = FormatSpec {
@@ -131,7 +144,8 @@ fn build(profile: &Profile) -> Result<FxProfile> {
     // move the reference earlier, so that every time is >= 0.
     let first_sample = profile.timeline.first().map(|t| t.offset_ns);
     let first_marker = profile.markers.first().map(|m| m.offset_ns);
-    let shift = [first_sample, first_marker]
+    let first_lost = profile.lost.iter().map(|l| l.start_offset_ns).min();
+    let shift = [first_sample, first_marker, first_lost]
         .into_iter()
         .flatten()
         .fold(0, i64::min);
@@ -154,7 +168,8 @@ fn build(profile: &Profile) -> Result<FxProfile> {
     let (mut slots, slot_of_sample) = thread_slots(profile, time);
     add_processes_and_threads(&mut fx, profile, &mut slots);
 
-    add_markers(&mut fx, profile, &slots, time);
+    add_markers(&mut fx, profile, &slots, &time);
+    add_lost_markers(&mut fx, profile, &time);
     let stacks = intern_stacks(&mut fx, profile, &frames, &slots, &slot_of_sample);
     let cpu_delta = CpuDelta::from_nanos(profile.period_ns());
     for timed in &profile.timeline {
@@ -230,7 +245,7 @@ struct ProcessEventMarker {
 }
 
 impl StaticSchemaMarker for ProcessEventMarker {
-    const UNIQUE_MARKER_TYPE_NAME: &'static str = "LightswitchProcessEvent";
+    const UNIQUE_MARKER_TYPE_NAME: &'static str = PROCESS_MARKER_TYPE;
     const DESCRIPTION: Option<&'static str> =
         Some("A process called exec or exited (BPF sched_process_exec/exit tracepoints)");
     const CHART_LABEL: Option<&'static str> = Some("{marker.name}");
@@ -256,6 +271,77 @@ impl StaticSchemaMarker for ProcessEventMarker {
 
     fn number_field_value(&self, _field_index: u32) -> f64 {
         f64::from(self.pid)
+    }
+}
+
+/// Samples lost during a span, as an interval Firefox marker.
+struct LostSamplesMarker {
+    samples: u64,
+}
+
+impl StaticSchemaMarker for LostSamplesMarker {
+    const UNIQUE_MARKER_TYPE_NAME: &'static str = LOST_MARKER_TYPE;
+    const DESCRIPTION: Option<&'static str> = Some(
+        "Samples lost in this span: a ring buffer was full, or a record did not parse \
+         (the BPF program counts them; the span is between two reads of the counter)",
+    );
+    const CHART_LABEL: Option<&'static str> = Some("{marker.data.samples} lost");
+    const TABLE_LABEL: Option<&'static str> = Some("{marker.data.samples} samples lost");
+    const FIELDS: &'static [StaticSchemaMarkerField] = &[StaticSchemaMarkerField {
+        key: "samples",
+        label: "Samples lost",
+        format: MarkerFieldFormat::Integer,
+        flags: MarkerFieldFlags::SEARCHABLE,
+    }];
+
+    fn name(&self, profile: &mut FxProfile) -> StringHandle {
+        profile.intern_string("lost samples")
+    }
+
+    fn category(&self, _profile: &mut FxProfile) -> CategoryHandle {
+        CategoryHandle::OTHER
+    }
+
+    fn string_field_value(&self, _field_index: u32) -> StringHandle {
+        unreachable!("the schema has no string field")
+    }
+
+    fn number_field_value(&self, _field_index: u32) -> f64 {
+        self.samples as f64
+    }
+}
+
+/// The profile's lost-sample spans as interval markers on the `lost
+/// samples` thread of the pseudo-process `lightswitch` (added only when
+/// samples were lost).
+fn add_lost_markers(fx: &mut FxProfile, profile: &Profile, time: impl Fn(i64) -> u64) {
+    let (Some(first), Some(last)) = (
+        profile.lost.iter().map(|l| l.start_offset_ns).min(),
+        profile.lost.iter().map(|l| l.end_offset_ns).max(),
+    ) else {
+        return;
+    };
+    let start = Timestamp::from_nanos_since_reference(time(first));
+    let end = Timestamp::from_nanos_since_reference(time(last));
+    let process = fx.add_process("lightswitch", LOST_PID, start);
+    fx.set_process_end_time(process, end);
+    let thread = fx.add_thread(process, LOST_PID, start, true);
+    fx.set_thread_name(thread, "lost samples");
+    fx.set_thread_end_time(thread, end);
+    fx.set_thread_show_markers_in_timeline(thread, true);
+    for lost in &profile.lost {
+        let from = time(lost.start_offset_ns);
+        let to = time(lost.end_offset_ns).max(from);
+        fx.add_marker(
+            thread,
+            MarkerTiming::Interval(
+                Timestamp::from_nanos_since_reference(from),
+                Timestamp::from_nanos_since_reference(to),
+            ),
+            LostSamplesMarker {
+                samples: lost.samples,
+            },
+        );
     }
 }
 
