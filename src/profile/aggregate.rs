@@ -18,7 +18,7 @@ use indexmap::IndexMap;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use crate::process::{MappingId, ProcessTracker};
-use crate::profile::{ProcessMarker, ProcessMarkerKind, TimedSample};
+use crate::profile::{LostSamples, ProcessMarker, ProcessMarkerKind, TimedSample};
 use crate::sample::{RawSample, UnwindStatus};
 
 /// A user frame: an address, and the mapping it fell in (if any).
@@ -67,6 +67,7 @@ struct Timeline {
     origin_mono_ns: u64,
     samples: Vec<TimedSample>,
     markers: Vec<ProcessMarker>,
+    lost: Vec<LostSamples>,
 }
 
 fn call_sites(stack: &[u64]) -> impl Iterator<Item = u64> + '_ {
@@ -116,6 +117,7 @@ impl Aggregator {
                 origin_mono_ns,
                 samples: Vec::new(),
                 markers: Vec::new(),
+                lost: Vec::new(),
             }),
             ..Self::default()
         }
@@ -143,6 +145,29 @@ impl Aggregator {
                 kind,
             });
         }
+    }
+
+    /// Note that `samples` samples were lost between `start_ns` and
+    /// `end_ns` (CLOCK_MONOTONIC); kept only by an aggregator with a timeline.
+    pub fn add_lost(&mut self, start_ns: u64, end_ns: u64, samples: u64) {
+        if let Some(timeline) = self.timeline.as_mut() {
+            let origin = timeline.origin_mono_ns;
+            timeline.lost.push(LostSamples {
+                start_offset_ns: start_ns.wrapping_sub(origin) as i64,
+                end_offset_ns: end_ns.wrapping_sub(origin) as i64,
+                samples,
+            });
+        }
+    }
+
+    /// Take the lost-sample spans out (leaving none), in time order.
+    pub fn take_lost(&mut self) -> Vec<LostSamples> {
+        let Some(timeline) = self.timeline.as_mut() else {
+            return Vec::new();
+        };
+        let mut lost = std::mem::take(&mut timeline.lost);
+        lost.sort_by_key(|l| l.start_offset_ns);
+        lost
     }
 
     /// Take the markers out (leaving none), in time order.
