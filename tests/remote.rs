@@ -894,6 +894,7 @@ fn known_profile(start_unix_ns: u64, count: u64) -> Vec<u8> {
         }],
         timeline: vec![],
         markers: vec![],
+        lost: vec![],
     };
     lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
 }

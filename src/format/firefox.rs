@@ -30,9 +30,9 @@
 //!   tracepoints, at their BPF timestamps; only processes the profiler has
 //!   described to the walker send them) is an instant marker `exec` or
 //!   `exit` on its main thread. Spans in which samples were lost
-//!   ([`Profile::lost`]) are interval markers `lost samples` on a thread of
-//!   their own, `lost samples`, in a pseudo-process `lightswitch` (pid
-//!   [`LOST_PID`], which no real process has).
+//!   ([`Profile::lost`]) are interval markers `lost samples` on the main
+//!   thread (a track of its own, without samples) of a pseudo-process
+//!   `lightswitch`, pid [`LOST_PID`], which no real process has.
 
 use std::io::{BufWriter, Write};
 use std::sync::Arc;
@@ -168,8 +168,8 @@ fn build(profile: &Profile) -> Result<FxProfile> {
     let (mut slots, slot_of_sample) = thread_slots(profile, time);
     add_processes_and_threads(&mut fx, profile, &mut slots);
 
-    add_markers(&mut fx, profile, &slots, &time);
-    add_lost_markers(&mut fx, profile, &time);
+    add_markers(&mut fx, profile, &slots, time);
+    add_lost_markers(&mut fx, profile, time);
     let stacks = intern_stacks(&mut fx, profile, &frames, &slots, &slot_of_sample);
     let cpu_delta = CpuDelta::from_nanos(profile.period_ns());
     for timed in &profile.timeline {
@@ -311,9 +311,8 @@ impl StaticSchemaMarker for LostSamplesMarker {
     }
 }
 
-/// The profile's lost-sample spans as interval markers on the `lost
-/// samples` thread of the pseudo-process `lightswitch` (added only when
-/// samples were lost).
+/// The profile's lost-sample spans as interval markers on the main thread
+/// of the pseudo-process `lightswitch` (added only when samples were lost).
 fn add_lost_markers(fx: &mut FxProfile, profile: &Profile, time: impl Fn(i64) -> u64) {
     let (Some(first), Some(last)) = (
         profile.lost.iter().map(|l| l.start_offset_ns).min(),
@@ -326,7 +325,6 @@ fn add_lost_markers(fx: &mut FxProfile, profile: &Profile, time: impl Fn(i64) ->
     let process = fx.add_process("lightswitch", LOST_PID, start);
     fx.set_process_end_time(process, end);
     let thread = fx.add_thread(process, LOST_PID, start, true);
-    fx.set_thread_name(thread, "lost samples");
     fx.set_thread_end_time(thread, end);
     fx.set_thread_show_markers_in_timeline(thread, true);
     for lost in &profile.lost {

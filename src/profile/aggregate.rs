@@ -180,6 +180,15 @@ impl Aggregator {
         markers
     }
 
+    /// Move the timeline, markers and lost-sample spans
+    /// ([`Self::take_timeline`], [`Self::take_markers`], [`Self::take_lost`])
+    /// into `profile`, built from this aggregator's stacks.
+    pub fn take_timeline_into(&mut self, profile: &mut crate::profile::Profile) {
+        profile.timeline = self.take_timeline();
+        profile.markers = self.take_markers();
+        profile.lost = self.take_lost();
+    }
+
     fn intern(&mut self, comm: &str) -> Arc<str> {
         if let Some(c) = self.comms.get(comm) {
             return c.clone();

@@ -262,15 +262,8 @@ fn send_window(
     snapshot: &TrackerSnapshot,
 ) -> Result<()> {
     let started = Instant::now();
-    let (timeline, markers, lost) = (
-        closed.aggregator.take_timeline(),
-        closed.aggregator.take_markers(),
-        closed.aggregator.take_lost(),
-    );
     let mut profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
-    profile.timeline = timeline;
-    profile.markers = markers;
-    profile.lost = lost;
+    closed.aggregator.take_timeline_into(&mut profile);
     debug!(
         "window {}: {} samples symbolized in {:?}",
         closed.index,

@@ -388,15 +388,8 @@ fn answer(
     snapshot: &TrackerSnapshot,
 ) -> Reply {
     let started = std::time::Instant::now();
-    let (timeline, markers, lost) = (
-        closed.aggregator.take_timeline(),
-        closed.aggregator.take_markers(),
-        closed.aggregator.take_lost(),
-    );
     let mut profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
-    profile.timeline = timeline;
-    profile.markers = markers;
-    profile.lost = lost;
+    closed.aggregator.take_timeline_into(&mut profile);
     let reply =
         format::encode(&profile, closed.format, Compression::Gzip).map_err(|e| match e
             .downcast_ref::<EmptyProfile>()
