@@ -6,10 +6,11 @@
 //! gimli parses and evaluates every FDE; each row of gimli's unwind table is
 //! translated into a [`Rule`] by the architecture's file
 //! ([`super::x86_64`]; unrepresentable rules become
-//! [`Rule::Unsupported`] and are counted by kind). FDE ranges are overlaid
-//! (an FDE with a later start wins where ranges overlap; on equal starts the
-//! later one in the section), gaps get [`Rule::EndOfFunction`], identical
-//! consecutive rules are merged, and the stream is split into pages.
+//! [`Rule::Unsupported`] and are counted by kind). The FDEs' rows are
+//! assembled in address order by [`super::assemble`] (an FDE with a later
+//! start wins where ranges overlap; on equal starts the later one in the
+//! section; gaps get [`Rule::EndOfFunction`]; identical consecutive rules
+//! merge), and the stream is split into pages.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -23,10 +24,11 @@ use object::elf;
 use object::read::elf::{ElfFile64, FileHeader, ProgramHeader};
 use object::{CompressionFormat, Endianness, Object, ObjectSection};
 
+use super::assemble::{Assembly, Span};
 use super::eh_frame_hdr;
 use super::identity::find_debug_file;
 use super::rule::{Rule, UnsupportedKind};
-use super::table::{CfiSource, InvalidTable, RuleAt, UnwindTable, MAX_ADDRESS};
+use super::table::{CfiSource, InvalidTable, UnwindTable, MAX_ADDRESS};
 use super::x86_64;
 
 /// Largest decompressed `.debug_frame` accepted, bytes.
@@ -266,22 +268,20 @@ fn decompress(
 
 type Slice<'d> = gimli::EndianSlice<'d, LittleEndian>;
 
-/// One rule over an address range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Span {
+/// Where an FDE is, found by the first pass over the section.
+struct FdeAt {
+    /// Its first address.
     start: u64,
+    /// The first address after it.
     end: u64,
-    rule: Rule,
+    /// Its offset in the section.
+    offset: usize,
 }
 
-/// An FDE's range and where its spans are in the span buffer.
-struct FdeSpans {
-    start: u64,
-    end: u64,
-    spans: std::ops::Range<usize>,
-}
-
-/// Evaluates every FDE of `section` and assembles the table.
+/// Evaluates every FDE of `section` and assembles the table, in two passes
+/// so that memory stays near the size of the result: the first finds each
+/// FDE's range, the second evaluates the FDEs in address order, each
+/// straight into the [`Assembly`].
 fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     section: &S,
     bases: &BaseAddresses,
@@ -294,8 +294,15 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     let mut unsupported = BTreeMap::new();
     let mut count = |kind| *unsupported.entry(kind).or_insert(0u64) += 1;
     let mut cies = HashMap::new();
-    let mut ctx = Box::new(UnwindContext::new());
-    let mut spans = Vec::new();
+    let mut get_cie = |section: &S, bases: &BaseAddresses, offset: S::Offset| {
+        let key: usize = gimli::UnwindOffset::into(offset);
+        if let Some(cie) = cies.get(&key) {
+            return Ok(Clone::clone(cie));
+        }
+        let cie = section.cie_from_offset(bases, offset)?;
+        cies.insert(key, cie.clone());
+        Ok(cie)
+    };
     let mut fdes = Vec::new();
     let mut fde_count = 0u64;
     let mut entries = section.entries(bases);
@@ -304,16 +311,7 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
             continue;
         };
         fde_count += 1;
-        let parsed = partial.parse(|section, bases, offset| {
-            let key: usize = gimli::UnwindOffset::into(offset);
-            if let Some(cie) = cies.get(&key) {
-                return Ok(Clone::clone(cie));
-            }
-            let cie = section.cie_from_offset(bases, offset)?;
-            cies.insert(key, cie.clone());
-            Ok(cie)
-        });
-        let Ok(fde) = parsed else {
+        let Ok(fde) = partial.parse(&mut get_cie) else {
             count(UnsupportedKind::InvalidCfi);
             continue;
         };
@@ -322,12 +320,24 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
             count(UnsupportedKind::AddressRange);
             continue;
         };
-        if start == end {
-            continue;
+        if start < end {
+            fdes.push(FdeAt {
+                start,
+                end,
+                offset: fde.offset(),
+            });
         }
-        let first = spans.len();
-        let signal = fde.is_signal_trampoline();
+    }
+    // Stable: equal starts keep section order, so the later FDE is laid last.
+    fdes.sort_by_key(|f| f.start);
+    let mut ctx = Box::new(UnwindContext::new());
+    let mut assembly = Assembly::default();
+    let mut spans = Vec::new();
+    for &FdeAt { start, end, offset } in &fdes {
+        spans.clear();
         let evaluated = (|| -> gimli::Result<()> {
+            let fde = section.fde_from_offset(bases, S::Offset::from(offset), &mut get_cie)?;
+            let signal = fde.is_signal_trampoline();
             let mut rows = fde.rows(section, bases, &mut ctx)?;
             while let Some(row) = rows.next_row()? {
                 // Clamped to the FDE so that spans stay within the range it claims.
@@ -351,7 +361,7 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
             Ok(())
         })();
         if evaluated.is_err() {
-            spans.truncate(first);
+            spans.clear();
             spans.push(Span {
                 start,
                 end,
@@ -359,19 +369,10 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
             });
             count(UnsupportedKind::InvalidCfi);
         }
-        fdes.push(FdeSpans {
-            start,
-            end,
-            spans: first..spans.len(),
-        });
+        assembly.add_fde(&spans, start, end);
     }
-    // Stable: equal starts keep section order, so the later FDE is laid last.
-    fdes.sort_by_key(|f| f.start);
-    let mut laid = Vec::with_capacity(spans.len());
-    for fde in &fdes {
-        overlay(&mut laid, &spans[fde.spans.clone()], fde.start, fde.end);
-    }
-    let rules = merged_rules(&laid);
+    drop(fdes);
+    let rules = assembly.finish();
     Ok(UnwindTable::from_rules(
         &rules,
         fde_count,
@@ -380,129 +381,9 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     )?)
 }
 
-/// Lays the spans of an FDE covering `[start, end)` over `laid` (sorted,
-/// disjoint spans of FDEs with earlier or equal starts): they replace
-/// whatever `laid` had in that range.
-fn overlay(laid: &mut Vec<Span>, new: &[Span], start: u64, end: u64) {
-    if laid.last().is_none_or(|last| last.end <= start) {
-        laid.extend_from_slice(new);
-        return;
-    }
-    // Disjoint sorted spans have increasing ends: the overlapped ones are a suffix.
-    let tail = laid.split_off(laid.partition_point(|s| s.end <= start));
-    laid.extend(
-        tail.iter()
-            .filter(|s| s.start < start)
-            .map(|s| Span { end: start, ..*s }),
-    );
-    laid.extend_from_slice(new);
-    laid.extend(tail.iter().filter(|s| s.end > end).map(|s| Span {
-        start: s.start.max(end),
-        ..*s
-    }));
-}
-
-/// The row stream of sorted disjoint spans: end-of-function rows in gaps
-/// and after the last span, identical consecutive rules merged (the first
-/// kept).
-fn merged_rules(spans: &[Span]) -> Vec<RuleAt> {
-    let mut rules: Vec<RuleAt> = Vec::with_capacity(spans.len() / 2 + 1);
-    let mut push = |addr, rule| {
-        if rules.last().is_none_or(|&(_, last)| last != rule) {
-            rules.push((addr, rule));
-        }
-    };
-    let mut previous_end = None;
-    for span in spans {
-        if previous_end.is_some_and(|end| end < span.start) {
-            push(previous_end.unwrap_or_default(), Rule::EndOfFunction);
-        }
-        push(span.start, span.rule);
-        previous_end = Some(span.end);
-    }
-    if let Some(end) = previous_end {
-        push(end, Rule::EndOfFunction);
-    }
-    rules
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::unwind::rule::{CfaOffset, Fp};
-
-    fn rsp(off: i64) -> Rule {
-        Rule::RspOffset {
-            cfa: CfaOffset::new(off).expect("fits"),
-            fp: Fp::Unchanged,
-        }
-    }
-
-    fn span(start: u64, end: u64, rule: Rule) -> Span {
-        Span { start, end, rule }
-    }
-
-    #[test]
-    fn later_fde_start_wins_and_earlier_fde_resumes_after_it() {
-        let mut laid = Vec::new();
-        overlay(
-            &mut laid,
-            &[span(0, 50, rsp(8)), span(50, 100, rsp(16))],
-            0,
-            100,
-        );
-        overlay(&mut laid, &[span(40, 60, rsp(24))], 40, 60);
-        overlay(&mut laid, &[span(60, 70, rsp(32))], 60, 70);
-        // Same start as the previous FDE: the later one replaces it.
-        overlay(&mut laid, &[span(60, 65, rsp(40))], 60, 65);
-        overlay(&mut laid, &[span(200, 210, rsp(8))], 200, 210);
-        assert_eq!(
-            laid,
-            [
-                span(0, 40, rsp(8)),
-                span(40, 60, rsp(24)),
-                span(60, 65, rsp(40)),
-                span(65, 70, rsp(32)),
-                span(70, 100, rsp(16)),
-                span(200, 210, rsp(8)),
-            ]
-        );
-        assert_eq!(
-            merged_rules(&laid),
-            [
-                (0, rsp(8)),
-                (40, rsp(24)),
-                (60, rsp(40)),
-                (65, rsp(32)),
-                (70, rsp(16)),
-                (100, Rule::EndOfFunction),
-                (200, rsp(8)),
-                (210, Rule::EndOfFunction),
-            ]
-        );
-    }
-
-    #[test]
-    fn adjacent_identical_rules_merge_and_gaps_end_functions() {
-        let spans = [
-            span(0x10, 0x20, rsp(8)),
-            span(0x20, 0x30, rsp(8)),
-            span(0x30, 0x40, rsp(16)),
-            span(0x40, 0x48, rsp(8)),
-            span(0x50, 0x58, rsp(8)),
-        ];
-        assert_eq!(
-            merged_rules(&spans),
-            [
-                (0x10, rsp(8)),
-                (0x30, rsp(16)),
-                (0x40, rsp(8)),
-                (0x48, Rule::EndOfFunction),
-                (0x50, rsp(8)),
-                (0x58, Rule::EndOfFunction),
-            ]
-        );
-    }
 
     #[test]
     fn corrupt_and_foreign_objects_are_errors() {

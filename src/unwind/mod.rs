@@ -15,6 +15,7 @@ use std::path::Path;
 
 use tracing::debug;
 
+mod assemble;
 pub mod builder;
 mod builds;
 pub mod cache;
