@@ -543,13 +543,11 @@ fn continuous_windows_write_one_timeline_each() {
 
 /// On demand: `format=firefox` answers a gzip'd timeline of the request's
 /// span with the program's named threads.
-#[test]
-fn on_demand_request_answers_a_timeline() {
-    let _serial = serial();
-    let program = compile("tl-http", &program_source(), &["-O2", "-g", "-pthread"]);
-    let workload = Workload::spawn(&program);
+/// Start `lightswitch --listen 127.0.0.1:0 --pids PIDS`; returns the
+/// process and the URL its banner gives.
+fn listen(pids: &str) -> (std::process::Child, String) {
     let mut agent = std::process::Command::new(BIN)
-        .args(["--listen", "127.0.0.1:0", "--pids", &workload.pid_arg()])
+        .args(["--listen", "127.0.0.1:0", "--pids", pids])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -566,6 +564,15 @@ fn on_demand_request_answers_a_timeline() {
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("unexpected banner {banner:?}"))
         .to_string();
+    (agent, url)
+}
+
+#[test]
+fn on_demand_request_answers_a_timeline() {
+    let _serial = serial();
+    let program = compile("tl-http", &program_source(), &["-O2", "-g", "-pthread"]);
+    let workload = Workload::spawn(&program);
+    let (mut agent, url) = listen(&workload.pid_arg());
     let before = unix_ms(SystemTime::now());
     let response = reqwest::blocking::Client::builder()
         .no_proxy()
@@ -842,24 +849,7 @@ fn on_demand_timeline_has_exec_exit_and_lost_markers() {
         (child, stdin)
     };
     let pid = workload.0.id().to_string();
-    let mut agent = std::process::Command::new(BIN)
-        .args(["--listen", "127.0.0.1:0", "--pids", &pid])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawning lightswitch");
-    let mut banner = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(agent.stdout.take().unwrap()),
-        &mut banner,
-    )
-    .expect("reading the banner");
-    let url = banner
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected banner {banner:?}"))
-        .to_string();
+    let (mut agent, url) = listen(&pid);
     let request = std::thread::spawn(move || {
         reqwest::blocking::Client::builder()
             .no_proxy()

@@ -518,20 +518,10 @@ mod tests {
     use super::*;
     use crate::format::{firefox, folded};
 
-    /// The folded tests' profile with a timeline (a sample every 10 µs from
-    /// -2 µs), an exec, an exit and a lost-samples span.
+    /// The Firefox tests' profile (a sample every 10 µs from -2 µs, user
+    /// frames in `/bin/app`) with an exec, an exit and a lost-samples span.
     fn timed_profile() -> Profile {
-        let mut profile = folded::tests::sample_profile();
-        let mut offset = -2_000;
-        for (index, sample) in profile.samples.iter().enumerate() {
-            for _ in 0..sample.count {
-                profile.timeline.push(TimedSample {
-                    offset_ns: offset,
-                    sample: index as u32,
-                });
-                offset += 10_000;
-            }
-        }
+        let mut profile = firefox::tests::timed_profile();
         profile.markers = vec![
             ProcessMarker {
                 offset_ns: 0,
@@ -607,6 +597,15 @@ mod tests {
             .frames
             .iter()
             .any(|f| f.kind == FrameKind::Kernel && &*f.lines[0].function == "vfs_read"));
+        // User frames are in /bin/app's library, at their file offsets.
+        let main = read.frames.iter().find(|f| &*f.lines[0].function == "main");
+        let mapping = main.and_then(|f| f.mapping).map(|m| &read.mappings[m]);
+        assert_eq!(mapping.map(|m| m.filename.as_str()), Some("/bin/app"));
+        assert_eq!(main.map(|f| f.address), Some(0x1100));
+        assert_eq!(
+            mapping.and_then(|m| m.build_id.as_deref()),
+            Some("0aa70dc66dec077a9140a391cc1a092737b75148")
+        );
     }
 
     #[test]
