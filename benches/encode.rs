@@ -71,6 +71,8 @@ fn profile(n: usize) -> Profile {
         timeline: vec![],
         markers: vec![],
         lost: vec![],
+        subject: None,
+        host: None,
     }
 }
 

@@ -1,6 +1,7 @@
 # The same build inputs scripts/setup.sh installs on Debian: clang for the BPF
 # program, libelf + zlib + pkg-config for libbpf, protoc for the pprof types,
-# Go for `go tool pprof` in the tests, util-linux for setpriv/unshare.
+# Go for `go tool pprof` in the tests, util-linux for setpriv/unshare, man-db
+# for the man page test.
 { pkgs }:
 pkgs.mkShell {
   packages = with pkgs; [
@@ -16,6 +17,7 @@ pkgs.mkShell {
     protobuf
     go
     util-linux
+    man-db
   ];
   nativeBuildInputs = [ pkgs.llvmPackages.clang-unwrapped ];
   # The BPF target needs an unwrapped clang (the cc-wrapper adds host flags).

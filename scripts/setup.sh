@@ -5,11 +5,12 @@
 # message types), Go (`go tool pprof` in the tests), util-linux
 # (setpriv/unshare in the tests), linux-perf (the overhead harness compares
 # against `perf record`), nodejs (JIT perf-map tests: `node --perf-basic-prof`),
-# debuginfod (a real debuginfod server for the debug-file fetching test).
+# debuginfod (a real debuginfod server for the debug-file fetching test),
+# man-db (tests/cli.rs renders the generated man page with `man -l`).
 # Idempotent: installs only what is missing.
 set -euo pipefail
 
-packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf nodejs debuginfod)
+packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf nodejs debuginfod man-db)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,43 +6,14 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub mod generate;
+mod values;
+use values::parse_label;
+pub use values::parse_seconds;
+
 use crate::format::{Compression, ProfileFormat};
 use crate::sender::{remote::HttpSettings, SenderConfig};
 use crate::unwind::identity::DEFAULT_DEBUG_ROOT;
-
-/// `--profile-format` values come from the format registry
-/// ([`ProfileFormat::spec`]): canonical names, aliases and help lines.
-impl ValueEnum for ProfileFormat {
-    fn value_variants<'a>() -> &'a [Self] {
-        &ProfileFormat::ALL
-    }
-
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        let spec = self.spec();
-        Some(
-            clap::builder::PossibleValue::new(spec.name)
-                .aliases(spec.aliases.iter().copied())
-                .help(spec.help),
-        )
-    }
-}
-
-/// `--pprof-compression` values.
-impl ValueEnum for Compression {
-    fn value_variants<'a>() -> &'a [Self] {
-        &[Compression::None, Compression::Gzip]
-    }
-
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        Some(match self {
-            Compression::None => {
-                clap::builder::PossibleValue::new("none").help("raw protobuf bytes")
-            }
-            Compression::Gzip => clap::builder::PossibleValue::new("gzip")
-                .help("gzip-compressed protobuf (what `go tool pprof` and HTTP receivers prefer)"),
-        })
-    }
-}
 
 /// Verbosity of the profiler's own log (stderr).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -57,6 +28,17 @@ pub enum LogLevel {
     Debug,
 }
 
+/// The examples `lightswitch --help` ends with.
+const EXAMPLES: &str = "Examples:
+  sudo lightswitch -d 5                          whole machine for 5 s -> ./flamegraph.svg
+  sudo lightswitch -p 1234 -F 999 -d 30s         one process at 999 Hz
+  sudo lightswitch -d 2m --profile-format pprof  -> ./profile.pb (go tool pprof -top profile.pb)
+  sudo lightswitch record -- ./bench             a command and everything it starts
+  lightswitch report profile.pb                  top functions of a saved profile
+  lightswitch diff --fail-above 5 a.pb b.pb      exit 1 when a function grew by over 5 points
+  lightswitch completions bash > /etc/bash_completion.d/lightswitch
+  lightswitch man > lightswitch.1";
+
 /// `lightswitch`: an eBPF CPU profiler. Samples every online CPU (or only the
 /// given processes), walks kernel and user stacks, and writes a symbolized
 /// profile when the run ends.
@@ -67,7 +49,8 @@ pub enum LogLevel {
     about,
     long_about = None,
     args_conflicts_with_subcommands = true,
-    allow_negative_numbers = true
+    allow_negative_numbers = true,
+    after_help = EXAMPLES
 )]
 pub struct Cli {
     /// A tool other than profiling; without one, lightswitch profiles.
@@ -91,16 +74,18 @@ impl std::ops::Deref for Cli {
 /// The options of a profiling run: the top-level flags, and `record`'s.
 #[derive(Debug, Args)]
 pub struct ProfileArgs {
-    /// Only profile these processes (thread group ids). Comma-separated or repeated.
-    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    /// Only profile these processes (thread group ids). Comma-separated or
+    /// repeated. Their children are not followed: `record` does that.
+    #[arg(short = 'p', long, value_delimiter = ',', num_args = 1..)]
     pub pids: Vec<i32>,
 
     /// Sampling frequency per CPU, in Hz (1 ..= kernel.perf_event_max_sample_rate).
-    #[arg(long, default_value_t = 99)]
+    #[arg(short = 'F', long, default_value_t = 99)]
     pub sample_freq: u64,
 
-    /// Stop after this many seconds. Without it, run until Ctrl-C or SIGTERM.
-    #[arg(long)]
+    /// Stop after this long: seconds, or with a unit (`5s`, `500ms`, `2m`).
+    /// Without it, run until Ctrl-C or SIGTERM.
+    #[arg(short = 'd', long, value_name = "DURATION", value_parser = parse_seconds)]
     pub duration: Option<f64>,
 
     /// Do not sample the profiler's own process.
@@ -170,10 +155,11 @@ pub struct ProfileArgs {
     #[arg(long, value_enum, default_value_t = LogLevel::Warn)]
     pub logging: LogLevel,
 
-    /// Continuous mode: emit one profile per window of this many seconds
-    /// (default 10 when continuous). Given explicitly, or with a sender other
-    /// than `disk`, the run is continuous; otherwise one profile covers the run.
-    #[arg(long)]
+    /// Continuous mode: emit one profile per window of this length (seconds,
+    /// or with a unit: `30s`, `1m`; default 10 s when continuous). Given
+    /// explicitly, or with a sender other than `disk`, the run is
+    /// continuous; otherwise one profile covers the run.
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
     pub profile_interval: Option<f64>,
 
     /// Continuous mode with the disk sender: keep only the newest N window
@@ -218,13 +204,14 @@ pub struct ProfileArgs {
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     pub send_queue_bytes: usize,
 
-    /// Remote senders: timeout of one HTTP request, seconds.
-    #[arg(long, default_value_t = 10.0)]
+    /// Remote senders: timeout of one HTTP request (seconds, or with a unit).
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds, default_value = "10")]
     pub send_timeout: f64,
 
     /// Remote senders: at shutdown, how long pending profiles may still be
-    /// sent, seconds (what is left after that is dropped and counted).
-    #[arg(long, default_value_t = 5.0)]
+    /// sent (seconds, or with a unit; what is left after that is dropped
+    /// and counted).
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds, default_value = "5")]
     pub flush_timeout: f64,
 
     /// Serve on-demand CPU profiles, the profiler's own heap profile and
@@ -272,29 +259,6 @@ pub enum SenderKind {
     Pyroscope,
 }
 
-/// Parse `KEY=VALUE` for `--label`: the key must be a valid label name.
-fn parse_label(text: &str) -> Result<(String, String), String> {
-    let (key, value) = text
-        .split_once('=')
-        .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))?;
-    let mut chars = key.chars();
-    let valid = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !valid {
-        return Err(format!(
-            "label name {key:?} must match [a-zA-Z_][a-zA-Z0-9_]*"
-        ));
-    }
-    if ["__name__", "service_name", "host"].contains(&key) {
-        return Err(format!(
-            "label {key:?} is set by lightswitch (use --pyroscope-app-name for service_name)"
-        ));
-    }
-    Ok((key.to_string(), value.to_string()))
-}
-
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 #[allow(clippy::large_enum_variant)] // parsed once; boxing buys nothing
@@ -304,7 +268,7 @@ pub enum Command {
     #[command(after_help = "Examples:\n  \
         sudo lightswitch record -- ./bench --iterations 10\n  \
         sudo lightswitch record --profile-format pprof -- make -j2\n  \
-        sudo lightswitch record --duration 5 --as-root -- ./server")]
+        sudo lightswitch record -d 5s --as-root -- ./server")]
     Record(RecordArgs),
     /// Compare two saved profiles (pprof, raw or gzip'd, or folded stacks):
     /// the functions whose share of samples changed most, in percentage points.
@@ -319,6 +283,20 @@ pub enum Command {
         lightswitch report profile.pb\n  \
         lightswitch report --format flame-graph --output cpu.svg profile.pb")]
     Report(ReportArgs),
+    /// Print a shell completion script for lightswitch to stdout.
+    #[command(after_help = "Examples:\n  \
+        lightswitch completions bash > /usr/share/bash-completion/completions/lightswitch\n  \
+        lightswitch completions zsh > /usr/share/zsh/vendor-completions/_lightswitch\n  \
+        lightswitch completions fish > /usr/share/fish/vendor_completions.d/lightswitch.fish")]
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print lightswitch's man page (roff, section 1) to stdout.
+    #[command(after_help = "Examples:\n  \
+        lightswitch man > /usr/share/man/man1/lightswitch.1\n  \
+        lightswitch man | man -l -")]
+    Man,
     /// Print the unwind table lightswitch builds for an object file (its rows
     /// and a summary: rows, pages, bytes, unsupported rules by kind).
     ShowUnwind {

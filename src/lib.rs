@@ -8,7 +8,8 @@
 //! builds the stages' config structs; [`server`] answers on-demand profile,
 //! heap ([`heap`]) and metrics requests over HTTP (`--listen`);
 //! [`collector`] receives profiles from [`sender::remote`] ([`wire`] names
-//! the headers between them); [`files`] writes every file atomically.
+//! the headers between them); [`files`] writes every file atomically;
+//! [`text`] words the summaries.
 
 #![deny(missing_docs)]
 
@@ -32,6 +33,7 @@ pub mod sender;
 pub mod server;
 mod skel;
 pub mod symbolize;
+pub mod text;
 pub mod timefmt;
 pub mod unwind;
 pub mod wire;

@@ -16,6 +16,24 @@ pub static malloc_conf: &[u8] = lightswitch::heap::DEFAULT_MALLOC_CONF;
 
 fn main() {
     let cli = Cli::parse();
+    // Generated from the command line's definition: nothing else to set up.
+    let generated = match &cli.command {
+        Some(Command::Completions { shell }) => Some(lightswitch::cli::generate::completions(
+            *shell,
+            &mut std::io::stdout().lock(),
+        )),
+        Some(Command::Man) => Some(lightswitch::cli::generate::man_page(
+            &mut std::io::stdout().lock(),
+        )),
+        _ => None,
+    };
+    if let Some(result) = generated {
+        if let Err(err) = result {
+            eprintln!("error: {err:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let level = match cli.log_level() {
         LogLevel::Error => "error",
         LogLevel::Warn => "warn",
@@ -52,8 +70,13 @@ fn main() {
             Ok(code) => std::process::exit(code),
             Err(err) => {
                 eprintln!("error: {err:#}");
-                // As a shell says of a command it cannot run.
-                std::process::exit(127);
+                // As a shell says of a command it cannot find (127) or
+                // run (126); 1 for anything else.
+                let status = err
+                    .chain()
+                    .find_map(|e| e.downcast_ref::<lightswitch::record::launch::CannotRun>())
+                    .map_or(1, |cannot| cannot.status);
+                std::process::exit(status);
             }
         },
         Some(Command::Diff(args)) => match lightswitch::compare::diff::run(args) {
@@ -66,6 +89,7 @@ fn main() {
         Some(Command::Report(args)) => {
             if let Err(err) = lightswitch::compare::report::run(args) {
                 eprintln!("error: {err:#}");
+                // As `diff` does: 2 when the input (or the output) fails.
                 std::process::exit(lightswitch::compare::diff::BAD_INPUT_EXIT_STATUS);
             }
             return;

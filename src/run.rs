@@ -26,6 +26,7 @@ use anyhow::{Context, Result};
 use tracing::{debug, info, warn};
 
 mod agent;
+mod hints;
 mod plan;
 pub mod progress;
 mod summary;
@@ -33,6 +34,7 @@ pub mod workload;
 
 pub use agent::{Agent, Stopped, Totals, Workers};
 pub use plan::RunPlan;
+use progress::StopWords;
 pub use summary::{ContinuousSummary, RunSummary};
 pub use workload::Workload;
 
@@ -42,7 +44,7 @@ use crate::format::{self, Compression, ProfileFormat};
 use crate::preflight;
 use crate::process::ProcessTracker;
 use crate::profile::window::ClosedWindow;
-use crate::profile::Profile;
+use crate::profile::{Profile, Provenance};
 use crate::sampler::{BpfStats, Sampler};
 use crate::sender::worker::WindowWorker;
 use crate::server::metrics::Metrics;
@@ -76,10 +78,21 @@ pub fn run(cli: &ProfileArgs) -> Result<RunSummary> {
 pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> Result<RunSummary> {
     let plan = RunPlan::from_cli(cli, workload.as_ref().map(|w| w.pid()))?;
     setup_libbpf_logging(cli.libbpf_debug);
-    let stop = progress::install_stop_handler(match workload {
-        Some(_) => " once the command exits",
-        None => "",
+    let stop = progress::install_stop_handler(if plan.listen_only {
+        // Nothing is written: requests in progress get 503.
+        StopWords {
+            first: "no profile is written in listen-only mode",
+            again: "",
+        }
+    } else if workload.is_some() {
+        StopWords::writing("writing the profile once the command exits")
+    } else {
+        StopWords::writing("writing the profile")
     })?;
+    let provenance = Provenance {
+        subject: subject(&plan.sampler.pids, workload.as_deref()).into(),
+        host: crate::sender::hostname().into(),
+    };
     let metrics = Arc::new(Metrics::default());
     // Continuous mode: the sender (and its thread) starts before sampling,
     // so that a bad URL fails the run before anything is loaded.
@@ -88,7 +101,11 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
         if let Some(queue) = sender.delivery_queue() {
             metrics.set_delivery_queue(queue);
         }
-        Some(WindowWorker::start(sender, metrics.clone())?)
+        Some(WindowWorker::start(
+            sender,
+            metrics.clone(),
+            provenance.clone(),
+        )?)
     } else {
         None
     };
@@ -151,7 +168,28 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
         server.stop(Duration::from_secs(2));
     }
     drop(sampler);
-    finish(cli, &plan, &metrics, stopped)
+    finish(cli, &plan, &metrics, stopped, &provenance)
+}
+
+/// What a run profiles, in words, for titles: the command line of
+/// `record`'s command, the pids with their names (`pid 1234 (nginx)`,
+/// `pids 1, 2`), or `the whole machine`.
+fn subject(pids: &[u32], workload: Option<&dyn Workload>) -> String {
+    if let Some(workload) = workload {
+        return workload.describe();
+    }
+    let named = |pid: &u32| match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+        Ok(comm) => format!("{pid} ({})", comm.trim_end()),
+        Err(_) => pid.to_string(),
+    };
+    match pids {
+        [] => "the whole machine".to_string(),
+        [pid] => format!("pid {}", named(pid)),
+        pids => format!(
+            "pids {}",
+            pids.iter().map(named).collect::<Vec<_>>().join(", ")
+        ),
+    }
 }
 
 /// Everything after sampling: log what the run saw, hand the last windows
@@ -161,6 +199,7 @@ fn finish(
     plan: &RunPlan,
     metrics: &Metrics,
     stopped: Stopped,
+    provenance: &Provenance,
 ) -> Result<RunSummary> {
     let Stopped {
         tracker,
@@ -200,6 +239,9 @@ fn finish(
         let flush = preflight::seconds("--flush-timeout", cli.flush_timeout)
             .unwrap_or(Duration::from_secs(5));
         let report = worker.finish(flush);
+        if let Some(hint) = pids_hint(plan, &totals.pids) {
+            warn!("{hint}");
+        }
         return Ok(RunSummary {
             outputs: report.sender.files.clone(),
             samples: windows.total(),
@@ -237,6 +279,8 @@ fn finish(
     let started = Instant::now();
     let mut profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
     aggregator.take_timeline_into(&mut profile);
+    provenance.stamp(&mut profile);
+    check_pids_sampled(plan, &aggregator, &profile)?;
     info!(
         "{} samples, {} distinct stacks, {} frames symbolized in {:?}",
         profile.total_samples(),
@@ -294,6 +338,33 @@ fn write_outputs(
         files::write_atomic(output, &bytes, mode)?;
     }
     Ok(())
+}
+
+/// A `--pids` target without samples whose children ran
+/// ([`pids_hint`]): an error when the profile is empty (nothing is
+/// written), a warning otherwise.
+fn check_pids_sampled(
+    plan: &RunPlan,
+    aggregator: &crate::profile::aggregate::Aggregator,
+    profile: &Profile,
+) -> Result<()> {
+    let sampled = aggregator.stacks().map(|(key, _)| key.pid).collect();
+    if let Some(hint) = pids_hint(plan, &sampled) {
+        if profile.total_samples() == 0 {
+            anyhow::bail!("no samples were collected, so no profile was written: {hint}");
+        }
+        warn!("{hint}");
+    }
+    Ok(())
+}
+
+/// [`hints::unsampled_parents`] for a `--pids` run (not `record`, which
+/// follows children itself).
+fn pids_hint(plan: &RunPlan, sampled: &std::collections::HashSet<u32>) -> Option<String> {
+    if plan.sampler.follow_children || plan.sampler.pids.is_empty() {
+        return None;
+    }
+    hints::unsampled_parents(&plan.sampler.pids, sampled)
 }
 
 /// Say once how many mapped objects could not be opened, and why that

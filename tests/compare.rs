@@ -406,3 +406,81 @@ fn diff_of_timelines() {
     );
     assert!(!grown.stdout.contains("FAIL: beta"), "{grown}");
 }
+
+/// The mode bits of `path`.
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// What a new user ran into: `report` exits 2 on bad input (as `diff`);
+/// text that is not folded stacks is named as such, with its bad line;
+/// outputs are private (0600) and go into directories made for them; a
+/// folded line of a single frame keeps its samples.
+#[test]
+fn report_and_diff_inputs_and_outputs() {
+    let _serial = serial();
+    let program = compile("cmp_nits", SPLIT_SOURCE, FP_FLAGS);
+    let dir = tempdir();
+    let folded = ["--profile-format", "folded"];
+    let base = record(&program, (300, 300), dir.path(), "base.txt", &folded);
+    let new = record(&program, (300, 600), dir.path(), "new.txt", &folded);
+
+    // Text, but not folded stacks: the line is named, not a protobuf error.
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "main;work 12\nthis is not a stack\n").unwrap();
+    let bad = lightswitch(&["report", s(&notes)]);
+    assert_eq!(bad.status.code(), Some(2), "{bad}");
+    assert!(
+        bad.stderr.contains("it is text, but not folded stacks"),
+        "{bad}"
+    );
+    assert!(
+        bad.stderr.contains("line 2 does not end in a count"),
+        "{bad}"
+    );
+    assert!(!bad.stderr.to_lowercase().contains("protobuf"), "{bad}");
+    let missing = lightswitch(&["report", "/nonexistent/profile.pb"]);
+    assert_eq!(missing.status.code(), Some(2), "{missing}");
+
+    // One-frame lines (as other tools write them) keep their samples.
+    let flat = dir.path().join("flat.txt");
+    std::fs::write(&flat, "main 30\napp;main;work 70\n").unwrap();
+    let out = lightswitch(&["report", s(&flat)]);
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    assert!(out.stdout.starts_with("100 samples"), "{out}");
+    let row = |name: &str| -> Vec<String> {
+        out.stdout
+            .lines()
+            .find(|l| l.split_whitespace().last() == Some(name))
+            .unwrap_or_else(|| panic!("{name} not listed:\n{out}"))
+            .split_whitespace()
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(
+        row("main")[..5],
+        ["30", "30.00%", "100.00%", "100", "100.00%"],
+        "{out}"
+    );
+
+    // Outputs: 0600, directories made as for profiles.
+    let svg = dir.path().join("new/dir/diff.svg");
+    let out = lightswitch(&["diff", "--flame-graph", s(&svg), s(&base), s(&new)]);
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    assert_eq!(mode(&svg), 0o600);
+    parse_svg(&std::fs::read_to_string(&svg).unwrap());
+    let pb = dir.path().join("other/p.pb");
+    let out = lightswitch(&["report", "--format", "pprof", "-o", s(&pb), s(&base)]);
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    assert_eq!(mode(&pb), 0o600);
+    // A directory that cannot be made (under a regular file): exit 2, named.
+    let under_file = base.join("diff.svg");
+    let out = lightswitch(&["diff", "--flame-graph", s(&under_file), s(&base), s(&new)]);
+    assert_eq!(out.status.code(), Some(2), "{out}");
+    assert!(
+        out.stderr.contains("writing the differential flame graph"),
+        "{out}"
+    );
+    assert!(out.stderr.contains(s(&base)), "{out}");
+}

@@ -319,8 +319,17 @@ fn on_demand_profiles() {
         allow_dtd: true,
         ..Default::default()
     };
-    roxmltree::Document::parse_with_options(&svg, options)
+    let doc = roxmltree::Document::parse_with_options(&svg, options)
         .expect("the flame graph is well-formed SVG");
+    // The title says what the request profiled.
+    let title = doc
+        .descendants()
+        .find(|n| n.attribute("id") == Some("title"))
+        .and_then(|n| n.text());
+    assert_eq!(
+        title,
+        Some(format!("CPU profile of pid {} (on demand)", wb.pid()).as_str())
+    );
     for f in common::CHAIN {
         assert!(svg.contains(f), "{f} missing from the flame graph");
     }

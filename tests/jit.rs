@@ -436,3 +436,80 @@ impl Drop for KillOnDrop<'_> {
         let _ = self.0.wait();
     }
 }
+
+/// In the flame graph, generated code is green and the program's own
+/// functions yellow (colours by frame kind, read back from the SVG with a
+/// real parser), and the title names the pid and its process.
+#[test]
+fn flame_graph_colours_generated_code_green() {
+    let _serial = serial();
+    let program = compile("lsw_jit_svg", &jit_source(), FP_FLAGS);
+    let workload = Workload::spawn(&program);
+    wait_for_map(workload.pid());
+    let dir = tempdir();
+    let out = run(
+        &[
+            "-p",
+            &workload.pid_arg(),
+            "-d",
+            "1500ms",
+            "-F",
+            "499",
+            "--profile-path",
+            s(dir.path()),
+        ],
+        TIMEOUT,
+    );
+    let _ = fs::remove_file(format!("/tmp/perf-{}.map", workload.pid()));
+    out.assert_success();
+    let svg = fs::read_to_string(dir.path().join("flamegraph.svg")).unwrap();
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    let doc = roxmltree::Document::parse_with_options(&svg, options).expect("the SVG parses");
+    let title = doc
+        .descendants()
+        .find(|n| n.attribute("id") == Some("title"))
+        .and_then(|n| n.text())
+        .unwrap();
+    assert_eq!(
+        title,
+        format!("CPU profile of pid {} (lsw_jit_svg)", workload.pid())
+    );
+    // The fill of the box named `name` as (r, g, b).
+    let fill = |name: &str| -> (u8, u8, u8) {
+        let group = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("g"))
+            .find(|g| {
+                g.children()
+                    .find(|n| n.has_tag_name("title"))
+                    .and_then(|t| t.text())
+                    .is_some_and(|t| t.starts_with(&format!("{name} (")))
+            })
+            .unwrap_or_else(|| panic!("no box for {name}"));
+        let rect = group.children().find(|n| n.has_tag_name("rect")).unwrap();
+        let rgb: Vec<u8> = rect
+            .attribute("fill")
+            .unwrap()
+            .trim_start_matches("rgb(")
+            .trim_end_matches(')')
+            .split(',')
+            .map(|v| v.parse().unwrap())
+            .collect();
+        (rgb[0], rgb[1], rgb[2])
+    };
+    for jit in ["jit_outer", "jit_inner"] {
+        let (r, g, b) = fill(jit);
+        assert!(
+            (60..=120).contains(&r) && (170..=220).contains(&g) && (60..=120).contains(&b),
+            "{jit}: rgb({r},{g},{b}) is not the JIT green"
+        );
+    }
+    let (r, g, b) = fill("main");
+    assert!(
+        r >= 230 && (180..=230).contains(&g) && (40..=90).contains(&b),
+        "main: rgb({r},{g},{b}) is not the native yellow"
+    );
+}

@@ -154,6 +154,19 @@ fn record_exit_statuses() {
             .contains("no-such-command-lsw: command not found"),
         "{out}"
     );
+    // Found but not executable: 126, as shells say it.
+    let script = dir.path().join("not-executable.sh");
+    std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    chmod(&script, 0o644);
+    for (command, expected, message) in [
+        (s(&script), 126, "not executable (permission denied)"),
+        (s(dir.path()), 126, "is a directory"),
+        ("", 127, "the command is an empty string"),
+    ] {
+        let out = run(&record_args(dir.path(), "99", &[command]), TIMEOUT);
+        assert_eq!(out.status.code(), Some(expected), "{command:?}: {out}");
+        assert!(out.stderr.contains(message), "{command:?}: {out}");
+    }
     // Too short to be sampled, so the (default) flame graph cannot be
     // drawn: the command's failure is still the exit status, and the
     // missing profile is said on stderr; a command that succeeded gets 1.
@@ -253,9 +266,30 @@ fn record_runs_the_command_as_the_sudo_user() {
         "65534:65534:/nonexistent:nobody",
         "{out}"
     );
+    // The profile is the invoking user's, still private.
+    let owner = |path: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).unwrap();
+        (meta.uid(), meta.gid(), meta.mode() & 0o777)
+    };
+    let folded = dir.path().join("folded.txt");
+    assert_eq!(owner(&folded), (65534, 65534, 0o600), "{out}");
     let out = as_user(&["--as-root"]);
     assert_eq!(out.status.code(), Some(0), "{out}");
     assert!(out.stdout.starts_with("0:0:"), "{out}");
+    assert_eq!(owner(&folded), (0, 0, 0o600), "{out}");
+    // A --profile-path the run created is given away too.
+    let created = dir.path().join("made-by-record");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["record", "--profile-format", "folded", "--profile-path"])
+        .arg(&created)
+        .args(["--", "true"])
+        .env("SUDO_UID", "65534")
+        .env("SUDO_GID", "65534");
+    let out = run_command(cmd, TIMEOUT);
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    assert_eq!(owner(&created).0, 65534, "{out}");
+    assert_eq!(owner(&created.join("folded.txt")).0, 65534, "{out}");
 }
 
 /// A second interrupt ends lightswitch at once (130), writing nothing,
@@ -287,4 +321,131 @@ fn second_interrupt_exits_without_writing() {
         "{out}"
     );
     assert!(!dir.path().join("folded.txt").exists(), "{out}");
+}
+
+/// The flame graph of `record` says what it shows: the command in the
+/// title; host, start, duration, frequency and the summary's sample count
+/// in the subtitle; boxes coloured by frame kind (the program's functions
+/// yellow, kernel frames orange, the process name blue-grey, unwind
+/// results grey), read back with a real XML parser.
+#[test]
+fn record_flame_graph_title_subtitle_and_colours() {
+    let _serial = serial();
+    let program = compile("rec_flame", &phases_source(), FP_FLAGS);
+    let dir = tempdir();
+    let out = run(
+        &[
+            "record",
+            "-F",
+            "499",
+            "--profile-format",
+            "flame-graph,folded",
+            "--profile-path",
+            s(dir.path()),
+            "--",
+            s(&program.path),
+            "150",
+            "150",
+        ],
+        TIMEOUT,
+    );
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    let svg = std::fs::read_to_string(dir.path().join("flamegraph.svg")).unwrap();
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    let doc = roxmltree::Document::parse_with_options(&svg, options).expect("the SVG parses");
+    let text_of = |id: &str| {
+        doc.descendants()
+            .find(|n| n.attribute("id") == Some(id))
+            .and_then(|n| n.text())
+            .unwrap_or_else(|| panic!("no #{id}"))
+            .to_string()
+    };
+    assert_eq!(
+        text_of("title"),
+        format!("CPU profile of {} 150 150", program.path.display())
+    );
+    let subtitle = text_of("subtitle");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    // The summary is on stderr (stdout is the command's).
+    let samples = Summary::parse(&out.stderr).expect("summary").samples;
+    assert!(
+        subtitle.starts_with(&format!("host {}, started 20", host.trim())),
+        "{subtitle}"
+    );
+    assert!(subtitle.contains(" UTC, "), "{subtitle}");
+    assert!(
+        subtitle.ends_with(&format!(" at 499 Hz, {samples} samples")),
+        "{subtitle}"
+    );
+    let seconds: f64 = subtitle
+        .split(" UTC, ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((0.2..5.0).contains(&seconds), "{subtitle}");
+
+    // Kernel frames as folded output names them (inferno's titles drop `_[k]`).
+    let stacks = read_folded(&dir.path().join("folded.txt"));
+    let kernel: std::collections::HashSet<&str> = stacks
+        .iter()
+        .flat_map(|(frames, _)| kernel_frames(frames))
+        .collect();
+    let mut seen = std::collections::BTreeMap::<&str, u32>::new();
+    for group in doc.descendants().filter(|n| n.has_tag_name("g")) {
+        let (Some(title), Some(rect)) = (
+            group
+                .children()
+                .find(|n| n.has_tag_name("title"))
+                .and_then(|t| t.text()),
+            group.children().find(|n| n.has_tag_name("rect")),
+        ) else {
+            continue;
+        };
+        let name = title.rsplit_once(" (").map_or(title, |(name, _)| name);
+        let fill = rect.attribute("fill").unwrap();
+        let rgb: Vec<u8> = fill
+            .trim_start_matches("rgb(")
+            .trim_end_matches(')')
+            .split(',')
+            .map(|v| v.parse().unwrap())
+            .collect();
+        let (r, g, b) = (rgb[0], rgb[1], rgb[2]);
+        let class = if name == "rec_flame" {
+            assert!((130..=160).contains(&r) && b == 230, "{name}: {fill}");
+            "process"
+        } else if name.starts_with("[unwind: ") {
+            assert!(
+                r == g && g == b && (150..=190).contains(&r),
+                "{name}: {fill}"
+            );
+            "unwind"
+        } else if ["first_phase", "chain_a", "chain_hot", "main"].contains(&name) {
+            assert!(
+                r >= 230 && (180..=230).contains(&g) && (40..=90).contains(&b),
+                "{name}: {fill}"
+            );
+            "user native"
+        } else if kernel.contains(name) && !name.contains('+') {
+            assert!(
+                r >= 230 && (100..=150).contains(&g) && b <= 40,
+                "{name}: {fill}"
+            );
+            "kernel"
+        } else {
+            continue;
+        };
+        *seen.entry(class).or_default() += 1;
+    }
+    assert!(seen.contains_key("process"), "{seen:?}");
+    assert!(
+        seen.get("user native").copied().unwrap_or(0) >= 3,
+        "{seen:?}"
+    );
 }

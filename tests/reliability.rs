@@ -181,6 +181,8 @@ fn known_profile(start_unix_ns: u64, count: u64, stacks: usize) -> Vec<u8> {
         timeline: vec![],
         markers: vec![],
         lost: vec![],
+        subject: None,
+        host: None,
     };
     lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
 }
@@ -585,11 +587,12 @@ fn windows_that_cannot_be_written_fail_the_run_and_are_not_counted_written() {
             })
             .unwrap_or_else(|| panic!("no {prefix}{key} in the summary:\n{out}"))
     };
+    // `1 window written to` or `N windows written to`.
     let written: u64 = out
         .stdout
-        .split(" windows written to ")
+        .split(" written to ")
         .next()
-        .and_then(|n| n.parse().ok())
+        .and_then(|head| head.split(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("no 'N windows written to' headline:\n{out}"));
     let (closed, failed) = (count("windows: ", "closed="), count("windows: ", "failed="));
     // The window closed before the directory went may have been written.

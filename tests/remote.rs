@@ -174,7 +174,11 @@ impl Summary {
         let first = out
             .stdout
             .lines()
-            .find(|l| l.contains(" windows queued for ") || l.contains(" windows written to "))
+            .find(|l| {
+                [" queued for ", " written to "].iter().any(|verb| {
+                    l.contains(&format!(" windows{verb}")) || l.contains(&format!(" window{verb}"))
+                })
+            })
             .unwrap_or_else(|| panic!("no continuous summary in stdout:\n{out}"));
         let windows = first.split(' ').next().unwrap().parse().unwrap();
         let (_, counts) = first.rsplit_once(": ").unwrap();
@@ -645,8 +649,14 @@ fn unauthorized_is_not_retried_and_logged_with_the_servers_message() {
         ])
         .args(["--profile-interval", "1", "--duration", "1"]);
     let out = Lightswitch::spawn_command(cmd).wait(Duration::from_secs(60));
-    // A profile the server refused is lost: the exit status says so.
-    out.assert_error(&["1 profiles not delivered", "rejected=1"]);
+    // A profile the server refused is lost: the exit status says so, and
+    // the error names the server's answer.
+    out.assert_error(&[
+        "1 profile not delivered",
+        "rejected=1",
+        "first error: HTTP 401",
+        "token expired for tenant acme",
+    ]);
     let summary = Summary::parse(&out);
     assert_eq!(
         (
@@ -895,6 +905,8 @@ fn known_profile(start_unix_ns: u64, count: u64) -> Vec<u8> {
         timeline: vec![],
         markers: vec![],
         lost: vec![],
+        subject: None,
+        host: None,
     };
     lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
 }

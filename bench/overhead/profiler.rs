@@ -221,11 +221,12 @@ impl Drop for Running {
 }
 
 /// Parse lightswitch's summary: `... N samples, P processes, L samples lost`
+/// (singular nouns for 1: `1 sample, 1 process, 1 sample lost`)
 /// (single profile or continuous mode) and `user stacks: complete=... no_table=...`.
 pub fn parse_lightswitch(stdout: &str) -> Option<Finished> {
     let counts = stdout
         .lines()
-        .find(|l| l.ends_with(" samples lost"))?
+        .find(|l| l.ends_with(" samples lost") || l.ends_with(" sample lost"))?
         .rsplit_once(": ")?
         .1;
     let numbers: Vec<u64> = counts
@@ -322,8 +323,11 @@ mod tests {
         let f = parse_lightswitch(out).unwrap();
         assert_eq!((f.samples, f.lost), (9873, 3));
         assert_eq!(f.unwind["complete"], 9650);
-        let cont = "2 windows written to /tmp/x: 10 samples, 1 processes, 0 samples lost\n";
+        let cont = "2 windows written to /tmp/x: 10 samples, 1 process, 0 samples lost\n";
         assert_eq!(parse_lightswitch(cont).unwrap().samples, 10);
+        let one = "1 window written to /tmp/x: 1 sample, 1 process, 1 sample lost\n";
+        let f = parse_lightswitch(one).unwrap();
+        assert_eq!((f.samples, f.lost), (1, 1));
     }
 
     #[test]

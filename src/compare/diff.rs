@@ -199,7 +199,8 @@ pub fn differential_flame_graph(base: &Profile, new: &Profile) -> Result<Vec<u8>
 /// `lightswitch diff`: print the comparison, write the flame graph when
 /// asked, and return the exit status: 1 when `--fail-above` is exceeded,
 /// else 0. Errors (exit status [`BAD_INPUT_EXIT_STATUS`]) name the input
-/// that could not be read.
+/// that could not be read, or the flame graph that could not be written
+/// (mode 0600, as profiles are).
 pub fn run(args: &DiffArgs) -> Result<i32> {
     if let Some(points) = args.fail_above {
         if !points.is_finite() || points < 0.0 {
@@ -211,7 +212,9 @@ pub fn run(args: &DiffArgs) -> Result<i32> {
     let diff = diff(&base, &new);
     if let Some(path) = &args.flame_graph {
         let svg = differential_flame_graph(&base, &new)?;
-        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+        // As every profile: private, atomic, its directory made if missing.
+        crate::files::write_atomic(path, &svg, crate::files::PROFILE_MODE)
+            .context("writing the differential flame graph")?;
     }
     let grown = args
         .fail_above

@@ -5,6 +5,7 @@
 //! lightswitch, inferno and Brendan Gregg's scripts write them), or a
 //! timeline (Firefox Profiler JSON, raw or gzip'd: [`super::timeline`]).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
@@ -47,9 +48,9 @@ pub fn read_input(path: &Path) -> Result<(Profile, InputFormat)> {
         .with_context(|| format!("{} is not a profile lightswitch reads", path.display()))
 }
 
-/// Decode `bytes`: folded stacks when they are text whose every line ends
-/// in a count, a timeline when they are (or decompress to) JSON, else pprof
-/// (raw or gzip'd).
+/// Decode `bytes`: JSON (raw or gzip'd) is read as a timeline, other
+/// text as folded stacks (its error names the first bad line), anything
+/// else as pprof (raw or gzip'd).
 pub fn parse_profile(bytes: &[u8]) -> Result<Profile> {
     parse_input(bytes).map(|(profile, _)| profile)
 }
@@ -60,22 +61,23 @@ pub fn parse_input(bytes: &[u8]) -> Result<(Profile, InputFormat)> {
         bail!("the file is empty");
     }
     let raw = if merge::is_gzip(bytes) {
-        gunzip(bytes)?
+        Cow::Owned(gunzip(bytes)?)
     } else {
-        if let Ok(text) = std::str::from_utf8(bytes) {
-            if let Ok(profile) = parse_folded(text) {
-                return Ok((profile, InputFormat::Folded));
-            }
-        }
-        bytes.to_vec()
+        Cow::Borrowed(bytes)
     };
     if timeline::looks_like_json(&raw) {
-        return Ok((timeline::parse_timeline(&raw)?, InputFormat::Timeline));
+        let profile = timeline::parse_timeline(&raw)
+            .context("it is JSON, but not a Firefox Profiler timeline")?;
+        return Ok((profile, InputFormat::Timeline));
+    }
+    if let Some(text) = as_text(&raw) {
+        let profile = parse_folded(text).context("it is text, but not folded stacks")?;
+        return Ok((profile, InputFormat::Folded));
     }
     match merge::decode_body(&raw, MAX_DECODED_BYTES) {
         Ok((proto, _)) => Ok((merge::profile_from_pprof(&proto), InputFormat::Pprof)),
         Err(BodyError::Malformed(why) | BodyError::TooLarge(why)) => {
-            bail!("not folded stacks or a timeline, and as pprof: {why}")
+            bail!("it is binary, but not a pprof profile: {why}")
         }
     }
 }
@@ -86,17 +88,30 @@ fn gunzip(bytes: &[u8]) -> Result<Vec<u8>> {
     GzDecoder::new(bytes)
         .take(MAX_DECODED_BYTES as u64 + 1)
         .read_to_end(&mut raw)
-        .context("not valid gzip")?;
+        .context("it is not valid gzip")?;
     if raw.len() > MAX_DECODED_BYTES {
-        bail!("decompresses to more than {MAX_DECODED_BYTES} bytes");
+        bail!("it decompresses to more than {MAX_DECODED_BYTES} bytes");
     }
     Ok(raw)
 }
 
+/// `bytes` as text: UTF-8 without control characters other than tab,
+/// newline and carriage return. A pprof profile is never that: its first
+/// byte is a field tag followed by binary lengths and varints, and gzip's
+/// magic number is not UTF-8.
+fn as_text(bytes: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    text.chars()
+        .all(|c| !c.is_control() || matches!(c, '\t' | '\n' | '\r'))
+        .then_some(text)
+}
+
 /// Parse folded stacks into a profile: the first frame of a line is the
 /// process name, `_[k]`-suffixed frames are kernel frames, `[unwind: ...]`
-/// frames are unwind markers, everything else is a user frame. Errors on a
-/// line without a count, or when there is no line at all.
+/// frames are unwind markers, everything else is a user frame. A line of
+/// one frame (`main 5`, as other tools write) is that frame in a process
+/// of the same name. Errors on a line without a count, or when there is no
+/// line at all.
 pub fn parse_folded(text: &str) -> Result<Profile> {
     let mut profile = Profile::default();
     let mut frames: HashMap<(FrameKind, &str), usize> = HashMap::new();
@@ -113,6 +128,8 @@ pub fn parse_folded(text: &str) -> Result<Profile> {
         };
         let mut names = stack.split(';');
         let comm: Arc<str> = Arc::from(names.next().unwrap_or_default());
+        // One frame: it is the stack's function as well as its process.
+        let names = names.chain((!stack.contains(';')).then_some(stack));
         let mut sample = Sample {
             pid: 0,
             tid: 0,
@@ -197,10 +214,35 @@ mod tests {
     }
 
     #[test]
+    fn a_line_of_one_frame_keeps_its_samples_as_that_function() {
+        let profile = parse_folded("main 5\napp;main;work 3\n").unwrap();
+        assert_eq!(profile.total_samples(), 8);
+        let table = crate::compare::function_table(&profile, false);
+        let main = &table.functions[&crate::compare::FunctionKey {
+            name: Arc::from("main"),
+            object: None,
+        }];
+        assert_eq!((main.self_samples, main.inclusive), (5, 8));
+    }
+
+    #[test]
     fn garbage_and_empty_input_are_errors() {
         assert!(parse_profile(b"").is_err());
-        let err = parse_profile(b"main;foo notanumber\n").unwrap_err();
-        assert!(format!("{err:#}").contains("not folded stacks"), "{err:#}");
+        // Text is judged as folded stacks and the bad line is named.
+        let err = parse_profile(b"main;foo 3\nmain;foo notanumber\n").unwrap_err();
+        let message = format!("{err:#}");
+        assert!(message.contains("not folded stacks"), "{message}");
+        assert!(
+            message.contains("line 2 does not end in a count"),
+            "{message}"
+        );
+        assert!(!message.contains("pprof"), "{message}");
+        // Binary is judged as pprof.
+        let err = parse_profile(&[0x0a, 0xff, 0x01]).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("not a pprof profile"),
+            "{err:#}"
+        );
         assert!(parse_profile(&[0x1f, 0x8b, 0, 1, 2]).is_err());
         assert!(parse_profile(&[0xff, 0xfe, 0x00]).is_err());
     }

@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use super::input::{read_input, InputFormat};
 use super::{function_table, FunctionTable};
@@ -79,9 +79,10 @@ fn span(args: &ReportArgs) -> Result<Option<(i64, i64)>> {
 
 /// `lightswitch report`: print the table, or with `--format` write the
 /// profile in that format (to `--output`, `-` for stdout, else the
-/// format's default file name); with `--from`/`--to`, of that span of a
-/// timeline only. Errors name the file that could not be read, encoded or
-/// written, or say that `--from`/`--to` needs a timeline.
+/// format's default file name; written mode 0600 as profiles are); with
+/// `--from`/`--to`, of that span of a timeline only. Errors name the file
+/// that could not be read, encoded or written, or say that `--from`/`--to`
+/// needs a timeline.
 pub fn run(args: &ReportArgs) -> Result<()> {
     let span = span(args)?;
     let (mut profile, input) = read_input(&args.file)?;
@@ -115,7 +116,8 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         let _ = std::io::stdout().lock().write_all(&bytes);
         return Ok(());
     }
-    std::fs::write(&output, &bytes).with_context(|| format!("writing {}", output.display()))?;
+    // As every profile: private, atomic, its directory made if missing.
+    crate::files::write_atomic(&output, &bytes, crate::files::PROFILE_MODE)?;
     eprintln!("wrote {}", output.display());
     Ok(())
 }

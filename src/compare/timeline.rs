@@ -469,6 +469,8 @@ pub fn slice(profile: &Profile, from_ns: i64, to_ns: i64) -> Profile {
         sample_freq_hz: profile.sample_freq_hz,
         mappings: profile.mappings.clone(),
         frames: profile.frames.clone(),
+        subject: profile.subject.clone(),
+        host: profile.host.clone(),
         ..Default::default()
     };
     let mut new_index: Vec<Option<u32>> = vec![None; profile.samples.len()];

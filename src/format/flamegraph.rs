@@ -1,13 +1,19 @@
 //! SVG flame graph, drawn by inferno from the folded stacks
-//! ([`super::folded`]). Kernel frames carry the `_[k]` annotation and are
-//! coloured by inferno's annotation-aware palette; the root frames are the
-//! process names.
+//! ([`super::folded`]). The title names what was profiled
+//! ([`Profile::subject`]) and the subtitle the host, start, duration,
+//! frequency and sample count. Boxes are coloured by what kind of frame they
+//! are ([`FrameClass`]), not by inferno's palettes that guess a language
+//! from a name's punctuation: every name gets its colour from a
+//! [`PaletteMap`] filled before drawing.
+
+use std::collections::HashMap;
 
 use anyhow::{Context, Result};
-use inferno::flamegraph::{self, color::MultiPalette, Options, Palette};
+use inferno::flamegraph::color::{Color, PaletteMap};
+use inferno::flamegraph::{self, Options};
 
 use super::{folded, FormatSpec};
-use crate::profile::Profile;
+use crate::profile::{FrameKind, Profile};
 
 /// The registry entry: `flame-graph` (also `flamegraph`, `flame`, `svg`),
 /// `flamegraph.svg`, `image/svg+xml`. An empty profile has nothing to draw.
@@ -20,21 +26,174 @@ pub const SPEC: FormatSpec = FormatSpec {
     mime_type: "image/svg+xml",
     encodes_empty: false,
     timeline: false,
-    encode: |profile, _| encode(profile, TITLE),
+    encode: |profile, _| encode(profile, &title(profile)),
 };
 
-/// The title drawn at the top of the profiler's CPU flame graphs.
-const TITLE: &str = "lightswitch CPU profile";
+/// The kind of a flame graph box, which decides its colour family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FrameClass {
+    /// The bottom row: a process name. Blue-grey.
+    Process,
+    /// Kernel code. Orange: red 230-255, green 100-150, blue 0-40.
+    Kernel,
+    /// User code of an object file (executables, shared libraries, the
+    /// vDSO). Yellow: red 230-255, green 180-230, blue 40-90.
+    UserNative,
+    /// User code in no file: JIT-compiled code named by a perf map or
+    /// jitdump, or anonymous memory. Green: red 60-120, green 170-220,
+    /// blue 60-120.
+    Jit,
+    /// An `[unwind: ...]` marker: the user walk stopped early. Grey: red =
+    /// green = blue, 150-190.
+    UnwindResult,
+}
 
-/// Render `profile` as an SVG flame graph. `title` is drawn at the top.
-/// Errors if inferno cannot render (e.g. the profile has no samples).
+impl FrameClass {
+    /// This class's colour for `name`: a shade of the class's colour
+    /// family chosen by a hash of the name (the same name is always the
+    /// same shade, neighbours usually differ).
+    pub fn color(self, name: &str) -> Color {
+        let hash = xxhash_rust::xxh3::xxh3_64(name.as_bytes());
+        // Three independent values in 0..=1.
+        let v = |shift: u32| ((hash >> shift) & 0xff) as f64 / 255.0;
+        let span = |low: u8, high: u8, t: f64| low + (f64::from(high - low) * t).round() as u8;
+        let (r, g, b) = match self {
+            FrameClass::Process => (span(130, 160, v(0)), span(160, 190, v(0)), 230),
+            FrameClass::Kernel => (
+                span(230, 255, v(0)),
+                span(100, 150, v(8)),
+                span(0, 40, v(16)),
+            ),
+            FrameClass::UserNative => (
+                span(230, 255, v(0)),
+                span(180, 230, v(8)),
+                span(40, 90, v(16)),
+            ),
+            FrameClass::Jit => (
+                span(60, 120, v(0)),
+                span(170, 220, v(8)),
+                span(60, 120, v(16)),
+            ),
+            FrameClass::UnwindResult => {
+                let grey = span(150, 190, v(0));
+                (grey, grey, grey)
+            }
+        };
+        Color { r, g, b }
+    }
+}
+
+/// The class of every name the folded stacks of `profile` have (process
+/// names, then frames as [`folded::folded_stacks`] names them). A name of
+/// two classes (rare: a process named like a function) keeps the first.
+pub fn frame_classes(profile: &Profile) -> HashMap<String, FrameClass> {
+    let mut classes = HashMap::new();
+    for sample in &profile.samples {
+        classes
+            .entry(folded::clean(&sample.process_comm))
+            .or_insert(FrameClass::Process);
+    }
+    for frame in &profile.frames {
+        let class = match frame.kind {
+            FrameKind::Kernel => FrameClass::Kernel,
+            FrameKind::UnwindMarker => FrameClass::UnwindResult,
+            FrameKind::User => {
+                let filename = frame.mapping.map(|m| profile.mappings[m].filename.as_str());
+                if filename.is_none_or(is_anonymous) {
+                    FrameClass::Jit
+                } else {
+                    FrameClass::UserNative
+                }
+            }
+        };
+        for line in &frame.lines {
+            let mut name = folded::clean(&line.function);
+            if frame.kind == FrameKind::Kernel {
+                name.push_str(folded::KERNEL_SUFFIX);
+            }
+            classes.entry(name).or_insert(class);
+        }
+    }
+    classes
+}
+
+/// Whether a mapping named `filename` is memory no object file backs
+/// (`[anon]`, `[anon:NAME]`, `[heap]`, `/memfd:...`, `//anon`): where JIT
+/// compilers put their code. `[vdso]` is the kernel's object file.
+fn is_anonymous(filename: &str) -> bool {
+    (filename.starts_with('[') && filename != "[vdso]")
+        || filename.starts_with("/memfd:")
+        || filename.starts_with("//anon")
+}
+
+/// The title: `CPU profile of SUBJECT` ([`Profile::subject`]), or
+/// `lightswitch CPU profile` when the profile does not say.
+/// A subject longer than [`MAX_SUBJECT_CHARS`] is cut there, with `...`.
+pub fn title(profile: &Profile) -> String {
+    let Some(subject) = &profile.subject else {
+        return "lightswitch CPU profile".to_string();
+    };
+    if subject.chars().count() <= MAX_SUBJECT_CHARS {
+        return format!("CPU profile of {subject}");
+    }
+    let cut: String = subject.chars().take(MAX_SUBJECT_CHARS).collect();
+    format!("CPU profile of {cut}...")
+}
+
+/// Longest subject a title shows in full, characters (a long command line
+/// would run off the image).
+pub const MAX_SUBJECT_CHARS: usize = 100;
+
+/// The subtitle: `host H, started 2024-05-01 12:00:00 UTC, 5.00 s at 99 Hz,
+/// 9873 samples`; parts the profile does not know (host, start, frequency of
+/// folded input) are left out.
+pub fn subtitle(profile: &Profile) -> String {
+    let mut parts = Vec::new();
+    if let Some(host) = &profile.host {
+        parts.push(format!("host {host}"));
+    }
+    if profile.start_unix_ns > 0 {
+        let start = jiff::Timestamp::from_nanosecond(i128::from(profile.start_unix_ns))
+            .map(|t| t.strftime("%Y-%m-%d %H:%M:%S UTC").to_string());
+        if let Ok(start) = start {
+            parts.push(format!("started {start}"));
+        }
+    }
+    let mut span = String::new();
+    if profile.duration_ns > 0 {
+        span = format!("{:.2} s", profile.duration_ns as f64 / 1e9);
+    }
+    if profile.sample_freq_hz > 0 {
+        span = format!("{span} at {} Hz", profile.sample_freq_hz)
+            .trim_start()
+            .to_string();
+    }
+    if !span.is_empty() {
+        parts.push(span);
+    }
+    parts.push(crate::text::plural(
+        profile.total_samples(),
+        "sample",
+        "samples",
+    ));
+    parts.join(", ")
+}
+
+/// Render `profile` as an SVG flame graph. `title` is drawn at the top, the
+/// [`subtitle`] under it; boxes are coloured by [`FrameClass`]. Errors if
+/// inferno cannot render (e.g. the profile has no samples).
 pub fn encode(profile: &Profile, title: &str) -> Result<Vec<u8>> {
     let stacks = folded::folded_stacks(profile);
     let lines: Vec<String> = stacks.iter().map(|(s, c)| format!("{s} {c}")).collect();
+    let mut palette = PaletteMap::default();
+    for (name, class) in frame_classes(profile) {
+        palette.insert(&name, class.color(&name));
+    }
     let mut options = Options::default();
     options.title = title.to_string();
+    options.subtitle = Some(subtitle(profile));
     options.count_name = "samples".to_string();
-    options.colors = Palette::Multi(MultiPalette::Java);
+    options.palette_map = Some(&mut palette);
     let mut svg = Vec::new();
     flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
         .context("rendering the flame graph")?;
@@ -53,5 +212,45 @@ mod tests {
         assert!(svg.contains("inner_inlined"));
         assert!(svg.contains("vfs_read"));
         assert!(svg.contains("8 samples"), "total count in the root frame");
+    }
+
+    #[test]
+    fn classes_and_their_colours() {
+        let classes = frame_classes(&sample_profile());
+        assert_eq!(classes["vfs_read_[k]"], FrameClass::Kernel);
+        assert_eq!(classes["[unwind: truncated]"], FrameClass::UnwindResult);
+        for (name, class) in &classes {
+            let c = class.color(name);
+            let fits = match class {
+                FrameClass::Process => c.b == 230,
+                FrameClass::Kernel => c.r >= 230 && (100..=150).contains(&c.g) && c.b <= 40,
+                FrameClass::UserNative => c.r >= 230 && (180..=230).contains(&c.g),
+                FrameClass::Jit => c.g >= 170 && c.r <= 120,
+                FrameClass::UnwindResult => c.r == c.g && c.g == c.b,
+            };
+            assert!(fits, "{name}: {class:?} {c:?}");
+        }
+        assert!(is_anonymous("[anon]") && is_anonymous("/memfd:jit (deleted)"));
+        assert!(!is_anonymous("[vdso]") && !is_anonymous("/usr/lib/libc.so.6"));
+    }
+
+    #[test]
+    fn title_and_subtitle_say_what_and_when() {
+        let mut profile = sample_profile();
+        assert_eq!(title(&profile), "lightswitch CPU profile");
+        profile.subject = Some("./bench -n 3".into());
+        profile.host = Some("web-1".into());
+        profile.start_unix_ns = 1_714_564_800_000_000_000;
+        profile.duration_ns = 5_000_000_000;
+        assert_eq!(title(&profile), "CPU profile of ./bench -n 3");
+        profile.subject = Some("x".repeat(150).into());
+        assert_eq!(
+            title(&profile),
+            format!("CPU profile of {}...", "x".repeat(100))
+        );
+        assert_eq!(
+            subtitle(&profile),
+            "host web-1, started 2024-05-01 12:00:00 UTC, 5.00 s at 100 Hz, 8 samples"
+        );
     }
 }

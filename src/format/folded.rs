@@ -29,8 +29,8 @@ pub const SPEC: FormatSpec = FormatSpec {
 pub const KERNEL_SUFFIX: &str = "_[k]";
 
 /// A frame name made safe for the folded format (`;` separates frames and a
-/// newline ends the line).
-fn clean(name: &str) -> String {
+/// newline ends the line): `;` becomes `:`, line breaks spaces.
+pub fn clean(name: &str) -> String {
     name.replace(';', ":").replace(['\n', '\r'], " ")
 }
 
@@ -127,6 +127,8 @@ pub(crate) mod tests {
             timeline: vec![],
             markers: vec![],
             lost: vec![],
+            subject: None,
+            host: None,
         }
     }
 

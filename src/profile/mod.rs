@@ -32,6 +32,13 @@ pub struct Profile {
     pub duration_ns: u64,
     /// Sampling frequency per CPU, Hz (one sample stands for 1e9 / freq ns of CPU).
     pub sample_freq_hz: u64,
+    /// What was profiled, in words: a command line (`./bench -n 3`), the
+    /// pids (`pids 1234, 5678`) or `the whole machine`. Set by runs and
+    /// window workers; `None` for profiles read back or merged. Flame
+    /// graphs draw it in their title.
+    pub subject: Option<Arc<str>>,
+    /// The host the samples were taken on (`gethostname`), when known.
+    pub host: Option<Arc<str>>,
     /// Address ranges the frames belong to (objects of processes, and the kernel).
     pub mappings: Vec<ProfileMapping>,
     /// Distinct frames (locations), referenced by index from [`Sample::frames`].
@@ -65,6 +72,24 @@ pub struct LostSamples {
     pub end_offset_ns: i64,
     /// Samples lost in it.
     pub samples: u64,
+}
+
+/// What a run profiles and on which host: stamped on every profile it
+/// builds ([`Profile::subject`], [`Profile::host`]).
+#[derive(Debug, Clone)]
+pub struct Provenance {
+    /// What was profiled, in words (see [`Profile::subject`]).
+    pub subject: Arc<str>,
+    /// The host name.
+    pub host: Arc<str>,
+}
+
+impl Provenance {
+    /// Set `profile`'s subject and host to these.
+    pub fn stamp(&self, profile: &mut Profile) {
+        profile.subject = Some(self.subject.clone());
+        profile.host = Some(self.host.clone());
+    }
 }
 
 /// Something that happened to a process, at its time (timeline formats).

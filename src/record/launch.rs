@@ -116,9 +116,68 @@ fn user_groups(user: &OsStr, gid: u32) -> Option<Vec<u32>> {
     }
 }
 
+/// Exit status for a command that was not found, as shells give it.
+pub const NOT_FOUND_EXIT_STATUS: i32 = 127;
+
+/// Exit status for a command that was found but cannot be executed (no
+/// execute permission, a directory, not a program the kernel runs), as
+/// shells give it.
+pub const NOT_EXECUTABLE_EXIT_STATUS: i32 = 126;
+
+/// Why the command could not be run, with the exit status a shell gives for
+/// it ([`NOT_FOUND_EXIT_STATUS`] or [`NOT_EXECUTABLE_EXIT_STATUS`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct CannotRun {
+    /// 127 (not found) or 126 (found, not executable).
+    pub status: i32,
+    /// What was wrong, naming the command.
+    pub message: String,
+}
+
+impl CannotRun {
+    fn not_found(message: String) -> anyhow::Error {
+        CannotRun {
+            status: NOT_FOUND_EXIT_STATUS,
+            message,
+        }
+        .into()
+    }
+
+    fn not_executable(message: String) -> anyhow::Error {
+        CannotRun {
+            status: NOT_EXECUTABLE_EXIT_STATUS,
+            message,
+        }
+        .into()
+    }
+
+    /// The [`CannotRun`] for an error of `execve` itself (the command's
+    /// file went between the check and the exec, or is not a program the
+    /// kernel can run): `ENOENT` is not found, `EACCES`, `ENOEXEC`, ... not
+    /// executable. `None` when `err` has no such cause.
+    pub fn of_exec_error(err: &anyhow::Error) -> Option<CannotRun> {
+        let errno = err
+            .chain()
+            .find_map(|e| e.downcast_ref::<std::io::Error>()?.raw_os_error())?;
+        let status = match errno {
+            libc::ENOENT => NOT_FOUND_EXIT_STATUS,
+            libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::ETXTBSY | libc::EPERM => {
+                NOT_EXECUTABLE_EXIT_STATUS
+            }
+            _ => return None,
+        };
+        Some(CannotRun {
+            status,
+            message: format!("{err:#}"),
+        })
+    }
+}
+
 /// The path `program` would be executed from: itself when it names a path,
 /// else the first executable of that name in `PATH`. Errors (before any
-/// process is started) when there is none.
+/// process is started) with a [`CannotRun`]: an empty name, no such file,
+/// or a file that is not executable (a directory, no execute permission).
 pub fn resolve_program(program: &OsStr) -> Result<PathBuf> {
     let is_executable = |path: &Path| {
         CString::new(path.as_os_str().as_bytes())
@@ -126,21 +185,54 @@ pub fn resolve_program(program: &OsStr) -> Result<PathBuf> {
             .map(|c| unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0 && path.is_file())
             .unwrap_or(false)
     };
+    if program.is_empty() {
+        return Err(CannotRun::not_found(
+            "the command is an empty string: give a program after `record --`, e.g. \
+             `lightswitch record -- ./bench`"
+                .into(),
+        ));
+    }
     if program.as_bytes().contains(&b'/') {
         let path = PathBuf::from(program);
         if !path.exists() {
-            bail!("{}: no such file", path.display());
+            return Err(CannotRun::not_found(format!(
+                "{}: no such file",
+                path.display()
+            )));
+        }
+        if path.is_dir() {
+            return Err(CannotRun::not_executable(format!(
+                "{}: is a directory",
+                path.display()
+            )));
         }
         if !is_executable(&path) {
-            bail!("{}: not an executable file", path.display());
+            return Err(CannotRun::not_executable(format!(
+                "{}: not executable (permission denied)",
+                path.display()
+            )));
         }
         return Ok(path);
     }
     let search = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
-    std::env::split_paths(&search)
+    let candidates: Vec<PathBuf> = std::env::split_paths(&search)
         .map(|dir| dir.join(program))
-        .find(|path| is_executable(path))
-        .ok_or_else(|| anyhow!("{}: command not found in PATH", program.to_string_lossy()))
+        .collect();
+    if let Some(found) = candidates.iter().find(|path| is_executable(path)) {
+        return Ok(found.clone());
+    }
+    // As shells do: a file of that name that cannot be run is not "not found".
+    if let Some(file) = candidates.iter().find(|path| path.is_file()) {
+        return Err(CannotRun::not_executable(format!(
+            "{}: found in PATH as {}, but not executable (permission denied)",
+            program.to_string_lossy(),
+            file.display()
+        )));
+    }
+    Err(CannotRun::not_found(format!(
+        "{}: command not found in PATH",
+        program.to_string_lossy()
+    )))
 }
 
 /// What the spawner thread reports about the child.
@@ -162,6 +254,8 @@ enum ChildEvent {
 #[derive(Debug)]
 pub struct HeldCommand {
     pid: u32,
+    /// The program's path and arguments, space-separated, for titles.
+    command_line: String,
     /// Write end of the "go" pipe: one byte releases the child, closing it
     /// without one makes the child exit without exec'ing.
     go: Option<File>,
@@ -247,8 +341,14 @@ impl HeldCommand {
             .context("starting the command's spawner thread")?;
         let mut pid_bytes = [0u8; 4];
         let read = File::from(pid_read).read_exact(&mut pid_bytes);
+        let command_line = std::iter::once(program.as_os_str())
+            .chain(args.iter().map(OsString::as_os_str))
+            .map(|part| part.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ");
         let mut held = HeldCommand {
             pid: u32::from_ne_bytes(pid_bytes),
+            command_line,
             go: Some(File::from(go_write)),
             events,
             started: false,
@@ -266,6 +366,11 @@ impl HeldCommand {
     /// The child's pid (its process id before and after exec).
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The program's path and its arguments, space-separated (`/usr/bin/make -j2`).
+    pub fn command_line(&self) -> &str {
+        &self.command_line
     }
 
     /// Let the child exec its command; errors when exec failed.
@@ -410,4 +515,43 @@ fn child_wait_for_go(
         libc::signal(libc::SIGQUIT, libc::SIG_DFL);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_errors_get_a_shells_status() {
+        let exec_error = |errno| {
+            Err::<(), _>(std::io::Error::from_raw_os_error(errno))
+                .context("executing the command")
+                .unwrap_err()
+        };
+        let status = |errno| CannotRun::of_exec_error(&exec_error(errno)).map(|c| c.status);
+        assert_eq!(status(libc::ENOENT), Some(NOT_FOUND_EXIT_STATUS));
+        assert_eq!(status(libc::EACCES), Some(NOT_EXECUTABLE_EXIT_STATUS));
+        assert_eq!(status(libc::ENOEXEC), Some(NOT_EXECUTABLE_EXIT_STATUS));
+        assert_eq!(status(libc::ECANCELED), None);
+        let message = CannotRun::of_exec_error(&exec_error(libc::EACCES))
+            .unwrap()
+            .message;
+        assert!(message.starts_with("executing the command: "), "{message}");
+    }
+
+    #[test]
+    fn programs_resolve_or_say_why_not() {
+        let status = |program: &str| {
+            resolve_program(OsStr::new(program))
+                .unwrap_err()
+                .downcast::<CannotRun>()
+                .unwrap()
+                .status
+        };
+        assert_eq!(status(""), NOT_FOUND_EXIT_STATUS);
+        assert_eq!(status("/nonexistent/prog"), NOT_FOUND_EXIT_STATUS);
+        assert_eq!(status("/"), NOT_EXECUTABLE_EXIT_STATUS);
+        assert_eq!(status("/etc/passwd"), NOT_EXECUTABLE_EXIT_STATUS);
+        assert!(resolve_program(OsStr::new("sh")).unwrap().is_absolute());
+    }
 }

@@ -14,7 +14,7 @@ use anyhow::Result;
 
 use crate::cli::RecordArgs;
 use crate::run::Workload;
-use launch::{HeldCommand, Identity};
+use launch::{CannotRun, HeldCommand, Identity};
 
 impl Workload for HeldCommand {
     fn pid(&self) -> u32 {
@@ -23,6 +23,10 @@ impl Workload for HeldCommand {
 
     fn release(&mut self) -> Result<()> {
         HeldCommand::release(self)
+    }
+
+    fn describe(&self) -> String {
+        self.command_line().to_string()
     }
 
     fn has_exited(&mut self) -> bool {
@@ -50,13 +54,16 @@ fn foreground_of_terminal() -> bool {
 
 /// Start `args.command` held, profile it until it exits, wait for it and
 /// print the run's summary on stderr (stdout is the command's). Returns
-/// lightswitch's exit status: the command's (128 + N for signal N); when
+/// lightswitch's exit status: the command's (128 + N for signal N; 126 or
+/// 127 when it could not be executed or found, as shells give); when
 /// the command succeeded but the profile could not be written (e.g. a
 /// flame graph of a command too short to be sampled), 1. A failing
 /// command's status is never hidden behind the profile's failure, which is
 /// still reported on stderr.
-/// Errors before the command starts (not found, not executable, a bad
-/// SUDO_UID) are returned.
+/// Errors before the command starts are returned: a [`CannotRun`] (not
+/// found, not executable, an empty name) or another error (a bad
+/// SUDO_UID). Started through sudo, the files written are given to the
+/// invoking user.
 pub fn record(args: &RecordArgs) -> Result<i32> {
     let (program, rest) = args
         .command
@@ -69,10 +76,14 @@ pub fn record(args: &RecordArgs) -> Result<i32> {
         Identity::from_sudo()?
     };
     let mut held = HeldCommand::spawn(&path, rest, identity.as_ref())?;
+    let output_dir_existed = args.profile.profile_path.exists();
     let run = crate::run::run_with(&args.profile, Some(&mut held));
     let failure = match &run {
         Ok(summary) => {
             eprintln!("{summary}");
+            if let Some(id) = &identity {
+                give_outputs_to(id, summary, &args.profile.profile_path, output_dir_existed);
+            }
             summary.continuous.as_ref().and_then(|c| c.report.failure())
         }
         Err(err) => Some(format!("{err:#}")),
@@ -81,9 +92,11 @@ pub fn record(args: &RecordArgs) -> Result<i32> {
         eprintln!("error: {failure}");
     }
     // A run that failed before letting the command go leaves it held: it
-    // exits without exec'ing when `held` is dropped.
+    // exits without exec'ing when `held` is dropped. When exec itself
+    // failed, the status is a shell's for it (126, 127).
     if !held.released() {
-        return Ok(1);
+        let exec_failure = run.as_ref().err().and_then(CannotRun::of_exec_error);
+        return Ok(exec_failure.map_or(1, |e| e.status));
     }
     if !held.has_exited() {
         // --duration (or an error) ended the run first: the command goes on unprofiled.
@@ -95,4 +108,35 @@ pub fn record(args: &RecordArgs) -> Result<i32> {
     } else {
         code
     })
+}
+
+/// Started through sudo, the command ran as the invoking user: the files
+/// the run wrote (and `dir`, when the run created it) become theirs too
+/// (`SUDO_UID`/`SUDO_GID`), so that they can read and remove them. A file
+/// that cannot be given away is left as it is, with a warning.
+fn give_outputs_to(
+    id: &Identity,
+    summary: &crate::run::RunSummary,
+    dir: &std::path::Path,
+    dir_existed: bool,
+) {
+    let created_dir = (!dir_existed).then_some(dir);
+    for path in summary
+        .outputs
+        .iter()
+        .map(|p| p.as_path())
+        .chain(created_dir)
+    {
+        match std::os::unix::fs::chown(path, Some(id.uid), Some(id.gid)) {
+            Ok(()) => {}
+            // Pruned by --max-profiles since it was written.
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => tracing::warn!(
+                "could not give {} to uid {} gid {}: {err}",
+                path.display(),
+                id.uid,
+                id.gid
+            ),
+        }
+    }
 }

@@ -11,16 +11,39 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use crate::sample::UnwindStatus;
+use crate::text::plural;
 
 /// Exit status of a run ended by a second interrupt (128 + SIGINT).
 pub const INTERRUPTED_EXIT_STATUS: i32 = 130;
 
+/// What the first and the second interrupt say.
+#[derive(Debug, Clone, Copy)]
+pub struct StopWords {
+    /// After `stopping, `: what happens now, e.g. `writing the profile once
+    /// the command exits`.
+    pub first: &'static str,
+    /// After `interrupted again: exiting now`: what is lost, e.g. `, no
+    /// profile written` (empty when nothing is).
+    pub again: &'static str,
+}
+
+impl StopWords {
+    /// A run that writes a profile (or windows) when it stops; `what` says
+    /// what happens (e.g. `writing the profile once the command exits`).
+    pub const fn writing(what: &'static str) -> StopWords {
+        StopWords {
+            first: what,
+            again: ", no profile written",
+        }
+    }
+}
+
 /// Install the stop handler: the first SIGINT, SIGTERM or SIGHUP sets the
-/// returned flag (the run then stops and writes its profile) and prints
-/// `stopping, writing the profile` followed by `how` (e.g. what is waited
-/// for); a second one ends the process at once, without writing, with
-/// status 130, and says so. Errors if a handler is installed already.
-pub fn install_stop_handler(how: &'static str) -> Result<Arc<AtomicBool>> {
+/// returned flag (the run then stops and writes its profile, if it writes
+/// one) and prints `stopping, ` and `words.first`; a second one ends the
+/// process at once with status 130 and says so (with `words.again`).
+/// Errors if a handler is installed already.
+pub fn install_stop_handler(words: StopWords) -> Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let count = AtomicU32::new(0);
@@ -32,10 +55,11 @@ pub fn install_stop_handler(how: &'static str) -> Result<Arc<AtomicBool>> {
         if count.fetch_add(1, Ordering::SeqCst) == 0 {
             flag.store(true, Ordering::SeqCst);
             eprintln!(
-                "{clear}stopping, writing the profile{how} (interrupt again to quit without it)"
+                "{clear}stopping, {} (interrupt again to quit at once)",
+                words.first
             );
         } else {
-            eprintln!("{clear}interrupted again: exiting now, no profile written");
+            eprintln!("{clear}interrupted again: exiting now{}", words.again);
             std::process::exit(INTERRUPTED_EXIT_STATUS);
         }
     })
@@ -102,12 +126,11 @@ impl Progress {
         } else {
             format!("{:.1}%", 100.0 * self.complete as f64 / self.samples as f64)
         };
-        let processes = self.pids.len();
         format!(
-            "lightswitch: {:.0}s, {} samples, {lost} lost, {processes} {}, {complete} complete stacks",
+            "lightswitch: {:.0}s, {}, {lost} lost, {}, {complete} complete stacks",
             self.start.elapsed().as_secs_f64(),
-            self.samples,
-            if processes == 1 { "process" } else { "processes" },
+            plural(self.samples, "sample", "samples"),
+            plural(self.pids.len() as u64, "process", "processes"),
         )
     }
 

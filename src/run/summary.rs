@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::sender::worker::WorkerReport;
+use crate::text::plural;
 
 /// What a run produced, for the summary line.
 #[derive(Debug, Clone)]
@@ -36,13 +37,28 @@ pub struct ContinuousSummary {
     pub report: WorkerReport,
 }
 
+impl RunSummary {
+    /// `N samples, P processes, L samples lost`, each noun in its number
+    /// (`1 sample, 1 process, 0 samples lost`).
+    fn counts(&self) -> String {
+        format!(
+            "{}, {}, {} lost",
+            plural(self.samples, "sample", "samples"),
+            plural(self.processes as u64, "process", "processes"),
+            plural(self.lost, "sample", "samples")
+        )
+    }
+}
+
 impl std::fmt::Display for RunSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if let Some(served) = self.served {
             write!(
                 f,
-                "{served} on-demand profiles served: {} samples read, {} samples lost",
-                self.samples, self.lost
+                "{} served: {} read, {} lost",
+                plural(served, "on-demand profile", "on-demand profiles"),
+                plural(self.samples, "sample", "samples"),
+                plural(self.lost, "sample", "samples")
             )?;
         } else if let Some(c) = &self.continuous {
             // Network senders: what was delivered is on the `delivery:` line.
@@ -53,12 +69,10 @@ impl std::fmt::Display for RunSummary {
             };
             write!(
                 f,
-                "{} windows {verb} {}: {} samples, {} processes, {} samples lost",
-                c.report.windows_sent,
+                "{} {verb} {}: {}",
+                plural(c.report.windows_sent, "window", "windows"),
                 c.report.sender.destination,
-                self.samples,
-                self.processes,
-                self.lost
+                self.counts()
             )?;
             write!(
                 f,
@@ -78,15 +92,13 @@ impl std::fmt::Display for RunSummary {
         } else {
             write!(
                 f,
-                "profile written to {}: {} samples, {} processes, {} samples lost",
+                "profile written to {}: {}",
                 self.outputs
                     .iter()
                     .map(|p| p.display().to_string())
                     .collect::<Vec<_>>()
                     .join(", "),
-                self.samples,
-                self.processes,
-                self.lost
+                self.counts()
             )?;
         }
         let unwind: Vec<String> = self

@@ -12,6 +12,8 @@ pub trait Workload {
     fn pid(&self) -> u32;
     /// Sampling is attached: let it exec. Errors when it could not.
     fn release(&mut self) -> Result<()>;
+    /// What it is, in words, for the profile's title: its command line.
+    fn describe(&self) -> String;
     /// Whether it has exited (the run then ends).
     fn has_exited(&mut self) -> bool;
     /// A stop was asked for (SIGINT, SIGTERM): pass it on. The run goes on
@@ -54,6 +56,9 @@ mod tests {
         }
         fn release(&mut self) -> Result<()> {
             Ok(())
+        }
+        fn describe(&self) -> String {
+            "recorded".into()
         }
         fn has_exited(&mut self) -> bool {
             self.exited

@@ -55,7 +55,7 @@ pub trait Transport: Send + 'static {
 }
 
 /// Delivery counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeliveryStats {
     /// Profiles handed to the queue.
     pub queued: u64,
@@ -70,6 +70,9 @@ pub struct DeliveryStats {
     pub rejected: u64,
     /// Body bytes of the profiles the server accepted.
     pub bytes: u64,
+    /// The first failed attempt's error, as logged (e.g. `connection
+    /// refused`, `HTTP 401 Unauthorized: ...`), for the summary.
+    pub first_error: Option<String>,
 }
 
 impl std::fmt::Display for DeliveryStats {
@@ -197,7 +200,7 @@ impl Queue {
 
     /// The counters so far.
     pub fn stats(&self) -> DeliveryStats {
-        self.lock().stats
+        self.lock().stats.clone()
     }
 
     /// Profiles waiting (including one being sent).
@@ -315,7 +318,7 @@ impl Delivery {
         state.stats.dropped += left;
         state.entries.clear();
         state.bytes = 0;
-        state.stats
+        state.stats.clone()
     }
 }
 
@@ -382,6 +385,10 @@ fn worker<T: Transport>(queue: &Queue, transport: &mut T, timeout: Duration, bac
             }
             Attempt::Rejected(message) => {
                 state.stats.rejected += 1;
+                state
+                    .stats
+                    .first_error
+                    .get_or_insert_with(|| message.clone());
                 warn!(
                     "{} rejected the profile of {} (not retried): {message}",
                     transport.destination(),
@@ -391,6 +398,10 @@ fn worker<T: Transport>(queue: &Queue, transport: &mut T, timeout: Duration, bac
             }
             Attempt::Retry(message) => {
                 state.stats.retried += 1;
+                state
+                    .stats
+                    .first_error
+                    .get_or_insert_with(|| message.clone());
                 failures += 1;
                 warn!(
                     "sending the profile of {} to {} failed (attempt {failures}), will retry: {message}",

@@ -3,8 +3,10 @@
 //! swap aggregators and copy the few mappings a window refers to
 //! ([`TrackerSnapshot`]).
 //!
-//! Windows wait in a channel of [`MAX_PENDING_WINDOWS`]; if symbolization
-//! falls that far behind, the newest closed window is dropped (counted in
+//! Windows wait in a channel of [`MAX_PENDING_WINDOWS`]. While windows wait,
+//! each spends less time naming new objects ([`Symbolizer::set_backlog`]),
+//! so that the worker catches up; if it still falls that far behind, the
+//! newest closed window is dropped (counted in
 //! [`WorkerReport::windows_dropped`]) rather than stalling sampling.
 //!
 //! A panic while one window is processed (its snapshot on the sampling
@@ -12,6 +14,7 @@
 //! that window only: it is counted in [`WorkerReport::windows_panicked`] and
 //! logged, and both threads go on with the next window.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -24,8 +27,10 @@ use super::{Sender, SenderReport};
 use crate::guard::contain;
 use crate::process::ProcessTracker;
 use crate::profile::window::ClosedWindow;
+use crate::profile::Provenance;
 use crate::symbolize::source::{ObjectCache, TrackerSnapshot};
 use crate::symbolize::Symbolizer;
+use crate::text::plural;
 
 /// Closed windows that may wait for symbolization before new ones are dropped.
 pub const MAX_PENDING_WINDOWS: usize = 4;
@@ -64,28 +69,37 @@ impl WorkerReport {
         let mut lost = Vec::new();
         if self.windows_failed > 0 {
             lost.push(format!(
-                "{} windows failed (first: {})",
-                self.windows_failed,
+                "{} failed (first: {})",
+                plural(self.windows_failed, "window", "windows"),
                 self.first_error.as_deref().unwrap_or("unknown")
             ));
         }
         if self.windows_panicked > 0 {
             lost.push(format!(
-                "{} windows dropped because processing them panicked (logged)",
-                self.windows_panicked
+                "{} dropped because processing {} panicked (logged)",
+                plural(self.windows_panicked, "window", "windows"),
+                if self.windows_panicked == 1 {
+                    "it"
+                } else {
+                    "them"
+                }
             ));
         }
         if self.windows_dropped > 0 {
             lost.push(format!(
-                "{} windows dropped (symbolization fell behind)",
-                self.windows_dropped
+                "{} dropped (symbolization fell behind)",
+                plural(self.windows_dropped, "window", "windows")
             ));
         }
         if let Some(d) = self.sender.delivery.as_ref() {
             if d.dropped + d.rejected > 0 {
+                let first = d
+                    .first_error
+                    .as_deref()
+                    .map_or_else(String::new, |e| format!("; first error: {e}"));
                 lost.push(format!(
-                    "{} profiles not delivered to {} (dropped={} rejected={})",
-                    d.dropped + d.rejected,
+                    "{} not delivered to {} (dropped={} rejected={}{first})",
+                    plural(d.dropped + d.rejected, "profile", "profiles"),
                     self.sender.destination,
                     d.dropped,
                     d.rejected
@@ -101,6 +115,8 @@ pub struct WindowWorker {
     tx: SyncSender<Message>,
     thread: JoinHandle<WorkerReport>,
     objects: ObjectCache,
+    /// Windows submitted and not yet taken by the worker.
+    waiting: Arc<AtomicUsize>,
     dropped: u64,
     panicked: u64,
     missing: u64,
@@ -122,19 +138,27 @@ pub trait WindowCounters: Send + Sync {
 }
 
 impl WindowWorker {
-    /// Start the worker thread, which sends every window's profile to
-    /// `sender` and counts what happened to each window in `metrics`.
-    pub fn start(sender: Box<dyn Sender>, metrics: Arc<dyn WindowCounters>) -> Result<Self> {
+    /// Start the worker thread, which sends every window's profile
+    /// (stamped with `provenance`: what was profiled, the host) to `sender`
+    /// and counts what happened to each window in `metrics`.
+    pub fn start(
+        sender: Box<dyn Sender>,
+        metrics: Arc<dyn WindowCounters>,
+        provenance: Provenance,
+    ) -> Result<Self> {
         let (tx, rx) = sync_channel(MAX_PENDING_WINDOWS);
         let worker_metrics = metrics.clone();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let worker_waiting = waiting.clone();
         let thread = std::thread::Builder::new()
             .name("lsw-windows".into())
-            .spawn(move || run(rx, sender, &worker_metrics))
+            .spawn(move || run(rx, sender, &worker_metrics, &worker_waiting, &provenance))
             .context("starting the window worker thread")?;
         Ok(WindowWorker {
             tx,
             thread,
             objects: ObjectCache::new(),
+            waiting,
             dropped: 0,
             panicked: 0,
             missing: 0,
@@ -161,10 +185,16 @@ impl WindowWorker {
         self.missing += snapshot.missing_samples();
         self.metrics
             .add_samples_missing_mapping(snapshot.missing_samples());
-        match self
+        // Counted before it can be taken, so that the worker never sees
+        // fewer windows waiting than there are.
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let sent = self
             .tx
-            .try_send(Message::Window(Box::new((closed, snapshot))))
-        {
+            .try_send(Message::Window(Box::new((closed, snapshot))));
+        if sent.is_err() {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        match sent {
             Ok(()) => debug!(
                 "window {index}: handed to the worker in {:?}",
                 started.elapsed()
@@ -207,10 +237,16 @@ impl WindowWorker {
     }
 }
 
+/// The worker thread: symbolizes and sends each window from `rx`; `waiting`
+/// counts the windows submitted and not yet taken, which sets how much
+/// time each window may spend naming new objects
+/// ([`Symbolizer::set_backlog`]); `provenance` stamps each profile.
 fn run(
     rx: Receiver<Message>,
     mut sender: Box<dyn Sender>,
     metrics: &Arc<dyn WindowCounters>,
+    waiting: &AtomicUsize,
+    provenance: &Provenance,
 ) -> WorkerReport {
     let mut symbolizer = Symbolizer::new();
     let mut report = WorkerReport::default();
@@ -220,9 +256,17 @@ fn run(
             Message::Window(job) => {
                 let (mut closed, snapshot) = *job;
                 let index = closed.index;
+                let behind = waiting.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+                symbolizer.set_backlog(behind);
+                if behind > 0 {
+                    debug!("window {index}: {behind} more windows waiting: less time on objects");
+                }
                 let sent = contain(
                     || format!("window {index}"),
-                    || send_window(&symbolizer, sender.as_mut(), &mut closed, &snapshot),
+                    || {
+                        let window = (&mut closed, &snapshot);
+                        send_window(&symbolizer, sender.as_mut(), window, provenance)
+                    },
                 );
                 match sent {
                     Some(Ok(())) => {
@@ -258,12 +302,13 @@ fn run(
 fn send_window(
     symbolizer: &Symbolizer,
     sender: &mut dyn Sender,
-    closed: &mut ClosedWindow,
-    snapshot: &TrackerSnapshot,
+    (closed, snapshot): (&mut ClosedWindow, &TrackerSnapshot),
+    provenance: &Provenance,
 ) -> Result<()> {
     let started = Instant::now();
     let mut profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
     closed.aggregator.take_timeline_into(&mut profile);
+    provenance.stamp(&mut profile);
     debug!(
         "window {}: {} samples symbolized in {:?}",
         closed.index,

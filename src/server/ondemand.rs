@@ -26,7 +26,7 @@ use crate::guard::contain;
 use crate::process::ProcessTracker;
 use crate::profile::aggregate::{Aggregator, UserFrame};
 use crate::profile::window::CLOSE_SLACK_NS;
-use crate::profile::{ProcessMarkerKind, Window};
+use crate::profile::{ProcessMarkerKind, Provenance, Window};
 use crate::sample::{ProcessEvent, RawSample, TimedEvent};
 use crate::sampler::Sampler;
 use crate::symbolize::source::{ObjectCache, TrackerSnapshot};
@@ -83,6 +83,8 @@ struct Subscription {
 pub struct ClosedSubscription {
     aggregator: Aggregator,
     window: Window,
+    /// The request's pids (empty: every process the agent samples).
+    pids: HashSet<u32>,
     format: ProfileFormat,
     reply: oneshot::Sender<Reply>,
 }
@@ -192,6 +194,7 @@ impl Subscriptions {
                     sample_freq_hz: s.sample_freq_hz,
                 },
                 aggregator: s.aggregator,
+                pids: s.pids,
                 format: s.format,
                 reply: s.reply,
             })
@@ -381,6 +384,28 @@ fn run(rx: Receiver<Job>) {
     }
 }
 
+/// What an on-demand profile shows (`pids 12, 34 (on demand)`, or every
+/// process the agent samples) and this host, for flame graph titles.
+fn on_demand_provenance(pids: &HashSet<u32>) -> Provenance {
+    let mut pids: Vec<u32> = pids.iter().copied().collect();
+    pids.sort_unstable();
+    let subject = match pids.as_slice() {
+        [] => "the agent's processes (on demand)".to_string(),
+        [pid] => format!("pid {pid} (on demand)"),
+        pids => format!(
+            "pids {} (on demand)",
+            pids.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    Provenance {
+        subject: subject.into(),
+        host: crate::sender::hostname().into(),
+    }
+}
+
 /// Symbolize and encode one closed subscription.
 fn answer(
     symbolizer: &Symbolizer,
@@ -390,6 +415,7 @@ fn answer(
     let started = std::time::Instant::now();
     let mut profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
     closed.aggregator.take_timeline_into(&mut profile);
+    on_demand_provenance(&closed.pids).stamp(&mut profile);
     let reply =
         format::encode(&profile, closed.format, Compression::Gzip).map_err(|e| match e
             .downcast_ref::<EmptyProfile>()

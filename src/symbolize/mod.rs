@@ -36,6 +36,7 @@ use assembly::{user_frame_lines, ProfileAssembly};
 use cache::LineCache;
 pub use lines::demangle;
 use lines::{unknown_line, Lines};
+use objects::ObjectBudget;
 pub use source::MappingSource;
 use sources::{FrameRef, Resolved, SymbolSource};
 use tracing::debug;
@@ -71,6 +72,8 @@ pub struct Symbolizer {
     /// Whether this is a continuous symbolizer (keeps parsed data and
     /// lines, limits each window's time on objects).
     continuous: bool,
+    /// Windows waiting behind the one being symbolized ([`Self::set_backlog`]).
+    backlog: std::cell::Cell<usize>,
     kernel_build_id: Option<String>,
 }
 
@@ -101,6 +104,10 @@ pub const KEEP_PARSED_WINDOWS: u64 = 10;
 /// Issue 18: under `mixed` churn with Rust builds on the machine, 1 s
 /// windows still brought about 1,000 new addresses each after two minutes.
 pub const LINE_CACHE_MAX_ADDRESSES: usize = 28_000;
+
+/// Windows waiting behind the one being symbolized from which a continuous
+/// [`Symbolizer`] spends no time on objects at all ([`Symbolizer::set_backlog`]).
+pub const BACKLOG_NO_OBJECTS: usize = 2;
 
 impl Default for Symbolizer {
     fn default() -> Self {
@@ -139,7 +146,35 @@ impl Symbolizer {
             perf_maps: perf_map::PerfMaps::default(),
             lines: std::cell::RefCell::new(LineCache::new(cache_size)),
             continuous,
+            backlog: Default::default(),
             kernel_build_id: kernel::kernel_build_id(),
+        }
+    }
+
+    /// Tell a continuous symbolizer how many closed windows wait behind the
+    /// next one it symbolizes. Its time on objects is then half the
+    /// window's length divided by `1 + windows`, and nothing at all from
+    /// [`BACKLOG_NO_OBJECTS`] windows on: a worker that fell behind (a
+    /// loaded machine, a burst of new objects) catches up by leaving names
+    /// for later windows (their frames stay `object+0xOFFSET`) rather than
+    /// by dropping whole windows once [`crate::sender::worker::MAX_PENDING_WINDOWS`]
+    /// are waiting.
+    pub fn set_backlog(&self, windows: usize) {
+        self.backlog.set(windows);
+    }
+
+    /// The time the next window may spend on objects, for a window of
+    /// `window_ns` nanoseconds: unlimited for a one-shot symbolizer.
+    fn object_budget(&self, window_ns: u64) -> ObjectBudget {
+        let backlog = self.backlog.get();
+        if !self.continuous {
+            ObjectBudget::Unlimited
+        } else if backlog >= BACKLOG_NO_OBJECTS {
+            ObjectBudget::Nothing
+        } else {
+            ObjectBudget::Time(
+                std::time::Duration::from_nanos(window_ns) / 2 / (1 + backlog as u32),
+            )
         }
     }
 
@@ -169,12 +204,10 @@ impl Symbolizer {
         window: Window,
     ) -> Profile {
         // 1. Every source names its frames not in the lines cache, in one
-        // batch per window, within half the window's time (continuous mode).
+        // batch per window, within the object budget (continuous mode).
         let sources = self.sources();
-        self.objects.set_budget(
-            self.continuous
-                .then(|| std::time::Duration::from_nanos(window.duration_ns) / 2),
-        );
+        self.objects
+            .set_budget(self.object_budget(window.duration_ns));
         let mut cache = self.lines.borrow_mut();
         let resolved = Resolved::resolve(
             &sources,
@@ -302,6 +335,7 @@ mod tests {
     use super::*;
     use crate::profile::Line;
     use crate::sample::RawSample;
+    use std::time::Duration;
 
     #[test]
     fn demangles_rust_and_cpp_and_keeps_c() {
@@ -417,5 +451,54 @@ mod tests {
         assert_eq!(unnamed(0), 1);
         // The next window (with time) names it.
         assert_eq!(unnamed(1_000_000_000), 0);
+    }
+
+    #[test]
+    fn a_worker_behind_names_no_new_object_until_it_catches_up() {
+        let stack = vec![
+            address_in(|p| p.contains("/libc.so"), 3),
+            address_in(|p| p.contains("/ld-linux"), 3),
+        ];
+        let pid = std::process::id();
+        let mut tracker = crate::process::ProcessTracker::new();
+        let mut aggregator = Aggregator::new();
+        aggregator.add(&RawSample::for_test(pid, 0, stack), &mut tracker);
+        let symbolizer = Symbolizer::new();
+        let window = Window {
+            start_unix_ns: 0,
+            duration_ns: 10_000_000_000,
+            sample_freq_hz: 99,
+        };
+        let unnamed = || {
+            let profile = symbolizer.build_profile(&aggregator, &tracker, window);
+            profile
+                .frames
+                .iter()
+                .filter(|f| f.kind == FrameKind::User && !f.symbolized)
+                .count()
+        };
+        assert_eq!(
+            symbolizer.object_budget(1_000_000_000),
+            ObjectBudget::Time(Duration::from_millis(500))
+        );
+        symbolizer.set_backlog(1);
+        assert_eq!(
+            symbolizer.object_budget(1_000_000_000),
+            ObjectBudget::Time(Duration::from_millis(250))
+        );
+        // Two windows waiting: not even one object, however long the window.
+        symbolizer.set_backlog(BACKLOG_NO_OBJECTS);
+        assert_eq!(
+            symbolizer.object_budget(1_000_000_000),
+            ObjectBudget::Nothing
+        );
+        assert_eq!(unnamed(), 2);
+        assert_eq!(unnamed(), 2, "unnamed frames are not cached");
+        symbolizer.set_backlog(0);
+        assert_eq!(unnamed(), 0);
+        assert_eq!(
+            Symbolizer::one_shot().object_budget(1_000_000_000),
+            ObjectBudget::Unlimited
+        );
     }
 }

@@ -54,8 +54,8 @@ pub(super) struct ElfObjects {
     pub(super) parsed: RefCell<HashMap<ObjectId, ParsedObject>>,
     /// Windows symbolized so far.
     window: Cell<u64>,
-    /// Wall time a window may spend on objects (see [`Self::set_budget`]).
-    budget: Cell<Option<Duration>>,
+    /// Time a window may spend on objects (see [`Self::set_budget`]).
+    budget: Cell<ObjectBudget>,
     /// Where separate debug files are looked up (by build ID, and for
     /// `.gnu_debuglink` names).
     debug_dirs: Vec<PathBuf>,
@@ -78,7 +78,8 @@ impl SymbolSource for ElfObjects {
     /// come first, then the others, most addresses first. Once the budget
     /// ([`ElfObjects::set_budget`]) is spent, the objects still to do are
     /// left out for a later window (at least one object is done in each
-    /// window): their frames stay `object+0xOFFSET` in this one (with the
+    /// window, unless the budget is [`ObjectBudget::Nothing`]): their frames
+    /// stay `object+0xOFFSET` in this one (with the
     /// mapping's build ID), so that a loaded machine costs names, not whole
     /// windows (issue 18: with 1 s windows on a 2-CPU machine at a load
     /// average of 15, parsing one big object took longer than a window).
@@ -97,8 +98,13 @@ impl SymbolSource for ElfObjects {
         let mut lines = HashMap::new();
         let (mut done, mut deferred) = (0, 0);
         for (object, offsets) in order {
-            // At least one object a window, however short the budget.
-            if done > 0 && budget.is_some_and(|b| started.elapsed() > b) {
+            let spent = match budget {
+                ObjectBudget::Unlimited => false,
+                // At least one object a window, however short the time.
+                ObjectBudget::Time(time) => done > 0 && started.elapsed() > time,
+                ObjectBudget::Nothing => true,
+            };
+            if spent {
                 deferred += offsets.len();
                 continue;
             }
@@ -133,6 +139,19 @@ impl SymbolSource for ElfObjects {
     }
 }
 
+/// How much time a window may spend on objects.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum ObjectBudget {
+    /// No limit (one-shot runs).
+    #[default]
+    Unlimited,
+    /// At least one object, then more until this much wall time has passed
+    /// since the first began.
+    Time(Duration),
+    /// No object at all: the window worker is behind.
+    Nothing,
+}
+
 impl ElfObjects {
     /// An object source looking for separate debug files under
     /// `debug_dirs` (and from the debuginfod servers set up by
@@ -150,10 +169,8 @@ impl ElfObjects {
         }
     }
 
-    /// Set the wall time the next windows may spend on objects: `None` for
-    /// no limit (one-shot runs), half the window's length in continuous
-    /// mode (see [`SymbolSource::symbolize`] for [`ElfObjects`]).
-    pub(super) fn set_budget(&self, budget: Option<Duration>) {
+    /// Set the time the next windows may spend on objects.
+    pub(super) fn set_budget(&self, budget: ObjectBudget) {
         self.budget.set(budget);
     }
 

@@ -291,7 +291,8 @@ impl std::fmt::Display for Output {
     }
 }
 
-/// The line `profile written to PATH: N samples, P processes, L samples lost`.
+/// The line `profile written to PATH: N samples, P processes, L samples lost`
+/// (each noun singular for 1: `1 sample, 1 process, 1 sample lost`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Summary {
     pub path: PathBuf,
@@ -314,7 +315,13 @@ impl Summary {
         let (samples, w1) = numbers.next()??;
         let (processes, w2) = numbers.next()??;
         let (lost, w3) = numbers.next()??;
-        if (w1, w2, w3) != ("samples", "processes", "samples lost") {
+        let nouns_fit = |count: u64, word: &str, one: &str, many: &str| {
+            word == if count == 1 { one } else { many }
+        };
+        if !(nouns_fit(samples, w1, "sample", "samples")
+            && nouns_fit(processes, w2, "process", "processes")
+            && nouns_fit(lost, w3, "sample lost", "samples lost"))
+        {
             return None;
         }
         Some(Summary {

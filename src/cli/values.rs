@@ -1,0 +1,102 @@
+//! Parsers and value types of command-line values: durations with units,
+//! `--label`s, and the registry-driven format and compression names.
+
+use clap::ValueEnum;
+
+use crate::format::{Compression, ProfileFormat};
+
+/// Parse a duration for `--duration`, `--profile-interval` and the other
+/// time options, in seconds: a bare number is seconds (`5`, `0.5`); with a
+/// unit it is read by jiff's friendly format (`5s`, `500ms`, `2m`, `1m30s`,
+/// `1.5h`). Errors say what was expected. The range (above 0, finite, not
+/// too large) is the run's to check ([`crate::preflight::seconds`]), so a
+/// bare `-1` or `nan` gets the same message as `0`.
+pub fn parse_seconds(text: &str) -> Result<f64, String> {
+    let text = text.trim();
+    if let Ok(seconds) = text.parse::<f64>() {
+        return Ok(seconds);
+    }
+    let duration: jiff::SignedDuration = text.parse().map_err(|_| {
+        format!("{text:?} is not a duration: use seconds (5, 0.5) or a unit (5s, 500ms, 2m)")
+    })?;
+    Ok(duration.as_secs_f64())
+}
+
+/// `--profile-format` values come from the format registry
+/// ([`ProfileFormat::spec`]): canonical names, aliases and help lines.
+impl ValueEnum for ProfileFormat {
+    fn value_variants<'a>() -> &'a [Self] {
+        &ProfileFormat::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let spec = self.spec();
+        Some(
+            clap::builder::PossibleValue::new(spec.name)
+                .aliases(spec.aliases.iter().copied())
+                .help(spec.help),
+        )
+    }
+}
+
+/// `--pprof-compression` values.
+impl ValueEnum for Compression {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Compression::None, Compression::Gzip]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(match self {
+            Compression::None => {
+                clap::builder::PossibleValue::new("none").help("raw protobuf bytes")
+            }
+            Compression::Gzip => clap::builder::PossibleValue::new("gzip")
+                .help("gzip-compressed protobuf (what `go tool pprof` and HTTP receivers prefer)"),
+        })
+    }
+}
+
+/// Parse `KEY=VALUE` for `--label`: the key must be a valid label name.
+pub(super) fn parse_label(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))?;
+    let mut chars = key.chars();
+    let valid = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(format!(
+            "label name {key:?} must match [a-zA-Z_][a-zA-Z0-9_]*"
+        ));
+    }
+    if ["__name__", "service_name", "host"].contains(&key) {
+        return Err(format!(
+            "label {key:?} is set by lightswitch (use --pyroscope-app-name for service_name)"
+        ));
+    }
+    Ok((key.to_string(), value.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_with_and_without_units() {
+        assert_eq!(parse_seconds("5"), Ok(5.0));
+        assert_eq!(parse_seconds("0.25"), Ok(0.25));
+        assert_eq!(parse_seconds("5s"), Ok(5.0));
+        assert_eq!(parse_seconds("500ms"), Ok(0.5));
+        assert_eq!(parse_seconds("2m"), Ok(120.0));
+        assert_eq!(parse_seconds("1m30s"), Ok(90.0));
+        assert_eq!(parse_seconds("1h"), Ok(3600.0));
+        // Out of range, but numbers: preflight::seconds says so.
+        assert_eq!(parse_seconds("-2s"), Ok(-2.0));
+        assert!(parse_seconds("NaN").unwrap().is_nan());
+        for bad in ["", "five", "5 parsecs", "5x"] {
+            assert!(parse_seconds(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+}

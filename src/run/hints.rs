@@ -1,0 +1,146 @@
+//! Advice a run gives when what it was asked to sample is not where the
+//! CPU time went: a `--pids` target that took no samples while its children
+//! ran (a wrapper shell, a launcher script).
+
+use std::collections::{HashMap, HashSet};
+
+/// One process as `/proc/PID/stat` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ProcStat {
+    comm: String,
+    ppid: u32,
+    /// User plus system CPU time, clock ticks.
+    cpu_ticks: u64,
+}
+
+/// Parse `/proc/PID/stat`: `pid (comm) state ppid ... utime stime ...`
+/// (comm may hold spaces and parentheses: it ends at the last `)`).
+fn parse_stat(text: &str) -> Option<ProcStat> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text.get(open + 1..close)?.to_string();
+    // Fields after comm: state(3) ppid(4) ... utime(14) stime(15).
+    let fields: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    Some(ProcStat {
+        comm,
+        ppid: u32::try_from(field(4)?).ok()?,
+        cpu_ticks: field(14)? + field(15)?,
+    })
+}
+
+/// Every process now running, by pid.
+fn processes() -> HashMap<u32, ProcStat> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return HashMap::new();
+    };
+    dir.filter_map(|entry| {
+        let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        Some((pid, parse_stat(&text)?))
+    })
+    .collect()
+}
+
+/// The descendants of `root` in `table` that have used CPU time, as
+/// `PID (comm)`, in pid order.
+fn busy_descendants(root: u32, table: &HashMap<u32, ProcStat>) -> Vec<String> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    for (&pid, stat) in table {
+        children.entry(stat.ppid).or_default().push(pid);
+    }
+    let mut found = Vec::new();
+    let mut queue = vec![root];
+    let mut seen = HashSet::from([root]);
+    while let Some(pid) = queue.pop() {
+        for &child in children.get(&pid).into_iter().flatten() {
+            if seen.insert(child) {
+                queue.push(child);
+                if table[&child].cpu_ticks > 0 {
+                    found.push(child);
+                }
+            }
+        }
+    }
+    found.sort_unstable();
+    found
+        .into_iter()
+        .map(|pid| format!("{pid} ({})", table[&pid].comm))
+        .collect()
+}
+
+/// For the `targets` (`--pids`) that took no samples (not in `sampled`)
+/// but whose children (or their children) have used CPU: one sentence
+/// each, naming them, and the advice to name the children or use `record`.
+/// `None` when there is nothing to say.
+pub fn unsampled_parents(targets: &[u32], sampled: &HashSet<u32>) -> Option<String> {
+    let silent: Vec<u32> = targets
+        .iter()
+        .copied()
+        .filter(|pid| !sampled.contains(pid))
+        .collect();
+    if silent.is_empty() {
+        return None;
+    }
+    let table = processes();
+    let sentences: Vec<String> = silent
+        .into_iter()
+        .filter_map(|pid| {
+            let busy = busy_descendants(pid, &table);
+            let comm = table
+                .get(&pid)
+                .map_or(String::new(), |s| format!(" ({})", s.comm));
+            (!busy.is_empty()).then(|| {
+                format!(
+                    "pid {pid}{comm} took no samples, but its children ran: {}",
+                    busy.join(", ")
+                )
+            })
+        })
+        .collect();
+    (!sentences.is_empty()).then(|| {
+        format!(
+            "{}; --pids does not follow children: name them with --pids, or profile \
+             the command and everything it starts with `lightswitch record -- CMD`",
+            sentences.join("; ")
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_parse_with_odd_names() {
+        let text = "42 (a) b (c)) S 7 42 42 0 -1 4194560 100 0 0 0 15 4 0 0 20 0 1 0 5 0 0";
+        let stat = parse_stat(text).unwrap();
+        assert_eq!(stat.comm, "a) b (c)");
+        assert_eq!((stat.ppid, stat.cpu_ticks), (7, 19));
+        assert!(parse_stat("garbage").is_none());
+    }
+
+    #[test]
+    fn busy_grandchildren_are_found_idle_ones_are_not() {
+        let stat = |comm: &str, ppid, cpu_ticks| ProcStat {
+            comm: comm.into(),
+            ppid,
+            cpu_ticks,
+        };
+        let table = HashMap::from([
+            (10, stat("sh", 1, 0)),
+            (11, stat("sleep", 10, 0)),
+            (12, stat("sh", 10, 0)),
+            (13, stat("prog", 12, 250)),
+            (20, stat("other", 1, 900)),
+        ]);
+        assert_eq!(busy_descendants(10, &table), ["13 (prog)"]);
+        assert!(busy_descendants(13, &table).is_empty());
+    }
+
+    #[test]
+    fn a_sampled_target_needs_no_advice() {
+        let me = std::process::id();
+        assert_eq!(unsampled_parents(&[me], &HashSet::from([me])), None);
+    }
+}
