@@ -149,12 +149,16 @@ impl Aggregator {
 
     /// Note that `samples` samples were lost between `start_ns` and
     /// `end_ns` (CLOCK_MONOTONIC); kept only by an aggregator with a timeline.
+    /// A span that began before the origin (the counter was last read in
+    /// the previous window) is cut to start at the origin: the losses are
+    /// counted here, and the profile's time reference stays its start.
     pub fn add_lost(&mut self, start_ns: u64, end_ns: u64, samples: u64) {
         if let Some(timeline) = self.timeline.as_mut() {
             let origin = timeline.origin_mono_ns;
+            let start = start_ns.max(origin);
             timeline.lost.push(LostSamples {
-                start_offset_ns: start_ns.wrapping_sub(origin) as i64,
-                end_offset_ns: end_ns.wrapping_sub(origin) as i64,
+                start_offset_ns: start.wrapping_sub(origin) as i64,
+                end_offset_ns: end_ns.max(start).wrapping_sub(origin) as i64,
                 samples,
             });
         }
@@ -302,5 +306,23 @@ mod tests {
         let got: Vec<(i64, u32)> = timeline.iter().map(|t| (t.offset_ns, t.sample)).collect();
         assert_eq!(got, vec![(-10, 0), (200, 1), (500, 0), (700, 0)]);
         assert_eq!(timeline.len() as u64, agg.total());
+    }
+
+    #[test]
+    fn lost_spans_start_no_earlier_than_the_origin_and_come_in_time_order() {
+        let mut agg = Aggregator::with_timeline(1_000);
+        agg.add_lost(1_500, 1_800, 7);
+        agg.add_lost(400, 1_100, 3);
+        let got: Vec<(i64, i64, u64)> = agg
+            .take_lost()
+            .iter()
+            .map(|l| (l.start_offset_ns, l.end_offset_ns, l.samples))
+            .collect();
+        assert_eq!(got, vec![(0, 100, 3), (500, 800, 7)]);
+        assert!(agg.take_lost().is_empty());
+        // Without a timeline nothing is kept.
+        let mut plain = Aggregator::new();
+        plain.add_lost(1, 2, 3);
+        assert!(plain.take_lost().is_empty());
     }
 }
