@@ -70,6 +70,7 @@ fn profile(n: usize) -> Profile {
         samples,
         timeline: vec![],
         markers: vec![],
+        lost: vec![],
         subject: None,
         host: None,
     }

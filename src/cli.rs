@@ -382,7 +382,8 @@ pub enum DiffOutput {
 /// `lightswitch diff BASE NEW`.
 #[derive(Debug, Args)]
 pub struct DiffArgs {
-    /// The baseline profile (pprof raw or gzip'd, or folded stacks).
+    /// The baseline profile (pprof raw or gzip'd, folded stacks, or a
+    /// Firefox Profiler timeline).
     pub base: PathBuf,
     /// The profile compared against it.
     pub new: PathBuf,
@@ -405,8 +406,17 @@ pub struct DiffArgs {
 /// `lightswitch report FILE`.
 #[derive(Debug, Args)]
 pub struct ReportArgs {
-    /// A saved profile (pprof raw or gzip'd, or folded stacks).
+    /// A saved profile (pprof raw or gzip'd, folded stacks, or a timeline:
+    /// Firefox Profiler JSON, gzip'd or not).
     pub file: PathBuf,
+    /// For a timeline: only the samples taken at least this many seconds
+    /// after the profile's start (the times the Firefox Profiler shows).
+    #[arg(long, value_name = "SECONDS")]
+    pub from: Option<f64>,
+    /// For a timeline: only the samples taken less than this many seconds
+    /// after the profile's start.
+    #[arg(long, value_name = "SECONDS")]
+    pub to: Option<f64>,
     /// How many functions to list; 0 lists all.
     #[arg(long, default_value_t = 20)]
     pub top: usize,

@@ -277,11 +277,9 @@ fn finish(
         window,
         ..
     } = last.pop().context("a run has one window")?;
-    let (timeline, markers) = (aggregator.take_timeline(), aggregator.take_markers());
     let started = Instant::now();
     let mut profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
-    profile.timeline = timeline;
-    profile.markers = markers;
+    aggregator.take_timeline_into(&mut profile);
     provenance.stamp(&mut profile);
     check_pids_sampled(plan, &aggregator, &profile)?;
     info!(

@@ -487,20 +487,28 @@ impl<'obj> Sampler<'obj> {
         }
     }
 
+    /// One counter of the per-CPU `stats` map, summed over the CPUs.
+    fn stat(&self, index: u32) -> Result<u64> {
+        let values = self
+            .skel
+            .maps
+            .stats
+            .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)?
+            .unwrap_or_default();
+        Ok(values
+            .iter()
+            .filter_map(|v| Some(u64::from_ne_bytes(v.get(..8)?.try_into().ok()?)))
+            .sum())
+    }
+
+    /// Samples lost so far ([`BpfStats::lost`]) alone: one map lookup.
+    pub fn lost(&self) -> Result<u64> {
+        self.stat(1)
+    }
+
     /// Read and sum the per-CPU `stats` map.
     pub fn stats(&self) -> Result<BpfStats> {
-        let read = |index: u32| -> Result<u64> {
-            let values = self
-                .skel
-                .maps
-                .stats
-                .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)?
-                .unwrap_or_default();
-            Ok(values
-                .iter()
-                .filter_map(|v| Some(u64::from_ne_bytes(v.get(..8)?.try_into().ok()?)))
-                .sum())
-        };
+        let read = |index: u32| self.stat(index);
         let mut unsupported = [0u64; MAX_UNSUPPORTED_KINDS];
         for (kind, slot) in unsupported.iter_mut().enumerate() {
             *slot = read(STAT_UNSUPPORTED_BASE + kind as u32)?;

@@ -233,6 +233,180 @@ fn report_tops_and_reencodes() {
     );
 }
 
+/// `fa` spins until `argv[1]` ms after the start (wall clock), then `fb`
+/// until `argv[2]` ms after that.
+const HALVES_SOURCE: &str = r#"
+#include <stdlib.h>
+#include <time.h>
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+volatile unsigned long spin;
+__attribute__((noinline)) void fa(double until) { while (now_ms() < until) spin++; }
+__attribute__((noinline)) void fb(double until) { while (now_ms() < until) spin++; }
+int main(int argc, char **argv) {
+    double start = now_ms();
+    fa(start + atof(argv[1]));
+    fb(start + atof(argv[1]) + atof(argv[2]));
+    return 0;
+}
+"#;
+
+/// The names in the function column of a `report --top 0` table, with
+/// their cum%.
+fn reported(out: &Output) -> Vec<(String, f64)> {
+    out.stdout
+        .lines()
+        .skip(2)
+        .map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let cum = cols[4].trim_end_matches('%').parse().unwrap();
+            (cols[5..].join(" "), cum)
+        })
+        .collect()
+}
+
+/// Sample times (ms after `meta.startTime`) of every thread of a gzip'd
+/// Firefox profile, decoded with serde_json.
+fn timeline_times(path: &Path) -> Vec<f64> {
+    use std::io::Read;
+    let mut json = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
+        .read_to_end(&mut json)
+        .unwrap();
+    let profile: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    let mut times = Vec::new();
+    for thread in profile["threads"].as_array().unwrap() {
+        let mut t = 0.0;
+        for delta in thread["samples"]["timeDeltas"].as_array().unwrap() {
+            t += delta.as_f64().unwrap();
+            times.push(t);
+        }
+    }
+    times
+}
+
+/// `report --from/--to` on the timeline of a program whose hot function
+/// switches from `fa` to `fb` 1 s after it starts: the first part of the
+/// run shows only `fa`, the second only `fb`; a re-encoded slice holds
+/// exactly the samples the file has in that span; `--from` on pprof is an
+/// error (exit 2).
+#[test]
+fn report_slices_a_timeline_by_time() {
+    let _serial = serial();
+    let program = compile("cmp_halves", HALVES_SOURCE, FP_FLAGS);
+    let dir = tempdir();
+    let firefox = ["--profile-format", "firefox"];
+    let timeline = record(&program, (1000, 1000), dir.path(), "t.json.gz", &firefox);
+    let path = s(&timeline);
+
+    // The program starts a few ms after the profile: margins of 200 ms.
+    let first = lightswitch(&["report", "--top", "0", "--from", "0", "--to", "0.8", path]);
+    assert_eq!(first.status.code(), Some(0), "{first}");
+    let rows = reported(&first);
+    let share = |rows: &[(String, f64)], name: &str| {
+        rows.iter()
+            .find(|(n, _)| n == name)
+            .map_or(0.0, |(_, cum)| *cum)
+    };
+    assert!(share(&rows, "fa") > 80.0, "{first}");
+    assert_eq!(share(&rows, "fb"), 0.0, "{first}");
+    let second = lightswitch(&["report", "--top", "0", "--from", "1.2", path]);
+    assert_eq!(second.status.code(), Some(0), "{second}");
+    let rows = reported(&second);
+    assert!(share(&rows, "fb") > 80.0, "{second}");
+    assert_eq!(share(&rows, "fa"), 0.0, "{second}");
+    // The whole timeline has both, each about half.
+    let whole = reported(&lightswitch(&["report", "--top", "0", path]));
+    for name in ["fa", "fb"] {
+        assert!((25.0..75.0).contains(&share(&whole, name)), "{whole:?}");
+    }
+
+    // A slice re-encoded as folded stacks has as many samples as the file
+    // has times in [0.2 s, 1.5 s).
+    let out = lightswitch(&[
+        "report", "--from", "0.2", "--to", "1.5", "--format", "folded", "-o", "-", path,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    let folded = parse_folded(&out.stdout);
+    let in_span = timeline_times(&timeline)
+        .iter()
+        .filter(|&&t| (200.0..1500.0).contains(&t))
+        .count() as u64;
+    assert!(in_span > 100, "{in_span} samples in the span");
+    assert_eq!(total(&folded), in_span);
+    // Re-encoded as a timeline again, the slice starts at 0.
+    let sliced = dir.path().join("slice.json.gz");
+    let out = lightswitch(&[
+        "report",
+        "--from",
+        "1.2",
+        "--to",
+        "1.8",
+        "--format",
+        "firefox",
+        "-o",
+        s(&sliced),
+        path,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    let times = timeline_times(&sliced);
+    assert!(
+        !times.is_empty() && times.iter().all(|&t| t < 600.0),
+        "{times:?}"
+    );
+
+    let pprof = record(
+        &program,
+        (100, 100),
+        dir.path(),
+        "p.pb",
+        &["--profile-format", "pprof"],
+    );
+    let bad = lightswitch(&["report", "--from", "0", "--to", "1", s(&pprof)]);
+    assert_eq!(bad.status.code(), Some(2), "{bad}");
+    assert!(bad.stderr.contains("--from/--to need a timeline"), "{bad}");
+    let empty = lightswitch(&["report", "--from", "2", "--to", "1", path]);
+    assert_eq!(empty.status.code(), Some(2), "{empty}");
+}
+
+/// `diff` reads timelines, gzip'd or plain JSON: a timeline against itself
+/// changes nothing; `alpha` doubling its share fails the gate, named with
+/// its object.
+#[test]
+fn diff_of_timelines() {
+    let _serial = serial();
+    let program = compile("cmp_tl", SPLIT_SOURCE, FP_FLAGS);
+    let dir = tempdir();
+    let firefox = ["--profile-format", "firefox"];
+    let base = record(&program, (250, 750), dir.path(), "base.json.gz", &firefox);
+    let new = record(&program, (500, 500), dir.path(), "new.json.gz", &firefox);
+    let plain = dir.path().join("base.json");
+    {
+        use std::io::Read;
+        let mut json = Vec::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(&base).unwrap())
+            .read_to_end(&mut json)
+            .unwrap();
+        std::fs::write(&plain, json).unwrap();
+    }
+    let same = lightswitch(&["diff", "--fail-above", "1", s(&plain), s(&base)]);
+    assert_eq!(same.status.code(), Some(0), "{same}");
+    assert!(
+        same.stdout.contains("no function's share changed"),
+        "{same}"
+    );
+    let grown = lightswitch(&["diff", "--fail-above", "10", s(&base), s(&new)]);
+    assert_eq!(grown.status.code(), Some(1), "{grown}");
+    assert!(
+        grown.stdout.contains("FAIL: alpha (cmp_tl) grew by +"),
+        "{grown}"
+    );
+    assert!(!grown.stdout.contains("FAIL: beta"), "{grown}");
+}
+
 /// The mode bits of `path`.
 fn mode(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;

@@ -180,6 +180,7 @@ fn known_profile(start_unix_ns: u64, count: u64, stacks: usize) -> Vec<u8> {
         samples,
         timeline: vec![],
         markers: vec![],
+        lost: vec![],
         subject: None,
         host: None,
     };

@@ -904,6 +904,7 @@ fn known_profile(start_unix_ns: u64, count: u64) -> Vec<u8> {
         }],
         timeline: vec![],
         markers: vec![],
+        lost: vec![],
         subject: None,
         host: None,
     };

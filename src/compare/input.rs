@@ -1,15 +1,20 @@
 //! Reading a saved profile for `diff` and `report`: pprof (raw or gzip'd,
 //! decoded and checked by the collector's decoder,
 //! [`crate::collector::merge::decode_body`], and converted back into a
-//! [`Profile`]) or folded stacks (`comm;root;...;leaf COUNT` lines, as
-//! lightswitch, inferno and Brendan Gregg's scripts write them).
+//! [`Profile`]), folded stacks (`comm;root;...;leaf COUNT` lines, as
+//! lightswitch, inferno and Brendan Gregg's scripts write them), or a
+//! timeline (Firefox Profiler JSON, raw or gzip'd: [`super::timeline`]).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use flate2::read::GzDecoder;
 
+use super::timeline;
 use crate::collector::merge::{self, BodyError};
 use crate::format::folded::KERNEL_SUFFIX;
 use crate::profile::{unwind_marker_name, Frame, FrameKind, Line, Profile, Sample};
@@ -18,29 +23,76 @@ use crate::sample::UnwindStatus;
 /// Largest size a gzip'd profile may decompress to, bytes (1 GiB).
 const MAX_DECODED_BYTES: usize = 1 << 30;
 
+/// The kind of file a profile was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputFormat {
+    /// pprof protobuf, raw or gzip'd.
+    Pprof,
+    /// Folded stacks.
+    Folded,
+    /// Firefox Profiler JSON, raw or gzip'd: every sample has its time
+    /// ([`Profile::timeline`] is filled).
+    Timeline,
+}
+
 /// Read and decode the profile in `path`. Errors name the file and say why
-/// it is neither a pprof profile nor folded stacks.
+/// it is not a pprof profile, folded stacks or a timeline.
 pub fn read_profile(path: &Path) -> Result<Profile> {
+    read_input(path).map(|(profile, _)| profile)
+}
+
+/// [`read_profile`], also saying which format the file is in.
+pub fn read_input(path: &Path) -> Result<(Profile, InputFormat)> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    parse_profile(&bytes)
+    parse_input(&bytes)
         .with_context(|| format!("{} is not a profile lightswitch reads", path.display()))
 }
 
-/// Decode `bytes`: text is read as folded stacks (its error names the
-/// first bad line), anything else as pprof (raw or gzip'd).
+/// Decode `bytes`: JSON (raw or gzip'd) is read as a timeline, other
+/// text as folded stacks (its error names the first bad line), anything
+/// else as pprof (raw or gzip'd).
 pub fn parse_profile(bytes: &[u8]) -> Result<Profile> {
+    parse_input(bytes).map(|(profile, _)| profile)
+}
+
+/// [`parse_profile`], also saying which format `bytes` are in.
+pub fn parse_input(bytes: &[u8]) -> Result<(Profile, InputFormat)> {
     if bytes.is_empty() {
         bail!("the file is empty");
     }
-    if let Some(text) = as_text(bytes) {
-        return parse_folded(text).context("it is text, but not folded stacks");
+    let raw = if merge::is_gzip(bytes) {
+        Cow::Owned(gunzip(bytes)?)
+    } else {
+        Cow::Borrowed(bytes)
+    };
+    if timeline::looks_like_json(&raw) {
+        let profile = timeline::parse_timeline(&raw)
+            .context("it is JSON, but not a Firefox Profiler timeline")?;
+        return Ok((profile, InputFormat::Timeline));
     }
-    match merge::decode_body(bytes, MAX_DECODED_BYTES) {
-        Ok((proto, _)) => Ok(merge::profile_from_pprof(&proto)),
+    if let Some(text) = as_text(&raw) {
+        let profile = parse_folded(text).context("it is text, but not folded stacks")?;
+        return Ok((profile, InputFormat::Folded));
+    }
+    match merge::decode_body(&raw, MAX_DECODED_BYTES) {
+        Ok((proto, _)) => Ok((merge::profile_from_pprof(&proto), InputFormat::Pprof)),
         Err(BodyError::Malformed(why) | BodyError::TooLarge(why)) => {
             bail!("it is binary, but not a pprof profile: {why}")
         }
     }
+}
+
+/// Decompress gzip'd `bytes`, refusing more than [`MAX_DECODED_BYTES`].
+fn gunzip(bytes: &[u8]) -> Result<Vec<u8>> {
+    let mut raw = Vec::new();
+    GzDecoder::new(bytes)
+        .take(MAX_DECODED_BYTES as u64 + 1)
+        .read_to_end(&mut raw)
+        .context("it is not valid gzip")?;
+    if raw.len() > MAX_DECODED_BYTES {
+        bail!("it decompresses to more than {MAX_DECODED_BYTES} bytes");
+    }
+    Ok(raw)
 }
 
 /// `bytes` as text: UTF-8 without control characters other than tab,

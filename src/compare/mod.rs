@@ -2,11 +2,13 @@
 //! ([`report`]: top functions, re-encoding) and `lightswitch diff`
 //! ([`diff`]: what changed between two profiles). Both count per function
 //! ([`function_table`]) on the format-neutral [`Profile`] that
-//! [`input::read_profile`] decodes from pprof or folded stacks.
+//! [`input::read_profile`] decodes from pprof, folded stacks or a timeline
+//! ([`timeline`]: Firefox Profiler JSON).
 
 pub mod diff;
 pub mod input;
 pub mod report;
+pub mod timeline;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

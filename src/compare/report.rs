@@ -1,13 +1,14 @@
 //! `lightswitch report FILE`: the top functions of a saved profile, flat
 //! and cumulative like `go tool pprof -top`, or the profile re-encoded into
-//! another output format (e.g. pprof to flame graph).
+//! another output format (e.g. pprof to flame graph); for a timeline, of
+//! the span `--from`/`--to` only.
 
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
-use super::input::read_profile;
+use super::input::{read_input, InputFormat};
 use super::{function_table, FunctionTable};
 use crate::cli::ReportArgs;
 use crate::profile::Profile;
@@ -60,12 +61,45 @@ pub fn render_top(profile: &Profile, table: &FunctionTable, top: usize) -> Strin
     out
 }
 
+/// The span `--from`/`--to` asks for, ns after the profile's start
+/// (`None`: the whole profile). Errors: a bound that is not a finite number
+/// of seconds, at least 0, or an empty span.
+fn span(args: &ReportArgs) -> Result<Option<(i64, i64)>> {
+    if args.from.is_none() && args.to.is_none() {
+        return Ok(None);
+    }
+    let from = args.from.unwrap_or(0.0);
+    let to = args.to.unwrap_or(f64::INFINITY);
+    if !(from.is_finite() && from >= 0.0) || to.is_nan() || to <= from {
+        bail!("--from and --to must be seconds with 0 <= --from < --to, got {from} and {to}");
+    }
+    let ns = |s: f64| (s * 1e9).min(i64::MAX as f64).round() as i64;
+    Ok(Some((ns(from), ns(to))))
+}
+
 /// `lightswitch report`: print the table, or with `--format` write the
 /// profile in that format (to `--output`, `-` for stdout, else the
-/// format's default file name; written mode 0600 as profiles are). Errors
-/// name the file that could not be read, encoded or written.
+/// format's default file name; written mode 0600 as profiles are); with
+/// `--from`/`--to`, of that span of a timeline only. Errors name the file
+/// that could not be read, encoded or written, or say that `--from`/`--to`
+/// needs a timeline.
 pub fn run(args: &ReportArgs) -> Result<()> {
-    let profile = read_profile(&args.file)?;
+    let span = span(args)?;
+    let (mut profile, input) = read_input(&args.file)?;
+    if let Some((from, to)) = span {
+        if input != InputFormat::Timeline {
+            bail!(
+                "--from/--to need a timeline (a Firefox profile, e.g. written with \
+                 --profile-format firefox), but {} is {}",
+                args.file.display(),
+                match input {
+                    InputFormat::Pprof => "a pprof profile",
+                    _ => "folded stacks",
+                }
+            );
+        }
+        profile = super::timeline::slice(&profile, from, to);
+    }
     let Some(format) = args.format else {
         let table = function_table(&profile, false);
         let text = render_top(&profile, &table, args.top);

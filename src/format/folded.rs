@@ -126,6 +126,7 @@ pub(crate) mod tests {
             ],
             timeline: vec![],
             markers: vec![],
+            lost: vec![],
             subject: None,
             host: None,
         }

@@ -18,7 +18,7 @@ use indexmap::IndexMap;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use crate::process::{MappingId, ProcessTracker};
-use crate::profile::{ProcessMarker, ProcessMarkerKind, TimedSample};
+use crate::profile::{LostSamples, ProcessMarker, ProcessMarkerKind, TimedSample};
 use crate::sample::{RawSample, UnwindStatus};
 
 /// A user frame: an address, and the mapping it fell in (if any).
@@ -67,6 +67,7 @@ struct Timeline {
     origin_mono_ns: u64,
     samples: Vec<TimedSample>,
     markers: Vec<ProcessMarker>,
+    lost: Vec<LostSamples>,
 }
 
 fn call_sites(stack: &[u64]) -> impl Iterator<Item = u64> + '_ {
@@ -116,6 +117,7 @@ impl Aggregator {
                 origin_mono_ns,
                 samples: Vec::new(),
                 markers: Vec::new(),
+                lost: Vec::new(),
             }),
             ..Self::default()
         }
@@ -145,6 +147,33 @@ impl Aggregator {
         }
     }
 
+    /// Note that `samples` samples were lost between `start_ns` and
+    /// `end_ns` (CLOCK_MONOTONIC); kept only by an aggregator with a timeline.
+    /// A span that began before the origin (the counter was last read in
+    /// the previous window) is cut to start at the origin: the losses are
+    /// counted here, and the profile's time reference stays its start.
+    pub fn add_lost(&mut self, start_ns: u64, end_ns: u64, samples: u64) {
+        if let Some(timeline) = self.timeline.as_mut() {
+            let origin = timeline.origin_mono_ns;
+            let start = start_ns.max(origin);
+            timeline.lost.push(LostSamples {
+                start_offset_ns: start.wrapping_sub(origin) as i64,
+                end_offset_ns: end_ns.max(start).wrapping_sub(origin) as i64,
+                samples,
+            });
+        }
+    }
+
+    /// Take the lost-sample spans out (leaving none), in time order.
+    pub fn take_lost(&mut self) -> Vec<LostSamples> {
+        let Some(timeline) = self.timeline.as_mut() else {
+            return Vec::new();
+        };
+        let mut lost = std::mem::take(&mut timeline.lost);
+        lost.sort_by_key(|l| l.start_offset_ns);
+        lost
+    }
+
     /// Take the markers out (leaving none), in time order.
     pub fn take_markers(&mut self) -> Vec<ProcessMarker> {
         let Some(timeline) = self.timeline.as_mut() else {
@@ -153,6 +182,15 @@ impl Aggregator {
         let mut markers = std::mem::take(&mut timeline.markers);
         markers.sort_by_key(|m| m.offset_ns);
         markers
+    }
+
+    /// Move the timeline, markers and lost-sample spans
+    /// ([`Self::take_timeline`], [`Self::take_markers`], [`Self::take_lost`])
+    /// into `profile`, built from this aggregator's stacks.
+    pub fn take_timeline_into(&mut self, profile: &mut crate::profile::Profile) {
+        profile.timeline = self.take_timeline();
+        profile.markers = self.take_markers();
+        profile.lost = self.take_lost();
     }
 
     fn intern(&mut self, comm: &str) -> Arc<str> {
@@ -268,5 +306,23 @@ mod tests {
         let got: Vec<(i64, u32)> = timeline.iter().map(|t| (t.offset_ns, t.sample)).collect();
         assert_eq!(got, vec![(-10, 0), (200, 1), (500, 0), (700, 0)]);
         assert_eq!(timeline.len() as u64, agg.total());
+    }
+
+    #[test]
+    fn lost_spans_start_no_earlier_than_the_origin_and_come_in_time_order() {
+        let mut agg = Aggregator::with_timeline(1_000);
+        agg.add_lost(1_500, 1_800, 7);
+        agg.add_lost(400, 1_100, 3);
+        let got: Vec<(i64, i64, u64)> = agg
+            .take_lost()
+            .iter()
+            .map(|l| (l.start_offset_ns, l.end_offset_ns, l.samples))
+            .collect();
+        assert_eq!(got, vec![(0, 100, 3), (500, 800, 7)]);
+        assert!(agg.take_lost().is_empty());
+        // Without a timeline nothing is kept.
+        let mut plain = Aggregator::new();
+        plain.add_lost(1, 2, 3);
+        assert!(plain.take_lost().is_empty());
     }
 }

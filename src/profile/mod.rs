@@ -53,6 +53,25 @@ pub struct Profile {
     /// Process execs and exits in the window, in time order: kept with the
     /// timeline (empty without one).
     pub markers: Vec<ProcessMarker>,
+    /// Spans in which samples were lost (a ring buffer was full, or a record
+    /// did not parse), in time order: kept with the timeline (empty without
+    /// one).
+    pub lost: Vec<LostSamples>,
+}
+
+/// Samples lost during a span of the run (timeline formats). The BPF
+/// program only counts losses, so the span is the time between two reads
+/// of that counter by the sampling loop (at most about 100 ms apart):
+/// the losses happened somewhere in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LostSamples {
+    /// Start of the span, ns after [`Profile::start_unix_ns`] (as
+    /// [`TimedSample::offset_ns`]).
+    pub start_offset_ns: i64,
+    /// End of the span, ns after [`Profile::start_unix_ns`].
+    pub end_offset_ns: i64,
+    /// Samples lost in it.
+    pub samples: u64,
 }
 
 /// What a run profiles and on which host: stamped on every profile it

@@ -155,6 +155,19 @@ impl Windows {
             .add_marker(pid, kind, event.timestamp_ns);
     }
 
+    /// Note that `samples` samples were lost between `start_ns` and
+    /// `end_ns` (CLOCK_MONOTONIC), in the window of `end_ns` (or the oldest
+    /// open one), when windows keep timelines.
+    pub fn add_lost(&mut self, start_ns: u64, end_ns: u64, samples: u64) {
+        if !self.timeline {
+            return;
+        }
+        let index = self.index_of(end_ns).max(self.next_to_close);
+        self.open_window(index)
+            .aggregator
+            .add_lost(start_ns, end_ns, samples);
+    }
+
     /// The open window `index`, made if it has no sample yet.
     fn open_window(&mut self, index: u64) -> &mut OpenWindow {
         let (timeline, start) = (self.timeline, self.start_of(index));

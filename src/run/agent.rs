@@ -106,6 +106,10 @@ pub struct Agent<'s, 'o> {
     last_metrics: Instant,
     /// The status line, when stderr is a terminal.
     progress: Option<Progress>,
+    /// Samples lost (BPF counter plus malformed records) at the last check,
+    /// and when that was (CLOCK_MONOTONIC ns): a timeline's lost-samples
+    /// spans run from one check to the next.
+    lost_seen: (u64, u64),
 }
 
 /// What the run leaves when the perf events are detached.
@@ -201,6 +205,7 @@ impl<'s, 'o> Agent<'s, 'o> {
             last_alive_check: start,
             last_metrics: start,
             progress: Progress::on_terminal(start),
+            lost_seen: (0, start_mono),
         })
     }
 
@@ -303,6 +308,7 @@ impl<'s, 'o> Agent<'s, 'o> {
     pub fn drain(&mut self) {
         for event in self.events.borrow_mut().drain(..) {
             self.windows.add_event(&event);
+            self.subscriptions.add_event(&event);
             self.follower.on_event(
                 event.event,
                 &mut self.tracker,
@@ -325,6 +331,24 @@ impl<'s, 'o> Agent<'s, 'o> {
             }
         }
         self.loader.load_ready_tables(self.sampler);
+        self.note_lost();
+    }
+
+    /// Read the lost-samples counter (one map lookup) and hand any new
+    /// losses, as a span from the previous check to now, to the windows and
+    /// subscriptions, which keep them when they keep a timeline.
+    fn note_lost(&mut self) {
+        let Ok(lost) = self.sampler.lost() else {
+            return;
+        };
+        let lost = lost + *self.malformed.borrow();
+        let now = timefmt::monotonic_ns();
+        let (seen, since) = self.lost_seen;
+        if lost > seen {
+            self.windows.add_lost(since, now, lost - seen);
+            self.subscriptions.add_lost(since, now, lost - seen);
+        }
+        self.lost_seen = (lost.max(seen), now);
     }
 
     /// Close the windows and requests whose end has passed: read the clock,

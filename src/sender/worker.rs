@@ -306,13 +306,8 @@ fn send_window(
     provenance: &Provenance,
 ) -> Result<()> {
     let started = Instant::now();
-    let (timeline, markers) = (
-        closed.aggregator.take_timeline(),
-        closed.aggregator.take_markers(),
-    );
     let mut profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
-    profile.timeline = timeline;
-    profile.markers = markers;
+    closed.aggregator.take_timeline_into(&mut profile);
     provenance.stamp(&mut profile);
     debug!(
         "window {}: {} samples symbolized in {:?}",

@@ -26,8 +26,8 @@ use crate::guard::contain;
 use crate::process::ProcessTracker;
 use crate::profile::aggregate::{Aggregator, UserFrame};
 use crate::profile::window::CLOSE_SLACK_NS;
-use crate::profile::{Provenance, Window};
-use crate::sample::RawSample;
+use crate::profile::{ProcessMarkerKind, Provenance, Window};
+use crate::sample::{ProcessEvent, RawSample, TimedEvent};
 use crate::sampler::Sampler;
 use crate::symbolize::source::{ObjectCache, TrackerSnapshot};
 use crate::symbolize::Symbolizer;
@@ -128,6 +128,35 @@ impl Subscriptions {
                 && (s.pids.is_empty() || s.pids.contains(&sample.pid))
             {
                 s.aggregator.add_resolved(sample, frames.into());
+            }
+        }
+    }
+
+    /// Note a process exec or exit in every timeline subscription whose
+    /// span contains it and whose pid filter (if any) has the process.
+    pub fn add_event(&mut self, event: &TimedEvent) {
+        let (pid, kind) = match event.event {
+            ProcessEvent::Exec { pid, .. } => (pid, ProcessMarkerKind::Exec),
+            ProcessEvent::Exit { pid } => (pid, ProcessMarkerKind::Exit),
+            _ => return,
+        };
+        for s in &mut self.open {
+            if (s.start_mono_ns..s.end_mono_ns).contains(&event.timestamp_ns)
+                && (s.pids.is_empty() || s.pids.contains(&pid))
+            {
+                s.aggregator.add_marker(pid, kind, event.timestamp_ns);
+            }
+        }
+    }
+
+    /// Note `samples` samples lost between `start_ns` and `end_ns`
+    /// (CLOCK_MONOTONIC) in every timeline subscription whose span meets
+    /// that one. The BPF program counts losses for all sampled processes
+    /// together, so a subscription with a pid filter gets them all too.
+    pub fn add_lost(&mut self, start_ns: u64, end_ns: u64, samples: u64) {
+        for s in &mut self.open {
+            if start_ns < s.end_mono_ns && end_ns >= s.start_mono_ns {
+                s.aggregator.add_lost(start_ns, end_ns, samples);
             }
         }
     }
@@ -384,9 +413,8 @@ fn answer(
     snapshot: &TrackerSnapshot,
 ) -> Reply {
     let started = std::time::Instant::now();
-    let timeline = closed.aggregator.take_timeline();
     let mut profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
-    profile.timeline = timeline;
+    closed.aggregator.take_timeline_into(&mut profile);
     on_demand_provenance(&closed.pids).stamp(&mut profile);
     let reply =
         format::encode(&profile, closed.format, Compression::Gzip).map_err(|e| match e

@@ -29,7 +29,10 @@
 //! - Markers: each exec and exit of a sampled process (from the BPF
 //!   tracepoints, at their BPF timestamps; only processes the profiler has
 //!   described to the walker send them) is an instant marker `exec` or
-//!   `exit` on its main thread.
+//!   `exit` on its main thread. Spans in which samples were lost
+//!   ([`Profile::lost`]) are interval markers `lost samples` on the main
+//!   thread (a track of its own, without samples) of a pseudo-process
+//!   `lightswitch`, pid [`LOST_PID`], which no real process has.
 
 use std::io::{BufWriter, Write};
 use std::sync::Arc;
@@ -39,19 +42,31 @@ use anyhow::{bail, Context, Result};
 use flate2::write::GzEncoder;
 use fxprof_processed_profile::debugid::DebugId;
 use fxprof_processed_profile::{
-    CategoryColor, CategoryHandle, CategoryPairHandle, CpuDelta, Frame as FxFrame, FrameFlags,
-    FrameInfo, LibraryHandle, LibraryInfo, MarkerFieldFlags, MarkerFieldFormat, MarkerTiming,
-    Profile as FxProfile, ReferenceTimestamp, SamplingInterval, StackHandle, StaticSchemaMarker,
-    StaticSchemaMarkerField, StringHandle, Symbol, SymbolTable, ThreadHandle, Timestamp,
+    CategoryColor, CategoryPairHandle, CpuDelta, Frame as FxFrame, FrameFlags, FrameInfo,
+    LibraryHandle, LibraryInfo, Profile as FxProfile, ReferenceTimestamp, SamplingInterval,
+    StackHandle, Symbol, SymbolTable, ThreadHandle, Timestamp,
 };
 use rustc_hash::FxHashMap;
 use tracing::debug;
 
 use super::FormatSpec;
-use crate::profile::{Frame, FrameKind, ProcessMarkerKind, Profile, ProfileMapping};
+use crate::profile::{Frame, FrameKind, Profile, ProfileMapping};
+
+mod markers;
+use markers::{add_lost_markers, add_markers};
 
 /// Default file name of the format.
 pub const FILE_NAME: &str = "profile.json.gz";
+
+/// The `type` of the exec and exit markers' data.
+pub const PROCESS_MARKER_TYPE: &str = "LightswitchProcessEvent";
+
+/// The `type` of the lost-samples markers' data.
+pub const LOST_MARKER_TYPE: &str = "LightswitchLostSamples";
+
+/// The pid of the pseudo-process that holds the lost-samples markers: above
+/// the kernel's largest pid (2^22), so no real process has it.
+pub const LOST_PID: u32 = u32::MAX;
 
 /// The format's registry entry.
 pub const SPEC: FormatSpec = FormatSpec {
@@ -131,7 +146,8 @@ fn build(profile: &Profile) -> Result<FxProfile> {
     // move the reference earlier, so that every time is >= 0.
     let first_sample = profile.timeline.first().map(|t| t.offset_ns);
     let first_marker = profile.markers.first().map(|m| m.offset_ns);
-    let shift = [first_sample, first_marker]
+    let first_lost = profile.lost.iter().map(|l| l.start_offset_ns).min();
+    let shift = [first_sample, first_marker, first_lost]
         .into_iter()
         .flatten()
         .fold(0, i64::min);
@@ -155,6 +171,7 @@ fn build(profile: &Profile) -> Result<FxProfile> {
     add_processes_and_threads(&mut fx, profile, &mut slots);
 
     add_markers(&mut fx, profile, &slots, time);
+    add_lost_markers(&mut fx, profile, time);
     let stacks = intern_stacks(&mut fx, profile, &frames, &slots, &slot_of_sample);
     let cpu_delta = CpuDelta::from_nanos(profile.period_ns());
     for timed in &profile.timeline {
@@ -221,81 +238,6 @@ fn intern_stacks(
         }
     }
     stacks
-}
-
-/// An exec or exit of a process, as an instant Firefox marker.
-struct ProcessEventMarker {
-    name: &'static str,
-    pid: u32,
-}
-
-impl StaticSchemaMarker for ProcessEventMarker {
-    const UNIQUE_MARKER_TYPE_NAME: &'static str = "LightswitchProcessEvent";
-    const DESCRIPTION: Option<&'static str> =
-        Some("A process called exec or exited (BPF sched_process_exec/exit tracepoints)");
-    const CHART_LABEL: Option<&'static str> = Some("{marker.name}");
-    const TABLE_LABEL: Option<&'static str> = Some("{marker.name} (pid {marker.data.pid})");
-    const FIELDS: &'static [StaticSchemaMarkerField] = &[StaticSchemaMarkerField {
-        key: "pid",
-        label: "Process",
-        format: MarkerFieldFormat::Integer,
-        flags: MarkerFieldFlags::SEARCHABLE,
-    }];
-
-    fn name(&self, profile: &mut FxProfile) -> StringHandle {
-        profile.intern_string(self.name)
-    }
-
-    fn category(&self, _profile: &mut FxProfile) -> CategoryHandle {
-        CategoryHandle::OTHER
-    }
-
-    fn string_field_value(&self, _field_index: u32) -> StringHandle {
-        unreachable!("the schema has no string field")
-    }
-
-    fn number_field_value(&self, _field_index: u32) -> f64 {
-        f64::from(self.pid)
-    }
-}
-
-/// The profile's execs and exits as markers on their process's main thread
-/// (or its first sampled thread); those of processes without samples in
-/// the profile have no thread to go on and are left out.
-fn add_markers(
-    fx: &mut FxProfile,
-    profile: &Profile,
-    slots: &[ThreadSlot],
-    time: impl Fn(i64) -> u64,
-) {
-    let mut thread_of_pid: FxHashMap<u32, (bool, ThreadHandle)> = FxHashMap::default();
-    for slot in slots {
-        if let Some(handle) = slot.handle {
-            let main = slot.tid == slot.pid;
-            let entry = thread_of_pid.entry(slot.pid).or_insert((main, handle));
-            if main && !entry.0 {
-                *entry = (true, handle);
-            }
-        }
-    }
-    for marker in &profile.markers {
-        let Some(&(_, thread)) = thread_of_pid.get(&marker.pid) else {
-            continue;
-        };
-        let name = match marker.kind {
-            ProcessMarkerKind::Exec => "exec",
-            ProcessMarkerKind::Exit => "exit",
-        };
-        let at = Timestamp::from_nanos_since_reference(time(marker.offset_ns));
-        fx.add_marker(
-            thread,
-            MarkerTiming::Instant(at),
-            ProcessEventMarker {
-                name,
-                pid: marker.pid,
-            },
-        );
-    }
 }
 
 /// The (pid, tid) of every profile sample as a slot index, and the slots
@@ -535,20 +477,20 @@ fn library_info(mapping: &ProfileMapping) -> LibraryInfo {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::io::Read;
 
     use serde_json::Value;
 
     use super::*;
     use crate::format::folded::tests::sample_profile;
-    use crate::profile::{ProcessMarker, TimedSample};
+    use crate::profile::{ProcessMarker, ProcessMarkerKind, TimedSample};
 
     /// The folded tests' profile (threads 7 and 8 of `app`, inlined and
     /// kernel frames, a truncated stack) with its frames at 0x1000 and
     /// 0x2000 in `/bin/app`, and a timeline whose first sample is 2 µs
     /// before the start.
-    fn timed_profile() -> Profile {
+    pub(crate) fn timed_profile() -> Profile {
         let mut profile = sample_profile();
         profile.mappings.push(ProfileMapping {
             start: 0x1000,

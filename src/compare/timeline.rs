@@ -1,0 +1,687 @@
+//! Reading a timeline back for `diff` and `report`: the Firefox Profiler's
+//! processed profile JSON (gzip'd, as `--profile-format firefox` writes
+//! `profile.json.gz`, or plain), decoded with serde into a [`Profile`]
+//! whose [`Profile::timeline`] keeps every sample's time, and cut to a
+//! span of time ([`slice`], `report --from/--to`).
+//!
+//! What is read, per thread: `samples` (`stack`, `time` or `timeDeltas`,
+//! `weight` when present), `stackTable` (`prefix`, `frame`), `frameTable`
+//! (`address`, `category`, `func`), `funcTable` (`name`, `resource`),
+//! `resourceTable` (`lib`), the thread's `stringArray` (or the profile's
+//! `shared.stringArray` in newer versions of the format), `markers`; and
+//! the profile's `meta` (`startTime`, `interval`, `categories`) and `libs`.
+//! Frames in the category `Kernel` are kernel frames, those in `Unwind`
+//! unwind markers, the others user frames; a frame whose function has a
+//! resource is in that resource's library (one [`ProfileMapping`] per
+//! library, from address 0, so that addresses are the frames' offsets in
+//! it). lightswitch's `exec`/`exit` and lost-samples markers come back as
+//! [`Profile::markers`] and [`Profile::lost`]; other markers are ignored.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use rustc_hash::FxHashMap;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::collector::merge::STATUSES;
+use crate::format::firefox::{LOST_MARKER_TYPE, PROCESS_MARKER_TYPE};
+use crate::profile::{
+    unwind_marker_name, Frame, FrameKind, Line, LostSamples, ProcessMarker, ProcessMarkerKind,
+    Profile, ProfileMapping, Sample, TimedSample,
+};
+use crate::sample::UnwindStatus;
+
+/// Most samples (sum of weights) a timeline may hold: 16 bytes each in
+/// memory, so 50 M is 800 MB, 40 times a 60 s whole-machine run at 10 kHz.
+const MAX_SAMPLES: u64 = 50_000_000;
+
+/// Whether `bytes` (decompressed) look like JSON: the first byte that is
+/// not white space is `{`.
+pub fn looks_like_json(bytes: &[u8]) -> bool {
+    bytes
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == b'{')
+}
+
+#[derive(Deserialize)]
+struct FxProfile {
+    meta: Meta,
+    #[serde(default)]
+    libs: Vec<Lib>,
+    threads: Vec<Thread>,
+    #[serde(default)]
+    shared: Option<Shared>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Meta {
+    start_time: f64,
+    interval: f64,
+    #[serde(default)]
+    categories: Vec<Category>,
+}
+
+#[derive(Deserialize)]
+struct Category {
+    name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Lib {
+    path: String,
+    #[serde(default)]
+    code_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Shared {
+    string_array: Vec<String>,
+}
+
+/// A pid or tid: the format has had both numbers and strings.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Id {
+    Number(u64),
+    Text(String),
+}
+
+impl Id {
+    fn get(&self) -> u32 {
+        match self {
+            Id::Number(n) => u32::try_from(*n).unwrap_or(0),
+            Id::Text(t) => t.parse().unwrap_or(0),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Thread {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    process_name: Option<String>,
+    pid: Id,
+    tid: Id,
+    samples: Samples,
+    stack_table: StackTable,
+    frame_table: FrameTable,
+    func_table: FuncTable,
+    #[serde(default)]
+    resource_table: ResourceTable,
+    #[serde(default)]
+    string_array: Option<Vec<String>>,
+    #[serde(default)]
+    markers: Markers,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Samples {
+    stack: Vec<Option<usize>>,
+    #[serde(default)]
+    time: Option<Vec<f64>>,
+    #[serde(default)]
+    time_deltas: Option<Vec<f64>>,
+    #[serde(default)]
+    weight: Option<Vec<f64>>,
+}
+
+#[derive(Deserialize)]
+struct StackTable {
+    prefix: Vec<Option<usize>>,
+    frame: Vec<usize>,
+}
+
+#[derive(Deserialize)]
+struct FrameTable {
+    #[serde(default)]
+    address: Vec<Option<i64>>,
+    category: Vec<Option<usize>>,
+    func: Vec<usize>,
+}
+
+#[derive(Deserialize)]
+struct FuncTable {
+    name: Vec<usize>,
+    resource: Vec<Option<i64>>,
+}
+
+#[derive(Deserialize, Default)]
+struct ResourceTable {
+    lib: Vec<Option<usize>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct Markers {
+    name: Vec<usize>,
+    start_time: Vec<Option<f64>>,
+    end_time: Vec<Option<f64>>,
+    data: Vec<Value>,
+}
+
+/// `table[index]`, or an error naming the table.
+fn at<T: Copy>(table: &[T], index: usize, what: &str) -> Result<T> {
+    table.get(index).copied().with_context(|| {
+        format!(
+            "{what} index {index} is out of range (length {})",
+            table.len()
+        )
+    })
+}
+
+/// ms (the format's unit) to ns.
+fn ns(ms: f64) -> i64 {
+    (ms * 1e6).round() as i64
+}
+
+/// Decode a Firefox processed profile (JSON, already decompressed). Errors
+/// say which table or index is wrong.
+pub fn parse_timeline(json: &[u8]) -> Result<Profile> {
+    let fx: FxProfile = serde_json::from_slice(json)
+        .context("not a Firefox Profiler processed profile (JSON with meta and threads)")?;
+    let interval = fx.meta.interval;
+    let mut profile = Profile {
+        start_unix_ns: (fx.meta.start_time * 1e6).round().max(0.0) as u64,
+        sample_freq_hz: if interval > 0.0 {
+            (1000.0 / interval).round() as u64
+        } else {
+            0
+        },
+        ..Default::default()
+    };
+    let kinds: Vec<FrameKind> = fx
+        .meta
+        .categories
+        .iter()
+        .map(|c| match c.name.as_str() {
+            "Kernel" => FrameKind::Kernel,
+            "Unwind" => FrameKind::UnwindMarker,
+            _ => FrameKind::User,
+        })
+        .collect();
+    for lib in &fx.libs {
+        profile.mappings.push(ProfileMapping {
+            start: 0,
+            limit: u64::MAX,
+            file_offset: 0,
+            filename: lib.path.clone(),
+            build_id: lib.code_id.clone(),
+        });
+    }
+    let shared = fx.shared.as_ref().map(|s| s.string_array.as_slice());
+    let mut reader = Reader {
+        profile: &mut profile,
+        kinds: &kinds,
+        frames: FxHashMap::default(),
+        total: 0,
+    };
+    for (number, thread) in fx.threads.iter().enumerate() {
+        reader
+            .thread(thread, shared)
+            .with_context(|| format!("thread {number} ({:?})", thread.name))?;
+    }
+    profile.timeline.sort_unstable();
+    profile.markers.sort_by_key(|m| m.offset_ns);
+    profile.lost.sort_by_key(|l| l.start_offset_ns);
+    let last = profile.timeline.last().map_or(0, |t| t.offset_ns);
+    profile.duration_ns = last.max(0) as u64 + profile.period_ns();
+    Ok(profile)
+}
+
+/// State of the conversion: the profile being filled, and its frames by
+/// what they are, shared across threads.
+struct Reader<'a> {
+    profile: &'a mut Profile,
+    kinds: &'a [FrameKind],
+    frames: FxHashMap<(FrameKind, Arc<str>, Option<usize>, u64), usize>,
+    total: u64,
+}
+
+impl Reader<'_> {
+    /// Add one thread's samples (one profile sample per distinct stack,
+    /// one timed sample per unit of weight) and its markers.
+    fn thread(&mut self, thread: &Thread, shared: Option<&[String]>) -> Result<()> {
+        let strings = thread
+            .string_array
+            .as_deref()
+            .or(shared)
+            .context("no string table (stringArray)")?;
+        let pid = thread.pid.get();
+        let tid = thread.tid.get();
+        let process_comm: Arc<str> = Arc::from(
+            thread
+                .process_name
+                .as_deref()
+                .unwrap_or(thread.name.as_str()),
+        );
+        let thread_comm: Arc<str> = Arc::from(thread.name.as_str());
+        let samples = &thread.samples;
+        let times = sample_times(samples)?;
+        let mut sample_of_stack: HashMap<Option<usize>, u32> = HashMap::new();
+        for (i, (&stack, &time)) in samples.stack.iter().zip(&times).enumerate() {
+            let weight = match &samples.weight {
+                Some(w) => at(w, i, "samples.weight")?,
+                None => 1.0,
+            };
+            if !(weight >= 0.0 && weight.fract() == 0.0) {
+                bail!("sample {i} has weight {weight}, not a count of samples");
+            }
+            let weight = weight as u64;
+            self.total = self.total.saturating_add(weight);
+            if self.total > MAX_SAMPLES {
+                bail!("more than {MAX_SAMPLES} samples");
+            }
+            if weight == 0 {
+                continue;
+            }
+            let index = match sample_of_stack.get(&stack) {
+                Some(&index) => index,
+                None => {
+                    let frames = self.stack(thread, strings, stack)?;
+                    let unwind_status = frames
+                        .last()
+                        .map(|&f| &self.profile.frames[f])
+                        .filter(|f| f.kind == FrameKind::UnwindMarker)
+                        .and_then(|f| {
+                            STATUSES
+                                .iter()
+                                .find(|s| *unwind_marker_name(**s) == *f.lines[0].function)
+                        })
+                        .copied()
+                        .unwrap_or(UnwindStatus::Complete);
+                    self.profile.samples.push(Sample {
+                        pid,
+                        tid,
+                        process_comm: process_comm.clone(),
+                        thread_comm: thread_comm.clone(),
+                        frames,
+                        unwind_status,
+                        count: 0,
+                    });
+                    let index = (self.profile.samples.len() - 1) as u32;
+                    sample_of_stack.insert(stack, index);
+                    index
+                }
+            };
+            self.profile.samples[index as usize].count += weight;
+            let timed = TimedSample {
+                offset_ns: ns(time),
+                sample: index,
+            };
+            self.profile
+                .timeline
+                .extend(std::iter::repeat_n(timed, weight as usize));
+        }
+        self.markers(thread, strings, pid)
+    }
+
+    /// The profile frames of Firefox stack `stack`, leaf first.
+    fn stack(
+        &mut self,
+        thread: &Thread,
+        strings: &[String],
+        stack: Option<usize>,
+    ) -> Result<Vec<usize>> {
+        let table = &thread.stack_table;
+        let mut frames = Vec::new();
+        let mut next = stack;
+        while let Some(s) = next {
+            let fx_frame = at(&table.frame, s, "stackTable.frame")?;
+            frames.push(self.frame(thread, strings, fx_frame)?);
+            next = at(&table.prefix, s, "stackTable.prefix")?;
+            // Prefixes come before their stacks: this also ends any cycle.
+            if next.is_some_and(|p| p >= s) {
+                bail!("stack {s} has prefix {next:?}, not an earlier stack");
+            }
+        }
+        Ok(frames)
+    }
+
+    /// The profile frame of Firefox frame `index` (made on first use).
+    fn frame(&mut self, thread: &Thread, strings: &[String], index: usize) -> Result<usize> {
+        let table = &thread.frame_table;
+        let func = at(&table.func, index, "frameTable.func")?;
+        let name = at(&thread.func_table.name, func, "funcTable.name")?;
+        let name: Arc<str> = Arc::from(
+            strings
+                .get(name)
+                .with_context(|| format!("string index {name} is out of range"))?
+                .as_str(),
+        );
+        let category = at(&table.category, index, "frameTable.category")?;
+        let kind = category
+            .and_then(|c| self.kinds.get(c).copied())
+            .unwrap_or(FrameKind::User);
+        let resource = at(&thread.func_table.resource, func, "funcTable.resource")?;
+        let mapping = match resource.and_then(|r| usize::try_from(r).ok()) {
+            Some(r) => at(&thread.resource_table.lib, r, "resourceTable.lib")?,
+            None => None,
+        };
+        if let Some(lib) = mapping.filter(|&l| l >= self.profile.mappings.len()) {
+            bail!("library index {lib} is out of range");
+        }
+        let address = table
+            .address
+            .get(index)
+            .copied()
+            .flatten()
+            .and_then(|a| u64::try_from(a).ok());
+        let mapping = mapping.filter(|_| address.is_some());
+        let address = address.filter(|_| mapping.is_some()).unwrap_or(0);
+        let key = (kind, name, mapping, address);
+        if let Some(&frame) = self.frames.get(&key) {
+            return Ok(frame);
+        }
+        self.profile.frames.push(Frame {
+            kind,
+            address,
+            mapping,
+            lines: vec![Line {
+                function: key.1.clone(),
+                system_name: key.1.clone(),
+                file: None,
+                line: None,
+            }],
+            symbolized: kind != FrameKind::UnwindMarker,
+        });
+        let frame = self.profile.frames.len() - 1;
+        self.frames.insert(key, frame);
+        Ok(frame)
+    }
+
+    /// lightswitch's markers of the thread: execs, exits, lost samples.
+    fn markers(&mut self, thread: &Thread, strings: &[String], pid: u32) -> Result<()> {
+        let markers = &thread.markers;
+        for (i, data) in markers.data.iter().enumerate() {
+            let start = at(&markers.start_time, i, "markers.startTime")?.unwrap_or(0.0);
+            match data["type"].as_str() {
+                Some(PROCESS_MARKER_TYPE) => {
+                    let name = at(&markers.name, i, "markers.name")?;
+                    let kind = match strings.get(name).map(String::as_str) {
+                        Some("exec") => ProcessMarkerKind::Exec,
+                        Some("exit") => ProcessMarkerKind::Exit,
+                        _ => continue,
+                    };
+                    let pid = data["pid"].as_f64().map_or(pid, |p| p as u32);
+                    self.profile.markers.push(ProcessMarker {
+                        offset_ns: ns(start),
+                        pid,
+                        kind,
+                    });
+                }
+                Some(LOST_MARKER_TYPE) => {
+                    let end = at(&markers.end_time, i, "markers.endTime")?.unwrap_or(start);
+                    self.profile.lost.push(LostSamples {
+                        start_offset_ns: ns(start),
+                        end_offset_ns: ns(end),
+                        samples: data["samples"].as_f64().unwrap_or(0.0).max(0.0) as u64,
+                    });
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Each sample's time, ms after the profile's start: the `time` column, or
+/// the running sum of `timeDeltas`.
+fn sample_times(samples: &Samples) -> Result<Vec<f64>> {
+    let times = match (&samples.time, &samples.time_deltas) {
+        (Some(time), _) => time.clone(),
+        (None, Some(deltas)) => deltas
+            .iter()
+            .scan(0.0, |t, d| {
+                *t += d;
+                Some(*t)
+            })
+            .collect(),
+        (None, None) => bail!("samples have neither time nor timeDeltas"),
+    };
+    if times.len() != samples.stack.len() {
+        bail!(
+            "{} sample times for {} samples",
+            times.len(),
+            samples.stack.len()
+        );
+    }
+    Ok(times)
+}
+
+/// The part of a timeline `profile` from `from_ns` to `to_ns` (ns after
+/// its start, `to_ns` excluded): only the samples, markers and lost-sample
+/// spans taken in it, counted again; times and start moved so that the
+/// slice starts at `from_ns`.
+pub fn slice(profile: &Profile, from_ns: i64, to_ns: i64) -> Profile {
+    let inside = |t: i64| (from_ns..to_ns).contains(&t);
+    let mut out = Profile {
+        start_unix_ns: profile.start_unix_ns.saturating_add_signed(from_ns),
+        duration_ns: to_ns.saturating_sub(from_ns).max(0) as u64,
+        sample_freq_hz: profile.sample_freq_hz,
+        mappings: profile.mappings.clone(),
+        frames: profile.frames.clone(),
+        subject: profile.subject.clone(),
+        host: profile.host.clone(),
+        ..Default::default()
+    };
+    let mut new_index: Vec<Option<u32>> = vec![None; profile.samples.len()];
+    for timed in profile.timeline.iter().filter(|t| inside(t.offset_ns)) {
+        let Some(sample) = profile.samples.get(timed.sample as usize) else {
+            continue;
+        };
+        let index = *new_index[timed.sample as usize].get_or_insert_with(|| {
+            out.samples.push(Sample {
+                count: 0,
+                ..sample.clone()
+            });
+            (out.samples.len() - 1) as u32
+        });
+        out.samples[index as usize].count += 1;
+        out.timeline.push(TimedSample {
+            offset_ns: timed.offset_ns - from_ns,
+            sample: index,
+        });
+    }
+    out.markers = profile
+        .markers
+        .iter()
+        .filter(|m| inside(m.offset_ns))
+        .map(|m| ProcessMarker {
+            offset_ns: m.offset_ns - from_ns,
+            ..*m
+        })
+        .collect();
+    out.lost = profile
+        .lost
+        .iter()
+        .filter(|l| l.start_offset_ns < to_ns && l.end_offset_ns >= from_ns)
+        .map(|l| LostSamples {
+            start_offset_ns: l.start_offset_ns - from_ns,
+            end_offset_ns: l.end_offset_ns - from_ns,
+            samples: l.samples,
+        })
+        .collect();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+    use crate::format::{firefox, folded};
+
+    /// The Firefox tests' profile (a sample every 10 µs from -2 µs, user
+    /// frames in `/bin/app`) with an exec, an exit and a lost-samples span.
+    fn timed_profile() -> Profile {
+        let mut profile = firefox::tests::timed_profile();
+        profile.markers = vec![
+            ProcessMarker {
+                offset_ns: 0,
+                pid: 7,
+                kind: ProcessMarkerKind::Exec,
+            },
+            ProcessMarker {
+                offset_ns: 75_000,
+                pid: 7,
+                kind: ProcessMarkerKind::Exit,
+            },
+        ];
+        profile.lost = vec![LostSamples {
+            start_offset_ns: 20_000,
+            end_offset_ns: 40_000,
+            samples: 12,
+        }];
+        profile
+    }
+
+    fn written(profile: &Profile) -> Vec<u8> {
+        let gzip = firefox::encode(profile).unwrap();
+        let mut json = Vec::new();
+        flate2::read::GzDecoder::new(gzip.as_slice())
+            .read_to_end(&mut json)
+            .unwrap();
+        json
+    }
+
+    #[test]
+    fn what_the_firefox_encoder_writes_reads_back() {
+        let profile = timed_profile();
+        let json = written(&profile);
+        assert!(looks_like_json(&json));
+        let read = parse_timeline(&json).unwrap();
+        assert_eq!(folded::encode(&read), folded::encode(&profile));
+        assert_eq!(read.sample_freq_hz, 100);
+        // The reference moved 2 µs earlier for the first sample: every
+        // time is 2 µs later, and the start 2 µs earlier (to the 0.2 µs
+        // an f64 of ms since 1970 resolves).
+        let start_error = read.start_unix_ns.abs_diff(profile.start_unix_ns - 2_000);
+        assert!(start_error < 1_000, "{start_error} ns off");
+        let times: Vec<i64> = read.timeline.iter().map(|t| t.offset_ns).collect();
+        let expected: Vec<i64> = (0..8).map(|i| i * 10_000).collect();
+        assert_eq!(times, expected);
+        for timed in &read.timeline {
+            assert!(read.samples[timed.sample as usize].count > 0);
+        }
+        assert_eq!(read.timeline.len() as u64, read.total_samples());
+        let markers: Vec<(i64, u32, ProcessMarkerKind)> = read
+            .markers
+            .iter()
+            .map(|m| (m.offset_ns, m.pid, m.kind))
+            .collect();
+        assert_eq!(
+            markers,
+            vec![
+                (2_000, 7, ProcessMarkerKind::Exec),
+                (77_000, 7, ProcessMarkerKind::Exit)
+            ]
+        );
+        assert_eq!(
+            read.lost,
+            vec![LostSamples {
+                start_offset_ns: 22_000,
+                end_offset_ns: 42_000,
+                samples: 12
+            }]
+        );
+        let truncated = read.samples.iter().find(|s| s.count == 1).unwrap();
+        assert_eq!(truncated.unwind_status, UnwindStatus::Truncated);
+        assert!(read
+            .frames
+            .iter()
+            .any(|f| f.kind == FrameKind::Kernel && &*f.lines[0].function == "vfs_read"));
+        // User frames are in /bin/app's library, at their file offsets.
+        let main = read.frames.iter().find(|f| &*f.lines[0].function == "main");
+        let mapping = main.and_then(|f| f.mapping).map(|m| &read.mappings[m]);
+        assert_eq!(mapping.map(|m| m.filename.as_str()), Some("/bin/app"));
+        assert_eq!(main.map(|f| f.address), Some(0x1100));
+        assert_eq!(
+            mapping.and_then(|m| m.build_id.as_deref()),
+            Some("0aa70dc66dec077a9140a391cc1a092737b75148")
+        );
+    }
+
+    #[test]
+    fn a_slice_keeps_its_samples_and_markers_only() {
+        let read = parse_timeline(&written(&timed_profile())).unwrap();
+        // Samples at 0, 10, ..., 70 µs: [15 µs, 45 µs) holds 20, 30, 40.
+        let cut = slice(&read, 15_000, 45_000);
+        assert_eq!(cut.total_samples(), 3);
+        assert_eq!(cut.timeline.len(), 3);
+        assert_eq!(cut.timeline[0].offset_ns, 5_000);
+        assert!(cut.samples.iter().all(|s| s.count > 0));
+        assert_eq!(cut.start_unix_ns, read.start_unix_ns + 15_000);
+        assert_eq!(cut.duration_ns, 30_000);
+        assert!(cut.markers.is_empty());
+        assert_eq!(cut.lost.len(), 1);
+        // A re-encoded slice is a valid timeline again.
+        let again = parse_timeline(&written(&cut)).unwrap();
+        assert_eq!(again.total_samples(), 3);
+        assert_eq!(slice(&read, 100_000, 200_000).total_samples(), 0);
+    }
+
+    #[test]
+    fn plain_json_weights_and_shared_strings() {
+        let json = r#"{"meta": {"startTime": 1000.5, "interval": 0.1,
+            "categories": [{"name": "Other"}, {"name": "Kernel"}]},
+          "libs": [{"path": "/bin/x", "codeId": "ab"}],
+          "shared": {"stringArray": ["main", "work", "sys"]},
+          "threads": [{"name": "x", "pid": 5, "tid": "6",
+            "samples": {"stack": [1, 2, null], "time": [0.5, 1.0, 1.5], "weight": [2, 1, 1]},
+            "stackTable": {"prefix": [null, 0, 1], "frame": [0, 1, 2]},
+            "frameTable": {"address": [16, 32, -1], "category": [0, 0, 1], "func": [0, 1, 2]},
+            "funcTable": {"name": [0, 1, 2], "resource": [0, 0, -1]},
+            "resourceTable": {"lib": [0]}}]}"#;
+        let p = parse_timeline(json.as_bytes()).unwrap();
+        assert_eq!(p.sample_freq_hz, 10_000);
+        assert_eq!(p.start_unix_ns, 1_000_500_000);
+        assert_eq!(
+            folded::encode(&p),
+            "x 1\nx;main;work 2\nx;main;work;sys_[k] 1\n"
+        );
+        assert_eq!(p.timeline.len(), 4);
+        assert_eq!((p.samples[0].pid, p.samples[0].tid), (5, 6));
+        let work = p.frames.iter().find(|f| &*f.lines[0].function == "work");
+        assert_eq!(work.map(|f| (f.mapping, f.address)), Some((Some(0), 32)));
+        assert_eq!(p.mappings[0].build_id.as_deref(), Some("ab"));
+    }
+
+    #[test]
+    fn bad_indices_and_shapes_are_errors() {
+        let base = |stack: &str, prefix: &str| {
+            format!(
+                r#"{{"meta": {{"startTime": 0, "interval": 1}},
+                "threads": [{{"name": "x", "pid": 1, "tid": 1, "stringArray": ["f"],
+                "samples": {{"stack": [{stack}], "timeDeltas": [1]}},
+                "stackTable": {{"prefix": [{prefix}], "frame": [0]}},
+                "frameTable": {{"category": [null], "func": [0]}},
+                "funcTable": {{"name": [0], "resource": [null]}}}}]}}"#
+            )
+        };
+        assert!(parse_timeline(base("0", "null").as_bytes()).is_ok());
+        let err = parse_timeline(base("3", "null").as_bytes()).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("stackTable.frame index 3"),
+            "{err:#}"
+        );
+        let err = parse_timeline(base("0", "0").as_bytes()).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("not an earlier stack"),
+            "{err:#}"
+        );
+        let err = parse_timeline(br#"{"meta": {}}"#).unwrap_err();
+        assert!(format!("{err:#}").contains("not a Firefox"), "{err:#}");
+        let weight = base("0", "null").replace(r#""timeDeltas""#, r#""weight": [0.5], "time""#);
+        let err = parse_timeline(weight.as_bytes()).unwrap_err();
+        assert!(format!("{err:#}").contains("weight 0.5"), "{err:#}");
+    }
+}
