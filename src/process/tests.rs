@@ -121,3 +121,31 @@ fn samples_resolve_through_the_image_of_their_time() {
     assert_eq!(tracker.find_mapping(PID, 99, a + 1), None);
     assert_eq!(tracker.find_mapping(CHILD, 350, c + 1), Some(in_c));
 }
+
+#[test]
+fn tables_grown_by_a_burst_of_processes_shrink_once_they_are_retired() {
+    let mut tracker = ProcessTracker::new();
+    // Pids above the kernel's limit (2^22): no /proc entries, anonymous
+    // executable mappings (no object to open).
+    let pids = 5_000_000..5_020_000u32;
+    for pid in pids.clone() {
+        tracker.apply_maps(pid, &[anon_text(0x10000), anon_text(0x40000)]);
+        tracker.process_exited(pid, 10);
+    }
+    assert_eq!(tracker.mapping_count(), 40_000);
+    let grown = tracker.mappings.capacity();
+    assert!(grown >= 40_000);
+    // One process stays.
+    tracker.apply_maps(1, &[anon_text(0x10000)]);
+    assert_eq!(tracker.retire_exited(11), 20_000);
+    assert_eq!(tracker.mapping_count(), 1);
+    assert!(
+        tracker.mappings.capacity() <= 4 * 4096,
+        "{}",
+        tracker.mappings.capacity()
+    );
+    assert!(tracker.mapping_index.capacity() <= 4 * 4096);
+    assert!(tracker.processes.capacity() <= 4 * 4096);
+    // What stays is still found.
+    assert_eq!(tracker.process_mappings(1).len(), 1);
+}
