@@ -82,11 +82,17 @@ impl ProcessTracker {
         shrink_after_burst(&mut self.mappings);
         shrink_after_burst(&mut self.mapping_index);
         shrink_after_burst(&mut self.processes);
+        if self.orphans.capacity() > SHRINK_MIN_CAPACITY
+            && self.orphans.len() < self.orphans.capacity() / 4
+        {
+            self.orphans.shrink_to(self.orphans.len() * 2);
+        }
         gone.len()
     }
 }
 
-/// Smallest table (slots) [`shrink_after_burst`] shrinks.
+/// Smallest table (slots) [`shrink_after_burst`] shrinks (and smallest
+/// capacity of the orphaned-mappings list that shrinks likewise).
 const SHRINK_MIN_CAPACITY: usize = 4096;
 
 /// Give back the memory of a table that a burst grew (a start-up scan, a

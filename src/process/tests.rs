@@ -146,6 +146,22 @@ fn tables_grown_by_a_burst_of_processes_shrink_once_they_are_retired() {
     );
     assert!(tracker.mapping_index.capacity() <= 4 * 4096);
     assert!(tracker.processes.capacity() <= 4 * 4096);
+    // Mappings given up by an exec wait in the orphans list: it shrinks too.
+    for pid in pids.clone() {
+        tracker.apply_maps(pid, &[anon_text(0x10000), anon_text(0x40000)]);
+        tracker.process_exec(pid, 20);
+    }
+    assert!(tracker.orphans.len() >= 40_000);
+    for pid in pids.clone() {
+        tracker.process_exited(pid, 21);
+    }
+    tracker.retire_exited(22);
+    assert!(
+        tracker.orphans.capacity() <= 4 * 4096,
+        "{}",
+        tracker.orphans.capacity()
+    );
+    assert_eq!(tracker.mapping_count(), 1);
     // What stays is still found.
     assert_eq!(tracker.process_mappings(1).len(), 1);
 }
