@@ -214,6 +214,46 @@ fn record_interrupt_reaches_the_command_and_the_profile_is_written() {
     assert!(!of_process(&stacks, &program.name).is_empty(), "{out}");
 }
 
+/// `timeout -s INT` signals lightswitch, then its whole process group
+/// (lightswitch again, and the command): one interrupt, not two. The
+/// profile is written. The command gets the group's SIGINT, and at most
+/// one more: lightswitch does not pass it on when it saw it twice, but the
+/// kernel merges the two when both arrive before lightswitch runs, and then
+/// it cannot tell that the group had it.
+#[test]
+fn an_interrupt_sent_to_the_process_and_its_group_counts_once() {
+    let _serial = serial();
+    let dir = tempdir();
+    let count = dir.path().join("sigints");
+    // The command counts SIGINTs for 3 s of wall time, then writes the count.
+    let script = format!(
+        "n=0; trap 'n=$((n+1))' INT; end=$(($(date +%s)+3)); \
+         while [ $(date +%s) -lt $end ]; do :; done; echo $n > {}",
+        s(&count)
+    );
+    let mut cmd = Command::new(BIN);
+    cmd.args(record_args(dir.path(), "99", &["sh", "-c", &script]));
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut profiler = Lightswitch::spawn_command(cmd);
+    profiler.expect_sampling();
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = profiler.pid() as libc::pid_t;
+    // SAFETY: plain kill(2): our child, then the process group it leads.
+    unsafe {
+        assert_eq!(libc::kill(pid, libc::SIGINT), 0);
+        assert_eq!(libc::kill(-pid, libc::SIGINT), 0);
+    }
+    let out = profiler.wait(TIMEOUT);
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    assert!(!out.stderr.contains("interrupted again"), "{out}");
+    assert!(dir.path().join("folded.txt").exists(), "{out}");
+    let seen = std::fs::read_to_string(&count).unwrap_or_default();
+    assert!(
+        ["1", "2"].contains(&seen.trim()),
+        "SIGINTs the command saw: {seen:?}; {out}"
+    );
+}
+
 /// The status line is drawn on a terminal (a pseudo-terminal from
 /// `script`) and absent when stderr is a pipe.
 #[test]

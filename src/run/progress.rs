@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::io::{IsTerminal, Write};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,6 +43,11 @@ impl StopWords {
 /// one) and prints `stopping, ` and `words.first`; a second one ends the
 /// process at once with status 130 and says so (with `words.again`).
 /// Errors if a handler is installed already.
+///
+/// An interrupt that arrives within [`SAME_INTERRUPT`] of the first is the
+/// first one delivered again (to the whole process group: `timeout -s INT`,
+/// `kill -INT -PGID`), not a second: it is counted
+/// ([`interrupt_reached_group`]) and otherwise ignored.
 pub fn install_stop_handler(words: StopWords) -> Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
@@ -52,12 +57,18 @@ pub fn install_stop_handler(words: StopWords) -> Result<Arc<AtomicBool>> {
     // the handler runs on a thread of its own.
     ctrlc::set_handler(move || {
         let clear = if terminal { "\r\x1b[K" } else { "" };
+        let now = crate::timefmt::monotonic_ns();
         if count.fetch_add(1, Ordering::SeqCst) == 0 {
+            FIRST_INTERRUPT_NS.store(now, Ordering::SeqCst);
             flag.store(true, Ordering::SeqCst);
             eprintln!(
                 "{clear}stopping, {} (interrupt again to quit at once)",
                 words.first
             );
+        } else if now.saturating_sub(FIRST_INTERRUPT_NS.load(Ordering::SeqCst))
+            < SAME_INTERRUPT.as_nanos() as u64
+        {
+            REPEATED_INTERRUPTS.fetch_add(1, Ordering::SeqCst);
         } else {
             eprintln!("{clear}interrupted again: exiting now{}", words.again);
             std::process::exit(INTERRUPTED_EXIT_STATUS);
@@ -65,6 +76,36 @@ pub fn install_stop_handler(words: StopWords) -> Result<Arc<AtomicBool>> {
     })
     .context("installing the SIGINT/SIGTERM handler")?;
     Ok(stop)
+}
+
+/// Interrupts closer together than this are one interrupt delivered twice:
+/// `timeout -s INT` and `kill -INT -PGID` signal lightswitch and its whole
+/// process group (lightswitch again, and `record`'s command) within
+/// microseconds; a person pressing Ctrl-C twice takes longer.
+pub const SAME_INTERRUPT: Duration = Duration::from_millis(250);
+
+/// When the first interrupt arrived (CLOCK_MONOTONIC ns; 0: none yet).
+static FIRST_INTERRUPT_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Interrupts that arrived within [`SAME_INTERRUPT`] of the first.
+static REPEATED_INTERRUPTS: AtomicU32 = AtomicU32::new(0);
+
+/// Time since the first interrupt ([`install_stop_handler`]); `None`
+/// before one arrived.
+pub fn since_first_interrupt() -> Option<Duration> {
+    match FIRST_INTERRUPT_NS.load(Ordering::SeqCst) {
+        0 => None,
+        first => Some(Duration::from_nanos(
+            crate::timefmt::monotonic_ns().saturating_sub(first),
+        )),
+    }
+}
+
+/// Whether the first interrupt was delivered again within
+/// [`SAME_INTERRUPT`]: it was sent to the whole process group, so a command
+/// in that group has had it too.
+pub fn interrupt_reached_group() -> bool {
+    REPEATED_INTERRUPTS.load(Ordering::SeqCst) > 0
 }
 
 /// How often the status line is redrawn, at most.

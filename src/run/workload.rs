@@ -5,6 +5,8 @@
 
 use anyhow::Result;
 
+use super::progress::{self, SAME_INTERRUPT};
+
 /// A process started held (not yet exec'd), to be profiled from its first
 /// instruction.
 pub trait Workload {
@@ -24,6 +26,10 @@ pub trait Workload {
 /// Whether the run ends now, given whether a stop was asked for (`stop`).
 /// Without a workload a stop ends it. With one, the first stop is passed on
 /// to it (`interrupted` remembers that) and the run ends when it exits.
+/// A stop that came from an interrupt is passed on only once
+/// [`SAME_INTERRUPT`] has gone by, and not at all if the interrupt was
+/// delivered to the whole process group, which the workload is in: it has
+/// had it already ([`progress::interrupt_reached_group`]).
 pub fn ends_run(
     workload: &mut Option<&mut dyn Workload>,
     stop: bool,
@@ -32,9 +38,12 @@ pub fn ends_run(
     let Some(workload) = workload.as_mut() else {
         return stop;
     };
-    if stop && !*interrupted {
+    let settled = progress::since_first_interrupt().is_none_or(|t| t >= SAME_INTERRUPT);
+    if stop && !*interrupted && settled {
         *interrupted = true;
-        workload.interrupt();
+        if !progress::interrupt_reached_group() {
+            workload.interrupt();
+        }
     }
     workload.has_exited()
 }
