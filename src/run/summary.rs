@@ -67,13 +67,25 @@ impl std::fmt::Display for RunSummary {
             } else {
                 "written to"
             };
+            let empty = c.report.sender.windows_empty;
             write!(
                 f,
                 "{} {verb} {}: {}",
-                plural(c.report.windows_sent, "window", "windows"),
+                plural(
+                    c.report.windows_sent.saturating_sub(empty),
+                    "window",
+                    "windows"
+                ),
                 c.report.sender.destination,
                 self.counts()
             )?;
+            if empty > 0 {
+                write!(
+                    f,
+                    " ({} had no samples, nothing written)",
+                    plural(empty, "more window", "more windows")
+                )?;
+            }
             write!(
                 f,
                 "\nwindows: closed={} handed_over={} dropped={} failed={} panicked={} \

@@ -98,6 +98,9 @@ pub struct WindowFiles {
     mode: u32,
     written: Vec<PathBuf>,
     count: u64,
+    /// Windows of which no file was written (no samples, and only formats
+    /// that cannot draw an empty profile).
+    windows_empty: u64,
 }
 
 impl WindowFiles {
@@ -117,12 +120,14 @@ impl WindowFiles {
             mode,
             written: Vec::new(),
             count: 0,
+            windows_empty: 0,
         }
     }
 }
 
 impl Sender for WindowFiles {
     fn send(&mut self, profile: &Profile) -> Result<()> {
+        let mut written = 0;
         for (format, base) in &self.outputs {
             let bytes = match format::encode(profile, *format, self.compression) {
                 Ok(bytes) => bytes,
@@ -140,11 +145,15 @@ impl Sender for WindowFiles {
             write_atomic(&path, &bytes, self.mode)?;
             debug!("profile written to {}", path.display());
             self.count += 1;
+            written += 1;
             self.written.push(path);
             if let Some(keep) = self.max_profiles {
                 let deleted = prune_windows(base, keep)?;
                 self.written.retain(|p| !deleted.contains(p));
             }
+        }
+        if written == 0 {
+            self.windows_empty += 1;
         }
         Ok(())
     }
@@ -159,6 +168,7 @@ impl Sender for WindowFiles {
             destination,
             files: self.written,
             delivery: None,
+            windows_empty: self.windows_empty,
         }
     }
 }
@@ -206,5 +216,34 @@ mod tests {
                 "profile.pb"
             ]
         );
+    }
+
+    #[test]
+    fn a_window_without_samples_counts_as_empty_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let svg = dir.path().join("flamegraph.svg");
+        let pb = dir.path().join("profile.pb");
+        let empty = Profile::default();
+        let mut only_svg = Box::new(WindowFiles::new(
+            vec![(ProfileFormat::FlameGraph, svg.clone())],
+            Compression::None,
+            None,
+            PROFILE_MODE,
+        ));
+        only_svg.send(&empty).unwrap();
+        let report = only_svg.finish(Instant::now());
+        assert_eq!(report.windows_empty, 1);
+        assert!(report.files.is_empty());
+        // A format that encodes an empty profile writes the window.
+        let mut both = Box::new(WindowFiles::new(
+            vec![(ProfileFormat::Pprof, pb), (ProfileFormat::FlameGraph, svg)],
+            Compression::None,
+            None,
+            PROFILE_MODE,
+        ));
+        both.send(&empty).unwrap();
+        let report = both.finish(Instant::now());
+        assert_eq!(report.windows_empty, 0);
+        assert_eq!(report.files.len(), 1);
     }
 }

@@ -49,6 +49,9 @@ pub struct SenderReport {
     pub files: Vec<PathBuf>,
     /// Network delivery counters (remote and Pyroscope senders).
     pub delivery: Option<DeliveryStats>,
+    /// Windows of which nothing was written because none of the formats
+    /// can encode a window without samples (a flame graph; disk sender).
+    pub windows_empty: u64,
 }
 
 /// The machine's host name (`gethostname`), or `unknown`.

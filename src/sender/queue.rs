@@ -287,6 +287,7 @@ impl Delivery {
             destination,
             files: Vec::new(),
             delivery: Some(self.finish(deadline)),
+            ..Default::default()
         }
     }
 
