@@ -419,6 +419,15 @@ mod tests {
         assert_eq!(fresh, names);
     }
 
+    /// User frames of `profile` left unnamed.
+    fn unnamed_user_frames(profile: &Profile) -> usize {
+        profile
+            .frames
+            .iter()
+            .filter(|f| f.kind == FrameKind::User && !f.symbolized)
+            .count()
+    }
+
     #[test]
     fn continuous_symbolizer_leaves_big_objects_for_a_later_window_once_over_budget() {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
@@ -443,12 +452,7 @@ mod tests {
                 duration_ns,
                 sample_freq_hz: 99,
             };
-            let profile = symbolizer.build_profile(&aggregator, &tracker, window);
-            profile
-                .frames
-                .iter()
-                .filter(|f| f.kind == FrameKind::User && !f.symbolized)
-                .count()
+            unnamed_user_frames(&symbolizer.build_profile(&aggregator, &tracker, window))
         };
         // A window of no length has time for one object only: the kept
         // ones come first (libc; the test binary too if it is small), the
@@ -474,14 +478,8 @@ mod tests {
             duration_ns: 10_000_000_000,
             sample_freq_hz: 99,
         };
-        let unnamed = || {
-            let profile = symbolizer.build_profile(&aggregator, &tracker, window);
-            profile
-                .frames
-                .iter()
-                .filter(|f| f.kind == FrameKind::User && !f.symbolized)
-                .count()
-        };
+        let unnamed =
+            || unnamed_user_frames(&symbolizer.build_profile(&aggregator, &tracker, window));
         assert_eq!(
             symbolizer.object_budget(1_000_000_000),
             ObjectBudget::Time(Duration::from_millis(500))
