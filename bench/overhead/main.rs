@@ -74,6 +74,13 @@ struct Args {
     /// Matrix: length of each measurement window, s.
     #[arg(long)]
     seconds: Option<f64>,
+    /// Matrix: sampling frequencies, Hz.
+    #[arg(long, value_delimiter = ',', default_values_t = [100, 1000, 10000])]
+    freqs: Vec<u64>,
+    /// Matrix: profilers to measure (default: lightswitch, and perf when
+    /// installed).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    profilers: Vec<Kind>,
     /// Time between starting a profiler and the start of the window, s.
     #[arg(long)]
     warmup: Option<f64>,
@@ -121,6 +128,8 @@ struct Ctx {
     cpus: usize,
     rounds: usize,
     seconds: f64,
+    freqs: Vec<u64>,
+    profilers: Vec<Kind>,
     warmup: f64,
     long_seconds: f64,
     churn: churn::ChurnConfig,
@@ -373,16 +382,21 @@ throttled: `perf: interrupt took too long` in the kernel log or a lowered \
 `kernel.perf_event_max_sample_rate` (restored after each run).";
 
 fn matrix(ctx: &Ctx) -> Result<()> {
-    let mut kinds = vec![Kind::Lightswitch];
-    if ctx.tools.perf.is_some() {
-        kinds.extend([Kind::PerfFp, Kind::PerfDwarf]);
-    } else {
-        eprintln!("overhead: perf not found: the matrix has lightswitch only (bash scripts/setup.sh installs linux-perf)");
+    let mut kinds = ctx.profilers.clone();
+    if kinds.is_empty() {
+        kinds.push(Kind::Lightswitch);
+        if ctx.tools.perf.is_some() {
+            kinds.extend([Kind::PerfFp, Kind::PerfDwarf]);
+        } else {
+            eprintln!("overhead: perf not found: the matrix has lightswitch only (bash scripts/setup.sh installs linux-perf)");
+        }
+    } else if kinds.iter().any(|k| *k != Kind::Lightswitch) && ctx.tools.perf.is_none() {
+        bail!("perf not found (bash scripts/setup.sh installs linux-perf)");
     }
     let mut rows: Vec<Row> = kinds
         .iter()
         .flat_map(|&kind| {
-            [100, 1000, 10000].map(|freq| Row {
+            ctx.freqs.iter().map(move |&freq| Row {
                 kind,
                 freq,
                 runs: Vec::new(),
@@ -476,6 +490,8 @@ fn run(args: &Args) -> Result<()> {
         cpus,
         rounds: args.rounds.unwrap_or(if quick { 1 } else { 3 }).max(1),
         seconds: args.seconds.unwrap_or(if quick { 2.0 } else { 10.0 }),
+        freqs: args.freqs.clone(),
+        profilers: args.profilers.clone(),
         warmup: args.warmup.unwrap_or(if quick { 1.0 } else { 3.0 }),
         long_seconds: args.long_seconds.unwrap_or(if quick { 5.0 } else { 60.0 }),
         churn: churn::ChurnConfig {

@@ -11,7 +11,7 @@ use std::thread::{self, JoinHandle};
 use anyhow::{bail, Context, Result};
 
 /// Which profiler, and how it records stacks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
     /// lightswitch (BPF sampling, DWARF unwinding in BPF).
     Lightswitch,
