@@ -1,16 +1,23 @@
 //! Unwind tables are built on background threads, so that sampling never
 //! waits: a queue of requests, most wanted first, and the threads that take
-//! them (one for any object, one for small objects only), map each object,
-//! and build its table or read it from the disk cache.
+//! them. With a disk cache, a request first goes to a cache thread, which
+//! reads the object's cached table (two threads, so that one large table
+//! read does not hold up the next, and no read waits behind a build); only
+//! a miss goes on to the build threads (two for any object, so that the two
+//! large objects of one program are built side by side, and one for small
+//! objects only).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use tracing::debug;
 
-use crate::unwind::UnwindTable;
+use crate::unwind::cache::{self, CacheError};
+use crate::unwind::{ObjectKey, UnwindTable};
 
 /// Where a table's CFI comes from.
 pub(super) enum TableSource {
@@ -19,6 +26,15 @@ pub(super) enum TableSource {
     File { open: PathBuf, path: PathBuf },
     /// An in-memory ELF image (the vDSO, read from a process's memory).
     Bytes(Vec<u8>),
+}
+
+/// Where a request is on its way to a table.
+pub(super) enum Stage {
+    /// Its cached table is to be read (only with a cache directory).
+    Lookup,
+    /// It is to be built: the cache had no usable entry for `key`
+    /// (`Some(key, why)`), or there is no cache.
+    Build(Option<(ObjectKey, CacheError)>),
 }
 
 /// One table to build.
@@ -31,12 +47,21 @@ pub(super) struct BuildRequest {
     pub(super) source: TableSource,
     /// Size of the object, bytes (file size, or the in-memory image's).
     pub(super) bytes: u64,
+    /// When it was queued, for the timings in [`BuildResult`].
+    pub(super) queued: Instant,
+    /// Cache lookup or build.
+    pub(super) stage: Stage,
 }
 
-/// Objects up to this size (bytes) also go to a second build thread, which
+/// Objects up to this size (bytes) also go to a third build thread, which
 /// builds nothing bigger: a small program sampled at start does not wait
-/// behind a large shared object (librustc_driver, 153 MB, takes seconds).
+/// behind large shared objects (librustc_driver, 153 MB, and libLLVM take
+/// hundreds of milliseconds each).
 pub const SMALL_OBJECT_BYTES: u64 = 16 << 20;
+
+/// Threads reading cached tables, and threads building tables of any size.
+const CACHE_THREADS: usize = 2;
+const LARGE_BUILD_THREADS: usize = 2;
 
 /// A table built (or the reason it could not be).
 pub(super) struct BuildResult {
@@ -46,12 +71,18 @@ pub(super) struct BuildResult {
     pub(super) name: String,
     /// The table.
     pub(super) table: Result<UnwindTable>,
+    /// From queuing to the thread that produced `table` taking the request
+    /// (a cache lookup that missed included).
+    pub(super) waited: Duration,
+    /// That thread's work: reading the cached table, or building (and
+    /// storing) it, mapping the file and finding its key included.
+    pub(super) took: Duration,
+    /// Whether `table` was read from the cache (else built).
+    pub(super) from_cache: bool,
 }
 
-/// Tables waiting to be built, most wanted first: the priority of a
+/// Tables waiting to be read or built, most wanted first: the priority of a
 /// request grows with every sample that needed its table before it loaded.
-/// Two threads take requests: one takes any, the other only objects of at
-/// most [`SMALL_OBJECT_BYTES`].
 #[derive(Default)]
 pub(super) struct BuildQueue {
     pending: Mutex<PendingBuilds>,
@@ -80,8 +111,7 @@ impl BuildQueue {
         pending
             .requests
             .insert(request.object_id, (priority, order, request));
-        // Wake both threads: the one that waits for small objects may be
-        // the only one free, or the only one that must not take this.
+        // Wake every thread: only some may take this request.
         self.ready.notify_all();
     }
 
@@ -92,9 +122,9 @@ impl BuildQueue {
         }
     }
 
-    /// The most wanted request (highest priority, then oldest) for an
-    /// object of at most `max_bytes`, waiting for one; `None` once closed.
-    pub(super) fn pop(&self, max_bytes: u64) -> Option<BuildRequest> {
+    /// The most wanted request (highest priority, then oldest) that `takes`
+    /// accepts, with its priority, waiting for one; `None` once closed.
+    pub(super) fn pop(&self, takes: impl Fn(&BuildRequest) -> bool) -> Option<(u64, BuildRequest)> {
         let mut pending = self.lock();
         loop {
             if pending.closed {
@@ -103,11 +133,11 @@ impl BuildQueue {
             let best = pending
                 .requests
                 .iter()
-                .filter(|(_, (_, _, request))| request.bytes <= max_bytes)
+                .filter(|(_, (_, _, request))| takes(request))
                 .max_by_key(|(_, (priority, order, _))| (*priority, std::cmp::Reverse(*order)))
                 .map(|(&id, _)| id);
             if let Some(id) = best {
-                return pending.requests.remove(&id).map(|(_, _, r)| r);
+                return pending.requests.remove(&id).map(|(p, _, r)| (p, r));
             }
             pending = self.ready.wait(pending).unwrap_or_else(|e| e.into_inner());
         }
@@ -120,6 +150,34 @@ impl BuildQueue {
     }
 }
 
+/// Start the threads that take `queue`'s requests and send their tables to
+/// `results`: cache threads when there is a `cache_dir`, build threads.
+/// Requests must then start at [`Stage::Lookup`] exactly when `cache_dir`
+/// is given.
+pub(super) fn start_workers(
+    queue: &Arc<BuildQueue>,
+    results: &Sender<BuildResult>,
+    cache_dir: Option<PathBuf>,
+) -> Result<()> {
+    let mut workers: Vec<(&str, Option<u64>)> = Vec::new();
+    if cache_dir.is_some() {
+        workers.extend(std::iter::repeat_n(("unwind-cache", None), CACHE_THREADS));
+    }
+    workers.extend(std::iter::repeat_n(("unwind-tables", Some(u64::MAX)), LARGE_BUILD_THREADS));
+    workers.push(("unwind-small", Some(SMALL_OBJECT_BYTES)));
+    for (name, builds_up_to) in workers {
+        let (queue, results, cache_dir) = (queue.clone(), results.clone(), cache_dir.clone());
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || match builds_up_to {
+                None => cache_worker(&queue, &results, cache_dir.as_deref()),
+                Some(max_bytes) => build_worker(&queue, max_bytes, &results, cache_dir.as_deref()),
+            })
+            .with_context(|| format!("starting the {name} thread"))?;
+    }
+    Ok(())
+}
+
 /// Map an object file read-only. Mapping instead of reading keeps the
 /// profiler's memory small: only the pages the build touches (ELF headers,
 /// notes, `.eh_frame`) become resident, and only until the mapping is
@@ -127,7 +185,7 @@ impl BuildQueue {
 /// librustc_driver). As for every mapped file (and for the profiled
 /// process itself), truncating the file in place while it is mapped would
 /// fault; package managers and linkers replace files instead.
-fn map_object(path: &std::path::Path) -> std::io::Result<(std::fs::File, memmap2::Mmap)> {
+fn map_object(path: &Path) -> std::io::Result<(std::fs::File, memmap2::Mmap)> {
     let file = std::fs::File::open(path)?;
     // SAFETY: the mapping is private and read-only; see above for the one
     // way it can fault (the file truncated while mapped).
@@ -135,32 +193,113 @@ fn map_object(path: &std::path::Path) -> std::io::Result<(std::fs::File, memmap2
     Ok((file, map))
 }
 
-/// A build thread: builds the tables of objects of at most `max_bytes`
-/// from `queue` until it is closed.
-pub(super) fn build_worker(
-    queue: Arc<BuildQueue>,
-    max_bytes: u64,
-    results: Sender<BuildResult>,
-    cache_dir: Option<PathBuf>,
-) {
-    while let Some(request) = queue.pop(max_bytes) {
-        let table = match request.source {
-            TableSource::File { open, path } => map_object(&open)
-                .with_context(|| format!("reading {}", path.display()))
-                .and_then(|(file, bytes)| {
-                    crate::unwind::cached_table_at(cache_dir.as_deref(), &path, &file, &bytes)
-                }),
-            TableSource::Bytes(bytes) => crate::unwind::cached_table(cache_dir.as_deref(), &bytes),
+/// The cache key of `source`'s object.
+fn object_key(source: &TableSource) -> Result<ObjectKey> {
+    Ok(match source {
+        TableSource::File { open, path } => {
+            let (file, bytes) =
+                map_object(open).with_context(|| format!("reading {}", path.display()))?;
+            crate::unwind::object_key_at(&file, &bytes)
+        }
+        TableSource::Bytes(bytes) => ObjectKey::for_object(bytes),
+    })
+}
+
+/// A cache thread: reads the cached tables of `queue`'s lookups; a miss
+/// goes back to the queue, with its priority, for the build threads.
+fn cache_worker(queue: &BuildQueue, results: &Sender<BuildResult>, cache_dir: Option<&Path>) {
+    let Some(dir) = cache_dir else { return };
+    while let Some((priority, mut request)) = queue.pop(|r| matches!(r.stage, Stage::Lookup)) {
+        let started = Instant::now();
+        let lookup = object_key(&request.source).map(|key| {
+            let found = cache::load(dir, &key);
+            (key, found)
+        });
+        let table = match lookup {
+            Ok((key, Err(reason))) => {
+                request.stage = Stage::Build(Some((key, reason)));
+                queue.push(request, priority);
+                continue;
+            }
+            Ok((key, Ok(table))) => {
+                debug!("unwind table {key}: {:?}", cache::CacheOutcome::Hit);
+                Ok(table)
+            }
+            Err(err) => Err(err),
         };
-        let result = BuildResult {
-            object_id: request.object_id,
-            name: request.name,
-            table,
-        };
-        if results.send(result).is_err() {
+        if !send(results, request, table, started, true) {
             return;
         }
     }
+}
+
+/// A build thread: builds the tables of objects of at most `max_bytes`
+/// from `queue` until it is closed, storing them in `cache_dir`.
+fn build_worker(
+    queue: &BuildQueue,
+    max_bytes: u64,
+    results: &Sender<BuildResult>,
+    cache_dir: Option<&Path>,
+) {
+    let takes = |r: &BuildRequest| matches!(r.stage, Stage::Build(_)) && r.bytes <= max_bytes;
+    while let Some((_, mut request)) = queue.pop(takes) {
+        let started = Instant::now();
+        let missed = match std::mem::replace(&mut request.stage, Stage::Build(None)) {
+            Stage::Build(missed) => missed,
+            Stage::Lookup => None,
+        };
+        let table = build(&request.source, cache_dir.zip(missed));
+        if !send(results, request, table, started, false) {
+            return;
+        }
+    }
+}
+
+/// `source`'s table, built; stored as the key's entry in the cache
+/// directory when `store` holds the directory, the key and why the cache
+/// had no usable entry.
+fn build(
+    source: &TableSource,
+    store: Option<(&Path, (ObjectKey, CacheError))>,
+) -> Result<UnwindTable> {
+    let mapped;
+    let (elf, path): (&[u8], Option<&Path>) = match source {
+        TableSource::File { open, path } => {
+            mapped = map_object(open).with_context(|| format!("reading {}", path.display()))?;
+            (&mapped.1, Some(path))
+        }
+        TableSource::Bytes(bytes) => (bytes, None),
+    };
+    let build = || match path {
+        Some(path) => crate::unwind::build_table_at(path, elf),
+        None => crate::unwind::build_table(elf),
+    };
+    let Some((dir, (key, reason))) = store else {
+        return Ok(build()?);
+    };
+    let (table, outcome) = cache::build_and_store(dir, &key, reason, build)?;
+    debug!("unwind table {key}: {outcome:?}");
+    Ok(table)
+}
+
+/// Send `request`'s `table`, produced by work that began at `started`, to
+/// `results`. False when nobody receives any more.
+fn send(
+    results: &Sender<BuildResult>,
+    request: BuildRequest,
+    table: Result<UnwindTable>,
+    started: Instant,
+    from_cache: bool,
+) -> bool {
+    let result = BuildResult {
+        object_id: request.object_id,
+        name: request.name,
+        table,
+        waited: started.duration_since(request.queued),
+        took: started.elapsed(),
+        from_cache,
+    };
+    results.send(result).is_ok()
 }
 
 #[cfg(test)]
@@ -174,30 +313,93 @@ mod tests {
             name: format!("object {object_id}"),
             source: TableSource::Bytes(Vec::new()),
             bytes,
+            queued: Instant::now(),
+            stage: Stage::Build(None),
         }
+    }
+
+    fn small(r: &BuildRequest) -> bool {
+        r.bytes <= SMALL_OBJECT_BYTES
     }
 
     #[test]
     fn queue_gives_the_small_object_thread_only_small_objects() {
+        let id = |popped: Option<(u64, BuildRequest)>| popped.map(|(_, r)| r.object_id);
         let queue = BuildQueue::default();
         queue.push(request(1, 150 << 20), 5);
         queue.push(request(2, 20 << 10), 1);
         queue.push(request(3, 30 << 10), 1);
         // Most wanted first; equal priorities in arrival order.
-        assert_eq!(queue.pop(SMALL_OBJECT_BYTES).unwrap().object_id, 2);
+        assert_eq!(id(queue.pop(small)), Some(2));
         queue.bump(3);
-        assert_eq!(queue.pop(u64::MAX).unwrap().object_id, 1);
-        assert_eq!(queue.pop(u64::MAX).unwrap().object_id, 3);
+        assert_eq!(queue.pop(|_| true).map(|(p, r)| (p, r.object_id)), Some((5, 1)));
+        assert_eq!(queue.pop(|_| true).map(|(p, r)| (p, r.object_id)), Some((2, 3)));
         // A thread waiting for small objects does not take a big one.
         queue.push(request(4, 150 << 20), 9);
         let queue = Arc::new(queue);
-        let small = {
+        let waiting = {
             let queue = queue.clone();
-            thread::spawn(move || queue.pop(SMALL_OBJECT_BYTES).map(|r| r.object_id))
+            thread::spawn(move || id(queue.pop(small)))
         };
         queue.push(request(5, 1 << 20), 0);
-        assert_eq!(small.join().unwrap(), Some(5));
+        assert_eq!(waiting.join().unwrap(), Some(5));
         queue.close();
-        assert!(queue.pop(u64::MAX).is_none());
+        assert!(queue.pop(|_| true).is_none());
+    }
+
+    #[test]
+    fn a_cached_table_is_read_while_the_build_threads_are_busy_and_a_miss_is_built() {
+        let path = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        let Ok(libc) = std::fs::read(path) else {
+            eprintln!("skipped: {} is absent", path.display());
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let libc_table = crate::unwind::build_table(&libc).expect("libc's table");
+        cache::store(dir.path(), &ObjectKey::for_object(&libc), &libc_table).expect("stored");
+        let queue = Arc::new(BuildQueue::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Only cache threads: a lookup that hits is answered by them alone.
+        let cache_threads: Vec<_> = (0..CACHE_THREADS)
+            .map(|_| {
+                let (queue, tx, dir) = (queue.clone(), tx.clone(), dir.path().to_owned());
+                thread::spawn(move || cache_worker(&queue, &tx, Some(&dir)))
+            })
+            .collect();
+        let lookup = |object_id, bytes: Vec<u8>| BuildRequest {
+            stage: Stage::Lookup,
+            source: TableSource::Bytes(bytes),
+            ..request(object_id, 0)
+        };
+        queue.push(lookup(1, libc.clone()), 0);
+        let hit = rx.recv().expect("a result");
+        assert_eq!((hit.object_id, hit.from_cache), (1, true));
+        assert_eq!(hit.table.expect("the cached table"), libc_table);
+        // A miss (another object) goes back to the queue to be built.
+        let Ok(other) = std::fs::read("/lib/x86_64-linux-gnu/libm.so.6") else {
+            eprintln!("skipped the miss: libm.so.6 is absent");
+            return;
+        };
+        let other_key = ObjectKey::for_object(&other);
+        queue.push(lookup(2, other), 7);
+        let (priority, missed) = queue
+            .pop(|r| matches!(r.stage, Stage::Build(_)))
+            .expect("the miss, for a build thread");
+        assert_eq!((priority, missed.object_id), (7, 2));
+        let Stage::Build(Some((key, CacheError::Missing))) = missed.stage else {
+            panic!("a miss carries its key and reason");
+        };
+        assert_eq!(key, other_key);
+        let TableSource::Bytes(bytes) = &missed.source else {
+            unreachable!()
+        };
+        let built = build(&missed.source, Some((dir.path(), (key.clone(), CacheError::Missing))))
+            .expect("built");
+        assert_eq!(built, crate::unwind::build_table(bytes).expect("direct build"));
+        assert_eq!(cache::load(dir.path(), &key).expect("stored"), built);
+        queue.close();
+        for t in cache_threads {
+            t.join().expect("cache thread");
+        }
     }
 }

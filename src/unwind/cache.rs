@@ -115,10 +115,21 @@ pub fn get_or_build<E>(
     key: &ObjectKey,
     build: impl FnOnce() -> Result<UnwindTable, E>,
 ) -> Result<(UnwindTable, CacheOutcome), E> {
-    let reason = match load(cache_dir, key) {
-        Ok(table) => return Ok((table, CacheOutcome::Hit)),
-        Err(reason) => reason,
-    };
+    match load(cache_dir, key) {
+        Ok(table) => Ok((table, CacheOutcome::Hit)),
+        Err(reason) => build_and_store(cache_dir, key, reason, build),
+    }
+}
+
+/// The second half of [`get_or_build`], for a caller that already tried
+/// [`load`] and got `reason`: `build()`'s table, written to the cache as
+/// `key`'s entry (a failure to write is logged, not returned).
+pub fn build_and_store<E>(
+    cache_dir: &Path,
+    key: &ObjectKey,
+    reason: CacheError,
+    build: impl FnOnce() -> Result<UnwindTable, E>,
+) -> Result<(UnwindTable, CacheOutcome), E> {
     let table = build()?;
     let stored = match store(cache_dir, key, &table) {
         Ok(()) => true,

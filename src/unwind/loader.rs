@@ -16,9 +16,9 @@ use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
-use std::thread;
+use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use tracing::{debug, info, warn};
 
 use crate::process::walker::{StartupScan, TableSupply, VDSO_OBJECT_ID};
@@ -26,7 +26,7 @@ use crate::process::{ObjectId, ProcessTracker};
 use crate::profile::aggregate::UserFrame;
 use crate::sample::RawSample;
 use crate::sampler::Sampler;
-use crate::unwind::builds::{build_worker, BuildQueue, BuildRequest, BuildResult, TableSource};
+use crate::unwind::builds::{start_workers, BuildQueue, BuildRequest, BuildResult, Stage, TableSource};
 use crate::unwind::row::Page;
 use crate::unwind::UnwindTable;
 
@@ -113,6 +113,8 @@ pub struct UnwindLoader {
     startup: Option<StartupScan>,
     clock: u64,
     queue: Arc<BuildQueue>,
+    /// Whether requests go to the cache threads first (there is a cache).
+    lookup_first: bool,
     results: Receiver<BuildResult>,
     stats: UnwindLoaderStats,
 }
@@ -126,20 +128,12 @@ impl Drop for UnwindLoader {
 impl UnwindLoader {
     /// A loader for a walker whose `unwind_rows` map holds `capacity_rows`
     /// rows. Tables are cached on disk under `cache_dir` when given.
-    /// Starts the two background build threads (see [`SMALL_OBJECT_BYTES`]).
+    /// Starts the cache and build threads (see [`SMALL_OBJECT_BYTES`]).
     pub fn new(capacity_rows: u32, cache_dir: Option<PathBuf>) -> Result<Self> {
         let queue = Arc::new(BuildQueue::default());
         let (result_tx, result_rx) = mpsc::channel();
-        for (name, max_bytes) in [
-            ("unwind-tables", u64::MAX),
-            ("unwind-small", SMALL_OBJECT_BYTES),
-        ] {
-            let (queue, results, cache_dir) = (queue.clone(), result_tx.clone(), cache_dir.clone());
-            thread::Builder::new()
-                .name(name.into())
-                .spawn(move || build_worker(queue, max_bytes, results, cache_dir))
-                .with_context(|| format!("starting the {name} thread"))?;
-        }
+        let lookup_first = cache_dir.is_some();
+        start_workers(&queue, &result_tx, cache_dir)?;
         Ok(UnwindLoader {
             capacity_rows,
             allocator: RowAllocator::new(capacity_rows),
@@ -147,6 +141,7 @@ impl UnwindLoader {
             startup: None,
             clock: 0,
             queue,
+            lookup_first,
             results: result_rx,
             stats: UnwindLoaderStats::default(),
         })
@@ -248,12 +243,21 @@ impl UnwindLoader {
             TableSource::File { open, .. } => std::fs::metadata(open).map_or(0, |m| m.len()),
             TableSource::Bytes(image) => image.len() as u64,
         };
+        if bytes > SMALL_OBJECT_BYTES {
+            debug!("{name}: table of a {bytes}-byte object queued (priority {priority})");
+        }
         self.queue.push(
             BuildRequest {
                 object_id,
                 name,
                 source,
                 bytes,
+                queued: Instant::now(),
+                stage: if self.lookup_first {
+                    Stage::Lookup
+                } else {
+                    Stage::Build(None)
+                },
             },
             priority,
         );
@@ -274,6 +278,13 @@ impl UnwindLoader {
         while let Ok(result) = self.results.try_recv() {
             match result.table {
                 Ok(table) => {
+                    debug!(
+                        "{}: table ready: {} ms queued, {} ms to {}",
+                        result.name,
+                        result.waited.as_millis(),
+                        result.took.as_millis(),
+                        if result.from_cache { "read from the cache" } else { "build" }
+                    );
                     if let Err(err) = self.load(result.object_id, &result.name, &table, sampler) {
                         warn!("{}: cannot load its unwind table: {err:#}", result.name);
                         self.set_state(result.object_id, TableState::Failed);
@@ -328,12 +339,14 @@ impl UnwindLoader {
                 anyhow::bail!("no room for {rows} rows even after eviction");
             }
         };
+        let started = Instant::now();
         sampler.write_rows(base, table.rows())?;
         sampler.insert_pages(object_id, table.pages(), base)?;
         sampler.set_object_loaded(object_id, true)?;
         debug!(
-            "{name}: loaded {rows} rows in {} pages at row {base}",
-            table.pages().len()
+            "{name}: loaded {rows} rows in {} pages at row {base} in {} us",
+            table.pages().len(),
+            started.elapsed().as_micros()
         );
         self.stats.tables_loaded += 1;
         self.stats.rows_loaded += u64::from(rows);

@@ -61,12 +61,20 @@ pub fn cached_table_at(
     file: &std::fs::File,
     elf_bytes: &[u8],
 ) -> anyhow::Result<UnwindTable> {
-    let key = || {
-        ObjectKey::for_object_or(elf_bytes, || {
-            identity::content_hash(file).unwrap_or_else(|_| xxhash_rust::xxh3::xxh3_128(elf_bytes))
-        })
-    };
-    cached(cache_dir, key, || build_table_at(path, elf_bytes))
+    cached(
+        cache_dir,
+        || object_key_at(file, elf_bytes),
+        || build_table_at(path, elf_bytes),
+    )
+}
+
+/// The cache key of the object file `file` mapped as `elf_bytes`: its build
+/// ID, else the hash of `file` read in chunks, so that its mapping does not
+/// become resident ([`ObjectKey::for_object_or`]).
+pub fn object_key_at(file: &std::fs::File, elf_bytes: &[u8]) -> ObjectKey {
+    ObjectKey::for_object_or(elf_bytes, || {
+        identity::content_hash(file).unwrap_or_else(|_| xxhash_rust::xxh3::xxh3_128(elf_bytes))
+    })
 }
 
 fn cached(
