@@ -1,8 +1,11 @@
 //! Unwind-table build time (`cargo bench --bench unwind_table`): libc and the
-//! largest shared object on a Rust machine, the toolchain's
-//! `librustc_driver-*.so`. Before measuring, prints each table's size: CFI
-//! bytes, FDEs, rows, pages, BPF map bytes, most rows in a page, unsupported
-//! rules, and one build's time per row and per MB of CFI.
+//! largest shared objects on a Rust machine, the toolchain's
+//! `librustc_driver-*.so` and `libLLVM*.so*`. Before measuring, prints each
+//! table's size: CFI bytes, FDEs, rows, pages, BPF map bytes, most rows in a
+//! page, unsupported rules, and one build's time per row and per MB of CFI.
+//! `cache_load`: reading the same tables back from the disk cache
+//! (`cache::load`: read, checksum, decode, validate), what a warm start
+//! costs per object.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -10,7 +13,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use lightswitch::unwind::build_table;
+use lightswitch::unwind::{build_table, cache, ObjectKey};
 use object::{Object, ObjectSection};
 
 /// (name, path) of the objects to measure that exist on this machine.
@@ -28,16 +31,19 @@ fn objects() -> Vec<(&'static str, PathBuf)> {
         .and_then(|o| String::from_utf8(o.stdout).ok());
     if let Some(sysroot) = sysroot {
         let lib = PathBuf::from(sysroot.trim()).join("lib");
-        let driver = std::fs::read_dir(lib)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .find(|e| {
-                let name = e.file_name();
-                let name = name.to_string_lossy();
-                name.starts_with("librustc_driver-") && name.ends_with(".so")
-            });
-        found.extend(driver.map(|e| ("librustc_driver", e.path())));
+        let find = |wanted: fn(&str) -> bool| {
+            std::fs::read_dir(&lib)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .find(|e| wanted(&e.file_name().to_string_lossy()))
+                .map(|e| e.path())
+        };
+        let driver = find(|n| n.starts_with("librustc_driver-") && n.ends_with(".so"));
+        found.extend(driver.map(|p| ("librustc_driver", p)));
+        // The real library, not the small linker script next to it.
+        let llvm = find(|n| n.starts_with("libLLVM") && n.contains(".so."));
+        found.extend(llvm.map(|p| ("libLLVM", p)));
     }
     found
 }
@@ -96,5 +102,26 @@ fn build(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, build);
+fn cache_load(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cache_load");
+    group.sample_size(10);
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, path) in objects() {
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        let Ok(table) = build_table(&bytes) else {
+            continue;
+        };
+        let key = ObjectKey::for_object(&bytes);
+        cache::store(dir.path(), &key, &table).expect("storing the table");
+        group.throughput(Throughput::Elements(table.stats().rows as u64));
+        group.bench_function(name, |b| {
+            b.iter(|| cache::load(dir.path(), black_box(&key)).expect("cached"))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, build, cache_load);
 criterion_main!(benches);

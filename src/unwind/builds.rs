@@ -81,6 +81,9 @@ pub(super) struct BuildResult {
     pub(super) from_cache: bool,
 }
 
+/// A request with its priority and arrival order.
+pub(super) type Popped = (u64, u64, BuildRequest);
+
 /// Tables waiting to be read or built, most wanted first: the priority of a
 /// request grows with every sample that needed its table before it loaded.
 #[derive(Default)]
@@ -92,7 +95,7 @@ pub(super) struct BuildQueue {
 #[derive(Default)]
 struct PendingBuilds {
     /// object id -> (priority, arrival order, request)
-    requests: HashMap<u32, (u64, u64, BuildRequest)>,
+    requests: HashMap<u32, Popped>,
     arrivals: u64,
     closed: bool,
 }
@@ -115,6 +118,16 @@ impl BuildQueue {
         self.ready.notify_all();
     }
 
+    /// Queue again a request taken by [`Self::pop`] (a cache miss, for the
+    /// build threads), keeping its priority and place in arrival order.
+    fn requeue(&self, popped: Popped) {
+        // A newer request for the same object (queued again after an
+        // eviction while this one was being looked up) is kept.
+        let id = popped.2.object_id;
+        self.lock().requests.entry(id).or_insert(popped);
+        self.ready.notify_all();
+    }
+
     /// Raise the priority of `object_id`'s request, if it is still waiting.
     pub(super) fn bump(&self, object_id: u32) {
         if let Some(entry) = self.lock().requests.get_mut(&object_id) {
@@ -123,8 +136,9 @@ impl BuildQueue {
     }
 
     /// The most wanted request (highest priority, then oldest) that `takes`
-    /// accepts, with its priority, waiting for one; `None` once closed.
-    pub(super) fn pop(&self, takes: impl Fn(&BuildRequest) -> bool) -> Option<(u64, BuildRequest)> {
+    /// accepts, with its priority and arrival order, waiting for one;
+    /// `None` once closed.
+    pub(super) fn pop(&self, takes: impl Fn(&BuildRequest) -> bool) -> Option<Popped> {
         let mut pending = self.lock();
         loop {
             if pending.closed {
@@ -137,7 +151,7 @@ impl BuildQueue {
                 .max_by_key(|(_, (priority, order, _))| (*priority, std::cmp::Reverse(*order)))
                 .map(|(&id, _)| id);
             if let Some(id) = best {
-                return pending.requests.remove(&id).map(|(p, _, r)| (p, r));
+                return pending.requests.remove(&id);
             }
             pending = self.ready.wait(pending).unwrap_or_else(|e| e.into_inner());
         }
@@ -209,7 +223,7 @@ fn object_key(source: &TableSource) -> Result<ObjectKey> {
 /// goes back to the queue, with its priority, for the build threads.
 fn cache_worker(queue: &BuildQueue, results: &Sender<BuildResult>, cache_dir: Option<&Path>) {
     let Some(dir) = cache_dir else { return };
-    while let Some((priority, mut request)) = queue.pop(|r| matches!(r.stage, Stage::Lookup)) {
+    while let Some((priority, order, mut request)) = queue.pop(|r| matches!(r.stage, Stage::Lookup)) {
         let started = Instant::now();
         let lookup = object_key(&request.source).map(|key| {
             let found = cache::load(dir, &key);
@@ -218,7 +232,7 @@ fn cache_worker(queue: &BuildQueue, results: &Sender<BuildResult>, cache_dir: Op
         let table = match lookup {
             Ok((key, Err(reason))) => {
                 request.stage = Stage::Build(Some((key, reason)));
-                queue.push(request, priority);
+                queue.requeue((priority, order, request));
                 continue;
             }
             Ok((key, Ok(table))) => {
@@ -242,7 +256,7 @@ fn build_worker(
     cache_dir: Option<&Path>,
 ) {
     let takes = |r: &BuildRequest| matches!(r.stage, Stage::Build(_)) && r.bytes <= max_bytes;
-    while let Some((_, mut request)) = queue.pop(takes) {
+    while let Some((_, _, mut request)) = queue.pop(takes) {
         let started = Instant::now();
         let missed = match std::mem::replace(&mut request.stage, Stage::Build(None)) {
             Stage::Build(missed) => missed,
@@ -324,7 +338,7 @@ mod tests {
 
     #[test]
     fn queue_gives_the_small_object_thread_only_small_objects() {
-        let id = |popped: Option<(u64, BuildRequest)>| popped.map(|(_, r)| r.object_id);
+        let id = |popped: Option<Popped>| popped.map(|(_, _, r)| r.object_id);
         let queue = BuildQueue::default();
         queue.push(request(1, 150 << 20), 5);
         queue.push(request(2, 20 << 10), 1);
@@ -332,8 +346,8 @@ mod tests {
         // Most wanted first; equal priorities in arrival order.
         assert_eq!(id(queue.pop(small)), Some(2));
         queue.bump(3);
-        assert_eq!(queue.pop(|_| true).map(|(p, r)| (p, r.object_id)), Some((5, 1)));
-        assert_eq!(queue.pop(|_| true).map(|(p, r)| (p, r.object_id)), Some((2, 3)));
+        assert_eq!(queue.pop(|_| true).map(|(p, _, r)| (p, r.object_id)), Some((5, 1)));
+        assert_eq!(queue.pop(|_| true).map(|(p, _, r)| (p, r.object_id)), Some((2, 3)));
         // A thread waiting for small objects does not take a big one.
         queue.push(request(4, 150 << 20), 9);
         let queue = Arc::new(queue);
@@ -382,10 +396,11 @@ mod tests {
         };
         let other_key = ObjectKey::for_object(&other);
         queue.push(lookup(2, other), 7);
-        let (priority, missed) = queue
+        let (priority, order, missed) = queue
             .pop(|r| matches!(r.stage, Stage::Build(_)))
             .expect("the miss, for a build thread");
-        assert_eq!((priority, missed.object_id), (7, 2));
+        // Its priority and place among arrivals are kept.
+        assert_eq!((priority, order, missed.object_id), (7, 2, 2));
         let Stage::Build(Some((key, CacheError::Missing))) = missed.stage else {
             panic!("a miss carries its key and reason");
         };
