@@ -11,10 +11,12 @@
 #
 # Usage (root, from the project root, after `cargo build --release`):
 #   bench/large_objects/run.sh [--runs N] [--modules N] [--freq HZ]
-#                              [--budget-mb MB] [--keep DIR]
+#                              [--budget-mb MB] [--keep DIR] [--lightswitch BIN]
+# --keep DIR leaves the logs, profiles and caches in DIR; --lightswitch
+# measures another build (e.g. an older commit's) instead of target/release's.
 set -euo pipefail
 
-runs=3 modules=8 freq=997 budget=64 keep=""
+runs=3 modules=8 freq=997 budget=64 keep="" bin=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --runs) runs=$2; shift 2 ;;
@@ -22,14 +24,15 @@ while [ $# -gt 0 ]; do
     --freq) freq=$2; shift 2 ;;
     --budget-mb) budget=$2; shift 2 ;;
     --keep) keep=$2; shift 2 ;;
+    --lightswitch) bin=$2; shift 2 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-bin="$root/target/release/lightswitch"
-[ -x "$bin" ] || { echo "build first: cargo build --release" >&2; exit 2; }
+bin=${bin:-$root/target/release/lightswitch}
+[ -x "$bin" ] || { echo "no $bin: build first (cargo build --release)" >&2; exit 2; }
 sysroot=$(rustc --print sysroot)
 real_rustc="$sysroot/bin/rustc"
 [ -x "$real_rustc" ] || { echo "no rustc at $real_rustc" >&2; exit 2; }
