@@ -3,9 +3,7 @@
 //! them. With a disk cache, a request first goes to a cache thread, which
 //! reads the object's cached table (two threads, so that one large table
 //! read does not hold up the next, and no read waits behind a build); only
-//! a miss goes on to the build threads (two for any object, so that the two
-//! large objects of one program are built side by side, and one for small
-//! objects only).
+//! a miss goes on to the build threads ([`BUILD_THREADS`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -59,9 +57,64 @@ pub(super) struct BuildRequest {
 /// hundreds of milliseconds each).
 pub const SMALL_OBJECT_BYTES: u64 = 16 << 20;
 
-/// Threads reading cached tables, and threads building tables of any size.
+/// Threads reading cached tables.
 const CACHE_THREADS: usize = 2;
-const LARGE_BUILD_THREADS: usize = 2;
+
+/// What a thread takes from the queue.
+#[derive(Clone, Copy)]
+enum Worker {
+    /// Cache lookups.
+    Cache,
+    /// Builds of objects of at most `max_bytes`, whose priority is at least
+    /// `min_priority` (1: needed by a sample).
+    Build { max_bytes: u64, min_priority: u64 },
+}
+
+impl Worker {
+    /// Whether this thread takes `request`, queued with `priority`.
+    fn takes(self, priority: u64, request: &BuildRequest) -> bool {
+        match (self, &request.stage) {
+            (Worker::Cache, Stage::Lookup) => true,
+            (
+                Worker::Build {
+                    max_bytes,
+                    min_priority,
+                },
+                Stage::Build(_),
+            ) => request.bytes <= max_bytes && priority >= min_priority,
+            _ => false,
+        }
+    }
+}
+
+/// The build threads: one for any object, one only for tables samples are
+/// waiting on (a build cannot be interrupted, so without it a table found
+/// by the start-up scan that nothing samples, a 42 MB `cargo`, could hold
+/// up librustc_driver for hundreds of milliseconds), and one for small
+/// objects only.
+const BUILD_THREADS: [(&str, Worker); 3] = [
+    (
+        "unwind-tables",
+        Worker::Build {
+            max_bytes: u64::MAX,
+            min_priority: 0,
+        },
+    ),
+    (
+        "unwind-sampled",
+        Worker::Build {
+            max_bytes: u64::MAX,
+            min_priority: 1,
+        },
+    ),
+    (
+        "unwind-small",
+        Worker::Build {
+            max_bytes: SMALL_OBJECT_BYTES,
+            min_priority: 0,
+        },
+    ),
+];
 
 /// A table built (or the reason it could not be).
 pub(super) struct BuildResult {
@@ -129,16 +182,20 @@ impl BuildQueue {
     }
 
     /// Raise the priority of `object_id`'s request, if it is still waiting.
+    /// The first bump wakes the threads that take only sampled objects.
     pub(super) fn bump(&self, object_id: u32) {
         if let Some(entry) = self.lock().requests.get_mut(&object_id) {
             entry.0 += 1;
+            if entry.0 == 1 {
+                self.ready.notify_all();
+            }
         }
     }
 
     /// The most wanted request (highest priority, then oldest) that `takes`
     /// accepts, with its priority and arrival order, waiting for one;
     /// `None` once closed.
-    pub(super) fn pop(&self, takes: impl Fn(&BuildRequest) -> bool) -> Option<Popped> {
+    pub(super) fn pop(&self, takes: impl Fn(u64, &BuildRequest) -> bool) -> Option<Popped> {
         let mut pending = self.lock();
         loop {
             if pending.closed {
@@ -147,7 +204,7 @@ impl BuildQueue {
             let best = pending
                 .requests
                 .iter()
-                .filter(|(_, (_, _, request))| takes(request))
+                .filter(|(_, (priority, _, request))| takes(*priority, request))
                 .max_by_key(|(_, (priority, order, _))| (*priority, std::cmp::Reverse(*order)))
                 .map(|(&id, _)| id);
             if let Some(id) = best {
@@ -173,19 +230,18 @@ pub(super) fn start_workers(
     results: &Sender<BuildResult>,
     cache_dir: Option<PathBuf>,
 ) -> Result<()> {
-    let mut workers: Vec<(&str, Option<u64>)> = Vec::new();
+    let mut workers: Vec<(&str, Worker)> = Vec::new();
     if cache_dir.is_some() {
-        workers.extend(std::iter::repeat_n(("unwind-cache", None), CACHE_THREADS));
+        workers.extend(std::iter::repeat_n(("unwind-cache", Worker::Cache), CACHE_THREADS));
     }
-    workers.extend(std::iter::repeat_n(("unwind-tables", Some(u64::MAX)), LARGE_BUILD_THREADS));
-    workers.push(("unwind-small", Some(SMALL_OBJECT_BYTES)));
-    for (name, builds_up_to) in workers {
+    workers.extend(BUILD_THREADS);
+    for (name, worker) in workers {
         let (queue, results, cache_dir) = (queue.clone(), results.clone(), cache_dir.clone());
         std::thread::Builder::new()
             .name(name.into())
-            .spawn(move || match builds_up_to {
-                None => cache_worker(&queue, &results, cache_dir.as_deref()),
-                Some(max_bytes) => build_worker(&queue, max_bytes, &results, cache_dir.as_deref()),
+            .spawn(move || match worker {
+                Worker::Cache => cache_worker(&queue, &results, cache_dir.as_deref()),
+                Worker::Build { .. } => build_worker(&queue, worker, &results, cache_dir.as_deref()),
             })
             .with_context(|| format!("starting the {name} thread"))?;
     }
@@ -223,7 +279,7 @@ fn object_key(source: &TableSource) -> Result<ObjectKey> {
 /// goes back to the queue, with its priority, for the build threads.
 fn cache_worker(queue: &BuildQueue, results: &Sender<BuildResult>, cache_dir: Option<&Path>) {
     let Some(dir) = cache_dir else { return };
-    while let Some((priority, order, mut request)) = queue.pop(|r| matches!(r.stage, Stage::Lookup)) {
+    while let Some((priority, order, mut request)) = queue.pop(|p, r| Worker::Cache.takes(p, r)) {
         let started = Instant::now();
         let lookup = object_key(&request.source).map(|key| {
             let found = cache::load(dir, &key);
@@ -247,16 +303,15 @@ fn cache_worker(queue: &BuildQueue, results: &Sender<BuildResult>, cache_dir: Op
     }
 }
 
-/// A build thread: builds the tables of objects of at most `max_bytes`
-/// from `queue` until it is closed, storing them in `cache_dir`.
+/// A build thread: builds the tables of `queue`'s requests that `worker`
+/// takes until it is closed, storing them in `cache_dir`.
 fn build_worker(
     queue: &BuildQueue,
-    max_bytes: u64,
+    worker: Worker,
     results: &Sender<BuildResult>,
     cache_dir: Option<&Path>,
 ) {
-    let takes = |r: &BuildRequest| matches!(r.stage, Stage::Build(_)) && r.bytes <= max_bytes;
-    while let Some((_, _, mut request)) = queue.pop(takes) {
+    while let Some((_, _, mut request)) = queue.pop(|p, r| worker.takes(p, r)) {
         let started = Instant::now();
         let missed = match std::mem::replace(&mut request.stage, Stage::Build(None)) {
             Stage::Build(missed) => missed,
@@ -332,7 +387,7 @@ mod tests {
         }
     }
 
-    fn small(r: &BuildRequest) -> bool {
+    fn small(_: u64, r: &BuildRequest) -> bool {
         r.bytes <= SMALL_OBJECT_BYTES
     }
 
@@ -346,8 +401,8 @@ mod tests {
         // Most wanted first; equal priorities in arrival order.
         assert_eq!(id(queue.pop(small)), Some(2));
         queue.bump(3);
-        assert_eq!(queue.pop(|_| true).map(|(p, _, r)| (p, r.object_id)), Some((5, 1)));
-        assert_eq!(queue.pop(|_| true).map(|(p, _, r)| (p, r.object_id)), Some((2, 3)));
+        assert_eq!(queue.pop(|_, _| true).map(|(p, _, r)| (p, r.object_id)), Some((5, 1)));
+        assert_eq!(queue.pop(|_, _| true).map(|(p, _, r)| (p, r.object_id)), Some((2, 3)));
         // A thread waiting for small objects does not take a big one.
         queue.push(request(4, 150 << 20), 9);
         let queue = Arc::new(queue);
@@ -358,7 +413,32 @@ mod tests {
         queue.push(request(5, 1 << 20), 0);
         assert_eq!(waiting.join().unwrap(), Some(5));
         queue.close();
-        assert!(queue.pop(|_| true).is_none());
+        assert!(queue.pop(|_, _| true).is_none());
+    }
+
+    #[test]
+    fn one_build_thread_waits_for_tables_samples_need() {
+        let (any, sampled, _) = (BUILD_THREADS[0].1, BUILD_THREADS[1].1, BUILD_THREADS[2].1);
+        let queue = BuildQueue::default();
+        // Found by a scan, not sampled: only the thread for any object takes it.
+        queue.push(request(1, 150 << 20), 0);
+        queue.push(request(2, 150 << 20), 0);
+        assert_eq!(queue.pop(|p, r| any.takes(p, r)).map(|e| e.2.object_id), Some(1));
+        let queue = Arc::new(queue);
+        let waiting = {
+            let queue = queue.clone();
+            thread::spawn(move || queue.pop(|p, r| sampled.takes(p, r)).map(|e| e.2.object_id))
+        };
+        // A sample needs object 2: the reserved thread takes it.
+        queue.bump(2);
+        assert_eq!(waiting.join().unwrap(), Some(2));
+        // Lookups are the cache threads' alone.
+        let lookup = BuildRequest {
+            stage: Stage::Lookup,
+            ..request(3, 0)
+        };
+        assert!(!any.takes(9, &lookup) && Worker::Cache.takes(0, &lookup));
+        assert!(!Worker::Cache.takes(9, &request(4, 0)));
     }
 
     #[test]
@@ -397,7 +477,7 @@ mod tests {
         let other_key = ObjectKey::for_object(&other);
         queue.push(lookup(2, other), 7);
         let (priority, order, missed) = queue
-            .pop(|r| matches!(r.stage, Stage::Build(_)))
+            .pop(|_, r| matches!(r.stage, Stage::Build(_)))
             .expect("the miss, for a build thread");
         // Its priority and place among arrivals are kept.
         assert_eq!((priority, order, missed.object_id), (7, 2, 2));
