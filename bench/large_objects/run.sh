@@ -49,7 +49,8 @@ log_ms() { date -d "$1" +%s%3N; }
 # One run: $1 label, $2 cache directory.
 run_once() {
     local label=$1 cache=$2 out="$work/out-$1" log="$work/log-$1"
-    rm -rf "$out" "$work/target-$1"
+    rm -rf "$out"
+    : >"$log"
     "$bin" -F "$freq" --unwind-cache-dir "$cache" --max-unwind-info-mb "$budget" \
         --profile-format folded --profile-path "$out" --logging debug \
         >"$log" 2>&1 &

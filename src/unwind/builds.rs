@@ -232,7 +232,10 @@ pub(super) fn start_workers(
 ) -> Result<()> {
     let mut workers: Vec<(&str, Worker)> = Vec::new();
     if cache_dir.is_some() {
-        workers.extend(std::iter::repeat_n(("unwind-cache", Worker::Cache), CACHE_THREADS));
+        workers.extend(std::iter::repeat_n(
+            ("unwind-cache", Worker::Cache),
+            CACHE_THREADS,
+        ));
     }
     workers.extend(BUILD_THREADS);
     for (name, worker) in workers {
@@ -241,7 +244,9 @@ pub(super) fn start_workers(
             .name(name.into())
             .spawn(move || match worker {
                 Worker::Cache => cache_worker(&queue, &results, cache_dir.as_deref()),
-                Worker::Build { .. } => build_worker(&queue, worker, &results, cache_dir.as_deref()),
+                Worker::Build { .. } => {
+                    build_worker(&queue, worker, &results, cache_dir.as_deref())
+                }
             })
             .with_context(|| format!("starting the {name} thread"))?;
     }
@@ -401,8 +406,14 @@ mod tests {
         // Most wanted first; equal priorities in arrival order.
         assert_eq!(id(queue.pop(small)), Some(2));
         queue.bump(3);
-        assert_eq!(queue.pop(|_, _| true).map(|(p, _, r)| (p, r.object_id)), Some((5, 1)));
-        assert_eq!(queue.pop(|_, _| true).map(|(p, _, r)| (p, r.object_id)), Some((2, 3)));
+        assert_eq!(
+            queue.pop(|_, _| true).map(|(p, _, r)| (p, r.object_id)),
+            Some((5, 1))
+        );
+        assert_eq!(
+            queue.pop(|_, _| true).map(|(p, _, r)| (p, r.object_id)),
+            Some((2, 3))
+        );
         // A thread waiting for small objects does not take a big one.
         queue.push(request(4, 150 << 20), 9);
         let queue = Arc::new(queue);
@@ -423,7 +434,10 @@ mod tests {
         // Found by a scan, not sampled: only the thread for any object takes it.
         queue.push(request(1, 150 << 20), 0);
         queue.push(request(2, 150 << 20), 0);
-        assert_eq!(queue.pop(|p, r| any.takes(p, r)).map(|e| e.2.object_id), Some(1));
+        assert_eq!(
+            queue.pop(|p, r| any.takes(p, r)).map(|e| e.2.object_id),
+            Some(1)
+        );
         let queue = Arc::new(queue);
         let waiting = {
             let queue = queue.clone();
@@ -488,9 +502,15 @@ mod tests {
         let TableSource::Bytes(bytes) = &missed.source else {
             unreachable!()
         };
-        let built = build(&missed.source, Some((dir.path(), (key.clone(), CacheError::Missing))))
-            .expect("built");
-        assert_eq!(built, crate::unwind::build_table(bytes).expect("direct build"));
+        let built = build(
+            &missed.source,
+            Some((dir.path(), (key.clone(), CacheError::Missing))),
+        )
+        .expect("built");
+        assert_eq!(
+            built,
+            crate::unwind::build_table(bytes).expect("direct build")
+        );
         assert_eq!(cache::load(dir.path(), &key).expect("stored"), built);
         queue.close();
         for t in cache_threads {

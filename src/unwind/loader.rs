@@ -26,7 +26,9 @@ use crate::process::{ObjectId, ProcessTracker};
 use crate::profile::aggregate::UserFrame;
 use crate::sample::RawSample;
 use crate::sampler::Sampler;
-use crate::unwind::builds::{start_workers, BuildQueue, BuildRequest, BuildResult, Stage, TableSource};
+use crate::unwind::builds::{
+    start_workers, BuildQueue, BuildRequest, BuildResult, Stage, TableSource,
+};
 use crate::unwind::row::Page;
 use crate::unwind::UnwindTable;
 
@@ -283,7 +285,11 @@ impl UnwindLoader {
                         result.name,
                         result.waited.as_millis(),
                         result.took.as_millis(),
-                        if result.from_cache { "read from the cache" } else { "build" }
+                        if result.from_cache {
+                            "read from the cache"
+                        } else {
+                            "build"
+                        }
                     );
                     if let Err(err) = self.load(result.object_id, &result.name, &table, sampler) {
                         warn!("{}: cannot load its unwind table: {err:#}", result.name);
