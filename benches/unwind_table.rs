@@ -115,7 +115,7 @@ fn cache_load(c: &mut Criterion) {
         };
         let key = ObjectKey::for_object(&bytes);
         cache::store(dir.path(), &key, &table).expect("storing the table");
-        group.throughput(Throughput::Elements(table.stats().rows as u64));
+        group.throughput(Throughput::Elements(table.stats().rows));
         group.bench_function(name, |b| {
             b.iter(|| cache::load(dir.path(), black_box(&key)).expect("cached"))
         });
