@@ -244,6 +244,13 @@ pub fn timeline(tools: &Tools, config: &TimelineConfig) -> Result<()> {
         "overhead: timeline, {} Hz for {} s",
         config.freq, config.seconds
     );
+    let conditions = format!(
+        "lightswitch at {} Hz on the whole machine, `--profile-format firefox,folded`, stopped with \
+         SIGINT {} s after its start; one workload process per CPU and a Python loop",
+        config.freq, config.seconds
+    );
+    // The machine line gives the load average at the start.
+    let machine = report::machine_line(config.cpus, &conditions);
     let r = run_once(tools, config)?;
     let secs = |v: Option<f64>| v.map_or("not written".into(), |s| format!("{s:.2} s"));
     let mb = |v: Option<u64>| v.map_or("—".into(), |b| format!("{:.1} MB", b as f64 / 1e6));
@@ -292,11 +299,6 @@ pub fn timeline(tools: &Tools, config: &TimelineConfig) -> Result<()> {
             format!("{} / {}", r.load.0, r.load.1),
         ],
     ];
-    let conditions = format!(
-        "lightswitch at {} Hz on the whole machine, `--profile-format firefox,folded`, stopped with \
-         SIGINT {} s after its start; one workload process per CPU and a Python loop",
-        config.freq, config.seconds
-    );
     let log: String = r.log.iter().map(|l| format!("- `{l}`\n")).collect();
     let body = format!(
         "{}\n\n{}\nFrom the profiler's log:\n\n{log}\n\
@@ -306,7 +308,7 @@ pub fn timeline(tools: &Tools, config: &TimelineConfig) -> Result<()> {
          summed by their first field; a pid that exec'd is named after its latest sample in the \
          timeline, after each sample's own process in folded, so some names may differ while the \
          totals agree.\n",
-        report::machine_line(config.cpus, &conditions),
+        machine,
         report::table(&["what", "value"], &rows)
     );
     println!("{body}");
