@@ -33,8 +33,8 @@ use crate::profile::{
 };
 use crate::sample::UnwindStatus;
 
-/// Most samples (sum of weights) a timeline may hold: 16 bytes each in
-/// memory, so 50 M is 800 MB, 40 times a 60 s whole-machine run at 10 kHz.
+/// Most samples (sum of weights) a timeline may hold: 12 bytes each in
+/// memory, so 50 M is 600 MB, 40 times a 60 s whole-machine run at 10 kHz.
 const MAX_SAMPLES: u64 = 50_000_000;
 
 /// Whether `bytes` (decompressed) look like JSON: the first byte that is

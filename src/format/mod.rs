@@ -55,7 +55,7 @@ pub struct FormatSpec {
     /// [`encode`] answers [`EmptyProfile`] instead.
     pub encodes_empty: bool,
     /// Whether the encoder shows samples over time: it needs
-    /// [`Profile::timeline`], which runs then keep (16 bytes a sample).
+    /// [`Profile::timeline`], which runs then keep (12 bytes a sample).
     pub timeline: bool,
     /// The encoder: writes the encoded profile into the writer (a file
     /// for one-shot runs, so that no encoded output is held in memory;
