@@ -617,7 +617,7 @@ mod tests {
         let cut = slice(&read, 15_000, 45_000);
         assert_eq!(cut.total_samples(), 3);
         assert_eq!(cut.timeline.len(), 3);
-        assert_eq!(cut.timeline[0].offset_ns, 5_000);
+        assert_eq!({ cut.timeline[0].offset_ns }, 5_000);
         assert!(cut.samples.iter().all(|s| s.count > 0));
         assert_eq!(cut.start_unix_ns, read.start_unix_ns + 15_000);
         assert_eq!(cut.duration_ns, 30_000);

@@ -231,6 +231,66 @@ pub(crate) mod tests {
         );
     }
 
+    /// Stacks whose names differ where the text's order and the names'
+    /// order disagree (`a b` sorts before `a;...` as text, `;` being 0x3B
+    /// and space 0x20), one a prefix of another, and the same stack in two
+    /// threads: the lines come out merged and in the order of their text.
+    #[test]
+    fn stacks_sort_as_their_text_and_merge_across_threads() {
+        let names = [
+            vec!["a", "b"],
+            vec!["a b", "c"],
+            vec!["a"],
+            vec!["a", "b", "c"],
+            vec!["ab"],
+            vec!["a", "b"],
+        ];
+        let frames: Vec<Frame> = names
+            .iter()
+            .flatten()
+            .map(|n| frame(FrameKind::User, 0x1000, &[n]))
+            .collect();
+        let mut next = 0;
+        let samples = names
+            .iter()
+            .enumerate()
+            .map(|(i, stack)| {
+                // Leaf first, as profiles hold them.
+                let indices: Vec<usize> = (next..next + stack.len()).rev().collect();
+                next += stack.len();
+                Sample {
+                    pid: 7,
+                    tid: i as u32,
+                    process_comm: Arc::from("p"),
+                    thread_comm: Arc::from("t"),
+                    frames: indices,
+                    unwind_status: UnwindStatus::Complete,
+                    count: 1 + i as u64,
+                }
+            })
+            .collect();
+        let profile = Profile {
+            frames,
+            samples,
+            ..sample_profile()
+        };
+        let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+        for (i, stack) in names.iter().enumerate() {
+            *expected
+                .entry(format!("p;{}", stack.join(";")))
+                .or_default() += 1 + i as u64;
+        }
+        let expected: String = expected
+            .iter()
+            .map(|(stack, count)| format!("{stack} {count}\n"))
+            .collect();
+        assert_eq!(encode(&profile), expected);
+        assert!(
+            expected.starts_with("p;a 3\np;a b;c 2\np;a;b 7\n"),
+            "{expected}"
+        );
+    }
+
     #[test]
     fn counts_sum_to_total() {
         let p = sample_profile();
