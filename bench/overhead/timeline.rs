@@ -314,3 +314,28 @@ pub fn timeline(tools: &Tools, config: &TimelineConfig) -> Result<()> {
     println!("{body}");
     report::write_block(&config.doc, "timeline", &body)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distinct_stacks_come_from_the_symbolization_log_line() {
+        let stderr = "2026-12-01T04:05:27Z  INFO lightswitch::run: 594428 samples, \
+                      365376 distinct stacks, 370350 frames symbolized in 37.8s\n";
+        assert_eq!(logged_count(stderr, " distinct stacks"), Some(365_376));
+        assert_eq!(logged_count("no such line\n", " distinct stacks"), None);
+    }
+
+    #[test]
+    fn folded_totals_are_summed_per_process_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("folded.txt");
+        fs::write(&path, "a;main;f 3\nb;main 2\na;main;g 4\n").unwrap();
+        let counts = folded_counts(&path).unwrap();
+        assert_eq!(counts.get("a"), Some(&7));
+        assert_eq!(counts.get("b"), Some(&2));
+        fs::write(&path, "a;main\n").unwrap();
+        assert!(folded_counts(&path).is_err());
+    }
+}
