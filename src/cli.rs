@@ -361,7 +361,7 @@ pub enum Command {
     },
 }
 
-/// `lightswitch record [OPTIONS] -- CMD [ARGS...]`.
+/// `lightswitch record [OPTIONS] [--] CMD [ARGS...]`.
 #[derive(Debug, Args)]
 pub struct RecordArgs {
     /// How to profile (every option of a profiling run but `--pids`).
@@ -371,8 +371,10 @@ pub struct RecordArgs {
     /// sudo (by default it runs as the invoking user, SUDO_UID/SUDO_GID).
     #[arg(long)]
     pub as_root: bool,
-    /// The command and its arguments (after `--`).
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command and its arguments: everything from the first argument
+    /// that is not one of record's options (`record -F 999 make -j2`), or
+    /// after `--`.
+    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
 
@@ -553,5 +555,33 @@ mod tests {
             vec![ProfileFormat::FlameGraph, ProfileFormat::Folded]
         );
         assert!(formats("png").is_err());
+    }
+
+    #[test]
+    fn record_takes_its_command_with_or_without_dashes() {
+        let command = |args: &[&str]| {
+            let cli = Cli::try_parse_from(["lightswitch", "record"].iter().chain(args))
+                .map_err(|e| e.to_string())?;
+            match cli.command {
+                Some(Command::Record(r)) => Ok(r.command),
+                other => Err(format!("{other:?}")),
+            }
+        };
+        let ls_la = vec![OsString::from("ls"), OsString::from("-la")];
+        assert_eq!(command(&["ls", "-la"]).unwrap(), ls_la);
+        assert_eq!(command(&["--", "ls", "-la"]).unwrap(), ls_la);
+        // Options before the command are record's; after it, the command's.
+        let cli =
+            Cli::try_parse_from(["lightswitch", "record", "-F", "99", "ls", "-F", "7"]).unwrap();
+        let Some(Command::Record(r)) = cli.command else {
+            panic!("not record")
+        };
+        assert_eq!(r.profile.sample_freq, 99);
+        assert_eq!(r.command, ["ls", "-F", "7"].map(OsString::from));
+        assert!(command(&[]).is_err(), "a command is required");
+        assert!(
+            command(&["--bogus", "ls"]).is_err(),
+            "an unknown option is an error"
+        );
     }
 }
