@@ -39,6 +39,21 @@ pub const TMP_PREFIX: &str = ".tmp-";
 /// Write `bytes` to `path` atomically, as a new file of `mode` less the
 /// umask (replacing a file keeps no old mode). Errors name the path.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    write_atomic_with(path, mode, |file| {
+        file.write_all(bytes)
+            .with_context(|| format!("writing {}", path.display()))
+    })
+}
+
+/// Like [`write_atomic`], with the content written by `fill` into the
+/// temporary file (buffer small writes yourself), so that it need not be in
+/// memory whole. Nothing appears at `path` when `fill` fails. Errors:
+/// `fill`'s, and the file system's, naming the path.
+pub fn write_atomic_with(
+    path: &Path,
+    mode: u32,
+    fill: impl FnOnce(&mut File) -> Result<()>,
+) -> Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -54,8 +69,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
         .permissions(fs::Permissions::from_mode(mode))
         .tempfile_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    tmp.write_all(bytes)
-        .with_context(|| format!("writing {}", path.display()))?;
+    fill(tmp.as_file_mut())?;
     tmp.as_file()
         .sync_all()
         .with_context(|| format!("syncing {}", path.display()))?;

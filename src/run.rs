@@ -15,6 +15,7 @@
 //! recorded and perf events are open only while a request is in progress.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::mem::MaybeUninit;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -311,34 +312,73 @@ fn finish(
     })
 }
 
-/// Encode `profile` in every format of `outputs` before writing any (a run
-/// that cannot produce one of them, such as a flame graph of no samples,
-/// leaves no partial set behind), then write each file with `mode`.
+/// Write `profile` in every format of `outputs`, each file with `mode`,
+/// one after the other: each is encoded straight into its file and is
+/// complete (renamed into place) before the next is encoded, so that the
+/// first appears as soon as it is ready and no encoded output is held in
+/// memory. A run that cannot produce one of them leaves no partial set
+/// behind: formats that cannot encode the profile (a flame graph of no
+/// samples) are found before any file is written, and the files of this
+/// call are removed again when a later one fails.
 fn write_outputs(
     profile: &Profile,
     outputs: &[(ProfileFormat, PathBuf)],
     compression: Compression,
     mode: u32,
 ) -> Result<()> {
-    let encoded = outputs
-        .iter()
-        .map(|(format, output)| {
+    let write_all = || -> Result<()> {
+        for (format, _) in outputs {
+            format::check_encodable(profile, *format)?;
+        }
+        let mut written = Vec::new();
+        for (format, output) in outputs {
             let started = Instant::now();
-            let bytes = format::encode(profile, *format, compression)?;
+            let mut bytes = 0;
+            let result = files::write_atomic_with(output, mode, |file| {
+                let mut counted = CountingWriter {
+                    inner: std::io::BufWriter::with_capacity(1 << 16, file),
+                    bytes: 0,
+                };
+                format::encode_to(profile, *format, compression, &mut counted)?;
+                counted.inner.flush()?;
+                bytes = counted.bytes;
+                Ok(())
+            });
+            if let Err(err) = result {
+                for path in &written {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(err);
+            }
             info!(
-                "{}: {} bytes encoded in {:?}",
+                "{}: {bytes} bytes encoded and written to {} in {:?}",
                 format.name(),
-                bytes.len(),
+                output.display(),
                 started.elapsed()
             );
-            Ok((output, bytes))
-        })
-        .collect::<Result<Vec<_>>>()
-        .context("no profile was written")?;
-    for (output, bytes) in encoded {
-        files::write_atomic(output, &bytes, mode)?;
+            written.push(output);
+        }
+        Ok(())
+    };
+    write_all().context("no profile was written")
+}
+
+/// A writer that counts the bytes written through it (for the log).
+struct CountingWriter<W> {
+    inner: W,
+    bytes: u64,
+}
+
+impl<W: std::io::Write> std::io::Write for CountingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
     }
-    Ok(())
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// A `--pids` target without samples whose children ran

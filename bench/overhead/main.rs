@@ -21,6 +21,7 @@ mod measure;
 mod profiler;
 mod report;
 mod startup;
+mod timeline;
 mod workload;
 
 use std::path::{Path, PathBuf};
@@ -51,10 +52,15 @@ enum Mode {
     /// written and crashes over time. Fails if an agent crashed, did not
     /// exit 0, or dropped a window to a panic.
     Churn,
+    /// Timelines (issue 14): lightswitch at `--timeline-freq` on every CPU
+    /// for `--long-seconds` with `--profile-format firefox,folded`, stopped
+    /// with SIGINT: samples, distinct stacks, time from the stop to each
+    /// file, sizes, peak RSS, and whether the timeline kept every sample.
+    Timeline,
     /// Time from start to the first complete stack and to every running
     /// process covered, with a cold and a warm unwind-table cache.
     Startup,
-    /// Every mode above, in that order.
+    /// Every mode above, in that order (timeline before start-up).
     All,
 }
 
@@ -84,9 +90,12 @@ struct Args {
     /// Time between starting a profiler and the start of the window, s.
     #[arg(long)]
     warmup: Option<f64>,
-    /// Soak and RSS runs: length of the window, s (default 60).
+    /// Soak, RSS and timeline runs: length of the window, s (default 60).
     #[arg(long)]
     long_seconds: Option<f64>,
+    /// Timeline: sampling frequency, Hz.
+    #[arg(long, default_value_t = 10_000)]
+    timeline_freq: u64,
     /// Churn run length, s (default 600; 20 with --quick).
     #[arg(long)]
     churn_seconds: Option<f64>,
@@ -514,6 +523,7 @@ fn run(args: &Args) -> Result<()> {
             Mode::Soak,
             Mode::Rss,
             Mode::Churn,
+            Mode::Timeline,
             Mode::Startup,
         ],
         m => vec![m],
@@ -525,6 +535,16 @@ fn run(args: &Args) -> Result<()> {
             Mode::Soak => long_run(&ctx, "soak", 10_000)?,
             Mode::Rss => long_run(&ctx, "rss", 999)?,
             Mode::Churn => churn::churn(&ctx.tools, &ctx.workload, &ctx.churn)?,
+            Mode::Timeline => timeline::timeline(
+                &ctx.tools,
+                &timeline::TimelineConfig {
+                    workload: ctx.workload.clone(),
+                    freq: args.timeline_freq,
+                    seconds: ctx.long_seconds,
+                    cpus: ctx.cpus,
+                    doc: ctx.doc.clone(),
+                },
+            )?,
             Mode::Startup => {
                 startup::startup(&ctx.tools, &ctx.workload, ctx.cpus, quick, &ctx.doc)?
             }

@@ -158,13 +158,42 @@ impl Running {
     }
 
     /// Stop it with SIGINT, wait for it to write its output, and read its report.
-    pub fn stop(mut self, perf: Option<&Path>) -> Result<Finished> {
+    pub fn stop(self, perf: Option<&Path>) -> Result<Finished> {
+        self.interrupt();
+        self.wait(perf)
+    }
+
+    /// Send it SIGINT (a user's Ctrl-C: it stops and writes its output).
+    pub fn interrupt(&self) {
+        // SAFETY: kill has no memory-safety preconditions; the child is not
+        // reaped yet, so the pid is still its own.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+    }
+
+    /// Whether it has not exited yet (it is left to [`Self::wait`] to reap).
+    pub fn alive(&self) -> bool {
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is a valid out-pointer; WNOWAIT leaves the child
+        // unreaped, so wait4 below still gets its status and usage.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                self.child.id(),
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        // SAFETY: si_pid is set by waitid (0 while the child runs).
+        r == 0 && unsafe { info.si_pid() } == 0
+    }
+
+    /// Wait for it to exit (after [`Self::interrupt`]) and read its report.
+    pub fn wait(mut self, perf: Option<&Path>) -> Result<Finished> {
         let pid = self.child.id() as i32;
-        // SAFETY: kill/wait4 have no memory-safety preconditions; `usage`
-        // and `status` are valid out-pointers. The child is not reaped yet.
+        // SAFETY: wait4 has no memory-safety preconditions; `usage` and
+        // `status` are valid out-pointers. The child is not reaped yet.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
         let mut status = 0;
-        unsafe { libc::kill(pid, libc::SIGINT) };
         if unsafe { libc::wait4(pid, &mut status, 0, &mut usage) } != pid {
             bail!(
                 "waiting for {}: {}",

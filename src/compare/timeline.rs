@@ -33,8 +33,8 @@ use crate::profile::{
 };
 use crate::sample::UnwindStatus;
 
-/// Most samples (sum of weights) a timeline may hold: 16 bytes each in
-/// memory, so 50 M is 800 MB, 40 times a 60 s whole-machine run at 10 kHz.
+/// Most samples (sum of weights) a timeline may hold: 12 bytes each in
+/// memory, so 50 M is 600 MB, 40 times a 60 s whole-machine run at 10 kHz.
 const MAX_SAMPLES: u64 = 50_000_000;
 
 /// Whether `bytes` (decompressed) look like JSON: the first byte that is
@@ -617,7 +617,7 @@ mod tests {
         let cut = slice(&read, 15_000, 45_000);
         assert_eq!(cut.total_samples(), 3);
         assert_eq!(cut.timeline.len(), 3);
-        assert_eq!(cut.timeline[0].offset_ns, 5_000);
+        assert_eq!({ cut.timeline[0].offset_ns }, 5_000);
         assert!(cut.samples.iter().all(|s| s.count > 0));
         assert_eq!(cut.start_unix_ns, read.start_unix_ns + 15_000);
         assert_eq!(cut.duration_ns, 30_000);

@@ -26,7 +26,7 @@ pub const SPEC: FormatSpec = FormatSpec {
     mime_type: "image/svg+xml",
     encodes_empty: false,
     timeline: false,
-    encode: |profile, _| encode(profile, &title(profile)),
+    encode: |profile, _, out| Ok(out.write_all(&encode(profile, &title(profile))?)?),
 };
 
 /// The kind of a flame graph box, which decides its colour family.

@@ -13,6 +13,8 @@ pub mod flamegraph;
 pub mod folded;
 pub mod pprof;
 
+use std::io::Write;
+
 use anyhow::Result;
 
 pub use pprof::Compression;
@@ -53,11 +55,13 @@ pub struct FormatSpec {
     /// [`encode`] answers [`EmptyProfile`] instead.
     pub encodes_empty: bool,
     /// Whether the encoder shows samples over time: it needs
-    /// [`Profile::timeline`], which runs then keep (16 bytes a sample).
+    /// [`Profile::timeline`], which runs then keep (12 bytes a sample).
     pub timeline: bool,
-    /// The encoder. The [`Compression`] applies where the format has a
-    /// choice (pprof); formats with a fixed encoding ignore it.
-    pub encode: fn(&Profile, Compression) -> Result<Vec<u8>>,
+    /// The encoder: writes the encoded profile into the writer (a file
+    /// for one-shot runs, so that no encoded output is held in memory;
+    /// [`encode`] passes a `Vec`). The [`Compression`] applies where the
+    /// format has a choice (pprof); formats with a fixed encoding ignore it.
+    pub encode: fn(&Profile, Compression, &mut dyn Write) -> Result<()>,
 }
 
 impl ProfileFormat {
@@ -138,11 +142,31 @@ pub fn encode(
     format: ProfileFormat,
     compression: Compression,
 ) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    encode_to(profile, format, compression, &mut bytes)?;
+    Ok(bytes)
+}
+
+/// Whether `format` can encode `profile`: [`EmptyProfile`] for a profile
+/// without samples in a format that cannot encode one.
+pub fn check_encodable(profile: &Profile, format: ProfileFormat) -> Result<(), EmptyProfile> {
     let spec = format.spec();
     if !spec.encodes_empty && profile.total_samples() == 0 {
-        return Err(EmptyProfile(spec.noun).into());
+        return Err(EmptyProfile(spec.noun));
     }
-    (spec.encode)(profile, compression)
+    Ok(())
+}
+
+/// Encode `profile` as `format` into `out`, like [`encode`]. Errors as
+/// [`encode`]'s, and `out`'s write errors.
+pub fn encode_to(
+    profile: &Profile,
+    format: ProfileFormat,
+    compression: Compression,
+    out: &mut dyn Write,
+) -> Result<()> {
+    check_encodable(profile, format)?;
+    (format.spec().encode)(profile, compression, out)
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ pub const SPEC: super::FormatSpec = super::FormatSpec {
     mime_type: "application/vnd.google.protobuf",
     encodes_empty: true,
     timeline: false,
-    encode,
+    encode: |profile, compression, out| Ok(out.write_all(&encode(profile, compression)?)?),
 };
 
 /// Whether the written pprof is gzip-compressed.

@@ -110,7 +110,7 @@ impl Aggregator {
 
     /// An empty aggregator that also keeps a timeline: each sample's
     /// timestamp as an offset from `origin_mono_ns` (CLOCK_MONOTONIC ns, the
-    /// start of the window) and the index of its stack. 16 bytes a sample.
+    /// start of the window) and the index of its stack. 12 bytes a sample.
     pub fn with_timeline(origin_mono_ns: u64) -> Self {
         Aggregator {
             timeline: Some(Timeline {
@@ -306,6 +306,8 @@ mod tests {
         let got: Vec<(i64, u32)> = timeline.iter().map(|t| (t.offset_ns, t.sample)).collect();
         assert_eq!(got, vec![(-10, 0), (200, 1), (500, 0), (700, 0)]);
         assert_eq!(timeline.len() as u64, agg.total());
+        // 12 bytes a sample, not 16: 5 MB less for a 60 s run at 10 kHz on 2 CPUs.
+        assert_eq!(std::mem::size_of::<TimedSample>(), 12);
     }
 
     #[test]

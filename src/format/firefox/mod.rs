@@ -79,7 +79,7 @@ pub const SPEC: FormatSpec = FormatSpec {
     mime_type: "application/gzip",
     encodes_empty: true,
     timeline: true,
-    encode: |profile, _| encode(profile),
+    encode: |profile, _, out| write(profile, out),
 };
 
 /// gzip level (1-9). On the 115 MB of JSON of a 60 s whole-machine run at
@@ -91,16 +91,26 @@ const GZIP_LEVEL: u32 = 2;
 /// samples but no timeline of them (it was aggregated without one: a bug
 /// of the caller), or the JSON could not be written.
 pub fn encode(profile: &Profile) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    write(profile, &mut bytes)?;
+    Ok(bytes)
+}
+
+/// Write `profile` as gzip'd Firefox Profiler JSON into `out`, as it is
+/// serialized (the JSON is never held whole). Errors as [`encode`]'s, and
+/// `out`'s write errors.
+pub fn write(profile: &Profile, out: &mut dyn Write) -> Result<()> {
     let started = Instant::now();
     let fx = build(profile)?;
     debug!("firefox: profile built in {:?}", started.elapsed());
-    let mut gzip = GzEncoder::new(Vec::new(), flate2::Compression::new(GZIP_LEVEL));
+    let mut gzip = GzEncoder::new(out, flate2::Compression::new(GZIP_LEVEL));
     {
         let mut writer = BufWriter::with_capacity(1 << 16, &mut gzip);
         serde_json::to_writer(&mut writer, &fx).context("writing the Firefox profile JSON")?;
         writer.flush().context("compressing the Firefox profile")?;
     }
-    gzip.finish().context("compressing the Firefox profile")
+    gzip.finish().context("compressing the Firefox profile")?;
+    Ok(())
 }
 
 /// The category pairs frames are put in.
