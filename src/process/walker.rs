@@ -55,6 +55,10 @@ pub trait WalkerMaps {
         object_id: u32,
         segments: &[(u64, u64, u64)],
     ) -> Result<()>;
+
+    /// Tell the exec and mmap programs to forget the file `(dev, inode)`
+    /// (its object was retired). Files not known are fine.
+    fn remove_object_file(&self, dev: u64, inode: u64);
 }
 
 /// Where the objects of described processes are announced: the owner of
@@ -109,6 +113,33 @@ impl ProcessFollower {
     /// Processes currently described to the walker.
     pub fn described(&self) -> usize {
         self.described.len()
+    }
+
+    /// `pids` left `/proc` without an exit event
+    /// ([`ProcessTracker::notice_vanished`]): the walker forgets them, as
+    /// after an exit event.
+    pub fn processes_vanished(&mut self, pids: &[u32], walker: &impl WalkerMaps) {
+        for &pid in pids {
+            walker.remove_process(pid);
+            self.described.remove(&pid);
+        }
+    }
+
+    /// `retired` objects ([`ProcessTracker::take_retired_objects`]) are
+    /// gone from the tracker: the walker forgets the files of those it was
+    /// told of, then they are closed (so their inodes can be reused only
+    /// once no BPF program describes them).
+    pub fn objects_retired(
+        &mut self,
+        retired: Vec<(ObjectId, super::ObjectFile)>,
+        walker: &impl WalkerMaps,
+    ) {
+        for (id, file) in retired {
+            if self.registered_files.remove(&id.0) {
+                let (dev, inode) = file.file_key;
+                walker.remove_object_file(dev, inode);
+            }
+        }
     }
 
     /// Start the start-up scan: every process in `/proc` (or only `pids`,
@@ -383,6 +414,7 @@ mod tests {
         described: RefCell<Vec<(u32, Vec<ExecMapping>, u64)>>,
         removed: RefCell<Vec<u32>>,
         files: RefCell<Vec<u32>>,
+        forgotten: RefCell<Vec<(u64, u64)>>,
         exec: Option<ExecTime>,
     }
 
@@ -407,6 +439,9 @@ mod tests {
         ) -> Result<()> {
             self.files.borrow_mut().push(object_id);
             Ok(())
+        }
+        fn remove_object_file(&self, dev: u64, inode: u64) {
+            self.forgotten.borrow_mut().push((dev, inode));
         }
     }
 
@@ -494,6 +529,38 @@ mod tests {
         follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
         assert_eq!(walker.described.borrow().len(), 2);
         assert_eq!(walker.files.borrow().len(), files);
+        // Once it is gone and its objects have been unused for the grace,
+        // the walker forgets their files (and they close).
+        follower.on_event(
+            ProcessEvent::Exit { pid },
+            &mut tracker,
+            &walker,
+            &mut tables,
+        );
+        let later = crate::timefmt::monotonic_ns() + 1;
+        assert_eq!(tracker.retire_exited(later), 1);
+        tracker.retire_exited(later + super::super::lifetime::OBJECT_GRACE_NS);
+        let retired = tracker.take_retired_objects();
+        assert!(retired.iter().any(|(id, _)| *id == object));
+        assert_eq!(tracker.object_count(), 0);
+        follower.objects_retired(retired, &walker);
+        assert_eq!(walker.forgotten.borrow().len(), files);
+        // Retired ids are not forgotten twice.
+        follower.objects_retired(tracker.take_retired_objects(), &walker);
+        assert_eq!(walker.forgotten.borrow().len(), files);
+    }
+
+    #[test]
+    fn a_process_gone_without_an_exit_event_is_forgotten_by_the_walker() {
+        let pid = std::process::id();
+        let (mut tracker, walker, mut tables) =
+            (ProcessTracker::new(), Recorded::default(), Asked::default());
+        let mut follower = ProcessFollower::new();
+        follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+        assert_eq!(follower.described(), 1);
+        follower.processes_vanished(&[pid], &walker);
+        assert_eq!(*walker.removed.borrow(), vec![pid]);
+        assert_eq!(follower.described(), 0);
     }
 
     #[test]
