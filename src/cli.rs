@@ -292,11 +292,17 @@ pub enum Command {
         /// The shell: bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
-    /// Print lightswitch's man page (roff, section 1) to stdout.
+    /// Print lightswitch's man page (roff, section 1) to stdout, or the page
+    /// of one subcommand (lightswitch-record(1), ...).
     #[command(after_help = "Examples:\n  \
         lightswitch man > /usr/share/man/man1/lightswitch.1\n  \
+        lightswitch man record > /usr/share/man/man1/lightswitch-record.1\n  \
         lightswitch man | man -l -")]
-    Man,
+    Man {
+        /// The subcommand whose page to print; none: lightswitch(1).
+        #[arg(value_parser = ["record", "diff", "report", "completions", "man", "show-unwind", "collector"])]
+        subcommand: Option<String>,
+    },
     /// Print the unwind table lightswitch builds for an object file (its rows
     /// and a summary: rows, pages, bytes, unsupported rules by kind).
     ShowUnwind {

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 /// Default mode of the profiles lightswitch writes (and the collector
 /// stores), before the caller's umask (`--profile-mode` changes it):
@@ -46,6 +46,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     // The directory may have gone since the run started: make it again
     // rather than lose the profile.
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    if path.is_dir() {
+        bail!("{} is a directory: name a file", path.display());
+    }
     let mut tmp = tempfile::Builder::new()
         .prefix(TMP_PREFIX)
         .permissions(fs::Permissions::from_mode(mode))
@@ -56,7 +59,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     tmp.as_file()
         .sync_all()
         .with_context(|| format!("syncing {}", path.display()))?;
+    // PersistError's message is its io::Error's: keep one of them.
     tmp.persist(path)
+        .map_err(|e| e.error)
         .with_context(|| format!("renaming into {}", path.display()))?;
     sync_dir(dir)
 }
@@ -85,6 +90,20 @@ mod tests {
         write_atomic(&path, b"two", PROFILE_MODE).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"two");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_directory_in_the_way_is_named_once_and_nothing_is_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out");
+        fs::create_dir(&target).unwrap();
+        let err = format!(
+            "{:#}",
+            write_atomic(&target, b"x", PROFILE_MODE).unwrap_err()
+        );
+        assert_eq!(err.matches("is a directory").count(), 1, "{err}");
+        let entries: Vec<_> = fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(entries.len(), 1, "{entries:?}");
     }
 
     #[test]

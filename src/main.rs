@@ -54,7 +54,8 @@ fn generate(cli: &Cli) -> bool {
             *shell,
             &mut std::io::stdout().lock(),
         )),
-        Some(Command::Man) => Some(lightswitch::cli::generate::man_page(
+        Some(Command::Man { subcommand }) => Some(lightswitch::cli::generate::man_page(
+            subcommand.as_deref(),
             &mut std::io::stdout().lock(),
         )),
         _ => None,

@@ -83,6 +83,13 @@ pub fn seconds(flag: &str, value: f64) -> Result<Duration> {
 /// Create `dir` if needed and make sure `file` can be written there.
 /// Nothing is left behind if `file` did not exist before.
 pub fn check_output(dir: &Path, file: &Path) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        bail!(
+            "output directory {} is not a directory (--profile-path names a directory; \
+             --profile-name the file in it)",
+            dir.display()
+        );
+    }
     fs::create_dir_all(dir)
         .with_context(|| format!("cannot create output directory {}", dir.display()))?;
     if file.is_dir() {
@@ -308,6 +315,13 @@ mod tests {
         assert!(sub.is_dir());
         assert!(!file.exists());
         assert!(check_output(dir.path(), dir.path()).is_err());
+        let not_dir = dir.path().join("plain");
+        fs::write(&not_dir, b"").unwrap();
+        let err = format!(
+            "{:#}",
+            check_output(&not_dir, &not_dir.join("x")).unwrap_err()
+        );
+        assert!(err.contains("is not a directory"), "{err}");
     }
 
     #[test]

@@ -161,6 +161,32 @@ fn man_page_renders() {
     }
 }
 
+/// Every subcommand lightswitch(1) lists as lightswitch-NAME(1) has that
+/// page: `lightswitch man NAME`; a name it does not have is a usage error.
+#[test]
+fn every_listed_subcommand_page_renders() {
+    let (_, main_page, _) = plain(&["man"]);
+    let listed: Vec<&str> = main_page
+        .lines()
+        .filter_map(|l| l.strip_prefix("lightswitch\\-")?.strip_suffix("(1)"))
+        .filter(|name| *name != "help")
+        .collect();
+    assert!(listed.len() >= 7, "{listed:?}\n{main_page}");
+    for name in listed {
+        let name = name.replace("\\-", "-");
+        let (code, roff, stderr) = plain(&["man", &name]);
+        assert_eq!(code, Some(0), "man {name}: {stderr}");
+        assert!(
+            roff.contains(&format!(".TH lightswitch-{name} 1")),
+            "man {name}:\n{roff}"
+        );
+        assert!(roff.contains(".SH SYNOPSIS"), "man {name}:\n{roff}");
+    }
+    let (code, _, stderr) = plain(&["man", "no-such-command"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("show-unwind"), "{stderr}");
+}
+
 /// `-p` on a shell that only waits for its busy child: no samples, and the
 /// message names the child and `record`.
 #[test]

@@ -385,7 +385,8 @@ fn record_flame_graph_title_subtitle_and_colours() {
             "--",
             s(&program.path),
             "150",
-            "150",
+            // atof reads the number; the title quotes the argument.
+            "150 ms",
         ],
         TIMEOUT,
     );
@@ -405,7 +406,7 @@ fn record_flame_graph_title_subtitle_and_colours() {
     };
     assert_eq!(
         text_of("title"),
-        format!("CPU profile of {} 150 150", program.path.display())
+        format!("CPU profile of {} 150 '150 ms'", program.path.display())
     );
     let subtitle = text_of("subtitle");
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();

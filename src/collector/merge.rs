@@ -24,7 +24,7 @@ use std::sync::Arc;
 use flate2::read::GzDecoder;
 use prost::Message;
 
-use crate::format::pprof::proto;
+use crate::format::pprof::{self, proto};
 use crate::profile::{unwind_marker_name, Frame, FrameKind, Line, Profile, ProfileMapping, Sample};
 use crate::sample::UnwindStatus;
 use crate::symbolize::KERNEL_MAPPING_NAME;
@@ -203,7 +203,9 @@ pub(crate) const STATUSES: [UnwindStatus; 8] = [
 /// Convert a (validated) pprof profile into the crate's model. Kernel
 /// frames are those in the `[kernel.kallsyms]` mapping; unwind markers are
 /// address-0 locations without mapping named `[unwind: ...]`; labels `pid`,
-/// `tid`, `comm`, `thread_name` give a sample's process and thread.
+/// `tid`, `comm`, `thread_name` give a sample's process and thread; the
+/// comments `subject: ...` and `host: ...` give what the profile shows and
+/// where.
 pub fn profile_from_pprof(p: &proto::Profile) -> Profile {
     let mut names = PprofNames::new(p);
     let count_index = p
@@ -219,10 +221,17 @@ pub fn profile_from_pprof(p: &proto::Profile) -> Profile {
     let sample_freq_hz = (1_000_000_000 + period_ns / 2)
         .checked_div(period_ns)
         .unwrap_or(1);
+    let comment = |prefix: &str| {
+        p.comment
+            .iter()
+            .find_map(|&i| names.str(i).strip_prefix(prefix).map(Arc::from))
+    };
     let mut profile = Profile {
         start_unix_ns: p.time_nanos.max(0) as u64,
         duration_ns: p.duration_nanos.max(0) as u64,
         sample_freq_hz: sample_freq_hz.max(1),
+        subject: comment(pprof::SUBJECT_COMMENT),
+        host: comment(pprof::HOST_COMMENT),
         ..Default::default()
     };
     let mut mapping_index = HashMap::new();

@@ -21,6 +21,7 @@ use super::{function_table, has_objects, FunctionKey, FunctionTable};
 use crate::cli::{DiffArgs, DiffOutput};
 use crate::format::folded;
 use crate::profile::Profile;
+use crate::text::plural;
 
 /// lightswitch's exit status when an input cannot be read or decoded.
 pub const BAD_INPUT_EXIT_STATUS: i32 = 2;
@@ -136,11 +137,11 @@ impl Diff {
     /// The table for people: the `top` largest changes (0: all).
     pub fn render_text(&self, base: &Path, new: &Path, top: usize) -> String {
         let mut out = format!(
-            "base: {} ({} samples)\nnew:  {} ({} samples)\n",
+            "base: {} ({})\nnew:  {} ({})\n",
             base.display(),
-            self.base_samples,
+            plural(self.base_samples, "sample", "samples"),
             new.display(),
-            self.new_samples
+            plural(self.new_samples, "sample", "samples")
         );
         if self.functions.is_empty() {
             out.push_str("no function's share changed\n");

@@ -12,6 +12,7 @@ use super::input::{read_input, InputFormat};
 use super::{function_table, FunctionTable};
 use crate::cli::ReportArgs;
 use crate::profile::Profile;
+use crate::text::plural;
 
 /// The top-functions table of `table` (from `profile`): the `top` functions
 /// with the most self samples (0: all), with `flat flat% sum% cum cum%`
@@ -38,9 +39,9 @@ pub fn render_top(profile: &Profile, table: &FunctionTable, top: usize) -> Strin
         ),
     };
     let mut out = format!(
-        "{} samples{rate}; showing {shown} of {} functions\n",
-        table.total,
-        rows.len()
+        "{}{rate}; showing {shown} of {}\n",
+        plural(table.total, "sample", "samples"),
+        plural(rows.len() as u64, "function", "functions")
     );
     out.push_str(&format!(
         "{:>10} {:>7} {:>7} {:>10} {:>7}  function\n",
@@ -145,5 +146,16 @@ mod tests {
             ["30", "30.00%", "90.00%", "30", "30.00%", "a"]
         );
         assert_eq!(lines.len(), 4);
+    }
+
+    #[test]
+    fn one_sample_is_singular() {
+        let profile = parse_folded("app;main 1\n").unwrap();
+        let table = function_table(&profile, false);
+        let text = render_top(&profile, &table, 0);
+        assert!(
+            text.starts_with("1 sample; showing 1 of 1 function\n"),
+            "{text}"
+        );
     }
 }

@@ -8,7 +8,9 @@
 //! lines, innermost first; Functions deduplicated by (name, system name,
 //! file); labels `pid`, `tid` (numeric), `comm` and `thread_name` on every
 //! sample. Stacks whose walk stopped early end in a location named after the
-//! unwind result, as in the other formats.
+//! unwind result, as in the other formats. What the profile shows and where
+//! it was taken are comments (`go tool pprof -comments`): `subject: pid 42
+//! (nginx)` and `host: web-1`, read back by `report` and `diff`.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -24,6 +26,11 @@ use crate::profile::{FrameKind, Profile};
 pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
 }
+
+/// Prefix of the comment that holds [`Profile::subject`].
+pub const SUBJECT_COMMENT: &str = "subject: ";
+/// Prefix of the comment that holds [`Profile::host`].
+pub const HOST_COMMENT: &str = "host: ";
 
 /// The registry entry: `pprof`, `profile.pb`, the protobuf MIME type the
 /// remote sender and the collector use. An empty profile is a valid pprof.
@@ -91,6 +98,13 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
     let (location, function) = locations(profile, &mut strings);
     let sample = samples(profile, period, &mut strings);
     let default_sample_type = strings.get("cpu");
+    let comment = [
+        (SUBJECT_COMMENT, &profile.subject),
+        (HOST_COMMENT, &profile.host),
+    ]
+    .into_iter()
+    .filter_map(|(prefix, value)| Some(strings.get(&format!("{prefix}{}", value.as_deref()?))))
+    .collect();
     proto::Profile {
         sample_type,
         sample,
@@ -104,7 +118,7 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
         duration_nanos: profile.duration_ns as i64,
         period_type,
         period,
-        comment: Vec::new(),
+        comment,
         default_sample_type,
     }
 }
@@ -295,6 +309,20 @@ mod tests {
         assert_eq!(string(&p, p.default_sample_type), "cpu");
         assert_eq!(p.time_nanos, 1_700_000_000_000_000_000);
         assert_eq!(p.duration_nanos, 2_000_000_000);
+        assert!(p.comment.is_empty(), "no subject, no host: no comment");
+    }
+
+    #[test]
+    fn subject_and_host_are_comments_read_back() {
+        let mut profile = sample_profile();
+        profile.subject = Some("./bench 150 '150 ms'".into());
+        profile.host = Some("web-1".into());
+        let p = decode(&encode(&profile, Compression::None).unwrap());
+        let comments: Vec<&str> = p.comment.iter().map(|&i| string(&p, i)).collect();
+        assert_eq!(comments, ["subject: ./bench 150 '150 ms'", "host: web-1"]);
+        let back = crate::collector::merge::profile_from_pprof(&p);
+        assert_eq!(back.subject.as_deref(), Some("./bench 150 '150 ms'"));
+        assert_eq!(back.host.as_deref(), Some("web-1"));
     }
 
     #[test]

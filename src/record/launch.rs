@@ -254,7 +254,8 @@ enum ChildEvent {
 #[derive(Debug)]
 pub struct HeldCommand {
     pid: u32,
-    /// The program's path and arguments, space-separated, for titles.
+    /// The program's path and arguments as a shell would take them (quoted
+    /// where needed), for titles.
     command_line: String,
     /// Write end of the "go" pipe: one byte releases the child, closing it
     /// without one makes the child exit without exec'ing.
@@ -341,11 +342,14 @@ impl HeldCommand {
             .context("starting the command's spawner thread")?;
         let mut pid_bytes = [0u8; 4];
         let read = File::from(pid_read).read_exact(&mut pid_bytes);
-        let command_line = std::iter::once(program.as_os_str())
+        let parts: Vec<String> = std::iter::once(program.as_os_str())
             .chain(args.iter().map(OsString::as_os_str))
-            .map(|part| part.to_string_lossy())
-            .collect::<Vec<_>>()
-            .join(" ");
+            .map(|part| part.to_string_lossy().into_owned())
+            .collect();
+        // Quoted as a shell would need it (`./bench --name 'a b'`); an
+        // argument cannot hold the NUL that would make quoting fail.
+        let command_line =
+            shlex::try_join(parts.iter().map(String::as_str)).unwrap_or_else(|_| parts.join(" "));
         let mut held = HeldCommand {
             pid: u32::from_ne_bytes(pid_bytes),
             command_line,
@@ -368,7 +372,8 @@ impl HeldCommand {
         self.pid
     }
 
-    /// The program's path and its arguments, space-separated (`/usr/bin/make -j2`).
+    /// The program's path and its arguments, quoted where a shell would
+    /// need it (`/usr/bin/make -j2`, `./bench --name 'a b'`).
     pub fn command_line(&self) -> &str {
         &self.command_line
     }
