@@ -56,6 +56,10 @@ pub trait WalkerMaps {
         segments: &[(u64, u64, u64)],
     ) -> Result<()>;
 
+    /// The pids the walker holds a description of, in no order (also
+    /// those the exec and fork programs described on their own).
+    fn described_pids(&self) -> Vec<u32>;
+
     /// Tell the exec and mmap programs to forget the file `(dev, inode)`
     /// (its object was retired). Files not known are fine.
     fn remove_object_file(&self, dev: u64, inode: u64);
@@ -102,7 +106,13 @@ pub struct ProcessFollower {
     to_scan: Vec<u32>,
     /// What the start-up scan described so far, until it is over.
     startup: Option<StartupScan>,
+    /// When [`Self::sweep_descriptions`] last looked.
+    last_sweep: Option<Instant>,
 }
+
+/// Shortest time between two sweeps of the walker's descriptions
+/// ([`ProcessFollower::sweep_descriptions`]).
+pub const DESCRIPTION_SWEEP: Duration = Duration::from_secs(5);
 
 impl ProcessFollower {
     /// A follower that has described nothing yet.
@@ -123,6 +133,32 @@ impl ProcessFollower {
             walker.remove_process(pid);
             self.described.remove(&pid);
         }
+    }
+
+    /// Remove the walker's descriptions of processes no longer in `/proc`,
+    /// at most once per [`DESCRIPTION_SWEEP`]; returns how many. The exec
+    /// and fork programs describe processes user space never heard of, and
+    /// only an exit event removed them: with exit events lost, the map of
+    /// descriptions (8,192) filled up under churn, after which no process
+    /// could be described and every attempt logged a warning (issue 18:
+    /// 170,000 lines, 23 MB of stderr, in 10 minutes).
+    pub fn sweep_descriptions(&mut self, walker: &impl WalkerMaps) -> usize {
+        if self
+            .last_sweep
+            .is_some_and(|t| t.elapsed() < DESCRIPTION_SWEEP)
+        {
+            return 0;
+        }
+        self.last_sweep = Some(Instant::now());
+        let mut removed = 0;
+        for pid in walker.described_pids() {
+            if std::fs::symlink_metadata(format!("/proc/{pid}")).is_err() {
+                walker.remove_process(pid);
+                self.described.remove(&pid);
+                removed += 1;
+            }
+        }
+        removed
     }
 
     /// `retired` objects ([`ProcessTracker::take_retired_objects`]) are
@@ -443,6 +479,14 @@ mod tests {
         fn remove_object_file(&self, dev: u64, inode: u64) {
             self.forgotten.borrow_mut().push((dev, inode));
         }
+        fn described_pids(&self) -> Vec<u32> {
+            let removed = self.removed.borrow();
+            let described = self.described.borrow();
+            let mut pids: Vec<u32> = described.iter().map(|d| d.0).collect();
+            pids.retain(|pid| !removed.contains(pid));
+            pids.dedup();
+            pids
+        }
     }
 
     /// What the table supply was told.
@@ -561,6 +605,22 @@ mod tests {
         follower.processes_vanished(&[pid], &walker);
         assert_eq!(*walker.removed.borrow(), vec![pid]);
         assert_eq!(follower.described(), 0);
+    }
+
+    #[test]
+    fn descriptions_of_processes_gone_from_proc_are_swept() {
+        // Above the kernel's pid limit: never in /proc.
+        const GONE: u32 = 5_200_000;
+        let own = std::process::id();
+        let walker = Recorded::default();
+        walker.set_process(GONE, &[], 0).unwrap();
+        walker.set_process(own, &[], 0).unwrap();
+        let mut follower = ProcessFollower::new();
+        assert_eq!(follower.sweep_descriptions(&walker), 1);
+        assert_eq!(*walker.removed.borrow(), vec![GONE]);
+        // Not again before the next sweep is due.
+        walker.set_process(GONE + 1, &[], 0).unwrap();
+        assert_eq!(follower.sweep_descriptions(&walker), 0);
     }
 
     #[test]

@@ -421,6 +421,10 @@ impl<'s, 'o> Agent<'s, 'o> {
             debug!("{} processes left /proc unnoticed", vanished.len());
         }
         self.follower.processes_vanished(&vanished, self.sampler);
+        let swept = self.follower.sweep_descriptions(self.sampler);
+        if swept > 0 {
+            debug!("removed {swept} descriptions of processes gone from /proc");
+        }
         let retired = self.tracker.retire_exited(since);
         if retired > 0 {
             debug!("retired {retired} exited processes");
