@@ -15,7 +15,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hash};
 
-use super::{MappingId, ProcessTracker};
+use super::{MappingId, ObjectFile, ObjectId, ProcessTracker};
 
 impl ProcessTracker {
     /// Note that `pid` exited, noticed at `now_mono_ns` (CLOCK_MONOTONIC).
@@ -25,6 +25,34 @@ impl ProcessTracker {
         if let Some(process) = self.processes.get_mut(&pid) {
             process.exited_at_ns.get_or_insert(now_mono_ns);
         }
+    }
+
+    /// Note as exited (at `now_mono_ns`) the processes no longer in
+    /// `/proc` whose exit the tracker was not told of, at most once per
+    /// [`VANISHED_SWEEP_NS`]; returns their pids (for
+    /// [`super::walker::ProcessFollower::processes_vanished`]). The exit
+    /// event comes only for processes described to the walker, and is lost
+    /// when the events ring buffer is full: without this, such a process's
+    /// mappings (and their objects) stayed for the whole run (issue 18:
+    /// the walker's map of descriptions filled up under churn, after which
+    /// no new process was described and none of their exits reported). A
+    /// pid reused since passes for the process the tracker knows; its exit
+    /// is caught later.
+    pub fn notice_vanished(&mut self, now_mono_ns: u64) -> Vec<u32> {
+        if now_mono_ns.saturating_sub(self.last_vanished_sweep_ns) < VANISHED_SWEEP_NS {
+            return Vec::new();
+        }
+        self.last_vanished_sweep_ns = now_mono_ns;
+        let mut vanished = Vec::new();
+        for (&pid, process) in &mut self.processes {
+            if process.exited_at_ns.is_none()
+                && std::fs::symlink_metadata(format!("/proc/{pid}")).is_err()
+            {
+                process.exited_at_ns = Some(now_mono_ns);
+                vanished.push(pid);
+            }
+        }
+        vanished
     }
 
     /// Drop what is known of processes that exited, and of mappings given up
@@ -79,6 +107,7 @@ impl ProcessTracker {
                 }
             }
         }
+        self.retire_unused_objects(before_mono_ns);
         shrink_after_burst(&mut self.mappings);
         shrink_after_burst(&mut self.mapping_index);
         shrink_after_burst(&mut self.processes);
@@ -89,7 +118,61 @@ impl ProcessTracker {
         }
         gone.len()
     }
+
+    /// The objects the latest [`Self::retire_exited`] retired, still open:
+    /// the caller tells the walker to forget their files
+    /// ([`super::walker::ProcessFollower::objects_retired`]) before they are
+    /// closed, so that no inode the kernel reuses for another file is
+    /// described with their tables. Those not taken are closed at the next
+    /// retirement.
+    pub fn take_retired_objects(&mut self) -> Vec<(ObjectId, ObjectFile)> {
+        std::mem::take(&mut self.retired_objects)
+    }
+
+    /// Close and forget the objects no held mapping has referred to for
+    /// [`OBJECT_GRACE_NS`] of retirement cut-offs (`now_mono_ns`: this
+    /// one). Issue 18: every object ever mapped by a sampled process kept
+    /// its entry and an open descriptor for the whole run, so a build
+    /// machine (every test binary and build script a new file) grew both
+    /// without bound, and deleted files stayed on disk. The grace keeps an
+    /// object that processes map again and again (a program started in a
+    /// loop) under one id, so that its unwind table and parsed symbols
+    /// are not built again for a new one.
+    fn retire_unused_objects(&mut self, now_mono_ns: u64) {
+        let used: HashSet<ObjectId> = self.mappings.values().filter_map(|m| m.object).collect();
+        let unused = &mut self.unused_objects;
+        unused.retain(|id, _| !used.contains(id));
+        let mut gone = Vec::new();
+        for &id in self.objects.keys().filter(|id| !used.contains(id)) {
+            let since = *unused.entry(id).or_insert(now_mono_ns);
+            if now_mono_ns.saturating_sub(since) >= OBJECT_GRACE_NS {
+                gone.push(id);
+            }
+        }
+        // Those the caller did not take since the last retirement close now.
+        self.retired_objects.clear();
+        for id in gone {
+            unused.remove(&id);
+            if let Some(object) = self.objects.remove(&id) {
+                if self.object_index.get(&object.file_key) == Some(&id) {
+                    self.object_index.remove(&object.file_key);
+                }
+                self.retired_objects.push((id, object));
+            }
+        }
+        shrink_after_burst(&mut self.objects);
+        shrink_after_burst(&mut self.object_index);
+        shrink_after_burst(&mut self.unused_objects);
+    }
 }
+
+/// Shortest time between two looks for processes that vanished unnoticed
+/// ([`ProcessTracker::notice_vanished`]), ns.
+pub const VANISHED_SWEEP_NS: u64 = 5_000_000_000;
+
+/// How long an object stays after the last mapping of it was retired, ns
+/// (of the retirement cut-off's clock, CLOCK_MONOTONIC).
+pub(super) const OBJECT_GRACE_NS: u64 = 60_000_000_000;
 
 /// Smallest table (slots) [`shrink_after_burst`] shrinks (and smallest
 /// capacity of the orphaned-mappings list that shrinks likewise).

@@ -42,7 +42,8 @@ pub const MIN_REREAD_INTERVAL: Duration = Duration::from_millis(5);
 
 pub use images::ExecClock;
 
-/// Index of an object file in [`ProcessTracker::objects`].
+/// Identity of an object file in the [`ProcessTracker`]: never reused
+/// within a run (an object retired and opened again gets a new one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectId(pub u32);
 
@@ -238,8 +239,16 @@ pub struct ProcessTracker {
     /// retired like an exited process's.
     orphans: Vec<(u64, MappingId)>,
     mapping_index: FxHashMap<(u32, u64, u64, u64), MappingId>,
-    objects: Vec<ObjectFile>,
+    objects: FxHashMap<ObjectId, ObjectFile>,
+    next_object: u32,
     object_index: FxHashMap<(u64, u64), ObjectId>,
+    /// Objects no held mapping refers to, with the retirement cut-off at
+    /// which that was first seen (lifetime.rs retires them after a grace).
+    unused_objects: FxHashMap<ObjectId, u64>,
+    /// When [`Self::notice_vanished`] last looked (CLOCK_MONOTONIC ns).
+    last_vanished_sweep_ns: u64,
+    /// Objects retired by the latest retirement, not yet taken.
+    retired_objects: Vec<(ObjectId, ObjectFile)>,
     stats: TrackerStats,
     exec_clock: ExecClock,
 }
@@ -250,14 +259,15 @@ impl ProcessTracker {
         Self::default()
     }
 
-    /// All objects opened so far, indexed by [`ObjectId`].
-    pub fn objects(&self) -> &[ObjectFile] {
-        &self.objects
+    /// One object; `None` for an id this tracker never gave out or has
+    /// retired ([`Self::retire_exited`]).
+    pub fn object(&self, id: ObjectId) -> Option<&ObjectFile> {
+        self.objects.get(&id)
     }
 
-    /// One object; `None` for an id this tracker never gave out.
-    pub fn object(&self, id: ObjectId) -> Option<&ObjectFile> {
-        self.objects.get(id.0 as usize)
+    /// Objects currently held, each with an open file descriptor.
+    pub fn object_count(&self) -> usize {
+        self.objects.len()
     }
 
     /// One mapping; `None` once `id` has been retired
@@ -453,6 +463,10 @@ impl ProcessTracker {
         name: String,
         object: Option<ObjectId>,
     ) -> MappingId {
+        if let Some(object) = object {
+            // Mapped again: its grace starts over once it is unused again.
+            self.unused_objects.remove(&object);
+        }
         let key = (pid, start, end, file_offset);
         if let Some(&id) = self.mapping_index.get(&key) {
             if self.mappings.get(&id).is_some_and(|m| m.name == name) {
@@ -495,15 +509,19 @@ impl ProcessTracker {
             debug!("{}: not a readable ELF file: {err}", entry.path);
             (Vec::new(), None)
         });
-        let id = ObjectId(self.objects.len() as u32);
-        self.objects.push(ObjectFile {
-            path: entry.path.clone(),
-            open_path,
-            build_id,
-            load_segments,
-            file,
-            file_key: (entry.dev, entry.inode),
-        });
+        let id = ObjectId(self.next_object);
+        self.next_object = self.next_object.wrapping_add(1);
+        self.objects.insert(
+            id,
+            ObjectFile {
+                path: entry.path.clone(),
+                open_path,
+                build_id,
+                load_segments,
+                file,
+                file_key: (entry.dev, entry.inode),
+            },
+        );
         self.object_index.insert((entry.dev, entry.inode), id);
         Some(id)
     }

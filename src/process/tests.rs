@@ -165,3 +165,96 @@ fn tables_grown_by_a_burst_of_processes_shrink_once_they_are_retired() {
     // What stays is still found.
     assert_eq!(tracker.process_mappings(1).len(), 1);
 }
+
+/// A maps entry of `pid` mapping `path` (a real file) executable at `start`.
+fn file_text(start: u64, path: &std::path::Path) -> maps::MapsEntry {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).unwrap();
+    maps::MapsEntry {
+        start,
+        end: start + 0x1000,
+        executable: true,
+        file_offset: 0,
+        dev: meta.dev(),
+        inode: meta.ino(),
+        path: path.to_string_lossy().into_owned(),
+        deleted: false,
+    }
+}
+
+#[test]
+fn objects_no_mapping_refers_to_are_closed_after_a_grace() {
+    use super::lifetime::OBJECT_GRACE_NS;
+    // This process's pid, so that the file opens through /proc/PID/root;
+    // the tracker is told it exits and comes back (a reused pid).
+    let pid = std::process::id();
+    let path = std::env::temp_dir().join(format!("lightswitch-object-retire-{pid}"));
+    std::fs::write(&path, b"not an ELF file").unwrap();
+    let mut tracker = ProcessTracker::new();
+    tracker.apply_maps(pid, &[file_text(0x10_0000, &path)]);
+    let mapping = tracker.process_mappings(pid)[0];
+    let id = tracker.mapping(mapping).unwrap().object.expect("opened");
+    let fd = tracker.object(id).unwrap().open_path.clone();
+    assert_eq!(tracker.object_count(), 1);
+    // The process exits: its mapping goes, the object waits out the grace.
+    tracker.process_exited(pid, 1_000);
+    assert_eq!(tracker.retire_exited(1_001), 1);
+    assert_eq!(tracker.mapping_count(), 0);
+    assert!(tracker.object(id).is_some());
+    assert!(tracker.take_retired_objects().is_empty());
+    // Mapped again within the grace: the same object, and the grace starts
+    // over once it is unused again.
+    tracker.apply_maps(pid, &[file_text(0x20_0000, &path)]);
+    let again = tracker.process_mappings(pid)[0];
+    assert_eq!(tracker.mapping(again).unwrap().object, Some(id));
+    tracker.process_exited(pid, 2_000);
+    assert_eq!(tracker.retire_exited(2_001), 1);
+    tracker.retire_exited(1_001 + OBJECT_GRACE_NS);
+    assert!(tracker.object(id).is_some(), "the grace started over");
+    assert!(tracker.take_retired_objects().is_empty());
+    tracker.retire_exited(2_001 + OBJECT_GRACE_NS);
+    assert!(tracker.object(id).is_none());
+    assert_eq!(tracker.object_count(), 0);
+    assert_eq!(tracker.unused_objects.len(), 0);
+    // The caller takes it (to make the walker forget its file), then it closes.
+    let retired = tracker.take_retired_objects();
+    assert_eq!(retired.len(), 1);
+    assert_eq!(retired[0].0, id);
+    assert!(std::fs::read_link(&fd).is_ok_and(|target| target == path));
+    drop(retired);
+    assert!(std::fs::read_link(&fd).map_or(true, |target| target != path));
+    // Mapped once more: opened again, under a new id.
+    tracker.apply_maps(pid, &[file_text(0x30_0000, &path)]);
+    let third = tracker.process_mappings(pid)[0];
+    let reopened = tracker.mapping(third).unwrap().object.expect("opened");
+    assert_ne!(reopened, id);
+    assert_eq!(tracker.object_count(), 1);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn processes_gone_from_proc_without_an_exit_event_are_retired() {
+    use super::lifetime::VANISHED_SWEEP_NS;
+    // Above the kernel's pid limit: never in /proc. This process is.
+    const GONE: u32 = 5_100_000;
+    let own = std::process::id();
+    let mut tracker = ProcessTracker::new();
+    tracker.apply_maps(GONE, &[anon_text(0x10000)]);
+    tracker.apply_maps(own, &[anon_text(0x10000)]);
+    // No exit event came: nothing retires.
+    assert_eq!(tracker.retire_exited(u64::MAX), 0);
+    let now = VANISHED_SWEEP_NS + 10;
+    assert_eq!(tracker.notice_vanished(now), vec![GONE]);
+    // Not again before the next sweep is due.
+    tracker.apply_maps(GONE + 1, &[anon_text(0x10000)]);
+    assert!(tracker.notice_vanished(now + 1).is_empty());
+    // Windows open since before `now` may still hold its samples.
+    assert_eq!(tracker.retire_exited(now), 0);
+    assert_eq!(tracker.retire_exited(now + 1), 1);
+    assert_eq!(tracker.process_mappings(GONE).len(), 0);
+    assert_eq!(tracker.process_mappings(own).len(), 1);
+    assert_eq!(
+        tracker.notice_vanished(now + VANISHED_SWEEP_NS),
+        vec![GONE + 1]
+    );
+}

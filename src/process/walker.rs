@@ -55,6 +55,14 @@ pub trait WalkerMaps {
         object_id: u32,
         segments: &[(u64, u64, u64)],
     ) -> Result<()>;
+
+    /// The pids the walker holds a description of, in no order (also
+    /// those the exec and fork programs described on their own).
+    fn described_pids(&self) -> Vec<u32>;
+
+    /// Tell the exec and mmap programs to forget the file `(dev, inode)`
+    /// (its object was retired). Files not known are fine.
+    fn remove_object_file(&self, dev: u64, inode: u64);
 }
 
 /// Where the objects of described processes are announced: the owner of
@@ -98,7 +106,13 @@ pub struct ProcessFollower {
     to_scan: Vec<u32>,
     /// What the start-up scan described so far, until it is over.
     startup: Option<StartupScan>,
+    /// When [`Self::sweep_descriptions`] last looked.
+    last_sweep: Option<Instant>,
 }
+
+/// Shortest time between two sweeps of the walker's descriptions
+/// ([`ProcessFollower::sweep_descriptions`]).
+pub const DESCRIPTION_SWEEP: Duration = Duration::from_secs(5);
 
 impl ProcessFollower {
     /// A follower that has described nothing yet.
@@ -109,6 +123,59 @@ impl ProcessFollower {
     /// Processes currently described to the walker.
     pub fn described(&self) -> usize {
         self.described.len()
+    }
+
+    /// `pids` left `/proc` without an exit event
+    /// ([`ProcessTracker::notice_vanished`]): the walker forgets them, as
+    /// after an exit event.
+    pub fn processes_vanished(&mut self, pids: &[u32], walker: &impl WalkerMaps) {
+        for &pid in pids {
+            walker.remove_process(pid);
+            self.described.remove(&pid);
+        }
+    }
+
+    /// Remove the walker's descriptions of processes no longer in `/proc`,
+    /// at most once per [`DESCRIPTION_SWEEP`]; returns how many. The exec
+    /// and fork programs describe processes user space never heard of, and
+    /// only an exit event removed them: with exit events lost, the map of
+    /// descriptions (8,192) filled up under churn, after which no process
+    /// could be described and every attempt logged a warning (issue 18:
+    /// 170,000 lines, 23 MB of stderr, in 10 minutes).
+    pub fn sweep_descriptions(&mut self, walker: &impl WalkerMaps) -> usize {
+        if self
+            .last_sweep
+            .is_some_and(|t| t.elapsed() < DESCRIPTION_SWEEP)
+        {
+            return 0;
+        }
+        self.last_sweep = Some(Instant::now());
+        let mut removed = 0;
+        for pid in walker.described_pids() {
+            if std::fs::symlink_metadata(format!("/proc/{pid}")).is_err() {
+                walker.remove_process(pid);
+                self.described.remove(&pid);
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// `retired` objects ([`ProcessTracker::take_retired_objects`]) are
+    /// gone from the tracker: the walker forgets the files of those it was
+    /// told of, then they are closed (so their inodes can be reused only
+    /// once no BPF program describes them).
+    pub fn objects_retired(
+        &mut self,
+        retired: Vec<(ObjectId, super::ObjectFile)>,
+        walker: &impl WalkerMaps,
+    ) {
+        for (id, file) in retired {
+            if self.registered_files.remove(&id.0) {
+                let (dev, inode) = file.file_key;
+                walker.remove_object_file(dev, inode);
+            }
+        }
     }
 
     /// Start the start-up scan: every process in `/proc` (or only `pids`,
@@ -383,6 +450,7 @@ mod tests {
         described: RefCell<Vec<(u32, Vec<ExecMapping>, u64)>>,
         removed: RefCell<Vec<u32>>,
         files: RefCell<Vec<u32>>,
+        forgotten: RefCell<Vec<(u64, u64)>>,
         exec: Option<ExecTime>,
     }
 
@@ -407,6 +475,17 @@ mod tests {
         ) -> Result<()> {
             self.files.borrow_mut().push(object_id);
             Ok(())
+        }
+        fn remove_object_file(&self, dev: u64, inode: u64) {
+            self.forgotten.borrow_mut().push((dev, inode));
+        }
+        fn described_pids(&self) -> Vec<u32> {
+            let removed = self.removed.borrow();
+            let described = self.described.borrow();
+            let mut pids: Vec<u32> = described.iter().map(|d| d.0).collect();
+            pids.retain(|pid| !removed.contains(pid));
+            pids.dedup();
+            pids
         }
     }
 
@@ -494,6 +573,54 @@ mod tests {
         follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
         assert_eq!(walker.described.borrow().len(), 2);
         assert_eq!(walker.files.borrow().len(), files);
+        // Once it is gone and its objects have been unused for the grace,
+        // the walker forgets their files (and they close).
+        follower.on_event(
+            ProcessEvent::Exit { pid },
+            &mut tracker,
+            &walker,
+            &mut tables,
+        );
+        let later = crate::timefmt::monotonic_ns() + 1;
+        assert_eq!(tracker.retire_exited(later), 1);
+        tracker.retire_exited(later + super::super::lifetime::OBJECT_GRACE_NS);
+        let retired = tracker.take_retired_objects();
+        assert!(retired.iter().any(|(id, _)| *id == object));
+        assert_eq!(tracker.object_count(), 0);
+        follower.objects_retired(retired, &walker);
+        assert_eq!(walker.forgotten.borrow().len(), files);
+        // Retired ids are not forgotten twice.
+        follower.objects_retired(tracker.take_retired_objects(), &walker);
+        assert_eq!(walker.forgotten.borrow().len(), files);
+    }
+
+    #[test]
+    fn a_process_gone_without_an_exit_event_is_forgotten_by_the_walker() {
+        let pid = std::process::id();
+        let (mut tracker, walker, mut tables) =
+            (ProcessTracker::new(), Recorded::default(), Asked::default());
+        let mut follower = ProcessFollower::new();
+        follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+        assert_eq!(follower.described(), 1);
+        follower.processes_vanished(&[pid], &walker);
+        assert_eq!(*walker.removed.borrow(), vec![pid]);
+        assert_eq!(follower.described(), 0);
+    }
+
+    #[test]
+    fn descriptions_of_processes_gone_from_proc_are_swept() {
+        // Above the kernel's pid limit: never in /proc.
+        const GONE: u32 = 5_200_000;
+        let own = std::process::id();
+        let walker = Recorded::default();
+        walker.set_process(GONE, &[], 0).unwrap();
+        walker.set_process(own, &[], 0).unwrap();
+        let mut follower = ProcessFollower::new();
+        assert_eq!(follower.sweep_descriptions(&walker), 1);
+        assert_eq!(*walker.removed.borrow(), vec![GONE]);
+        // Not again before the next sweep is due.
+        walker.set_process(GONE + 1, &[], 0).unwrap();
+        assert_eq!(follower.sweep_descriptions(&walker), 0);
     }
 
     #[test]

@@ -395,10 +395,7 @@ impl<'s, 'o> Agent<'s, 'o> {
                 .subscriptions
                 .open_since_ns()
                 .map_or(since, |s| s.min(since));
-            let retired = self.tracker.retire_exited(since);
-            if retired > 0 {
-                debug!("retired {retired} exited processes");
-            }
+            self.retire_gone(now, since);
         }
         let lost = self.sampler.stats().map_or(0, |s| s.lost) + *self.malformed.borrow();
         self.metrics.set_lost(lost);
@@ -412,6 +409,36 @@ impl<'s, 'o> Agent<'s, 'o> {
         self.metrics.set_windows(self.totals.windows, dropped);
         self.metrics
             .set_sampling_freq(self.sampling.freq_hz().unwrap_or(0));
+    }
+
+    /// Retire what the tracker knows of processes gone before `since` (the
+    /// earliest sample an open window or request can hold): also those that
+    /// left `/proc` (at `now`) without an exit event; the walker forgets
+    /// them and the files of the objects retired with them.
+    fn retire_gone(&mut self, now: u64, since: u64) {
+        let vanished = self.tracker.notice_vanished(now);
+        if !vanished.is_empty() {
+            debug!("{} processes left /proc unnoticed", vanished.len());
+        }
+        self.follower.processes_vanished(&vanished, self.sampler);
+        let swept = self.follower.sweep_descriptions(self.sampler);
+        if swept > 0 {
+            debug!("removed {swept} descriptions of processes gone from /proc");
+        }
+        let retired = self.tracker.retire_exited(since);
+        if retired > 0 {
+            debug!("retired {retired} exited processes");
+        }
+        let objects = self.tracker.take_retired_objects();
+        if !objects.is_empty() {
+            debug!("retired {} objects no process maps", objects.len());
+        }
+        self.follower.objects_retired(objects, self.sampler);
+        self.metrics.set_tracker(
+            self.tracker.process_count() as u64,
+            self.tracker.mapping_count() as u64,
+            self.tracker.object_count() as u64,
+        );
     }
 
     /// Detach the perf events, take what is still in the ring buffers, and

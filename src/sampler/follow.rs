@@ -103,4 +103,20 @@ impl WalkerMaps for Sampler<'_> {
             .update(key, value, MapFlags::ANY)
             .context("registering an object's file with the walker")
     }
+
+    fn described_pids(&self) -> Vec<u32> {
+        self.skel
+            .maps
+            .process_mappings
+            .keys()
+            .filter_map(|key| Some(u32::from_ne_bytes(key.get(..4)?.try_into().ok()?)))
+            .collect()
+    }
+
+    fn remove_object_file(&self, dev: u64, inode: u64) {
+        let key = types::file_key { dev, inode };
+        // SAFETY: Plain (see crate::skel): integers only, no padding.
+        let key = unsafe { plain::as_bytes(&key) };
+        let _ = self.skel.maps.object_files.delete(key);
+    }
 }

@@ -22,6 +22,7 @@ pub struct Metrics {
     unwind_tables_loaded: AtomicU64,
     unwind_tables_evicted: AtomicU64,
     sampling_freq_hz: AtomicU64,
+    tracker: [AtomicU64; 3],
     windows_closed: AtomicU64,
     windows_dropped: AtomicU64,
     windows_written: AtomicU64,
@@ -70,6 +71,14 @@ impl Metrics {
         self.unwind_table_bytes.store(bytes, Ordering::Relaxed);
         self.unwind_tables_loaded.store(loaded, Ordering::Relaxed);
         self.unwind_tables_evicted.store(evicted, Ordering::Relaxed);
+    }
+
+    /// What the process tracker holds now: processes, executable mappings
+    /// and objects (each object with an open file descriptor).
+    pub fn set_tracker(&self, processes: u64, mappings: u64, objects: u64) {
+        for (gauge, value) in self.tracker.iter().zip([processes, mappings, objects]) {
+            gauge.store(value, Ordering::Relaxed);
+        }
     }
 
     /// The frequency perf events sample at now, Hz (0: not sampling).
@@ -194,6 +203,22 @@ impl Metrics {
             "counter",
             "Unwind tables evicted to stay within the memory budget.",
             &[("", get(&self.unwind_tables_evicted))],
+        );
+        let kinds = [
+            "kind=\"processes\"",
+            "kind=\"mappings\"",
+            "kind=\"objects\"",
+        ];
+        let tracker: Vec<(&str, u64)> = kinds
+            .into_iter()
+            .zip(self.tracker.iter().map(get))
+            .collect();
+        family(
+            out,
+            "lightswitch_tracker_entries",
+            "gauge",
+            "What the process tracker holds: processes, executable mappings, objects (open files).",
+            &tracker,
         );
         family(
             out,
@@ -357,11 +382,14 @@ mod tests {
         m.sample(UnwindStatus::Complete);
         m.sample(UnwindStatus::NoTable);
         m.set_lost(4);
+        m.set_tracker(3, 40, 7);
         m.profile_request("served");
         let text = m.render(Some(4096));
         assert!(text
             .contains("# TYPE lightswitch_samples_total counter\nlightswitch_samples_total 3\n"));
         assert!(text.contains("lightswitch_samples_lost_total 4\n"));
+        assert!(text.contains("lightswitch_tracker_entries{kind=\"mappings\"} 40\n"));
+        assert!(text.contains("lightswitch_tracker_entries{kind=\"objects\"} 7\n"));
         assert!(text.contains("lightswitch_unwind_results_total{result=\"complete\"} 2\n"));
         assert!(text.contains("lightswitch_unwind_results_total{result=\"no_table\"} 1\n"));
         assert!(text.contains("lightswitch_profile_requests_total{outcome=\"served\"} 1\n"));

@@ -31,8 +31,6 @@ use crate::profile::Line;
 pub(super) struct ParsedObject {
     path: PathBuf,
     debug_file: Option<PathBuf>,
-    /// File size of the object, bytes.
-    size: u64,
     /// The latest window ([`ElfObjects`]'s count) that brought new
     /// addresses in it.
     last_new: u64,
@@ -52,6 +50,9 @@ pub(super) struct ElfObjects {
     keep_parsed_objects: bool,
     /// Objects whose parsed data `inner` holds.
     pub(super) parsed: RefCell<HashMap<ObjectId, ParsedObject>>,
+    /// What keeping each object symbolized recently costs, bytes of heap
+    /// ([`Self::cost_of`]).
+    costs: RefCell<HashMap<ObjectId, u64>>,
     /// Windows symbolized so far.
     window: Cell<u64>,
     /// Time a window may spend on objects (see [`Self::set_budget`]).
@@ -115,9 +116,10 @@ impl SymbolSource for ElfObjects {
             let results = self.symbolize_object(tracker, object, &offsets, keep);
             let path = tracker.object_path(object).unwrap_or("[unknown]");
             debug!(
-                "symbolizer: {path}: {} new addresses in {:?} (kept: {keep})",
+                "symbolizer: {path}: {} new addresses in {:?} (kept: {keep}, heap {} KiB)",
                 offsets.len(),
-                object_started.elapsed()
+                object_started.elapsed(),
+                self.costs.borrow().get(&object).copied().unwrap_or(0) >> 10
             );
             let name = file_name(path);
             for (&offset, found) in offsets.iter().zip(results) {
@@ -138,6 +140,10 @@ impl SymbolSource for ElfObjects {
         lines
     }
 }
+
+/// Most objects whose cost ([`ElfObjects::cost_of`]) is remembered; past
+/// it, only those kept stay.
+const MAX_COSTS: usize = 4096;
 
 /// How much time a window may spend on objects.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -162,6 +168,7 @@ impl ElfObjects {
             inner: RefCell::new(blazesym(&debug_dirs)),
             keep_parsed_objects,
             parsed: Default::default(),
+            costs: Default::default(),
             window: Default::default(),
             budget: Default::default(),
             debug_dirs,
@@ -195,6 +202,7 @@ impl ElfObjects {
         let Some(path) = tracker.object_open_path(object) else {
             return vec![None; offsets.len()];
         };
+        let heap_before = crate::heap::thread_net_allocated();
         let file = ObjectFile::open(path);
         let debug_file = file.as_ref().and_then(|f| {
             f.debug_file_by_build_id(&self.debug_dirs)
@@ -245,6 +253,9 @@ impl ElfObjects {
                 .collect(),
         };
         debug.resize(offsets.len(), None);
+        if let Some((before, after)) = heap_before.zip(crate::heap::thread_net_allocated()) {
+            self.note_cost(object, after.saturating_sub(before), keep);
+        }
         let dynamic = file.as_ref().and_then(ObjectFile::dynamic_symbols);
         debug
             .into_iter()
@@ -300,13 +311,15 @@ impl ElfObjects {
     /// other paths is evicted (unless another object is reached through
     /// them).
     fn note_parsed(&self, object: ObjectId, path: &Path, debug_file: Option<PathBuf>) {
-        let size = std::fs::metadata(path).map_or(0, |m| m.len());
+        if !self.parsed.borrow().contains_key(&object) {
+            // Measured from here on, as blazesym parses it afresh.
+            self.costs.borrow_mut().remove(&object);
+        }
         let previous = self.parsed.borrow_mut().insert(
             object,
             ParsedObject {
                 path: path.to_path_buf(),
                 debug_file,
-                size,
                 last_new: self.window.get(),
             },
         );
@@ -325,6 +338,41 @@ impl ElfObjects {
         }
     }
 
+    /// Record that symbolizing addresses of `object` left `bytes` more heap
+    /// allocated than before (its parsed data while blazesym holds it, with
+    /// the lines found). For a kept object (`kept`) this adds to what it
+    /// cost before, as blazesym parses DWARF units on demand; otherwise it
+    /// is what parsing it costs at once.
+    fn note_cost(&self, object: ObjectId, bytes: i64, kept: bool) {
+        let bytes = bytes.max(0) as u64;
+        let mut costs = self.costs.borrow_mut();
+        let cost = costs.entry(object).or_insert(0);
+        *cost = if kept { *cost + bytes } else { bytes };
+    }
+
+    /// The memory (bytes) keeping `object`'s parsed data costs: the files
+    /// blazesym maps (`paths`: the object as opened, and its separate debug
+    /// file once known), whose pages read count in RssFile while it is
+    /// kept, plus the heap it costs as measured
+    /// ([`crate::heap::thread_net_allocated`] around its symbolization;
+    /// nothing before it was measured or where jemalloc's counters are not
+    /// available). File size alone was a poor guide: libc (2 MB) with its
+    /// separate debug file held 14 MB of decompressed sections and 10-16 MB
+    /// of parsed DWARF (issue 18); heap alone, too: the agent's own binary
+    /// (42 MB, line tables only) costs little heap but its mapped DWARF
+    /// pages raised RssFile by 40-70 MiB once it was kept.
+    fn cost_of<'p>(
+        &self,
+        object: ObjectId,
+        paths: impl IntoIterator<Item = &'p Path>,
+    ) -> Option<u64> {
+        let mut files = 0;
+        for path in paths {
+            files += std::fs::metadata(path).ok()?.len();
+        }
+        Some(files + self.costs.borrow().get(&object).copied().unwrap_or(0))
+    }
+
     /// Drop blazesym's data for `path` (a file it opened before).
     fn evict(&self, path: &Path) {
         if let Err(err) = self
@@ -337,10 +385,10 @@ impl ElfObjects {
     }
 
     /// Which objects keep their parsed data after this window, with their
-    /// file sizes: of those with new addresses in this window (`new`) or in
-    /// one of the [`KEEP_PARSED_WINDOWS`] before, the ones of at most
-    /// [`KEPT_OBJECT_MAX_BYTES`], smallest first while they total at most
-    /// [`PARSED_OBJECTS_BUDGET_BYTES`]. The others are symbolized one at a
+    /// costs ([`Self::cost_of`]): of those with new addresses in this window
+    /// (`new`) or in one of the [`KEEP_PARSED_WINDOWS`] before, the ones
+    /// costing at most [`KEPT_OBJECT_MAX_BYTES`], cheapest first while they
+    /// total at most [`PARSED_OBJECTS_BUDGET_BYTES`]. The others are symbolized one at a
     /// time, each with its parsed data dropped as soon as its addresses are
     /// done, as in one-shot runs: memory peaks at the largest object, not at
     /// the sum of them (issue 18: 600-775 MB of objects in one window while
@@ -359,27 +407,28 @@ impl ElfObjects {
             .borrow()
             .iter()
             .filter(|(_, p)| p.last_new + KEEP_PARSED_WINDOWS >= window)
-            .map(|(&object, p)| (object, p.size))
+            .map(|(&object, p)| (object, self.cost_of(object, p.paths())))
             .collect::<Vec<_>>();
-        let fresh = new.keys().filter_map(|&object| {
-            let size = std::fs::metadata(tracker.object_open_path(object)?)
-                .ok()?
-                .len();
-            Some((object, size))
+        let fresh = new.keys().map(|&object| {
+            (
+                object,
+                self.cost_of(object, tracker.object_open_path(object)),
+            )
         });
         let mut candidates: Vec<(ObjectId, u64)> = recent
             .into_iter()
             .chain(fresh)
-            .filter(|&(_, size)| size <= KEPT_OBJECT_MAX_BYTES)
+            .filter_map(|(object, cost)| Some((object, cost?)))
+            .filter(|&(_, cost)| cost <= KEPT_OBJECT_MAX_BYTES)
             .collect();
-        candidates.sort_by_key(|&(object, size)| (size, object));
+        candidates.sort_by_key(|&(object, cost)| (cost, object));
         candidates.dedup_by_key(|&mut (object, _)| object);
         let mut total = 0;
         let mut keep = HashMap::new();
-        for (object, size) in candidates {
-            if total + size <= PARSED_OBJECTS_BUDGET_BYTES {
-                total += size;
-                keep.insert(object, size);
+        for (object, cost) in candidates {
+            if total + cost <= PARSED_OBJECTS_BUDGET_BYTES {
+                total += cost;
+                keep.insert(object, cost);
             }
         }
         keep
@@ -391,6 +440,11 @@ impl ElfObjects {
     /// it holds for `.gnu_debuglink` targets (cached under their own paths,
     /// which eviction by object path does not reach).
     fn keep_only<V>(&self, keep: &HashMap<ObjectId, V>) {
+        let mut costs = self.costs.borrow_mut();
+        if costs.len() > MAX_COSTS {
+            costs.retain(|object, _| keep.contains_key(object));
+        }
+        drop(costs);
         let mut parsed = self.parsed.borrow_mut();
         if keep.is_empty() {
             if !parsed.is_empty() {
