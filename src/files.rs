@@ -37,7 +37,8 @@ pub fn parse_mode(text: &str) -> Result<u32, String> {
 pub const TMP_PREFIX: &str = ".tmp-";
 
 /// Write `bytes` to `path` atomically, as a new file of `mode` less the
-/// umask (replacing a file keeps no old mode). Errors name the path.
+/// umask (replacing a file keeps no old mode); a device or FIFO at `path`
+/// is written into instead. Errors name the path.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     write_atomic_with(path, mode, |file| {
         file.write_all(bytes)
@@ -64,6 +65,15 @@ pub fn write_atomic_with(
     if path.is_dir() {
         bail!("{} is a directory: name a file", path.display());
     }
+    if let Some(mut special) = open_special(path)? {
+        // A device or FIFO (`-o /dev/null`, `-o /dev/stdout`, a named pipe)
+        // is written into, as perf and pprof do; renaming over it would
+        // replace the device node with a file.
+        fill(&mut special)?;
+        return special
+            .flush()
+            .with_context(|| format!("writing {}", path.display()));
+    }
     let mut tmp = tempfile::Builder::new()
         .prefix(TMP_PREFIX)
         .permissions(fs::Permissions::from_mode(mode))
@@ -78,6 +88,30 @@ pub fn write_atomic_with(
         .map_err(|e| e.error)
         .with_context(|| format!("renaming into {}", path.display()))?;
     sync_dir(dir)
+}
+
+/// `path` opened for writing if it is a character or block device, a FIFO
+/// or a socket (following symlinks); `None` if it is missing or a regular
+/// file. Errors: opening it.
+fn open_special(path: &Path) -> Result<Option<File>> {
+    let Ok(meta) = fs::metadata(path) else {
+        return Ok(None);
+    };
+    if meta.is_file() || meta.is_dir() {
+        return Ok(None);
+    }
+    fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map(Some)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+/// Whether `path` is a regular file (not following a symlink): what this
+/// module's writers create, and what may be removed again when a run
+/// takes back the files it wrote (never a device written into).
+pub fn is_regular_file(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.is_file())
 }
 
 /// Make `dir`'s entries durable (after a rename or a new entry in it).
@@ -104,6 +138,26 @@ mod tests {
         write_atomic(&path, b"two", PROFILE_MODE).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"two");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_fifo_is_written_into_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe");
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || fs::read(fifo).unwrap())
+        };
+        write_atomic(&fifo, b"folded 1\n", PROFILE_MODE).unwrap();
+        assert_eq!(reader.join().unwrap(), b"folded 1\n");
+        use std::os::unix::fs::FileTypeExt;
+        assert!(fs::metadata(&fifo).unwrap().file_type().is_fifo());
+        assert!(!is_regular_file(&fifo));
+        let null = Path::new("/dev/null");
+        write_atomic(null, b"x", PROFILE_MODE).unwrap();
+        assert!(fs::metadata(null).unwrap().file_type().is_char_device());
     }
 
     #[test]

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::mem::MaybeUninit;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -330,7 +330,7 @@ fn write_outputs(
         for (format, _) in outputs {
             format::check_encodable(profile, *format)?;
         }
-        let mut written = Vec::new();
+        let mut written: Vec<&Path> = Vec::new();
         for (format, output) in outputs {
             let started = Instant::now();
             let mut bytes = 0;
@@ -345,7 +345,8 @@ fn write_outputs(
                 Ok(())
             });
             if let Err(err) = result {
-                for path in &written {
+                // Only files this call created: a device written into stays.
+                for path in written.iter().filter(|p| files::is_regular_file(p)) {
                     let _ = std::fs::remove_file(path);
                 }
                 return Err(err);
