@@ -76,7 +76,7 @@ impl std::ops::Deref for Cli {
 pub struct ProfileArgs {
     /// Only profile these processes (thread group ids). Comma-separated or
     /// repeated. Their children are not followed: `record` does that.
-    #[arg(short = 'p', long, value_delimiter = ',', num_args = 1..)]
+    #[arg(short = 'p', long, value_delimiter = ',')]
     pub pids: Vec<i32>,
 
     /// Sampling frequency per CPU, in Hz (1 ..= kernel.perf_event_max_sample_rate).
@@ -94,7 +94,7 @@ pub struct ProfileArgs {
 
     /// Output format(s): several (comma-separated or repeated) write one
     /// file each, from the same samples.
-    #[arg(long, value_enum, ignore_case = true, value_delimiter = ',', num_args = 1.., default_values_t = [ProfileFormat::FlameGraph])]
+    #[arg(long, value_enum, ignore_case = true, value_delimiter = ',', default_values_t = [ProfileFormat::FlameGraph])]
     pub profile_format: Vec<ProfileFormat>,
 
     /// Directory the profile is written to (created if missing).
@@ -578,6 +578,10 @@ mod tests {
         };
         assert_eq!(r.profile.sample_freq, 99);
         assert_eq!(r.command, ["ls", "-F", "7"].map(OsString::from));
+        // A list option takes one value (comma-separated); the next word is
+        // the command, not a second format or pid.
+        assert_eq!(command(&["--profile-format", "pprof", "true"]).unwrap(), ["true"]);
+        assert_eq!(command(&["-p", "1", "true"]).unwrap(), ["true"]);
         assert!(command(&[]).is_err(), "a command is required");
         assert!(
             command(&["--bogus", "ls"]).is_err(),
