@@ -580,7 +580,10 @@ mod tests {
         assert_eq!(r.command, ["ls", "-F", "7"].map(OsString::from));
         // A list option takes one value (comma-separated); the next word is
         // the command, not a second format or pid.
-        assert_eq!(command(&["--profile-format", "pprof", "true"]).unwrap(), ["true"]);
+        assert_eq!(
+            command(&["--profile-format", "pprof", "true"]).unwrap(),
+            ["true"]
+        );
         assert_eq!(command(&["-p", "1", "true"]).unwrap(), ["true"]);
         assert!(command(&[]).is_err(), "a command is required");
         assert!(

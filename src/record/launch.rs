@@ -254,8 +254,8 @@ enum ChildEvent {
 #[derive(Debug)]
 pub struct HeldCommand {
     pid: u32,
-    /// The program's path and arguments as a shell would take them (quoted
-    /// where needed), for titles.
+    /// The command as typed and its arguments, as a shell would take them
+    /// (quoted where needed), for titles.
     command_line: String,
     /// Write end of the "go" pipe: one byte releases the child, closing it
     /// without one makes the child exit without exec'ing.
@@ -277,14 +277,22 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 }
 
 impl HeldCommand {
-    /// Start `program` (a path from [`resolve_program`]) with `args`, the
-    /// caller's stdin/stdout/stderr and environment, as `identity` when
-    /// given (then with its `HOME`, `USER` and `LOGNAME`); the child waits before exec until [`HeldCommand::release`].
-    pub fn spawn(program: &Path, args: &[OsString], identity: Option<&Identity>) -> Result<Self> {
+    /// Start `program` (a path from [`resolve_program`]) with `argv0` (the
+    /// name as the user typed it, as a shell passes it: `ls`, not
+    /// `/usr/bin/ls`) and `args`, the caller's stdin/stdout/stderr and
+    /// environment, as `identity` when given (then with its `HOME`, `USER`
+    /// and `LOGNAME`); the child waits before exec until
+    /// [`HeldCommand::release`].
+    pub fn spawn(
+        program: &Path,
+        argv0: &OsStr,
+        args: &[OsString],
+        identity: Option<&Identity>,
+    ) -> Result<Self> {
         let (pid_read, pid_write) = pipe()?;
         let (go_read, go_write) = pipe()?;
         let mut command = Command::new(program);
-        command.args(args);
+        command.arg0(argv0).args(args);
         // As `sudo -u USER` would: the user's own HOME, USER and LOGNAME.
         if let Some(id) = identity {
             if let Some(home) = &id.home {
@@ -342,7 +350,7 @@ impl HeldCommand {
             .context("starting the command's spawner thread")?;
         let mut pid_bytes = [0u8; 4];
         let read = File::from(pid_read).read_exact(&mut pid_bytes);
-        let parts: Vec<String> = std::iter::once(program.as_os_str())
+        let parts: Vec<String> = std::iter::once(argv0)
             .chain(args.iter().map(OsString::as_os_str))
             .map(|part| part.to_string_lossy().into_owned())
             .collect();
@@ -372,8 +380,8 @@ impl HeldCommand {
         self.pid
     }
 
-    /// The program's path and its arguments, quoted where a shell would
-    /// need it (`/usr/bin/make -j2`, `./bench --name 'a b'`).
+    /// The command as typed and its arguments, quoted where a shell would
+    /// need it (`make -j2`, `./bench --name 'a b'`).
     pub fn command_line(&self) -> &str {
         &self.command_line
     }

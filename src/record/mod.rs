@@ -75,7 +75,7 @@ pub fn record(args: &RecordArgs) -> Result<i32> {
     } else {
         Identity::from_sudo()?
     };
-    let mut held = HeldCommand::spawn(&path, rest, identity.as_ref())?;
+    let mut held = HeldCommand::spawn(&path, program, rest, identity.as_ref())?;
     let output_dir_existed = args.profile.profile_path.exists();
     let run = crate::run::run_with(&args.profile, Some(&mut held));
     let failure = match &run {
