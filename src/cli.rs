@@ -300,7 +300,7 @@ pub enum Command {
         lightswitch man | man -l -")]
     Man {
         /// The subcommand whose page to print; none: lightswitch(1).
-        #[arg(value_parser = ["record", "diff", "report", "completions", "man", "show-unwind", "collector"])]
+        #[arg(value_parser = ["record", "diff", "report", "completions", "man", "show-unwind", "collector", "help"])]
         subcommand: Option<String>,
     },
     /// Print the unwind table lightswitch builds for an object file (its rows

@@ -11,11 +11,23 @@ use clap::CommandFactory;
 use super::Cli;
 
 /// Write the completion script of `shell` for the `lightswitch` command to
-/// `out` (every subcommand, flag and value name, from [`Cli`]).
+/// `out` (every subcommand, flag and value name, from [`Cli`]). Errors: a
+/// failed write (clap_complete panics on one, so the script is made in
+/// memory first); a reader that closed the pipe early (`| head`) is not one.
 pub fn completions(shell: clap_complete::Shell, out: &mut dyn Write) -> Result<()> {
     let mut command = Cli::command();
-    clap_complete::generate(shell, &mut command, "lightswitch", out);
-    out.flush().context("writing the completion script")
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut command, "lightswitch", &mut script);
+    write_out(out, &script).context("writing the completion script")
+}
+
+/// Write `bytes` to `out` and flush; a closed pipe is the reader's choice,
+/// not an error.
+fn write_out(out: &mut dyn Write, bytes: &[u8]) -> std::io::Result<()> {
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
 }
 
 /// Write a man page (roff, section 1: name, synopsis, every option with its
@@ -46,8 +58,7 @@ pub fn man_page(subcommand: Option<&str>, out: &mut dyn Write) -> Result<()> {
             sub.clone().name(page_name)
         }
     };
-    clap_mangen::Man::new(page)
-        .render(out)
-        .context("writing the man page")?;
-    out.flush().context("writing the man page")
+    let mut roff = Vec::new();
+    clap_mangen::Man::new(page).render(&mut roff)?;
+    write_out(out, &roff).context("writing the man page")
 }
