@@ -191,6 +191,23 @@ fn record_exit_statuses() {
             "{script}: {out}"
         );
     }
+    // An output that cannot be written stops the run before the command
+    // starts: status 1 (not a shell's 127 for the file's ENOENT), and the
+    // held command leaves without a word of its own.
+    let out = run(
+        &[
+            "record",
+            "--profile-path",
+            s(dir.path()),
+            "--profile-name",
+            "missing/dir/x.svg",
+            "true",
+        ],
+        TIMEOUT,
+    );
+    assert_eq!(out.status.code(), Some(1), "{out}");
+    assert!(out.stderr.contains("is not writable"), "{out}");
+    assert!(!out.stderr.contains("fatal runtime error"), "{out}");
 }
 
 /// SIGINT to lightswitch goes to the command; the profile is still written

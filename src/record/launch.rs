@@ -159,7 +159,7 @@ impl CannotRun {
     pub fn of_exec_error(err: &anyhow::Error) -> Option<CannotRun> {
         let errno = err
             .chain()
-            .find_map(|e| e.downcast_ref::<std::io::Error>()?.raw_os_error())?;
+            .find_map(|e| e.downcast_ref::<ExecFailed>()?.0.raw_os_error())?;
         let status = match errno {
             libc::ENOENT => NOT_FOUND_EXIT_STATUS,
             libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::ETXTBSY | libc::EPERM => {
@@ -173,6 +173,13 @@ impl CannotRun {
         })
     }
 }
+
+/// `execve`'s own failure, as the child reported it: kept apart from the
+/// run's other I/O errors (an output file that cannot be written is not a
+/// command that cannot run).
+#[derive(Debug, thiserror::Error)]
+#[error("executing the command")]
+struct ExecFailed(#[source] std::io::Error);
 
 /// The path `program` would be executed from: itself when it names a path,
 /// else the first executable of that name in `PATH`. Errors (before any
@@ -404,7 +411,7 @@ impl HeldCommand {
                 self.started = true;
                 Ok(())
             }
-            Ok(ChildEvent::Failed(err)) => Err(err).context("executing the command"),
+            Ok(ChildEvent::Failed(err)) => Err(ExecFailed(err).into()),
             Ok(ChildEvent::Exited(_)) | Err(_) => bail!("the command's spawner thread ended early"),
         }
     }
@@ -516,8 +523,10 @@ fn child_wait_for_go(
             if n < 0 && err.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            // The profiler did not start (no allocation after fork).
-            return Err(std::io::Error::from_raw_os_error(libc::ECANCELED));
+            // The profiler did not start: leave at once. Returning an error
+            // would have the standard library report it to a parent that
+            // may already be exiting (an abort message on stderr).
+            libc::_exit(1);
         }
         libc::close(go_read);
         // The command starts with interrupts at their default action, as
@@ -537,19 +546,26 @@ mod tests {
     #[test]
     fn exec_errors_get_a_shells_status() {
         let exec_error = |errno| {
-            Err::<(), _>(std::io::Error::from_raw_os_error(errno))
-                .context("executing the command")
-                .unwrap_err()
+            anyhow::Error::from(ExecFailed(std::io::Error::from_raw_os_error(errno)))
+                .context("starting the run")
         };
         let status = |errno| CannotRun::of_exec_error(&exec_error(errno)).map(|c| c.status);
         assert_eq!(status(libc::ENOENT), Some(NOT_FOUND_EXIT_STATUS));
         assert_eq!(status(libc::EACCES), Some(NOT_EXECUTABLE_EXIT_STATUS));
         assert_eq!(status(libc::ENOEXEC), Some(NOT_EXECUTABLE_EXIT_STATUS));
         assert_eq!(status(libc::ECANCELED), None);
+        // The same errno from anything but execve is not the command's.
+        let output_error = Err::<(), _>(std::io::Error::from_raw_os_error(libc::ENOENT))
+            .context("output file x.svg is not writable")
+            .unwrap_err();
+        assert!(CannotRun::of_exec_error(&output_error).is_none());
         let message = CannotRun::of_exec_error(&exec_error(libc::EACCES))
             .unwrap()
             .message;
-        assert!(message.starts_with("executing the command: "), "{message}");
+        assert!(
+            message.starts_with("starting the run: executing the command: "),
+            "{message}"
+        );
     }
 
     #[test]
