@@ -165,9 +165,11 @@ impl Diff {
             ));
         }
         if self.functions.len() > shown {
+            let more = (self.functions.len() - shown) as u64;
             out.push_str(&format!(
-                "({} more functions changed; --top 0 lists all)\n",
-                self.functions.len() - shown
+                "({} more {} changed; --top 0 lists all)\n",
+                more,
+                if more == 1 { "function" } else { "functions" }
             ));
         }
         out
@@ -176,8 +178,14 @@ impl Diff {
 
 /// Render a differential flame graph of `new` against `base` (inferno:
 /// NEW's stacks, coloured red where they grew and blue where they shrank;
-/// BASE's counts scaled to NEW's total first).
-pub fn differential_flame_graph(base: &Profile, new: &Profile) -> Result<Vec<u8>> {
+/// BASE's counts scaled to NEW's total first). The subtitle names the two
+/// inputs, `base_name` → `new_name`.
+pub fn differential_flame_graph(
+    base: &Profile,
+    new: &Profile,
+    base_name: &str,
+    new_name: &str,
+) -> Result<Vec<u8>> {
     let before = folded::encode(base);
     let after = folded::encode(new);
     let mut lines = Vec::new();
@@ -190,6 +198,7 @@ pub fn differential_flame_graph(base: &Profile, new: &Profile) -> Result<Vec<u8>
     let lines = String::from_utf8(lines).context("inferno's differential output")?;
     let mut options = inferno::flamegraph::Options::default();
     options.title = "lightswitch differential flame graph (red: grew, blue: shrank)".into();
+    options.subtitle = Some(format!("{base_name} → {new_name}"));
     options.count_name = "samples".into();
     let mut svg = Vec::new();
     inferno::flamegraph::from_lines(&mut options, lines.lines(), &mut svg)
@@ -212,7 +221,12 @@ pub fn run(args: &DiffArgs) -> Result<i32> {
     let new = read_profile(&args.new)?;
     let diff = diff(&base, &new);
     if let Some(path) = &args.flame_graph {
-        let svg = differential_flame_graph(&base, &new)?;
+        let svg = differential_flame_graph(
+            &base,
+            &new,
+            &args.base.display().to_string(),
+            &args.new.display().to_string(),
+        )?;
         // As every profile: private, atomic, its directory made if missing.
         crate::files::write_atomic(path, &svg, crate::files::PROFILE_MODE)
             .context("writing the differential flame graph")?;
@@ -308,7 +322,12 @@ mod tests {
     fn differential_flame_graph_is_svg_with_both_functions() {
         let base = profile("app;main;a 25\napp;main;b 75\n");
         let new = profile("app;main;a 100\napp;main;b 100\n");
-        let svg = String::from_utf8(differential_flame_graph(&base, &new).unwrap()).unwrap();
+        let svg = String::from_utf8(differential_flame_graph(&base, &new, "a.pb", "b.pb").unwrap())
+            .unwrap();
+        assert!(
+            svg.contains("a.pb → b.pb"),
+            "the subtitle names both inputs"
+        );
         let options = roxmltree::ParsingOptions {
             allow_dtd: true,
             ..Default::default()
