@@ -62,6 +62,8 @@ struct Meta {
     start_time: f64,
     interval: f64,
     #[serde(default)]
+    product: String,
+    #[serde(default)]
     categories: Vec<Category>,
 }
 
@@ -196,6 +198,11 @@ pub fn parse_timeline(json: &[u8]) -> Result<Profile> {
         } else {
             0
         },
+        subject: fx
+            .meta
+            .product
+            .strip_prefix(crate::format::firefox::PRODUCT_SUBJECT_PREFIX)
+            .map(Arc::from),
         ..Default::default()
     };
     let kinds: Vec<FrameKind> = fx
@@ -555,10 +562,14 @@ mod tests {
 
     #[test]
     fn what_the_firefox_encoder_writes_reads_back() {
-        let profile = timed_profile();
+        let mut profile = timed_profile();
+        profile.subject = Some("pid 7 (app)".into());
         let json = written(&profile);
         assert!(looks_like_json(&json));
         let read = parse_timeline(&json).unwrap();
+        assert_eq!(read.subject.as_deref(), Some("pid 7 (app)"));
+        let no_subject = parse_timeline(&written(&timed_profile())).unwrap();
+        assert_eq!(no_subject.subject, None);
         assert_eq!(folded::encode(&read), folded::encode(&profile));
         assert_eq!(read.sample_freq_hz, 100);
         // The reference moved 2 µs earlier for the first sample: every

@@ -68,6 +68,11 @@ pub const LOST_MARKER_TYPE: &str = "LightswitchLostSamples";
 /// the kernel's largest pid (2^22), so no real process has it.
 pub const LOST_PID: u32 = u32::MAX;
 
+/// How `meta.product` starts when the profile says what it shows: the rest
+/// is [`Profile::subject`] (`lightswitch: CPU profile of pid 42 (nginx)`);
+/// otherwise it is `lightswitch`.
+pub const PRODUCT_SUBJECT_PREFIX: &str = "lightswitch: CPU profile of ";
+
 /// The format's registry entry.
 pub const SPEC: FormatSpec = FormatSpec {
     name: "firefox",
@@ -167,6 +172,10 @@ fn build(profile: &Profile) -> Result<FxProfile> {
         ReferenceTimestamp::from_millis_since_unix_epoch(reference_ns / 1e6),
         SamplingInterval::from_nanos(profile.period_ns()),
     );
+    if let Some(subject) = &profile.subject {
+        // The profiler UI's name for the profile; `report` reads it back.
+        fx.set_product(&format!("{PRODUCT_SUBJECT_PREFIX}{subject}"));
+    }
     fx.set_os_name("Linux");
     fx.set_symbolicated(true);
     let categories = Categories {
