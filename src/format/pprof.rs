@@ -155,7 +155,32 @@ fn mappings(profile: &Profile, strings: &mut Strings) -> Vec<proto::Mapping> {
         // names come from: with them, inlining was resolved.
         mapping.has_inline_frames |= files;
     }
+    // pprof takes the first mapping for the main binary ("File:" in its
+    // reports); ids stay as they are, so the locations' references hold.
+    if let Some(main) = main_mapping(profile) {
+        mappings[..=main].rotate_right(1);
+    }
     mappings
+}
+
+/// The index of the mapping most samples started in: that of each sample's
+/// outermost user frame (`_start`, `main`: the program's executable),
+/// weighted by count. `None` when no sample has a user frame.
+fn main_mapping(profile: &Profile) -> Option<usize> {
+    let mut weight: HashMap<usize, u64> = HashMap::new();
+    for sample in &profile.samples {
+        let outermost = sample.frames.iter().rev().find_map(|&f| {
+            let frame = profile.frames.get(f)?;
+            (frame.kind == FrameKind::User).then_some(frame.mapping)?
+        });
+        if let Some(m) = outermost {
+            *weight.entry(m).or_default() += sample.count;
+        }
+    }
+    weight
+        .into_iter()
+        .max_by_key(|&(m, count)| (count, std::cmp::Reverse(m)))
+        .map(|(m, _)| m)
 }
 
 /// One location per profile frame (ids from 1; inlined functions as extra
@@ -419,6 +444,44 @@ mod tests {
         assert!(!kernel.has_filenames && !kernel.has_line_numbers);
         assert_eq!(p.location[2].mapping_id, 1);
         assert_eq!(p.location[0].mapping_id, 2);
+    }
+
+    #[test]
+    fn the_program_the_samples_started_in_is_the_first_mapping() {
+        let mut profile = sample_profile();
+        let mapping = |filename: &str, start| ProfileMapping {
+            start,
+            limit: start + 0x1000,
+            file_offset: 0,
+            filename: filename.into(),
+            build_id: None,
+        };
+        profile.mappings = vec![
+            mapping("[kernel.kallsyms]", 0xffff_0000),
+            mapping("/lib/libc.so.6", 0x7000),
+            mapping("/bin/app", 0x1000),
+        ];
+        profile.frames[0].mapping = Some(0);
+        profile.frames[1].mapping = Some(0);
+        profile.frames[2].mapping = Some(1);
+        profile.frames[3].mapping = Some(2);
+        // 7 samples start in main (/bin/app); the truncated one's outermost
+        // user frame is c (libc here), behind its unwind marker.
+        let p = decode(&encode(&profile, Compression::None).unwrap());
+        let names: Vec<(u64, &str)> = p
+            .mapping
+            .iter()
+            .map(|m| (m.id, string(&p, m.filename)))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                (3, "/bin/app"),
+                (1, "[kernel.kallsyms]"),
+                (2, "/lib/libc.so.6")
+            ]
+        );
+        assert_eq!(p.location[3].mapping_id, 3);
     }
 
     #[test]
