@@ -33,10 +33,14 @@ pub fn render_top(profile: &Profile, table: &FunctionTable, top: usize) -> Strin
     // Folded stacks do not say how often they were sampled.
     let rate = match profile.sample_freq_hz {
         0 => String::new(),
-        hz => format!(
-            " at {hz} Hz ({:.2} s of CPU)",
-            table.total as f64 * profile.period_ns() as f64 / 1e9
-        ),
+        hz => {
+            let cpu_s = table.total as f64 * profile.period_ns() as f64 / 1e9;
+            if cpu_s < 1.0 {
+                format!(" at {hz} Hz ({:.1} ms of CPU)", cpu_s * 1e3)
+            } else {
+                format!(" at {hz} Hz ({cpu_s:.2} s of CPU)")
+            }
+        }
     };
     let mut out = format!(
         "{}{rate}; showing {shown} of {}\n",
@@ -150,11 +154,18 @@ mod tests {
 
     #[test]
     fn one_sample_is_singular() {
-        let profile = parse_folded("app;main 1\n").unwrap();
+        let mut profile = parse_folded("app;main 1\n").unwrap();
         let table = function_table(&profile, false);
         let text = render_top(&profile, &table, 0);
         assert!(
             text.starts_with("1 sample; showing 1 of 1 function\n"),
+            "{text}"
+        );
+        // Under a second of CPU is said in ms, not as 0.00 s.
+        profile.sample_freq_hz = 999;
+        let text = render_top(&profile, &table, 0);
+        assert!(
+            text.starts_with("1 sample at 999 Hz (1.0 ms of CPU); showing"),
             "{text}"
         );
     }
