@@ -80,9 +80,16 @@ pub fn seconds(flag: &str, value: f64) -> Result<Duration> {
     Ok(Duration::from_secs_f64(value))
 }
 
-/// Create `dir` if needed and make sure `file` can be written there.
-/// Nothing is left behind if `file` did not exist before.
+/// Create `file`'s directory if needed and make sure `file` can be written
+/// there. That directory is `dir` (`--profile-path`), one below it
+/// (`--profile-name sub/x.svg`), or elsewhere for an absolute name, which
+/// leaves `dir` alone. Nothing is left behind if `file` did not exist
+/// before, but the directories made.
 pub fn check_output(dir: &Path, file: &Path) -> Result<()> {
+    let dir = file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(dir);
     if dir.exists() && !dir.is_dir() {
         bail!(
             "output directory {} is not a directory (--profile-path names a directory; \
@@ -322,6 +329,11 @@ mod tests {
             check_output(&not_dir, &not_dir.join("x")).unwrap_err()
         );
         assert!(err.contains("is not a directory"), "{err}");
+        // A name with directories gets them; an absolute one leaves the
+        // profile path alone.
+        let unused = dir.path().join("unused");
+        check_output(&unused, &dir.path().join("c/d/x.svg")).unwrap();
+        assert!(dir.path().join("c/d").is_dir() && !unused.exists());
     }
 
     #[test]

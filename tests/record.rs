@@ -192,21 +192,22 @@ fn record_exit_statuses() {
         );
     }
     // An output that cannot be written stops the run before the command
-    // starts: status 1 (not a shell's 127 for the file's ENOENT), and the
-    // held command leaves without a word of its own.
+    // starts: status 1 (not a shell's 127 for the ENOENT/ENOTDIR on the
+    // way), and the held command leaves without a word of its own.
+    std::fs::write(dir.path().join("plain"), "").unwrap();
     let out = run(
         &[
             "record",
             "--profile-path",
             s(dir.path()),
             "--profile-name",
-            "missing/dir/x.svg",
+            "plain/x.svg",
             "true",
         ],
         TIMEOUT,
     );
     assert_eq!(out.status.code(), Some(1), "{out}");
-    assert!(out.stderr.contains("is not writable"), "{out}");
+    assert!(out.stderr.contains("is not a directory"), "{out}");
     assert!(!out.stderr.contains("fatal runtime error"), "{out}");
 }
 
