@@ -44,11 +44,7 @@ pub fn man_page(subcommand: Option<&str>, out: &mut dyn Write) -> Result<()> {
         None => command,
         Some(name) => {
             let Some(sub) = command.find_subcommand(name) else {
-                let known: Vec<&str> = command
-                    .get_subcommands()
-                    .map(|c| c.get_name())
-                    .filter(|n| *n != "help")
-                    .collect();
+                let known: Vec<&str> = command.get_subcommands().map(|c| c.get_name()).collect();
                 anyhow::bail!(
                     "no subcommand {name:?}: lightswitch has {}",
                     known.join(", ")
