@@ -65,10 +65,9 @@ fn foreground_of_terminal() -> bool {
 /// SUDO_UID). Started through sudo, the files written are given to the
 /// invoking user.
 pub fn record(args: &RecordArgs) -> Result<i32> {
-    let (program, rest) = args
-        .command
-        .split_first()
-        .ok_or_else(|| anyhow::anyhow!("record needs a command after --"))?;
+    let (program, rest) = args.command.split_first().ok_or_else(|| {
+        anyhow::anyhow!("record needs a command: lightswitch record [OPTIONS] [--] CMD [ARGS...]")
+    })?;
     let path = launch::resolve_program(program)?;
     let identity = if args.as_root {
         None
