@@ -25,6 +25,7 @@ use object::read::elf::{ElfFile64, FileHeader};
 use object::{CompressionFormat, Endianness, Object, ObjectSection};
 
 use super::assemble::{Assembly, Span};
+use super::early::{Ahead, EarlySink, CHECK_EVERY_FDES};
 use super::eh_frame_hdr;
 use super::identity::find_debug_file;
 use super::rule::{Rule, UnsupportedKind};
@@ -87,6 +88,17 @@ pub fn build_table(elf_bytes: &[u8]) -> Result<UnwindTable, BuildError> {
     build_table_with_debug_file(elf_bytes, None)
 }
 
+/// Builds the table as [`build_table_at`] does (as [`build_table`] without
+/// a `path`), sending the rows of the pages `early` asks for ahead of the
+/// full table ([`super::early`]).
+pub(crate) fn build_table_early(
+    path: Option<&Path>,
+    elf_bytes: &[u8],
+    early: &dyn EarlySink,
+) -> Result<UnwindTable, BuildError> {
+    build_at(path, elf_bytes, Some(early))
+}
+
 /// Reads the object at `path` and builds its table with
 /// [`build_table_at`].
 pub fn build_table_from_path(path: &Path) -> Result<UnwindTable, BuildError> {
@@ -98,9 +110,17 @@ pub fn build_table_from_path(path: &Path) -> Result<UnwindTable, BuildError> {
 /// [`find_debug_file`] from `path` and the object's build ID or
 /// `.gnu_debuglink`) supplies `.debug_frame`.
 pub fn build_table_at(path: &Path, elf_bytes: &[u8]) -> Result<UnwindTable, BuildError> {
-    match build_table(elf_bytes) {
-        Err(BuildError::NoCfi) => match find_debug_file(path, elf_bytes) {
-            Some(debug_path) => build_table_with_debug_file(elf_bytes, Some(&read(&debug_path)?)),
+    build_at(Some(path), elf_bytes, None)
+}
+
+fn build_at(
+    path: Option<&Path>,
+    elf_bytes: &[u8],
+    early: Option<&dyn EarlySink>,
+) -> Result<UnwindTable, BuildError> {
+    match build_with(elf_bytes, None, early) {
+        Err(BuildError::NoCfi) => match path.and_then(|p| find_debug_file(p, elf_bytes)) {
+            Some(debug_path) => build_with(elf_bytes, Some(&read(&debug_path)?), early),
             None => Err(BuildError::NoCfi),
         },
         result => result,
@@ -122,11 +142,19 @@ pub fn build_table_with_debug_file(
     elf_bytes: &[u8],
     debug_file: Option<&[u8]>,
 ) -> Result<UnwindTable, BuildError> {
+    build_with(elf_bytes, debug_file, None)
+}
+
+fn build_with(
+    elf_bytes: &[u8],
+    debug_file: Option<&[u8]>,
+    early: Option<&dyn EarlySink>,
+) -> Result<UnwindTable, BuildError> {
     let file = parse_x86_64(elf_bytes)?;
     if let Some((data, bases)) = eh_frame_of(&file)? {
         let mut eh_frame = EhFrame::new(&data, LittleEndian);
         eh_frame.set_address_size(8);
-        let table = build_from_section(&eh_frame, &bases, CfiSource::EhFrame)?;
+        let table = build_from_section(&eh_frame, &bases, CfiSource::EhFrame, early)?;
         if table.stats().fdes > 0 {
             return Ok(table);
         }
@@ -138,7 +166,7 @@ pub fn build_table_with_debug_file(
                 let mut debug_frame = DebugFrame::new(&data, LittleEndian);
                 debug_frame.set_address_size(8);
                 let bases = BaseAddresses::default();
-                let table = build_from_section(&debug_frame, &bases, CfiSource::DebugFrame)?;
+                let table = build_from_section(&debug_frame, &bases, CfiSource::DebugFrame, early)?;
                 if table.stats().fdes > 0 {
                     return Ok(table);
                 }
@@ -255,23 +283,94 @@ fn decompress(
 type Slice<'d> = gimli::EndianSlice<'d, LittleEndian>;
 
 /// Where an FDE is, found by the first pass over the section.
-struct FdeAt {
+pub(super) struct FdeAt {
     /// Its first address.
-    start: u64,
+    pub(super) start: u64,
     /// The first address after it.
-    end: u64,
+    pub(super) end: u64,
     /// Its offset in the section.
-    offset: usize,
+    pub(super) offset: usize,
+}
+
+/// CIEs parsed so far, by section offset.
+type Cies<'d> = HashMap<usize, gimli::CommonInformationEntry<Slice<'d>>>;
+
+/// The CIE at `offset` of `section`, parsed once.
+fn cie_at<'d, S: UnwindSection<Slice<'d>>>(
+    cies: &mut Cies<'d>,
+    section: &S,
+    bases: &BaseAddresses,
+    offset: S::Offset,
+) -> gimli::Result<gimli::CommonInformationEntry<Slice<'d>>> {
+    let key: usize = gimli::UnwindOffset::into(offset);
+    if let Some(cie) = cies.get(&key) {
+        return Ok(cie.clone());
+    }
+    let cie = section.cie_from_offset(bases, offset)?;
+    cies.insert(key, cie.clone());
+    Ok(cie)
+}
+
+/// Evaluates the FDE `at` into `spans` (empty on entry): its rows as rules,
+/// clamped to its range; one [`UnsupportedKind::InvalidCfi`] span over the
+/// range when it cannot be evaluated. Unsupported rules go to `count`.
+fn evaluate_fde<'d, S: UnwindSection<Slice<'d>>>(
+    section: &S,
+    bases: &BaseAddresses,
+    ctx: &mut UnwindContext<usize>,
+    cies: &mut Cies<'d>,
+    at: &FdeAt,
+    spans: &mut Vec<Span>,
+    count: &mut dyn FnMut(UnsupportedKind),
+) {
+    let &FdeAt { start, end, offset } = at;
+    let evaluated = (|| -> gimli::Result<()> {
+        let fde = section.fde_from_offset(bases, S::Offset::from(offset), |s, b, o| {
+            cie_at(cies, s, b, o)
+        })?;
+        let signal = fde.is_signal_trampoline();
+        let mut rows = fde.rows(section, bases, ctx)?;
+        while let Some(row) = rows.next_row()? {
+            // Clamped to the FDE so that spans stay within the range it claims.
+            let (row_start, row_end) = (row.start_address().max(start), row.end_address().min(end));
+            if row_start < row_end {
+                let rule = if signal {
+                    Rule::SignalFrame
+                } else {
+                    let (rule, kind) = x86_64::translate(row, section);
+                    kind.into_iter().for_each(&mut *count);
+                    rule
+                };
+                spans.push(Span {
+                    start: row_start,
+                    end: row_end,
+                    rule,
+                });
+            }
+        }
+        Ok(())
+    })();
+    if evaluated.is_err() {
+        spans.clear();
+        spans.push(Span {
+            start,
+            end,
+            rule: Rule::Unsupported(UnsupportedKind::InvalidCfi),
+        });
+        count(UnsupportedKind::InvalidCfi);
+    }
 }
 
 /// Evaluates every FDE of `section` and assembles the table, in two passes
 /// so that memory stays near the size of the result: the first finds each
 /// FDE's range, the second evaluates the FDEs in address order, each
-/// straight into the [`Assembly`].
+/// straight into the [`Assembly`]. With `early`, the second pass stops
+/// every [`CHECK_EVERY_FDES`] FDEs to build and send the pages it asks for.
 fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     section: &S,
     bases: &BaseAddresses,
     source: CfiSource,
+    early: Option<&dyn EarlySink>,
 ) -> Result<UnwindTable, BuildError> {
     let cfi_err = |error| BuildError::Cfi {
         section: source,
@@ -279,16 +378,7 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     };
     let mut unsupported = BTreeMap::new();
     let mut count = |kind| *unsupported.entry(kind).or_insert(0u64) += 1;
-    let mut cies = HashMap::new();
-    let mut get_cie = |section: &S, bases: &BaseAddresses, offset: S::Offset| {
-        let key: usize = gimli::UnwindOffset::into(offset);
-        if let Some(cie) = cies.get(&key) {
-            return Ok(Clone::clone(cie));
-        }
-        let cie = section.cie_from_offset(bases, offset)?;
-        cies.insert(key, cie.clone());
-        Ok(cie)
-    };
+    let mut cies = Cies::new();
     let mut fdes = Vec::new();
     let mut fde_count = 0u64;
     let mut entries = section.entries(bases);
@@ -297,7 +387,7 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
             continue;
         };
         fde_count += 1;
-        let Ok(fde) = partial.parse(&mut get_cie) else {
+        let Ok(fde) = partial.parse(|s, b, o| cie_at(&mut cies, s, b, o)) else {
             count(UnsupportedKind::InvalidCfi);
             continue;
         };
@@ -319,43 +409,18 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     let mut ctx = Box::new(UnwindContext::new());
     let mut assembly = Assembly::default();
     let mut spans = Vec::new();
-    for &FdeAt { start, end, offset } in &fdes {
-        spans.clear();
-        let evaluated = (|| -> gimli::Result<()> {
-            let fde = section.fde_from_offset(bases, S::Offset::from(offset), &mut get_cie)?;
-            let signal = fde.is_signal_trampoline();
-            let mut rows = fde.rows(section, bases, &mut ctx)?;
-            while let Some(row) = rows.next_row()? {
-                // Clamped to the FDE so that spans stay within the range it claims.
-                let (row_start, row_end) =
-                    (row.start_address().max(start), row.end_address().min(end));
-                if row_start < row_end {
-                    let rule = if signal {
-                        Rule::SignalFrame
-                    } else {
-                        let (rule, kind) = x86_64::translate(row, section);
-                        kind.into_iter().for_each(&mut count);
-                        rule
-                    };
-                    spans.push(Span {
-                        start: row_start,
-                        end: row_end,
-                        rule,
-                    });
-                }
-            }
-            Ok(())
-        })();
-        if evaluated.is_err() {
-            spans.clear();
-            spans.push(Span {
-                start,
-                end,
-                rule: Rule::Unsupported(UnsupportedKind::InvalidCfi),
+    let mut ahead = early.map(Ahead::new);
+    for (i, at) in fdes.iter().enumerate() {
+        if let Some(ahead) = ahead.as_mut().filter(|_| i % CHECK_EVERY_FDES == 0) {
+            ahead.serve(&fdes, source, |at, spans| {
+                evaluate_fde(section, bases, &mut ctx, &mut cies, at, spans, &mut |_| {})
             });
-            count(UnsupportedKind::InvalidCfi);
         }
-        assembly.add_fde(&spans, start, end);
+        spans.clear();
+        evaluate_fde(
+            section, bases, &mut ctx, &mut cies, at, &mut spans, &mut count,
+        );
+        assembly.add_fde(&spans, at.start, at.end);
     }
     drop(fdes);
     let rules = assembly.finish();

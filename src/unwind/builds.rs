@@ -15,6 +15,7 @@ use anyhow::{Context, Result};
 use tracing::debug;
 
 use crate::unwind::cache::{self, CacheError};
+use crate::unwind::early::{EarlySink, WantedPages};
 use crate::unwind::{ObjectKey, UnwindTable};
 
 /// Where a table's CFI comes from.
@@ -49,6 +50,9 @@ pub(super) struct BuildRequest {
     pub(super) queued: Instant,
     /// Cache lookup or build.
     pub(super) stage: Stage,
+    /// Pages samples wait on, built and sent ahead of the full table
+    /// ([`super::early`]).
+    pub(super) wanted: Arc<WantedPages>,
 }
 
 /// Objects up to this size (bytes) also go to a third build thread, which
@@ -132,6 +136,9 @@ pub(super) struct BuildResult {
     pub(super) took: Duration,
     /// Whether `table` was read from the cache (else built).
     pub(super) from_cache: bool,
+    /// Whether `table` holds only the pages samples wait on, sent ahead of
+    /// the full table (which follows).
+    pub(super) early: bool,
 }
 
 /// A request with its priority and arrival order.
@@ -322,7 +329,12 @@ fn build_worker(
             Stage::Build(missed) => missed,
             Stage::Lookup => None,
         };
-        let table = build(&request.source, cache_dir.zip(missed));
+        let early = Early {
+            request: &request,
+            results,
+            started,
+        };
+        let table = build(&request.source, cache_dir.zip(missed), &early);
         if !send(results, request, table, started, false) {
             return;
         }
@@ -335,6 +347,7 @@ fn build_worker(
 fn build(
     source: &TableSource,
     store: Option<(&Path, (ObjectKey, CacheError))>,
+    early: &dyn EarlySink,
 ) -> Result<UnwindTable> {
     let mapped;
     let (elf, path): (&[u8], Option<&Path>) = match source {
@@ -344,10 +357,7 @@ fn build(
         }
         TableSource::Bytes(bytes) => (bytes, None),
     };
-    let build = || match path {
-        Some(path) => crate::unwind::build_table_at(path, elf),
-        None => crate::unwind::build_table(elf),
-    };
+    let build = || crate::unwind::builder::build_table_early(path, elf, early);
     let Some((dir, (key, reason))) = store else {
         return Ok(build()?);
     };
@@ -372,8 +382,36 @@ fn send(
         waited: started.duration_since(request.queued),
         took: started.elapsed(),
         from_cache,
+        early: false,
     };
     results.send(result).is_ok()
+}
+
+/// Sends the pages a build's request waits on ahead of its table.
+struct Early<'r> {
+    request: &'r BuildRequest,
+    results: &'r Sender<BuildResult>,
+    /// When the build began.
+    started: Instant,
+}
+
+impl EarlySink for Early<'_> {
+    fn wanted(&self) -> Vec<u32> {
+        self.request.wanted.take()
+    }
+
+    fn publish(&self, pages: UnwindTable) {
+        // A closed channel ends the build thread after this build.
+        let _ = self.results.send(BuildResult {
+            object_id: self.request.object_id,
+            name: self.request.name.clone(),
+            table: Ok(pages),
+            waited: self.started.duration_since(self.request.queued),
+            took: self.started.elapsed(),
+            from_cache: false,
+            early: true,
+        });
+    }
 }
 
 #[cfg(test)]
@@ -389,6 +427,7 @@ mod tests {
             bytes,
             queued: Instant::now(),
             stage: Stage::Build(None),
+            wanted: Arc::default(),
         }
     }
 
@@ -495,23 +534,35 @@ mod tests {
             .expect("the miss, for a build thread");
         // Its priority and place among arrivals are kept.
         assert_eq!((priority, order, missed.object_id), (7, 2, 2));
-        let Stage::Build(Some((key, CacheError::Missing))) = missed.stage else {
+        let Stage::Build(Some((key, CacheError::Missing))) = &missed.stage else {
             panic!("a miss carries its key and reason");
         };
-        assert_eq!(key, other_key);
+        assert_eq!(key, &other_key);
         let TableSource::Bytes(bytes) = &missed.source else {
             unreachable!()
+        };
+        let direct = crate::unwind::build_table(bytes).expect("direct build");
+        // A sample waits on the table's last page: it is sent ahead.
+        let waited_on = direct.pages().last().expect("pages").page;
+        missed.wanted.add(waited_on);
+        let early = Early {
+            request: &missed,
+            results: &tx,
+            started: Instant::now(),
         };
         let built = build(
             &missed.source,
             Some((dir.path(), (key.clone(), CacheError::Missing))),
+            &early,
         )
         .expect("built");
-        assert_eq!(
-            built,
-            crate::unwind::build_table(bytes).expect("direct build")
-        );
-        assert_eq!(cache::load(dir.path(), &key).expect("stored"), built);
+        assert_eq!(built, direct);
+        let ahead = rx.try_recv().expect("the early pages");
+        assert!(ahead.early && ahead.object_id == 2);
+        let ahead = ahead.table.expect("early pages");
+        assert_eq!(ahead.pages().len(), 1);
+        assert_eq!(ahead.pages()[0].page, waited_on);
+        assert_eq!(cache::load(dir.path(), key).expect("stored"), built);
         queue.close();
         for t in cache_threads {
             t.join().expect("cache thread");

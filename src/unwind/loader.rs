@@ -12,7 +12,7 @@
 //! table does not fit, the least recently sampled objects are evicted (and
 //! counted) until it does.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
@@ -29,13 +29,14 @@ use crate::sampler::Sampler;
 use crate::unwind::builds::{
     start_workers, BuildQueue, BuildRequest, BuildResult, Stage, TableSource,
 };
-use crate::unwind::row::Page;
+use crate::unwind::early::WantedPages;
+use crate::unwind::row::{Page, PAGE_BITS};
 use crate::unwind::UnwindTable;
 
 pub use crate::unwind::builds::SMALL_OBJECT_BYTES;
 
 enum TableState {
-    Building,
+    Building(Building),
     Loaded {
         base: u32,
         rows: u32,
@@ -45,6 +46,23 @@ enum TableState {
     Evicted,
     /// Could not be built or loaded; the walker falls back to frame pointers.
     Failed,
+}
+
+/// A table being built, and the pages of it sent ahead ([`super::early`]).
+struct Building {
+    /// Pages samples wait on, for the build thread.
+    wanted: Arc<WantedPages>,
+    /// Every page asked for so far.
+    asked: FxHashSet<u32>,
+    /// Pages loaded ahead of the table: their row ranges in `unwind_rows`.
+    early: Vec<EarlyRows>,
+}
+
+/// Rows loaded ahead of a table, until the full table replaces them.
+struct EarlyRows {
+    base: u32,
+    rows: u32,
+    pages: Vec<Page>,
 }
 
 struct ObjectTable {
@@ -164,7 +182,7 @@ impl UnwindLoader {
         let mut failed = 0;
         for object in &watch.objects {
             match self.tables.get(object).map(|t| &t.state) {
-                Some(TableState::Building) => return,
+                Some(TableState::Building(_)) => return,
                 Some(TableState::Failed) => failed += 1,
                 _ => {}
             }
@@ -194,26 +212,52 @@ impl UnwindLoader {
         self.clock += 1;
         let mut previous = None;
         for frame in frames {
-            // Consecutive frames are often in the same mapping.
-            if frame.mapping.is_none() || frame.mapping == previous {
-                continue;
-            }
-            previous = frame.mapping;
-            let Some(object) = frame.mapping.and_then(|m| tracker.mapping(m)?.object) else {
+            let Some(mapping) = frame.mapping else {
                 continue;
             };
-            let now = self.clock;
-            match self.tables.get_mut(&object.0) {
-                Some(t) => {
-                    t.last_used = now;
-                    match t.state {
-                        TableState::Building => self.queue.bump(object.0),
-                        TableState::Evicted => self.request_file(object, tracker, 1),
-                        TableState::Loaded { .. } | TableState::Failed => {}
+            let Some(object) = tracker.mapping(mapping).and_then(|m| m.object) else {
+                continue;
+            };
+            // Consecutive frames are often in the same mapping.
+            if previous != Some(mapping) {
+                previous = Some(mapping);
+                self.mark_used(object, tracker);
+            }
+            if let Some(TableState::Building(building)) =
+                self.tables.get_mut(&object.0).map(|t| &mut t.state)
+            {
+                // The walk needs this frame's rows (its address is a call
+                // site for all but the leaf, so the return address's page
+                // too): ask for them ahead of the table.
+                let vaddr = tracker
+                    .load_bias(mapping)
+                    .map(|bias| frame.address.wrapping_sub(bias));
+                for vaddr in vaddr.into_iter().flat_map(|v| [v, v.wrapping_add(1)]) {
+                    if let Ok(page) = u32::try_from(vaddr >> PAGE_BITS) {
+                        if building.asked.insert(page) {
+                            building.wanted.add(page);
+                        }
                     }
                 }
-                None => self.request_file(object, tracker, 1),
             }
+        }
+    }
+
+    /// Mark `object` as used by the current sample: re-queue its evicted
+    /// table, queue its table if never asked for, raise the priority of
+    /// its build.
+    fn mark_used(&mut self, object: ObjectId, tracker: &ProcessTracker) {
+        let now = self.clock;
+        match self.tables.get_mut(&object.0) {
+            Some(t) => {
+                t.last_used = now;
+                match t.state {
+                    TableState::Building(_) => self.queue.bump(object.0),
+                    TableState::Evicted => self.request_file(object, tracker, 1),
+                    TableState::Loaded { .. } | TableState::Failed => {}
+                }
+            }
+            None => self.request_file(object, tracker, 1),
         }
     }
 
@@ -234,10 +278,15 @@ impl UnwindLoader {
     /// Queue a build of `object_id`'s table, named `name` in messages, from
     /// `source` with a starting `priority` (see [`Self::request_file`]).
     fn request(&mut self, object_id: u32, name: String, source: TableSource, priority: u64) {
+        let wanted = Arc::new(WantedPages::default());
         self.tables.insert(
             object_id,
             ObjectTable {
-                state: TableState::Building,
+                state: TableState::Building(Building {
+                    wanted: wanted.clone(),
+                    asked: FxHashSet::default(),
+                    early: Vec::new(),
+                }),
                 last_used: self.clock,
             },
         );
@@ -260,6 +309,7 @@ impl UnwindLoader {
                 } else {
                     Stage::Build(None)
                 },
+                wanted,
             },
             priority,
         );
@@ -272,12 +322,18 @@ impl UnwindLoader {
     pub fn builds_pending(&self) -> bool {
         self.tables
             .values()
-            .any(|t| matches!(t.state, TableState::Building))
+            .any(|t| matches!(t.state, TableState::Building(_)))
     }
 
     /// Load the tables the background threads have finished. Call often.
     pub fn load_ready_tables(&mut self, sampler: &Sampler<'_>) {
         while let Ok(result) = self.results.try_recv() {
+            if result.early {
+                if let Ok(table) = &result.table {
+                    self.load_early(result.object_id, &result.name, table, sampler);
+                }
+                continue;
+            }
             match result.table {
                 Ok(table) => {
                     debug!(
@@ -293,6 +349,7 @@ impl UnwindLoader {
                     );
                     if let Err(err) = self.load(result.object_id, &result.name, &table, sampler) {
                         warn!("{}: cannot load its unwind table: {err:#}", result.name);
+                        self.drop_early(result.object_id, sampler);
                         self.set_state(result.object_id, TableState::Failed);
                     }
                 }
@@ -304,6 +361,7 @@ impl UnwindLoader {
                         result.name
                     );
                     self.stats.build_failures += 1;
+                    self.drop_early(result.object_id, sampler);
                     if let Err(err) = sampler.set_object_loaded(result.object_id, true) {
                         warn!("{err:#}");
                     }
@@ -349,6 +407,8 @@ impl UnwindLoader {
         sampler.write_rows(base, table.rows())?;
         sampler.insert_pages(object_id, table.pages(), base)?;
         sampler.set_object_loaded(object_id, true)?;
+        // The full table's pages replaced the early ones (the same pages).
+        self.release_early(object_id);
         debug!(
             "{name}: loaded {rows} rows in {} pages at row {base} in {} us",
             table.pages().len(),
@@ -365,6 +425,68 @@ impl UnwindLoader {
             },
         );
         Ok(())
+    }
+
+    /// Load `pages`, some pages of `object_id`'s table sent ahead of it,
+    /// while its build goes on. Never evicts for them: when the budget is
+    /// full they wait for the table.
+    fn load_early(
+        &mut self,
+        object_id: u32,
+        name: &str,
+        pages: &UnwindTable,
+        sampler: &Sampler<'_>,
+    ) {
+        let Some(TableState::Building(building)) =
+            self.tables.get_mut(&object_id).map(|t| &mut t.state)
+        else {
+            return;
+        };
+        let rows = pages.rows().len() as u32;
+        let Some(base) = self.allocator.allocate(rows) else {
+            debug!("{name}: no room for {rows} rows ahead of its table");
+            return;
+        };
+        let loaded = sampler
+            .write_rows(base, pages.rows())
+            .and_then(|()| sampler.insert_pages(object_id, pages.pages(), base));
+        building.early.push(EarlyRows {
+            base,
+            rows,
+            pages: pages.pages().to_vec(),
+        });
+        match loaded {
+            Ok(()) => debug!(
+                "{name}: {} pages ({rows} rows) loaded ahead of its table",
+                pages.pages().len()
+            ),
+            Err(err) => warn!("{name}: cannot load pages ahead of its table: {err:#}"),
+        }
+    }
+
+    /// The rows loaded ahead of `object_id`'s table, taken from its state.
+    fn take_early(&mut self, object_id: u32) -> Vec<EarlyRows> {
+        match self.tables.get_mut(&object_id).map(|t| &mut t.state) {
+            Some(TableState::Building(building)) => std::mem::take(&mut building.early),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Free the rows loaded ahead of `object_id`'s table, now that the
+    /// table's own pages point elsewhere.
+    fn release_early(&mut self, object_id: u32) {
+        for early in self.take_early(object_id) {
+            self.allocator.release(early.base, early.rows);
+        }
+    }
+
+    /// Remove the pages loaded ahead of `object_id`'s table from the
+    /// walker's view (its table could not be loaded), and free their rows.
+    fn drop_early(&mut self, object_id: u32, sampler: &Sampler<'_>) {
+        for early in self.take_early(object_id) {
+            sampler.remove_pages(object_id, &early.pages);
+            self.allocator.release(early.base, early.rows);
+        }
     }
 
     /// Evict the least recently used loaded table other than `keep`. False if none.

@@ -19,6 +19,7 @@ mod assemble;
 pub mod builder;
 mod builds;
 pub mod cache;
+mod early;
 pub(crate) mod eh_frame_hdr;
 pub mod identity;
 pub mod loader;

@@ -260,6 +260,35 @@ impl UnwindTable {
         decode(row)
     }
 
+    /// The table restricted to the pages numbered in `wanted` (sorted):
+    /// those pages' rows, rebased; the counts measured on the table
+    /// (rows, pages, bytes, most rows in a page) are the kept pages'.
+    pub(crate) fn only_pages(&self, wanted: &[u32]) -> UnwindTable {
+        let mut rows = Vec::new();
+        let mut pages = Vec::new();
+        for page in self
+            .pages
+            .iter()
+            .filter(|p| wanted.binary_search(&p.page).is_ok())
+        {
+            pages.push(Page {
+                first_row: rows.len() as u32,
+                ..*page
+            });
+            rows.extend_from_slice(self.page_rows(page));
+        }
+        let mut stats = self.stats.clone();
+        stats.rows = rows.len() as u64;
+        stats.pages = pages.len() as u64;
+        stats.bytes = stats.rows * ROW_BYTES + stats.pages * PAGE_INDEX_BYTES;
+        stats.max_page_rows = pages
+            .iter()
+            .map(|p| u64::from(p.row_count))
+            .max()
+            .unwrap_or(0);
+        UnwindTable { rows, pages, stats }
+    }
+
     /// Every row with its absolute address range, in address order.
     pub fn iter_rows(&self) -> impl Iterator<Item = TableRow> + '_ {
         self.pages.iter().flat_map(move |page| {
