@@ -5,15 +5,20 @@
 //! page, unsupported rules, and one build's time per row and per MB of CFI.
 //! `cache_load`: reading the same tables back from the disk cache
 //! (`cache::load`: read, checksum, decode, validate), what a warm start
-//! costs per object.
+//! costs per object. `early_page`: from the start of a build to the moment
+//! the rows of one page a sample waits on (the middle page) are sent ahead
+//! of the table (`build_table_early`), what a cold start waits before BPF
+//! can walk through that page.
 
+use std::cell::Cell;
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use lightswitch::unwind::{build_table, cache, ObjectKey};
+use lightswitch::unwind::early::EarlySink;
+use lightswitch::unwind::{build_table, build_table_early, cache, ObjectKey, UnwindTable};
 use object::{Object, ObjectSection};
 
 /// (name, path) of the objects to measure that exist on this machine.
@@ -123,5 +128,52 @@ fn cache_load(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, build, cache_load);
+/// Asks for one page once; notes when its rows arrive.
+struct FirstPage {
+    page: Cell<Option<u32>>,
+    started: Instant,
+    arrived: Cell<Option<Duration>>,
+}
+
+impl EarlySink for FirstPage {
+    fn wanted(&self) -> Vec<u32> {
+        self.page.take().into_iter().collect()
+    }
+
+    fn publish(&self, _pages: UnwindTable) {
+        self.arrived.set(Some(self.started.elapsed()));
+    }
+}
+
+fn early_page(c: &mut Criterion) {
+    let mut group = c.benchmark_group("early_page");
+    group.sample_size(10);
+    for (name, path) in objects() {
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        let Ok(table) = build_table(&bytes) else {
+            continue;
+        };
+        let middle = table.pages()[table.pages().len() / 2].page;
+        group.bench_function(name, |b| {
+            b.iter_custom(|iterations| {
+                (0..iterations)
+                    .map(|_| {
+                        let sink = FirstPage {
+                            page: Cell::new(Some(middle)),
+                            started: Instant::now(),
+                            arrived: Cell::new(None),
+                        };
+                        build_table_early(None, black_box(&bytes), &sink).expect("table");
+                        sink.arrived.get().expect("the page was sent ahead")
+                    })
+                    .sum()
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, build, cache_load, early_page);
 criterion_main!(benches);

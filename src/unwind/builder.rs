@@ -91,7 +91,7 @@ pub fn build_table(elf_bytes: &[u8]) -> Result<UnwindTable, BuildError> {
 /// Builds the table as [`build_table_at`] does (as [`build_table`] without
 /// a `path`), sending the rows of the pages `early` asks for ahead of the
 /// full table ([`super::early`]).
-pub(crate) fn build_table_early(
+pub fn build_table_early(
     path: Option<&Path>,
     elf_bytes: &[u8],
     early: &dyn EarlySink,

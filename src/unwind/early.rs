@@ -21,7 +21,7 @@ use super::row::PAGE_BITS;
 use super::table::{CfiSource, UnwindTable};
 
 /// Where a build hears which pages samples wait on and sends their rows.
-pub(crate) trait EarlySink {
+pub trait EarlySink {
     /// Page numbers (ELF virtual address >> 16) asked for since the last
     /// call, in any order.
     fn wanted(&self) -> Vec<u32>;

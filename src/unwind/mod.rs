@@ -6,7 +6,8 @@
 //! [`builder`] evaluates the CFI with gimli into [`rule::Rule`]s (for
 //! objects without section headers, `eh_frame_hdr` finds `.eh_frame`
 //! through `PT_GNU_EH_FRAME`), which
-//! [`table`] splits into pages ([`UnwindTable`]); [`identity`] keys objects
+//! [`table`] splits into pages ([`UnwindTable`]; [`early`] builds the pages
+//! samples wait on ahead of the rest); [`identity`] keys objects
 //! (build ID, else content hash) and finds separate debug files; [`cache`]
 //! keeps built tables on disk; [`show`] renders a table for
 //! `lightswitch show-unwind`.
@@ -19,7 +20,7 @@ mod assemble;
 pub mod builder;
 mod builds;
 pub mod cache;
-mod early;
+pub mod early;
 pub(crate) mod eh_frame_hdr;
 pub mod identity;
 pub mod loader;
@@ -32,7 +33,8 @@ pub mod table;
 mod x86_64;
 
 pub use builder::{
-    build_table, build_table_at, build_table_from_path, build_table_with_debug_file, BuildError,
+    build_table, build_table_at, build_table_early, build_table_from_path,
+    build_table_with_debug_file, BuildError,
 };
 pub use identity::ObjectKey;
 pub use rule::{unsupported_kind_name, Rule, UnsupportedKind};
