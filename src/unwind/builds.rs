@@ -91,17 +91,26 @@ impl Worker {
     }
 }
 
-/// The build threads: one for any object, one only for tables samples are
-/// waiting on (a build cannot be interrupted, so without it a table found
+/// The build threads: one for any object, two only for tables samples are
+/// waiting on (a build cannot be interrupted, so without them a table found
 /// by the start-up scan that nothing samples, a 42 MB `cargo`, could hold
-/// up librustc_driver for hundreds of milliseconds), and one for small
-/// objects only.
-const BUILD_THREADS: [(&str, Worker); 3] = [
+/// up librustc_driver for hundreds of milliseconds; two, because `rustc`
+/// samples two large objects at once, librustc_driver and libLLVM, and the
+/// one built second would get no early pages until the first is done), and
+/// one for small objects only.
+const BUILD_THREADS: [(&str, Worker); 4] = [
     (
         "unwind-tables",
         Worker::Build {
             max_bytes: u64::MAX,
             min_priority: 0,
+        },
+    ),
+    (
+        "unwind-sampled",
+        Worker::Build {
+            max_bytes: u64::MAX,
+            min_priority: 1,
         },
     ),
     (
@@ -468,7 +477,7 @@ mod tests {
 
     #[test]
     fn one_build_thread_waits_for_tables_samples_need() {
-        let (any, sampled, _) = (BUILD_THREADS[0].1, BUILD_THREADS[1].1, BUILD_THREADS[2].1);
+        let (any, sampled) = (BUILD_THREADS[0].1, BUILD_THREADS[1].1);
         let queue = BuildQueue::default();
         // Found by a scan, not sampled: only the thread for any object takes it.
         queue.push(request(1, 150 << 20), 0);

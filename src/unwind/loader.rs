@@ -330,6 +330,12 @@ impl UnwindLoader {
         while let Ok(result) = self.results.try_recv() {
             if result.early {
                 if let Ok(table) = &result.table {
+                    debug!(
+                        "{}: {} pages sent ahead {} ms into its build",
+                        result.name,
+                        table.pages().len(),
+                        result.took.as_millis()
+                    );
                     self.load_early(result.object_id, &result.name, table, sampler);
                 }
                 continue;
