@@ -53,6 +53,13 @@ impl Assembly {
         overlay(&mut self.laid, new, start, end);
     }
 
+    /// The rules merged so far, and the address below which they are
+    /// final: no FDE still to come can add or change a rule below it (it
+    /// is the end of the last span merged; `None` before the first).
+    pub(super) fn merged(&self) -> (&[RuleAt], Option<u64>) {
+        (&self.rules, self.previous_end)
+    }
+
     /// The merged rule stream, ending with an end-of-function row after
     /// the last span.
     pub(super) fn finish(mut self) -> Vec<RuleAt> {

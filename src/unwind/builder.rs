@@ -365,7 +365,8 @@ fn evaluate_fde<'d, S: UnwindSection<Slice<'d>>>(
 /// so that memory stays near the size of the result: the first finds each
 /// FDE's range, the second evaluates the FDEs in address order, each
 /// straight into the [`Assembly`]. With `early`, the second pass stops
-/// every [`CHECK_EVERY_FDES`] FDEs to build and send the pages it asks for.
+/// every [`CHECK_EVERY_FDES`] FDEs to build and send the pages it asks for,
+/// and to send the pages it has finished.
 fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     section: &S,
     bases: &BaseAddresses,
@@ -415,6 +416,7 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
             ahead.serve(&fdes, source, |at, spans| {
                 evaluate_fde(section, bases, &mut ctx, &mut cies, at, spans, &mut |_| {})
             });
+            ahead.progress(assembly.merged(), source);
         }
         spans.clear();
         evaluate_fde(

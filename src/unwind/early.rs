@@ -2,23 +2,28 @@
 //! (librustc_driver: 107 k FDEs, hundreds of milliseconds), samples in it
 //! are walked by frame pointers and counted `no_table`. The loader notes
 //! the 64 KiB pages those samples' pcs fall in ([`WantedPages`]); the
-//! build, between FDEs, builds those pages alone ([`Ahead`]) and sends
-//! them ahead ([`EarlySink`]), so the walker can use them within
-//! milliseconds; the full table replaces them when it is done.
+//! build, between FDEs, builds those pages alone and sends them ahead
+//! ([`Ahead::serve`], through an [`EarlySink`]), so the walker can use
+//! them within milliseconds. It also sends the pages its address-ordered
+//! pass has finished, [`PROGRESS_PAGES`] at a time ([`Ahead::progress`]).
+//! Each page is sent once; the loader keeps them, and loads only the
+//! other pages of the finished table.
 //!
 //! The rows of a page depend only on the FDEs whose ranges overlap it (an
 //! FDE with a later start wins only where it overlaps; the rule carried
 //! into the page is the one in effect at its start, which an overlapping
 //! FDE gives). So assembling just those FDEs, in the full build's order,
-//! yields the page's rows exactly as the full table has them.
+//! yields the page's rows exactly as the full table has them. Likewise a
+//! page below the address where the merged stream is final
+//! ([`Assembly::merged`]) has its final rows.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use super::assemble::{Assembly, Span};
 use super::builder::FdeAt;
 use super::row::PAGE_BITS;
-use super::table::{CfiSource, UnwindTable};
+use super::table::{CfiSource, RuleAt, UnwindTable};
 
 /// Where a build hears which pages samples wait on and sends their rows.
 pub trait EarlySink {
@@ -51,12 +56,20 @@ impl WantedPages {
 /// pages (about a millisecond of work).
 pub(super) const CHECK_EVERY_FDES: usize = 256;
 
+/// The address-ordered pass sends its finished pages in batches of at
+/// least this many (2 MiB of code).
+pub(super) const PROGRESS_PAGES: u64 = 32;
+
 /// Serves a sink during one build: see the module documentation.
 pub(super) struct Ahead<'s> {
     sink: &'s dyn EarlySink,
     /// `max_end[i]`: the largest end of `fdes[..=i]` (computed on first
     /// use), to find the FDEs that reach into a page from before it.
     max_end: Vec<u64>,
+    /// Pages sent so far.
+    sent: BTreeSet<u32>,
+    /// Pages below this one were considered by [`Self::progress`].
+    progressed: u64,
 }
 
 impl<'s> Ahead<'s> {
@@ -64,6 +77,41 @@ impl<'s> Ahead<'s> {
         Ahead {
             sink,
             max_end: Vec::new(),
+            sent: BTreeSet::new(),
+            progressed: 0,
+        }
+    }
+
+    /// Send the pages of `table` not sent before, if any.
+    fn send(&mut self, table: &UnwindTable) {
+        let sent = &self.sent;
+        let table = table.only_pages(|p| !sent.contains(&p));
+        if !table.pages().is_empty() {
+            self.sent.extend(table.pages().iter().map(|p| p.page));
+            self.sink.publish(table);
+        }
+    }
+
+    /// Send the pages the address-ordered pass has finished since the
+    /// last call, once they are [`PROGRESS_PAGES`] or more: `merged` is
+    /// its rule stream and the address below which that is final.
+    pub(super) fn progress(&mut self, merged: (&[RuleAt], Option<u64>), source: CfiSource) {
+        let (rules, Some(final_below)) = merged else {
+            return;
+        };
+        let (first, end) = (self.progressed, final_below >> PAGE_BITS);
+        if end < first + PROGRESS_PAGES {
+            return;
+        }
+        self.progressed = end;
+        // From the rule carried into page `first`.
+        let from = rules
+            .partition_point(|r| r.0 <= first << PAGE_BITS)
+            .saturating_sub(1);
+        let to = rules.partition_point(|r| r.0 < final_below);
+        // An invalid stream is the full build's error to report.
+        if let Ok(table) = UnwindTable::from_rules(&rules[from..to], 0, BTreeMap::new(), source) {
+            self.send(&table.only_pages(|p| (first..end).contains(&u64::from(p))));
         }
     }
 
@@ -77,6 +125,7 @@ impl<'s> Ahead<'s> {
         mut evaluate: impl FnMut(&FdeAt, &mut Vec<Span>),
     ) {
         let mut pages = self.sink.wanted();
+        pages.retain(|p| !self.sent.contains(p));
         if pages.is_empty() {
             return;
         }
@@ -104,10 +153,7 @@ impl<'s> Ahead<'s> {
         if let Ok(table) =
             UnwindTable::from_rules(&rules, selected.len() as u64, BTreeMap::new(), source)
         {
-            let table = table.only_pages(&pages);
-            if !table.pages().is_empty() {
-                self.sink.publish(table);
-            }
+            self.send(&table.only_pages(|p| pages.binary_search(&p).is_ok()));
         }
     }
 }
@@ -163,14 +209,17 @@ mod tests {
             .collect()
     }
 
-    fn check(path: &str) {
+    /// Builds `path`'s table with early pages asked for (every third page,
+    /// the first and last, one past the end) and checks them against the
+    /// full build; returns how many pages were sent and how many asked
+    /// for were in the table.
+    fn check(path: &std::path::Path) -> Option<(usize, usize)> {
         let Ok(elf) = std::fs::read(path) else {
-            eprintln!("skipped: {path} is absent");
-            return;
+            eprintln!("skipped: {} is absent", path.display());
+            return None;
         };
         let full = build_table(&elf).expect("full table");
         let full_pages = rows_by_page(&full);
-        // Every third page, a page past the end, and the first and last.
         let mut asked: Vec<u32> = full.pages().iter().step_by(3).map(|p| p.page).collect();
         let last = full.pages().last().expect("pages").page;
         asked.extend([full.pages()[0].page, last, last + 7]);
@@ -180,32 +229,54 @@ mod tests {
         };
         let built = build_table_early(None, &elf, &recorder).expect("table");
         // The full table is the same as without early pages...
-        assert_eq!(built, full, "{path}");
-        // ...and the early pages, sent once, are exactly its pages.
-        let got = recorder.got.take();
-        assert_eq!(got.len(), 1, "{path}");
-        let early = rows_by_page(&got[0]);
-        let expected: Vec<u32> = asked
-            .iter()
-            .copied()
-            .filter(|p| full_pages.contains_key(p))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        assert_eq!(
-            early.keys().copied().collect::<Vec<_>>(),
-            expected,
-            "{path}"
-        );
-        for (page, rows) in &early {
-            assert_eq!(Some(rows), full_pages.get(page), "{path}: page {page:#x}");
+        assert_eq!(built, full, "{}", path.display());
+        // ...each page sent has exactly its rows, and is sent once...
+        let mut sent = BTreeMap::new();
+        for table in recorder.got.take() {
+            for (page, rows) in rows_by_page(&table) {
+                assert_eq!(Some(&rows), full_pages.get(&page), "page {page:#x}");
+                assert!(sent.insert(page, rows).is_none(), "page {page:#x} twice");
+            }
         }
+        // ...and every page asked for that the table has was sent.
+        let asked: BTreeSet<u32> = asked
+            .into_iter()
+            .filter(|p| full_pages.contains_key(p))
+            .collect();
+        assert!(asked.iter().all(|p| sent.contains_key(p)));
+        Some((sent.len(), asked.len()))
     }
 
     #[test]
     fn early_pages_have_the_full_tables_rows() {
-        check("/lib/x86_64-linux-gnu/libc.so.6");
-        check("/lib/x86_64-linux-gnu/libstdc++.so.6");
+        check("/lib/x86_64-linux-gnu/libc.so.6".as_ref());
+        check("/lib/x86_64-linux-gnu/libstdc++.so.6".as_ref());
+    }
+
+    /// A large object: the finished pages are sent as the pass goes too.
+    #[test]
+    fn a_large_tables_finished_pages_are_sent_as_it_is_built() {
+        let sysroot = std::process::Command::new("rustc")
+            .args(["--print", "sysroot"])
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok());
+        let driver = sysroot.and_then(|root| {
+            std::fs::read_dir(std::path::Path::new(root.trim()).join("lib"))
+                .ok()?
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| {
+                    let name = p.file_name().unwrap_or_default().to_string_lossy();
+                    name.starts_with("librustc_driver-") && name.ends_with(".so")
+                })
+        });
+        let Some(driver) = driver else {
+            eprintln!("skipped: no librustc_driver in rustc's sysroot");
+            return;
+        };
+        let (sent, asked) = check(&driver).expect("readable");
+        assert!(sent > asked, "{sent} pages sent, {asked} asked for");
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! counted) until it does.
 
 use rustc_hash::{FxHashMap, FxHashSet};
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
@@ -38,8 +39,9 @@ pub use crate::unwind::builds::SMALL_OBJECT_BYTES;
 enum TableState {
     Building(Building),
     Loaded {
-        base: u32,
-        rows: u32,
+        /// Row ranges `(first, count)` in `unwind_rows`: the pages loaded
+        /// ahead of the table, then the rest (ranges are never empty).
+        ranges: Vec<(u32, u32)>,
         pages: Vec<Page>,
     },
     /// Removed to make room; rebuilt when sampled again.
@@ -58,7 +60,8 @@ struct Building {
     early: Vec<EarlyRows>,
 }
 
-/// Rows loaded ahead of a table, until the full table replaces them.
+/// Rows loaded ahead of a table; they stay when the table is loaded (its
+/// other pages go into a range of their own).
 struct EarlyRows {
     base: u32,
     rows: u32,
@@ -384,6 +387,8 @@ impl UnwindLoader {
         }
     }
 
+    /// Load `object_id`'s finished `table`: the pages not loaded ahead of
+    /// it go into a new row range, those loaded ahead stay where they are.
     fn load(
         &mut self,
         object_id: u32,
@@ -391,7 +396,21 @@ impl UnwindLoader {
         table: &UnwindTable,
         sampler: &Sampler<'_>,
     ) -> Result<()> {
-        let rows = table.rows().len() as u32;
+        let mut ranges = Vec::new();
+        let mut sent = FxHashSet::default();
+        if let Some(TableState::Building(building)) = self.tables.get(&object_id).map(|t| &t.state)
+        {
+            for early in &building.early {
+                ranges.push((early.base, early.rows));
+                sent.extend(early.pages.iter().map(|p| p.page));
+            }
+        }
+        let rest = if sent.is_empty() {
+            Cow::Borrowed(table)
+        } else {
+            Cow::Owned(table.only_pages(|p| !sent.contains(&p)))
+        };
+        let rows = rest.rows().len() as u32;
         if rows > self.capacity_rows {
             anyhow::bail!(
                 "its {rows} rows exceed the whole unwind-table budget of {} rows (raise --max-unwind-info-mb)",
@@ -410,23 +429,24 @@ impl UnwindLoader {
             }
         };
         let started = Instant::now();
-        sampler.write_rows(base, table.rows())?;
-        sampler.insert_pages(object_id, table.pages(), base)?;
+        sampler.write_rows(base, rest.rows())?;
+        sampler.insert_pages(object_id, rest.pages(), base)?;
         sampler.set_object_loaded(object_id, true)?;
-        // The full table's pages replaced the early ones (the same pages).
-        self.release_early(object_id);
         debug!(
-            "{name}: loaded {rows} rows in {} pages at row {base} in {} us",
-            table.pages().len(),
-            started.elapsed().as_micros()
+            "{name}: loaded {rows} rows in {} pages at row {base} in {} us ({} pages loaded ahead)",
+            rest.pages().len(),
+            started.elapsed().as_micros(),
+            sent.len()
         );
+        if rows > 0 {
+            ranges.push((base, rows));
+        }
         self.stats.tables_loaded += 1;
-        self.stats.rows_loaded += u64::from(rows);
+        self.stats.rows_loaded += ranges.iter().map(|&(_, n)| u64::from(n)).sum::<u64>();
         self.set_state(
             object_id,
             TableState::Loaded {
-                base,
-                rows,
+                ranges,
                 pages: table.pages().to_vec(),
             },
         );
@@ -456,6 +476,7 @@ impl UnwindLoader {
         let loaded = sampler
             .write_rows(base, pages.rows())
             .and_then(|()| sampler.insert_pages(object_id, pages.pages(), base));
+        building.asked.extend(pages.pages().iter().map(|p| p.page));
         building.early.push(EarlyRows {
             base,
             rows,
@@ -470,26 +491,14 @@ impl UnwindLoader {
         }
     }
 
-    /// The rows loaded ahead of `object_id`'s table, taken from its state.
-    fn take_early(&mut self, object_id: u32) -> Vec<EarlyRows> {
-        match self.tables.get_mut(&object_id).map(|t| &mut t.state) {
-            Some(TableState::Building(building)) => std::mem::take(&mut building.early),
-            _ => Vec::new(),
-        }
-    }
-
-    /// Free the rows loaded ahead of `object_id`'s table, now that the
-    /// table's own pages point elsewhere.
-    fn release_early(&mut self, object_id: u32) {
-        for early in self.take_early(object_id) {
-            self.allocator.release(early.base, early.rows);
-        }
-    }
-
     /// Remove the pages loaded ahead of `object_id`'s table from the
     /// walker's view (its table could not be loaded), and free their rows.
     fn drop_early(&mut self, object_id: u32, sampler: &Sampler<'_>) {
-        for early in self.take_early(object_id) {
+        let early = match self.tables.get_mut(&object_id).map(|t| &mut t.state) {
+            Some(TableState::Building(building)) => std::mem::take(&mut building.early),
+            _ => Vec::new(),
+        };
+        for early in early {
             sampler.remove_pages(object_id, &early.pages);
             self.allocator.release(early.base, early.rows);
         }
@@ -507,15 +516,15 @@ impl UnwindLoader {
         let Some(table) = self.tables.get_mut(&id) else {
             return false;
         };
-        if let TableState::Loaded { base, rows, pages } =
+        if let TableState::Loaded { ranges, pages } =
             std::mem::replace(&mut table.state, TableState::Evicted)
         {
             let _ = sampler.set_object_loaded(id, false);
             sampler.remove_pages(id, &pages);
-            if rows > 0 {
+            for (base, rows) in ranges {
                 self.allocator.release(base, rows);
+                self.stats.rows_loaded -= u64::from(rows);
             }
-            self.stats.rows_loaded -= u64::from(rows);
         }
         self.stats.evictions += 1;
         true

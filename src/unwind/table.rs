@@ -260,17 +260,13 @@ impl UnwindTable {
         decode(row)
     }
 
-    /// The table restricted to the pages numbered in `wanted` (sorted):
+    /// The table restricted to the pages whose numbers `keep` accepts:
     /// those pages' rows, rebased; the counts measured on the table
     /// (rows, pages, bytes, most rows in a page) are the kept pages'.
-    pub(crate) fn only_pages(&self, wanted: &[u32]) -> UnwindTable {
+    pub(crate) fn only_pages(&self, keep: impl Fn(u32) -> bool) -> UnwindTable {
         let mut rows = Vec::new();
         let mut pages = Vec::new();
-        for page in self
-            .pages
-            .iter()
-            .filter(|p| wanted.binary_search(&p.page).is_ok())
-        {
+        for page in self.pages.iter().filter(|p| keep(p.page)) {
             pages.push(Page {
                 first_row: rows.len() as u32,
                 ..*page
