@@ -366,7 +366,8 @@ fn evaluate_fde<'d, S: UnwindSection<Slice<'d>>>(
 /// FDE's range, the second evaluates the FDEs in address order, each
 /// straight into the [`Assembly`]. With `early`, the second pass stops
 /// every [`CHECK_EVERY_FDES`] FDEs to build and send the pages it asks for,
-/// and to send the pages it has finished.
+/// and to send the pages it has finished; the last pages are sent as soon
+/// as the table is assembled.
 fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     section: &S,
     bases: &BaseAddresses,
@@ -426,12 +427,13 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     }
     drop(fdes);
     let rules = assembly.finish();
-    Ok(UnwindTable::from_rules(
-        &rules,
-        fde_count,
-        unsupported,
-        source,
-    )?)
+    let table = UnwindTable::from_rules(&rules, fde_count, unsupported, source)?;
+    if let Some(ahead) = ahead.as_mut() {
+        // The pages not sent yet, at once: the caller may store the table
+        // in the cache (and wait for the disk) before the loader gets it.
+        ahead.send(&table);
+    }
+    Ok(table)
 }
 
 #[cfg(test)]
