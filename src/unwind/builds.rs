@@ -16,6 +16,7 @@ use tracing::debug;
 
 use crate::unwind::cache::{self, CacheError};
 use crate::unwind::early::{EarlySink, WantedPages};
+use crate::unwind::stat_keys;
 use crate::unwind::{ObjectKey, UnwindTable};
 
 /// Where a table's CFI comes from.
@@ -31,9 +32,19 @@ pub(super) enum TableSource {
 pub(super) enum Stage {
     /// Its cached table is to be read (only with a cache directory).
     Lookup,
-    /// It is to be built: the cache had no usable entry for `key`
-    /// (`Some(key, why)`), or there is no cache.
-    Build(Option<(ObjectKey, CacheError)>),
+    /// It is to be built, and stored in the cache as `Some` says (`None`:
+    /// there is no cache).
+    Build(Option<Store>),
+}
+
+/// Where a built table goes in the cache.
+pub(super) enum Store {
+    /// Under this key, whose entry was unusable for this reason.
+    Key(ObjectKey, CacheError),
+    /// Under the key found after the build: a file without a build ID
+    /// whose content hash is not remembered ([`super::stat_keys`]), built
+    /// without a lookup so that hashing it does not delay the build.
+    KeyAfterBuild,
 }
 
 /// One table to build.
@@ -284,15 +295,17 @@ fn map_object(path: &Path) -> std::io::Result<(std::fs::File, memmap2::Mmap)> {
     Ok((file, map))
 }
 
-/// The cache key of `source`'s object.
-fn object_key(source: &TableSource) -> Result<ObjectKey> {
+/// The cache key of `source`'s object to look up in `dir`: its build ID,
+/// else for a file the content hash remembered for it
+/// ([`super::stat_keys`]), else `None` (the file is to be built first).
+fn lookup_key(dir: &Path, source: &TableSource) -> Result<Option<ObjectKey>> {
     Ok(match source {
         TableSource::File { open, path } => {
             let (file, bytes) =
                 map_object(open).with_context(|| format!("reading {}", path.display()))?;
-            crate::unwind::object_key_at(&file, &bytes)
+            ObjectKey::by_build_id(&bytes).or_else(|| stat_keys::find(dir, &file.metadata().ok()?))
         }
-        TableSource::Bytes(bytes) => ObjectKey::for_object(bytes),
+        TableSource::Bytes(bytes) => Some(ObjectKey::for_object(bytes)),
     })
 }
 
@@ -302,17 +315,24 @@ fn cache_worker(queue: &BuildQueue, results: &Sender<BuildResult>, cache_dir: Op
     let Some(dir) = cache_dir else { return };
     while let Some((priority, order, mut request)) = queue.pop(|p, r| Worker::Cache.takes(p, r)) {
         let started = Instant::now();
-        let lookup = object_key(&request.source).map(|key| {
-            let found = cache::load(dir, &key);
-            (key, found)
+        let lookup = lookup_key(dir, &request.source).map(|key| {
+            key.map(|key| {
+                let found = cache::load(dir, &key);
+                (key, found)
+            })
         });
         let table = match lookup {
-            Ok((key, Err(reason))) => {
-                request.stage = Stage::Build(Some((key, reason)));
+            Ok(None) => {
+                request.stage = Stage::Build(Some(Store::KeyAfterBuild));
                 queue.requeue((priority, order, request));
                 continue;
             }
-            Ok((key, Ok(table))) => {
+            Ok(Some((key, Err(reason)))) => {
+                request.stage = Stage::Build(Some(Store::Key(key, reason)));
+                queue.requeue((priority, order, request));
+                continue;
+            }
+            Ok(Some((key, Ok(table)))) => {
                 debug!("unwind table {key}: {:?}", cache::CacheOutcome::Hit);
                 Ok(table)
             }
@@ -350,12 +370,11 @@ fn build_worker(
     }
 }
 
-/// `source`'s table, built; stored as the key's entry in the cache
-/// directory when `store` holds the directory, the key and why the cache
-/// had no usable entry.
+/// `source`'s table, built; stored in the cache directory when `store`
+/// holds it, as its [`Store`] says.
 fn build(
     source: &TableSource,
-    store: Option<(&Path, (ObjectKey, CacheError))>,
+    store: Option<(&Path, Store)>,
     early: &dyn EarlySink,
 ) -> Result<UnwindTable> {
     let mapped;
@@ -367,10 +386,37 @@ fn build(
         TableSource::Bytes(bytes) => (bytes, None),
     };
     let build = || crate::unwind::builder::build_table_early(path, elf, early);
-    let Some((dir, (key, reason))) = store else {
+    let Some((dir, store)) = store else {
         return Ok(build()?);
     };
-    let (table, outcome) = cache::build_and_store(dir, &key, reason, build)?;
+    let (key, reason, table) = match store {
+        Store::Key(key, reason) => (key, reason, None),
+        Store::KeyAfterBuild => {
+            let table = build()?;
+            let key = match source {
+                TableSource::File { open, path } => {
+                    let file = std::fs::File::open(open)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    let key = crate::unwind::object_key_at(&file, elf);
+                    if let Err(err) = file
+                        .metadata()
+                        .and_then(|meta| stat_keys::remember(dir, &meta, &key))
+                    {
+                        debug!("cannot remember the key {key}: {err}");
+                    }
+                    key
+                }
+                TableSource::Bytes(bytes) => ObjectKey::for_object(bytes),
+            };
+            (key, CacheError::Missing, Some(table))
+        }
+    };
+    let (table, outcome) = match table {
+        Some(table) => cache::build_and_store(dir, &key, reason, || {
+            Ok::<_, crate::unwind::BuildError>(table)
+        })?,
+        None => cache::build_and_store(dir, &key, reason, build)?,
+    };
     debug!("unwind table {key}: {outcome:?}");
     Ok(table)
 }
@@ -503,6 +549,53 @@ mod tests {
         assert!(!Worker::Cache.takes(9, &request(4, 0)));
     }
 
+    /// `bytes` with its build-ID note's type changed, so it has none.
+    fn without_build_id(mut bytes: Vec<u8>) -> Option<Vec<u8>> {
+        use object::{Object, ObjectSection};
+        let file = object::File::parse(&*bytes).ok()?;
+        let (offset, _) = file.section_by_name(".note.gnu.build-id")?.file_range()?;
+        // n_namesz, n_descsz, n_type: NT_GNU_BUILD_ID (3) becomes 0x7f.
+        bytes[offset as usize + 8] = 0x7f;
+        Some(bytes)
+    }
+
+    #[test]
+    fn a_file_without_build_id_is_built_then_keyed_and_found_by_its_identity() {
+        let Some(bytes) = std::fs::read("/lib/x86_64-linux-gnu/libm.so.6")
+            .ok()
+            .and_then(without_build_id)
+        else {
+            eprintln!("skipped: no libm.so.6 with a build ID");
+            return;
+        };
+        let (cache_dir, objects) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let path = objects.path().join("libm-no-build-id.so");
+        std::fs::write(&path, &bytes).expect("write");
+        let source = TableSource::File {
+            open: path.clone(),
+            path,
+        };
+        // Not hashed before its build: nothing to look up.
+        assert!(lookup_key(cache_dir.path(), &source)
+            .expect("readable")
+            .is_none());
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let request = request(1, 0);
+        let early = Early {
+            request: &request,
+            results: &tx,
+            started: Instant::now(),
+        };
+        let store = Some((cache_dir.path(), Store::KeyAfterBuild));
+        let built = build(&source, store, &early).expect("built");
+        assert_eq!(built, crate::unwind::build_table(&bytes).expect("direct"));
+        // Now keyed by its content hash, found through its identity.
+        let key = ObjectKey::ContentHash(xxhash_rust::xxh3::xxh3_128(&bytes));
+        let found = lookup_key(cache_dir.path(), &source).expect("readable");
+        assert_eq!(found.as_ref(), Some(&key));
+        assert_eq!(cache::load(cache_dir.path(), &key).expect("stored"), built);
+    }
+
     #[test]
     fn a_cached_table_is_read_while_the_build_threads_are_busy_and_a_miss_is_built() {
         let path = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
@@ -543,7 +636,7 @@ mod tests {
             .expect("the miss, for a build thread");
         // Its priority and place among arrivals are kept.
         assert_eq!((priority, order, missed.object_id), (7, 2, 2));
-        let Stage::Build(Some((key, CacheError::Missing))) = &missed.stage else {
+        let Stage::Build(Some(Store::Key(key, CacheError::Missing))) = &missed.stage else {
             panic!("a miss carries its key and reason");
         };
         assert_eq!(key, &other_key);
@@ -561,7 +654,7 @@ mod tests {
         };
         let built = build(
             &missed.source,
-            Some((dir.path(), (key.clone(), CacheError::Missing))),
+            Some((dir.path(), Store::Key(key.clone(), CacheError::Missing))),
             &early,
         )
         .expect("built");

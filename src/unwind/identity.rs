@@ -44,9 +44,17 @@ impl ObjectKey {
     /// start-up peak of issue 18), where [`content_hash`] reads it a chunk
     /// at a time. Only the ELF headers and notes of `bytes` are read.
     pub fn for_object_or(bytes: &[u8], content_hash: impl FnOnce() -> u128) -> ObjectKey {
+        Self::by_build_id(bytes).unwrap_or_else(|| ObjectKey::ContentHash(content_hash()))
+    }
+
+    /// The key of an object file's bytes when it is an ELF file with a
+    /// build ID (of 1 to [`MAX_BUILD_ID_LEN`] bytes); `None` otherwise.
+    pub fn by_build_id(bytes: &[u8]) -> Option<ObjectKey> {
         match build_id(bytes) {
-            Ok(Some(id)) if (1..=MAX_BUILD_ID_LEN).contains(&id.len()) => ObjectKey::BuildId(id),
-            _ => ObjectKey::ContentHash(content_hash()),
+            Ok(Some(id)) if (1..=MAX_BUILD_ID_LEN).contains(&id.len()) => {
+                Some(ObjectKey::BuildId(id))
+            }
+            _ => None,
         }
     }
 }

@@ -29,6 +29,7 @@ mod reference_tests;
 pub mod row;
 pub mod rule;
 pub mod show;
+mod stat_keys;
 pub mod table;
 mod x86_64;
 
