@@ -80,6 +80,23 @@ pub trait TableSupply {
     /// The start-up scan is over: `scan` says which tables the walks of the
     /// processes running at start use.
     fn startup_scanned(&mut self, scan: StartupScan);
+
+    /// Process `pid` has the anonymous executable mapping `range` (start,
+    /// end) and the jitdump file `jitdump` (a path that reads it): the
+    /// object id of a table of the mapping's JIT code built from the
+    /// unwinding information in that file, or `None` when it holds none
+    /// for that code (the walker then uses frame pointers there).
+    fn jit_mapped(&mut self, pid: u32, range: (u64, u64), jitdump: &std::path::Path)
+        -> Option<u32>;
+
+    /// Whether the jitdump file `jitdump` of process `pid`, described
+    /// before, gained unwinding information since: the process is then
+    /// described again, so that its mappings get the new tables. Called
+    /// for each of its samples; cheap when nothing changed.
+    fn jit_grew(&mut self, pid: u32, jitdump: &std::path::Path) -> bool;
+
+    /// Process `pid` exited: the tables of its JIT code can go.
+    fn process_exited(&mut self, pid: u32);
 }
 
 /// What the start-up scan described.
@@ -242,8 +259,15 @@ impl ProcessFollower {
         walker: &impl WalkerMaps,
         tables: &mut impl TableSupply,
     ) {
-        if !sample.kernel_thread && !self.described.contains(&sample.pid) {
+        if sample.kernel_thread {
+            return;
+        }
+        if !self.described.contains(&sample.pid) {
             self.describe(sample.pid, tracker, walker, tables);
+        } else if let Some(dump) = tracker.jitdump(sample.pid) {
+            if tables.jit_grew(sample.pid, &dump.open_path) {
+                self.describe(sample.pid, tracker, walker, tables);
+            }
         }
     }
 
@@ -262,6 +286,7 @@ impl ProcessFollower {
         match event {
             ProcessEvent::Exit { pid } => {
                 walker.remove_process(pid);
+                tables.process_exited(pid);
                 self.described.remove(&pid);
                 tracker.process_exited(pid, crate::timefmt::monotonic_ns());
             }
@@ -353,6 +378,14 @@ impl ProcessFollower {
                     });
                 }
                 Err(err) => debug!("pid {pid}: cannot read the vDSO: {err:#}"),
+            }
+        } else if let Some(dump) = tracker.jitdump(pid) {
+            if let Some(object_id) = tables.jit_mapped(pid, (m.start, m.end), &dump.open_path) {
+                return Some(ExecMapping {
+                    object_id,
+                    frame_pointers: false,
+                    ..frame_pointers
+                });
             }
         }
         Some(frame_pointers)
@@ -504,6 +537,13 @@ mod tests {
         fn vdso_mapped(&mut self, image: Vec<u8>) {
             self.vdso.push(image);
         }
+        fn jit_mapped(&mut self, _: u32, _: (u64, u64), _: &std::path::Path) -> Option<u32> {
+            None
+        }
+        fn jit_grew(&mut self, _: u32, _: &std::path::Path) -> bool {
+            false
+        }
+        fn process_exited(&mut self, _: u32) {}
         fn startup_scanned(&mut self, scan: StartupScan) {
             self.startup.push(scan);
         }

@@ -1,0 +1,329 @@
+//! Unwind tables of JIT code, from the unwinding information jitdump files
+//! carry (CPython 3.13 `-X perf_jit`, V8 `--perf-prof-unwinding-info`).
+//!
+//! perf's jitdump format has a `JIT_CODE_UNWINDING_INFO` record (id 4):
+//! `unwinding_size`, `eh_frame_hdr_size`, `mapped_size` (u64 each), then
+//! `unwinding_size` bytes: an `.eh_frame` followed by its
+//! `.eh_frame_hdr` (`eh_frame_hdr_size` bytes). It describes the code of the
+//! next `JIT_CODE_LOAD` record; its pointers are relative to where perf
+//! places that `.eh_frame` when it turns the record into an ELF image: right
+//! after the code, at the code's address plus its size rounded up to 8
+//! bytes (`ALIGN_8` in perf's `genelf.c`). `JIT_CODE_MOVE` moves the code
+//! and its unwinding information with it.
+//!
+//! Each anonymous executable mapping of a process that holds such code gets
+//! a table of its own under a synthetic object id (from [`JIT_OBJECT_ID_BASE`]),
+//! with rows at mapping-relative addresses (the walker's bias is the
+//! mapping's start). The FDEs are evaluated by the builder's own
+//! ([`super::builder::fde_spans`], gimli) and assembled like an object's.
+//! Tables never change under their id (the BPF walker caches rows by id and
+//! address): when code is added to a mapping, its table is built again
+//! under a new id, the process is described again with it, and the old id is
+//! retired.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindContext, UnwindSection};
+use rustc_hash::FxHashMap;
+use tracing::debug;
+
+use super::assemble::{Assembly, Span};
+use super::builder::{fde_spans, Slice};
+use super::rule::{Rule, UnsupportedKind};
+use super::table::{CfiSource, UnwindTable};
+use crate::process::jit::{ne_u64, JitdumpCursor, JitdumpRecord};
+use crate::process::walker::VDSO_OBJECT_ID;
+
+/// First object id of JIT tables; they count up to [`VDSO_OBJECT_ID`]
+/// (exclusive) and wrap. Tracker object ids count up from 0.
+pub const JIT_OBJECT_ID_BASE: u32 = 0x8000_0000;
+/// Most pieces of code with unwinding information kept per process.
+const MAX_CODES: usize = 1 << 18;
+/// Most JIT tables per process (the walker knows 256 mappings).
+const MAX_TABLES: usize = 256;
+/// Shortest time between two looks at whether a process's jitdump grew.
+const CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
+const JIT_CODE_LOAD: u32 = 0;
+const JIT_CODE_MOVE: u32 = 1;
+const JIT_CODE_UNWINDING_INFO: u32 = 4;
+
+/// A piece of JIT code with its unwinding information.
+#[derive(Debug)]
+struct Code {
+    /// Bytes of code.
+    size: u64,
+    /// Its `.eh_frame` (identical ones are shared).
+    eh_frame: Arc<[u8]>,
+}
+
+/// The table of one mapping, as last built.
+#[derive(Debug)]
+struct MappingTable {
+    object_id: u32,
+    /// [`digest`] of the code it was built from.
+    digest: (usize, u64),
+}
+
+/// What is known of one process's jitdump.
+#[derive(Debug, Default)]
+struct ProcessJit {
+    cursor: JitdumpCursor,
+    /// The `.eh_frame` of the latest unwinding-info record, for the next
+    /// code load.
+    pending: Option<Arc<[u8]>>,
+    /// Code with unwinding information, by address.
+    codes: BTreeMap<u64, Code>,
+    /// Tables by mapping start.
+    tables: FxHashMap<u64, MappingTable>,
+    /// When the file was last read.
+    last_read: Option<Instant>,
+}
+
+/// Applies one record to what is known of a process's code: `pending`,
+/// the latest unwinding information not yet used by a code load, and
+/// `codes`.
+fn apply(pending: &mut Option<Arc<[u8]>>, codes: &mut BTreeMap<u64, Code>, id: u32, body: &[u8]) {
+    match id {
+        JIT_CODE_UNWINDING_INFO if body.len() >= 24 => {
+            let (size, hdr_size) = (ne_u64(body, 0), ne_u64(body, 8));
+            let eh_frame = usize::try_from(size.saturating_sub(hdr_size))
+                .ok()
+                .and_then(|len| body.get(24..24usize.checked_add(len)?));
+            *pending = eh_frame.map(|bytes| match &*pending {
+                Some(last) if **last == *bytes => last.clone(),
+                _ => match codes.values().next_back() {
+                    Some(code) if *code.eh_frame == *bytes => code.eh_frame.clone(),
+                    _ => Arc::from(bytes),
+                },
+            });
+        }
+        JIT_CODE_LOAD if body.len() >= 40 => {
+            let (addr, size) = (ne_u64(body, 16), ne_u64(body, 24));
+            match pending.take() {
+                Some(eh_frame) if codes.len() < MAX_CODES => {
+                    codes.insert(addr, Code { size, eh_frame });
+                }
+                _ => {
+                    codes.remove(&addr);
+                }
+            }
+        }
+        JIT_CODE_MOVE if body.len() >= 48 => {
+            let (old, new) = (ne_u64(body, 16), ne_u64(body, 24));
+            if let Some(code) = codes.remove(&old) {
+                codes.insert(new, code);
+            }
+        }
+        _ => {}
+    }
+}
+
+impl ProcessJit {
+    /// Reads what was added to the jitdump at `path`.
+    fn read(&mut self, path: &Path) -> std::io::Result<()> {
+        self.last_read = Some(Instant::now());
+        let ProcessJit {
+            cursor,
+            pending,
+            codes,
+            ..
+        } = self;
+        cursor.read_new(path, |record| match record {
+            JitdumpRecord::Restart => {
+                *pending = None;
+                codes.clear();
+            }
+            JitdumpRecord::Record { id, body } => apply(pending, codes, id, body),
+        })
+    }
+
+    /// `(count, sum of addresses)` of the code in `[start, end)`: differs
+    /// when code was added, moved or dropped there.
+    fn digest(&self, start: u64, end: u64) -> (usize, u64) {
+        self.codes
+            .range(start..end)
+            .fold((0, 0), |(n, sum), (&addr, code)| {
+                (n + 1, sum.wrapping_add(addr ^ code.size.rotate_left(32)))
+            })
+    }
+}
+
+/// A JIT table built, to be loaded: its object id, a name for messages,
+/// the table.
+pub type BuiltTable = (u32, String, UnwindTable);
+
+/// The JIT tables of every process whose jitdump carries unwinding
+/// information. Per process at most 2^18 pieces of code and 256 tables.
+#[derive(Debug)]
+pub struct JitTables {
+    processes: FxHashMap<u32, ProcessJit>,
+    next_id: u32,
+}
+
+impl Default for JitTables {
+    fn default() -> Self {
+        JitTables {
+            processes: FxHashMap::default(),
+            next_id: JIT_OBJECT_ID_BASE,
+        }
+    }
+}
+
+impl JitTables {
+    /// The object id of the table of process `pid`'s anonymous executable
+    /// mapping `[start, end)`, from the jitdump file at `path` (read up to
+    /// date first); `None` when no code with unwinding information lies in
+    /// it. A table built anew is pushed onto `built` (to be loaded), and the
+    /// id it replaces onto `retired` (to be unloaded).
+    pub fn mapping_table(
+        &mut self,
+        pid: u32,
+        (start, end): (u64, u64),
+        path: &Path,
+        built: &mut Vec<BuiltTable>,
+        retired: &mut Vec<u32>,
+    ) -> Option<u32> {
+        let process = self.processes.entry(pid).or_default();
+        if process
+            .last_read
+            .is_none_or(|t| t.elapsed() >= CHECK_INTERVAL / 2)
+        {
+            if let Err(err) = process.read(path) {
+                debug!("{}: {err}", path.display());
+            }
+        }
+        let digest = process.digest(start, end);
+        if let Some(table) = process.tables.get(&start) {
+            if table.digest == digest {
+                return Some(table.object_id);
+            }
+        }
+        if digest.0 == 0
+            || (process.tables.len() >= MAX_TABLES && !process.tables.contains_key(&start))
+        {
+            return None;
+        }
+        let table = match build(process.codes.range(start..end), start) {
+            Ok(table) => table,
+            Err(err) => {
+                debug!("pid {pid}: JIT code at {start:#x}: {err:#}");
+                return None;
+            }
+        };
+        let object_id = self.next_id;
+        self.next_id = match self.next_id + 1 {
+            VDSO_OBJECT_ID => JIT_OBJECT_ID_BASE,
+            next => next,
+        };
+        let old = process
+            .tables
+            .insert(start, MappingTable { object_id, digest });
+        retired.extend(old.map(|t| t.object_id));
+        built.push((
+            object_id,
+            format!("[jit pid {pid} {start:#x}-{end:#x}]"),
+            table,
+        ));
+        Some(object_id)
+    }
+
+    /// Whether process `pid`'s jitdump gained code with unwinding
+    /// information since its tables were built, looked at most every
+    /// 50 ms per process (the process should then be described again).
+    pub fn grew(&mut self, pid: u32, path: &Path) -> bool {
+        let Some(process) = self.processes.get_mut(&pid) else {
+            return false;
+        };
+        if process
+            .last_read
+            .is_some_and(|t| t.elapsed() < CHECK_INTERVAL)
+        {
+            return false;
+        }
+        let before = process.codes.len();
+        let consumed = process.cursor.consumed();
+        if let Err(err) = process.read(path) {
+            debug!("{}: {err}", path.display());
+            return false;
+        }
+        consumed != process.cursor.consumed() && (before != process.codes.len() || before > 0)
+    }
+
+    /// Forget process `pid` (it exited); its tables' ids go onto `retired`.
+    pub fn process_exited(&mut self, pid: u32, retired: &mut Vec<u32>) {
+        if let Some(process) = self.processes.remove(&pid) {
+            retired.extend(process.tables.values().map(|t| t.object_id));
+        }
+    }
+
+    /// The id of the current table of `pid`'s mapping starting at `start`.
+    pub fn object_of(&self, pid: u32, start: u64) -> Option<u32> {
+        Some(self.processes.get(&pid)?.tables.get(&start)?.object_id)
+    }
+}
+
+/// The table of `codes` (by address), with rows at addresses relative to
+/// `base` (the mapping's start). Errors: the rows do not form a table.
+fn build<'a>(
+    codes: impl Iterator<Item = (&'a u64, &'a Code)>,
+    base: u64,
+) -> anyhow::Result<UnwindTable> {
+    let mut unsupported = BTreeMap::new();
+    let mut count = |kind| *unsupported.entry(kind).or_insert(0u64) += 1;
+    let mut ctx = Box::new(UnwindContext::new());
+    let mut fdes: Vec<(u64, u64, Vec<Span>)> = Vec::new();
+    let mut fde_count = 0;
+    for (&addr, code) in codes {
+        let start = addr - base;
+        let end = start.saturating_add(code.size);
+        let eh_frame_address = start.saturating_add(code.size.next_multiple_of(8));
+        let bases = BaseAddresses::default().set_eh_frame(eh_frame_address);
+        let mut section = EhFrame::new(&code.eh_frame, LittleEndian);
+        section.set_address_size(8);
+        let mut entries = section.entries(&bases);
+        while let Ok(Some(entry)) = entries.next() {
+            let CieOrFde::Fde(partial) = entry else {
+                continue;
+            };
+            fde_count += 1;
+            let parsed = partial.parse(|s: &EhFrame<Slice<'_>>, b, o| s.cie_from_offset(b, o));
+            let Ok(fde) = parsed else {
+                count(UnsupportedKind::InvalidCfi);
+                continue;
+            };
+            // Only FDEs within their code (another placement convention
+            // would put them elsewhere).
+            let (fde_start, fde_end) = (fde.initial_address(), fde.end_address());
+            if fde_start < start || fde_end > end || fde_start >= fde_end {
+                count(UnsupportedKind::AddressRange);
+                continue;
+            }
+            let mut spans = Vec::new();
+            if fde_spans(&fde, &section, &bases, &mut ctx, &mut spans, &mut count).is_err() {
+                spans = vec![Span {
+                    start: fde_start,
+                    end: fde_end,
+                    rule: Rule::Unsupported(UnsupportedKind::InvalidCfi),
+                }];
+                count(UnsupportedKind::InvalidCfi);
+            }
+            fdes.push((fde_start, fde_end, spans));
+        }
+    }
+    fdes.sort_by_key(|f| f.0);
+    let mut assembly = Assembly::default();
+    for (start, end, spans) in &fdes {
+        assembly.add_fde(spans, *start, *end);
+    }
+    let rules = assembly.finish();
+    Ok(UnwindTable::from_rules(
+        &rules,
+        fde_count,
+        unsupported,
+        CfiSource::EhFrame,
+    )?)
+}
