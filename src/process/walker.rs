@@ -145,9 +145,15 @@ impl ProcessFollower {
     /// `pids` left `/proc` without an exit event
     /// ([`ProcessTracker::notice_vanished`]): the walker forgets them, as
     /// after an exit event.
-    pub fn processes_vanished(&mut self, pids: &[u32], walker: &impl WalkerMaps) {
+    pub fn processes_vanished(
+        &mut self,
+        pids: &[u32],
+        walker: &impl WalkerMaps,
+        tables: &mut impl TableSupply,
+    ) {
         for &pid in pids {
             walker.remove_process(pid);
+            tables.process_exited(pid);
             self.described.remove(&pid);
         }
     }
@@ -292,6 +298,8 @@ impl ProcessFollower {
             }
             ProcessEvent::Exec { pid, timestamp_ns } => {
                 tracker.process_exec(pid, timestamp_ns);
+                // Its JIT code went with its old image.
+                tables.process_exited(pid);
                 // The exec program described the new image. A process
                 // described here before is read again now (for what the
                 // kernel did not tell: the vDSO, anonymous code); any other
@@ -527,6 +535,7 @@ mod tests {
     struct Asked {
         objects: Vec<ObjectId>,
         vdso: Vec<Vec<u8>>,
+        exited: Vec<u32>,
         startup: Vec<StartupScan>,
     }
 
@@ -543,7 +552,9 @@ mod tests {
         fn jit_grew(&mut self, _: u32, _: &std::path::Path) -> bool {
             false
         }
-        fn process_exited(&mut self, _: u32) {}
+        fn process_exited(&mut self, pid: u32) {
+            self.exited.push(pid);
+        }
         fn startup_scanned(&mut self, scan: StartupScan) {
             self.startup.push(scan);
         }
@@ -642,8 +653,9 @@ mod tests {
         let mut follower = ProcessFollower::new();
         follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
         assert_eq!(follower.described(), 1);
-        follower.processes_vanished(&[pid], &walker);
+        follower.processes_vanished(&[pid], &walker, &mut tables);
         assert_eq!(*walker.removed.borrow(), vec![pid]);
+        assert_eq!(tables.exited, vec![pid], "its JIT tables can go");
         assert_eq!(follower.described(), 0);
     }
 

@@ -85,8 +85,13 @@ struct ProcessJit {
 
 /// Applies one record to what is known of a process's code: `pending`,
 /// the latest unwinding information not yet used by a code load, and
-/// `codes`.
-fn apply(pending: &mut Option<Arc<[u8]>>, codes: &mut BTreeMap<u64, Code>, id: u32, body: &[u8]) {
+/// `codes`. Returns whether `codes` changed.
+fn apply(
+    pending: &mut Option<Arc<[u8]>>,
+    codes: &mut BTreeMap<u64, Code>,
+    id: u32,
+    body: &[u8],
+) -> bool {
     match id {
         JIT_CODE_UNWINDING_INFO if body.len() >= 24 => {
             let (size, hdr_size) = (ne_u64(body, 0), ne_u64(body, 8));
@@ -100,31 +105,31 @@ fn apply(pending: &mut Option<Arc<[u8]>>, codes: &mut BTreeMap<u64, Code>, id: u
                     _ => Arc::from(bytes),
                 },
             });
+            false
         }
         JIT_CODE_LOAD if body.len() >= 40 => {
             let (addr, size) = (ne_u64(body, 16), ne_u64(body, 24));
             match pending.take() {
                 Some(eh_frame) if codes.len() < MAX_CODES => {
                     codes.insert(addr, Code { size, eh_frame });
+                    true
                 }
-                _ => {
-                    codes.remove(&addr);
-                }
+                _ => codes.remove(&addr).is_some(),
             }
         }
         JIT_CODE_MOVE if body.len() >= 48 => {
             let (old, new) = (ne_u64(body, 16), ne_u64(body, 24));
-            if let Some(code) = codes.remove(&old) {
-                codes.insert(new, code);
-            }
+            let moved = codes.remove(&old);
+            moved.map(|code| codes.insert(new, code)).is_some()
         }
-        _ => {}
+        _ => false,
     }
 }
 
 impl ProcessJit {
-    /// Reads what was added to the jitdump at `path`.
-    fn read(&mut self, path: &Path) -> std::io::Result<()> {
+    /// Reads what was added to the jitdump at `path`; returns whether the
+    /// code with unwinding information changed.
+    fn read(&mut self, path: &Path) -> std::io::Result<bool> {
         self.last_read = Some(Instant::now());
         let ProcessJit {
             cursor,
@@ -132,13 +137,16 @@ impl ProcessJit {
             codes,
             ..
         } = self;
+        let mut changed = false;
         cursor.read_new(path, |record| match record {
             JitdumpRecord::Restart => {
                 *pending = None;
+                changed |= !codes.is_empty();
                 codes.clear();
             }
-            JitdumpRecord::Record { id, body } => apply(pending, codes, id, body),
-        })
+            JitdumpRecord::Record { id, body } => changed |= apply(pending, codes, id, body),
+        })?;
+        Ok(changed)
     }
 
     /// `(count, sum of addresses)` of the code in `[start, end)`: differs
@@ -231,10 +239,18 @@ impl JitTables {
         Some(object_id)
     }
 
-    /// Whether process `pid`'s jitdump gained code with unwinding
-    /// information since its tables were built, looked at most every
-    /// 50 ms per process (the process should then be described again).
-    pub fn grew(&mut self, pid: u32, path: &Path) -> bool {
+    /// Whether process `pid` should be described again, looked at most
+    /// every 50 ms per process: its jitdump (at `path`) changed the code
+    /// with unwinding information since it was last read, or one of its
+    /// tables was `evicted` (that table is then forgotten, so that it is
+    /// built again, and its id pushed onto `retired`).
+    pub fn grew(
+        &mut self,
+        pid: u32,
+        path: &Path,
+        evicted: impl Fn(u32) -> bool,
+        retired: &mut Vec<u32>,
+    ) -> bool {
         let Some(process) = self.processes.get_mut(&pid) else {
             return false;
         };
@@ -244,13 +260,19 @@ impl JitTables {
         {
             return false;
         }
-        let before = process.codes.len();
-        let consumed = process.cursor.consumed();
-        if let Err(err) = process.read(path) {
+        let before = process.tables.len();
+        process.tables.retain(|_, t| {
+            let keep = !evicted(t.object_id);
+            if !keep {
+                retired.push(t.object_id);
+            }
+            keep
+        });
+        let changed = process.read(path).unwrap_or_else(|err| {
             debug!("{}: {err}", path.display());
-            return false;
-        }
-        consumed != process.cursor.consumed() && (before != process.codes.len() || before > 0)
+            false
+        });
+        changed || process.tables.len() != before
     }
 
     /// Forget process `pid` (it exited); its tables' ids go onto `retired`.
@@ -326,4 +348,252 @@ fn build<'a>(
         unsupported,
         CfiSource::EhFrame,
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::process::Command;
+
+    use super::*;
+    use crate::unwind::rule::{CfaOffset, Fp};
+
+    /// The body of a `JIT_CODE_UNWINDING_INFO` record CPython 3.13.0
+    /// `-X perf_jit` wrote for its 11-byte trampoline (`sub $8,%rsp;
+    /// call *%rcx; add $8,%rsp; ret`): sizes 68, 20, 80, then a CIE and an
+    /// FDE (CFA rsp+16 from byte 4, rsp+8 again from byte 10) and the
+    /// `.eh_frame_hdr`, padded to 8 bytes.
+    const CPYTHON_313_UNWINDING_INFO: &str = "4400000000000000140000000000000050000000000000001400000000000000017a5200017810011b0c070890010000140000001c000000d0ffffff0b00000000440e10460e0800011b033bccffffff01000000c0ffffffe8ffffff00000000";
+    const TRAMPOLINE: [u8; 11] = [
+        0x48, 0x83, 0xec, 0x08, 0xff, 0xd1, 0x48, 0x83, 0xc4, 0x08, 0xc3,
+    ];
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+            .collect()
+    }
+
+    fn record(id: u32, body: &[u8]) -> Vec<u8> {
+        let mut r = Vec::new();
+        r.extend_from_slice(&id.to_ne_bytes());
+        r.extend_from_slice(&(16 + body.len() as u32).to_ne_bytes());
+        r.extend_from_slice(&7u64.to_ne_bytes());
+        r.extend_from_slice(body);
+        r
+    }
+
+    fn load(addr: u64, name: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&[1, 0, 0, 0, 1, 0, 0, 0]);
+        for v in [addr, addr, TRAMPOLINE.len() as u64, 0] {
+            b.extend_from_slice(&v.to_ne_bytes());
+        }
+        b.extend_from_slice(name.as_bytes());
+        b.push(0);
+        b.extend_from_slice(&TRAMPOLINE);
+        record(JIT_CODE_LOAD, &b)
+    }
+
+    fn moved(old: u64, new: u64) -> Vec<u8> {
+        let mut b = vec![1, 0, 0, 0, 1, 0, 0, 0];
+        for v in [new, old, new, TRAMPOLINE.len() as u64, 0] {
+            b.extend_from_slice(&v.to_ne_bytes());
+        }
+        record(JIT_CODE_MOVE, &b)
+    }
+
+    fn header() -> Vec<u8> {
+        let mut h = Vec::new();
+        for v in [0x4A69_5444u32, 1, 40, 62, 0, 1] {
+            h.extend_from_slice(&v.to_ne_bytes());
+        }
+        h.extend_from_slice(&[0; 16]);
+        h
+    }
+
+    fn rsp(bytes: i64) -> Rule {
+        Rule::RspOffset {
+            cfa: CfaOffset::new(bytes).expect("offset"),
+            fp: Fp::Unchanged,
+        }
+    }
+
+    /// The rules a trampoline's FDE gives, byte by byte, and none after it.
+    fn assert_trampoline(table: &UnwindTable, at: u64) {
+        for (offset, want) in [
+            (0, rsp(8)),
+            (3, rsp(8)),
+            (4, rsp(16)),
+            (9, rsp(16)),
+            (10, rsp(8)),
+        ] {
+            assert_eq!(table.lookup(at + offset), want, "at {at:#x} + {offset}");
+        }
+        assert_eq!(table.lookup(at + 11), Rule::EndOfFunction, "after {at:#x}");
+    }
+
+    const BASE: u64 = 0x7f00_1234_0000;
+
+    #[test]
+    fn unwinding_info_becomes_rows_at_mapping_offsets_and_follows_moves() {
+        let info = record(JIT_CODE_UNWINDING_INFO, &hex(CPYTHON_313_UNWINDING_INFO));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("jit-1.dump");
+        let mut file = std::fs::File::create(&path).expect("create");
+        let first = [
+            header(),
+            info.clone(),
+            load(BASE, "py::a"),
+            info.clone(),
+            load(BASE + 0x110, "py::b"),
+            load(BASE + 0x220, "no unwinding info"),
+            moved(BASE + 0x110, BASE + 0x330),
+        ];
+        file.write_all(&first.concat()).unwrap();
+        let mut jit = JitTables::default();
+        let (mut built, mut retired) = (Vec::new(), Vec::new());
+        let mapping = (BASE, BASE + 0x1_0000);
+        let id = jit.mapping_table(1, mapping, &path, &mut built, &mut retired);
+        assert_eq!(id, Some(JIT_OBJECT_ID_BASE));
+        assert_eq!(jit.object_of(1, BASE), id);
+        let (_, name, table) = &built[0];
+        assert!(name.contains("jit pid 1"), "{name}");
+        assert_eq!(table.stats().fdes, 2);
+        assert_trampoline(table, 0);
+        assert_trampoline(table, 0x330);
+        assert_eq!(table.lookup(0x114), Rule::EndOfFunction, "moved away");
+        assert_eq!(
+            table.lookup(0x224),
+            Rule::EndOfFunction,
+            "no unwinding info"
+        );
+        // Nothing new: the same table; a mapping without such code: none.
+        assert_eq!(
+            jit.mapping_table(1, mapping, &path, &mut built, &mut retired),
+            id
+        );
+        let elsewhere = (BASE + 0x10_0000, BASE + 0x11_0000);
+        assert_eq!(
+            jit.mapping_table(1, elsewhere, &path, &mut built, &mut retired),
+            None
+        );
+        assert_eq!((built.len(), retired.len()), (1, 0));
+
+        // The dump grows: seen (after the check interval), and the mapping's
+        // table is built again under a new id, the old one retired.
+        file.write_all(&[info, load(BASE + 0x440, "py::c")].concat())
+            .unwrap();
+        std::thread::sleep(CHECK_INTERVAL);
+        assert!(jit.grew(1, &path, |_| false, &mut retired));
+        assert!(
+            !jit.grew(1, &path, |_| false, &mut retired),
+            "checked just now"
+        );
+        let new = jit.mapping_table(1, mapping, &path, &mut built, &mut retired);
+        assert_eq!(new, Some(JIT_OBJECT_ID_BASE + 1));
+        assert_eq!(retired, vec![JIT_OBJECT_ID_BASE]);
+        assert_trampoline(&built[1].2, 0x440);
+        assert_trampoline(&built[1].2, 0);
+        // An evicted table: described again, built again.
+        std::thread::sleep(CHECK_INTERVAL);
+        assert!(jit.grew(1, &path, |id| id == JIT_OBJECT_ID_BASE + 1, &mut retired));
+        let again = jit.mapping_table(1, mapping, &path, &mut built, &mut retired);
+        assert_eq!(again, Some(JIT_OBJECT_ID_BASE + 2));
+        jit.process_exited(1, &mut retired);
+        let ids = |n: &[u32]| n.iter().map(|i| JIT_OBJECT_ID_BASE + i).collect::<Vec<_>>();
+        assert_eq!(retired, ids(&[0, 1, 2]));
+        assert!(!jit.grew(1, &path, |_| true, &mut retired), "forgotten");
+    }
+
+    #[test]
+    fn malformed_unwinding_info_gives_no_rows_and_no_panic() {
+        let mut info = hex(CPYTHON_313_UNWINDING_INFO);
+        let mut pending = None;
+        let mut codes = BTreeMap::new();
+        for cut in 0..info.len() {
+            apply(
+                &mut pending,
+                &mut codes,
+                JIT_CODE_UNWINDING_INFO,
+                &info[..cut],
+            );
+        }
+        // Sizes beyond the record: ignored.
+        info[0] = 0xff;
+        apply(&mut pending, &mut codes, JIT_CODE_UNWINDING_INFO, &info);
+        assert!(pending.is_none());
+        // Garbage CFI for real code: a table without rows.
+        let garbage: Arc<[u8]> = Arc::from(&[0x10, 0, 0, 0, 0xff, 0xff, 0xff, 0xff][..]);
+        codes.insert(
+            BASE,
+            Code {
+                size: 11,
+                eh_frame: garbage,
+            },
+        );
+        let table = build(codes.iter(), BASE).expect("table");
+        assert!(table.rows().is_empty());
+    }
+
+    /// A CPython of at least 3.13 (`-X perf_jit`): `python3.13` on the
+    /// PATH, else one of pyenv's versions.
+    fn python_313() -> Option<String> {
+        let home = std::env::var("HOME").unwrap_or_default();
+        let pyenv = std::env::var("PYENV_ROOT").unwrap_or(format!("{home}/.pyenv"));
+        let mut found: Vec<String> = std::fs::read_dir(format!("{pyenv}/versions"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|v| format!("{}/bin/python3", v.path().display()))
+            .collect();
+        found.sort();
+        std::iter::once("python3.13".to_string())
+            .chain(found.into_iter().rev())
+            .find(|python| {
+                Command::new(python)
+                    .args(["-c", "import sys; sys.exit(sys.version_info < (3, 13))"])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            })
+    }
+
+    /// A jitdump CPython 3.13 `-X perf_jit` really wrote (complete once it
+    /// exited): every trampoline it names has the trampoline's rows.
+    #[test]
+    fn a_real_cpython_313_jitdump() {
+        let Some(python) = python_313() else {
+            eprintln!("skipped: no CPython 3.13 or later (python3.13, pyenv)");
+            return;
+        };
+        let run = Command::new(&python)
+            .args([
+                "-X",
+                "perf_jit",
+                "-c",
+                "import os\ndef f(): return 1\nf()\nprint(os.getpid())",
+            ])
+            .output()
+            .expect("python");
+        assert!(run.status.success(), "{run:?}");
+        let pid = String::from_utf8_lossy(&run.stdout).trim().to_string();
+        let path = std::path::PathBuf::from(format!("/tmp/jit-{pid}.dump"));
+        let mut process = ProcessJit::default();
+        process.read(&path).expect("read");
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            process.codes.len() >= 10,
+            "{} pieces of code",
+            process.codes.len()
+        );
+        let (&first, _) = process.codes.iter().next().expect("code");
+        let table = build(process.codes.iter(), first).expect("table");
+        assert_eq!(table.stats().fdes, process.codes.len() as u64);
+        assert!(table.stats().unsupported.is_empty());
+        for (&addr, code) in &process.codes {
+            assert_eq!(code.size, 11);
+            assert_trampoline(&table, addr - first);
+        }
+    }
 }

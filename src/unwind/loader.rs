@@ -472,7 +472,13 @@ impl TableSupply for UnwindLoader {
     }
 
     fn jit_grew(&mut self, pid: u32, jitdump: &Path) -> bool {
-        self.jit.grew(pid, jitdump)
+        let tables = &self.tables;
+        let evicted = |id| {
+            tables
+                .get(&id)
+                .is_some_and(|t| matches!(t.state, TableState::Evicted))
+        };
+        self.jit.grew(pid, jitdump, evicted, &mut self.jit_retired)
     }
 
     fn process_exited(&mut self, pid: u32) {
