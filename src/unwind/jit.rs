@@ -97,7 +97,9 @@ fn apply(
             let (size, hdr_size) = (ne_u64(body, 0), ne_u64(body, 8));
             let eh_frame = usize::try_from(size.saturating_sub(hdr_size))
                 .ok()
-                .and_then(|len| body.get(24..24usize.checked_add(len)?));
+                .and_then(|len| body.get(24..24usize.checked_add(len)?))
+                // V8 on x86-64 writes headers without CFI: no information.
+                .filter(|bytes| !bytes.is_empty());
             *pending = eh_frame.map(|bytes| match &*pending {
                 Some(last) if **last == *bytes => last.clone(),
                 _ => match codes.values().next_back() {
@@ -520,6 +522,12 @@ mod tests {
                 &info[..cut],
             );
         }
+        // Only an .eh_frame_hdr (V8 on x86-64): no information.
+        let mut hdr_only = vec![0; 24 + 20];
+        hdr_only[0] = 20;
+        hdr_only[8] = 20;
+        apply(&mut pending, &mut codes, JIT_CODE_UNWINDING_INFO, &hdr_only);
+        assert!(pending.is_none());
         // Sizes beyond the record: ignored.
         info[0] = 0xff;
         apply(&mut pending, &mut codes, JIT_CODE_UNWINDING_INFO, &info);
