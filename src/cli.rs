@@ -269,6 +269,8 @@ pub enum Command {
         sudo lightswitch record -- ./bench --iterations 10\n  \
         sudo lightswitch record --profile-format pprof -- make -j2\n  \
         sudo lightswitch record -d 5s --as-root -- ./server")]
+    // `--pids` is shared with the profiling run but rejected by `record`.
+    #[command(mut_arg("pids", |a| a.hide(true)))]
     Record(RecordArgs),
     /// Compare two saved profiles (pprof, raw or gzip'd, or folded stacks):
     /// the functions whose share of samples changed most, in percentage points.
@@ -419,11 +421,11 @@ pub struct ReportArgs {
     pub file: PathBuf,
     /// For a timeline: only the samples taken at least this many seconds
     /// after the profile's start (the times the Firefox Profiler shows).
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
     pub from: Option<f64>,
     /// For a timeline: only the samples taken less than this many seconds
     /// after the profile's start.
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
     pub to: Option<f64>,
     /// How many functions to list; 0 lists all.
     #[arg(long, default_value_t = 20)]
@@ -590,5 +592,25 @@ mod tests {
             command(&["--bogus", "ls"]).is_err(),
             "an unknown option is an error"
         );
+    }
+
+    #[test]
+    fn record_help_leaves_out_pids() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        let record = cli.find_subcommand_mut("record").expect("record");
+        let help = record.render_long_help().to_string();
+        assert!(help.contains("--sample-freq"), "{help}");
+        assert!(!help.contains("--pids"), "{help}");
+    }
+
+    #[test]
+    fn report_span_takes_negative_numbers_for_the_run_to_reject() {
+        let cli = Cli::try_parse_from(["lightswitch", "report", "--from", "-1", "p.json"])
+            .expect("parsed");
+        let Some(Command::Report(r)) = cli.command else {
+            panic!("not report")
+        };
+        assert_eq!(r.from, Some(-1.0));
     }
 }

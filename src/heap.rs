@@ -106,6 +106,45 @@ pub fn dump(format: HeapFormat) -> Result<Vec<u8>> {
     dumped.context("dumping jemalloc's heap profile")
 }
 
+/// jemalloc's view of the profiler's heap, bytes (its `stats.*` counters,
+/// refreshed by advancing `epoch`): what tells live data from memory the
+/// allocator holds. `allocated` is what the program's live allocations
+/// take; `active` the pages those sit in; `metadata` jemalloc's own
+/// bookkeeping; `resident` every page jemalloc has resident (at least
+/// active + metadata: the difference is freed memory not yet returned,
+/// `dirty_decay_ms`); `retained` address space kept unmapped for reuse (not
+/// resident).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HeapStats {
+    /// `stats.allocated`: bytes in live allocations.
+    pub allocated: u64,
+    /// `stats.active`: bytes of the pages live allocations sit in.
+    pub active: u64,
+    /// `stats.metadata`: bytes of jemalloc's own bookkeeping.
+    pub metadata: u64,
+    /// `stats.resident`: bytes of every page jemalloc holds resident.
+    pub resident: u64,
+    /// `stats.retained`: bytes of address space kept unmapped for reuse.
+    pub retained: u64,
+}
+
+/// The current [`HeapStats`]; `None` when jemalloc is not the process's
+/// allocator (it then reports nothing allocated: the library's tests) or a
+/// counter cannot be read.
+pub fn stats() -> Option<HeapStats> {
+    use tikv_jemalloc_ctl::{epoch, stats};
+    epoch::advance().ok()?;
+    let read = |value: tikv_jemalloc_ctl::Result<usize>| value.ok().map(|v| v as u64);
+    let stats = HeapStats {
+        allocated: read(stats::allocated::read())?,
+        active: read(stats::active::read())?,
+        metadata: read(stats::metadata::read())?,
+        resident: read(stats::resident::read())?,
+        retained: read(stats::retained::read())?,
+    };
+    (stats.allocated > 0).then_some(stats)
+}
+
 /// Bytes the calling thread has allocated minus those it has freed since it
 /// started (jemalloc's `thread.allocated` and `thread.deallocated`; memory
 /// freed by another thread counts there). Compare two readings on one thread

@@ -276,6 +276,10 @@ fn on_demand_profiles() {
         "lightswitch_samples_total did not grow: {metrics_before:?} -> {metrics_after:?}"
     );
     assert!(metrics_after["process_resident_memory_bytes"] > 1e6);
+    // jemalloc's counters: live heap within what it holds resident.
+    let heap = |kind: &str| metrics_after[&format!("lightswitch_heap_bytes{{kind=\"{kind}\"}}")];
+    assert!(heap("allocated") > 1e5, "{metrics_after:?}");
+    assert!(heap("allocated") <= heap("active") && heap("active") <= heap("resident"));
     assert!(metrics_after.contains_key("lightswitch_samples_lost_total"));
     assert!(metrics_after.contains_key("lightswitch_unwind_table_bytes"));
     // Issue 18: what a retired mapping or a panic in one window cost.

@@ -7,6 +7,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::heap::HeapStats;
 use crate::httpd::serve::ConnectionStats;
 use crate::sample::UnwindStatus;
 use crate::sender::queue::Queue;
@@ -136,8 +137,9 @@ impl Metrics {
     }
 
     /// The metrics in Prometheus text format; `rss_bytes` is the process's
-    /// resident memory, read by the caller.
-    pub fn render(&self, rss_bytes: Option<u64>) -> String {
+    /// resident memory and `heap` jemalloc's counters ([`crate::heap::stats`]),
+    /// both read by the caller.
+    pub fn render(&self, rss_bytes: Option<u64>, heap: Option<HeapStats>) -> String {
         let mut out = String::new();
         self.render_sampling(&mut out);
         self.render_windows(&mut out);
@@ -149,6 +151,22 @@ impl Metrics {
                 "gauge",
                 "Resident memory size of the profiler, bytes.",
                 &[("", rss)],
+            );
+        }
+        if let Some(heap) = heap {
+            family(
+                &mut out,
+                "lightswitch_heap_bytes",
+                "gauge",
+                "The profiler's heap as jemalloc counts it, bytes: live allocations, the pages they sit in, \
+                 jemalloc's metadata, all its resident pages, address space retained unmapped.",
+                &[
+                    ("kind=\"allocated\"", heap.allocated),
+                    ("kind=\"active\"", heap.active),
+                    ("kind=\"metadata\"", heap.metadata),
+                    ("kind=\"resident\"", heap.resident),
+                    ("kind=\"retained\"", heap.retained),
+                ],
             );
         }
         out
@@ -384,7 +402,16 @@ mod tests {
         m.set_lost(4);
         m.set_tracker(3, 40, 7);
         m.profile_request("served");
-        let text = m.render(Some(4096));
+        let heap = HeapStats {
+            allocated: 10,
+            active: 20,
+            metadata: 3,
+            resident: 30,
+            retained: 40,
+        };
+        let text = m.render(Some(4096), Some(heap));
+        assert!(text.contains("lightswitch_heap_bytes{kind=\"allocated\"} 10\n"));
+        assert!(text.contains("lightswitch_heap_bytes{kind=\"resident\"} 30\n"));
         assert!(text
             .contains("# TYPE lightswitch_samples_total counter\nlightswitch_samples_total 3\n"));
         assert!(text.contains("lightswitch_samples_lost_total 4\n"));

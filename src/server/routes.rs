@@ -318,7 +318,9 @@ async fn metrics(State(state): State<AppState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.metrics.render(resident_memory_bytes()),
+        state
+            .metrics
+            .render(resident_memory_bytes(), crate::heap::stats()),
     )
         .into_response()
 }
