@@ -13,7 +13,7 @@
 //! counted) until it does.
 
 use rustc_hash::FxHashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,6 +29,7 @@ use crate::sampler::Sampler;
 use crate::unwind::builds::{
     start_workers, BuildQueue, BuildRequest, BuildResult, Stage, TableSource,
 };
+use crate::unwind::jit::{BuiltTable, JitTables};
 use crate::unwind::row::Page;
 use crate::unwind::UnwindTable;
 
@@ -119,6 +120,12 @@ pub struct UnwindLoader {
     lookup_first: bool,
     results: Receiver<BuildResult>,
     stats: UnwindLoaderStats,
+    /// Tables of JIT code from jitdump files ([`crate::unwind::jit`]).
+    jit: JitTables,
+    /// JIT tables built, to be loaded.
+    jit_built: Vec<BuiltTable>,
+    /// JIT table ids replaced or of exited processes, to be unloaded.
+    jit_retired: Vec<u32>,
 }
 
 impl Drop for UnwindLoader {
@@ -146,6 +153,9 @@ impl UnwindLoader {
             lookup_first,
             results: result_rx,
             stats: UnwindLoaderStats::default(),
+            jit: JitTables::default(),
+            jit_built: Vec::new(),
+            jit_retired: Vec::new(),
         })
     }
 
@@ -199,10 +209,18 @@ impl UnwindLoader {
                 continue;
             }
             previous = frame.mapping;
-            let Some(object) = frame.mapping.and_then(|m| tracker.mapping(m)?.object) else {
+            let Some(mapping) = frame.mapping.and_then(|m| tracker.mapping(m)) else {
                 continue;
             };
             let now = self.clock;
+            let Some(object) = mapping.object else {
+                // JIT code with a table: keep it from being evicted first.
+                let jit = self.jit.object_of(mapping.pid, mapping.start);
+                if let Some(t) = jit.and_then(|id| self.tables.get_mut(&id)) {
+                    t.last_used = now;
+                }
+                continue;
+            };
             match self.tables.get_mut(&object.0) {
                 Some(t) => {
                     t.last_used = now;
@@ -275,8 +293,19 @@ impl UnwindLoader {
             .any(|t| matches!(t.state, TableState::Building))
     }
 
-    /// Load the tables the background threads have finished. Call often.
+    /// Load the tables the background threads have finished, and the JIT
+    /// tables built; unload retired JIT tables. Call often.
     pub fn load_ready_tables(&mut self, sampler: &Sampler<'_>) {
+        for (object_id, name, table) in std::mem::take(&mut self.jit_built) {
+            if let Err(err) = self.load(object_id, &name, &table, sampler) {
+                warn!("{name}: cannot load its unwind table: {err:#}");
+                self.set_state(object_id, TableState::Failed);
+            }
+        }
+        for object_id in std::mem::take(&mut self.jit_retired) {
+            self.unload(object_id, sampler);
+            self.tables.remove(&object_id);
+        }
         while let Ok(result) = self.results.try_recv() {
             match result.table {
                 Ok(table) => {
@@ -376,8 +405,16 @@ impl UnwindLoader {
             .min_by_key(|(_, t)| t.last_used)
             .map(|(&id, _)| id);
         let Some(id) = victim else { return false };
+        self.unload(id, sampler);
+        self.stats.evictions += 1;
+        true
+    }
+
+    /// Remove `id`'s table from the walker's maps if it is loaded (its state
+    /// becomes [`TableState::Evicted`]).
+    fn unload(&mut self, id: u32, sampler: &Sampler<'_>) {
         let Some(table) = self.tables.get_mut(&id) else {
-            return false;
+            return;
         };
         if let TableState::Loaded { base, rows, pages } =
             std::mem::replace(&mut table.state, TableState::Evicted)
@@ -389,8 +426,6 @@ impl UnwindLoader {
             }
             self.stats.rows_loaded -= u64::from(rows);
         }
-        self.stats.evictions += 1;
-        true
     }
 }
 
@@ -413,6 +448,41 @@ impl TableSupply for UnwindLoader {
     fn startup_scanned(&mut self, scan: StartupScan) {
         self.startup = Some(scan);
         self.report_startup();
+    }
+
+    fn jit_mapped(&mut self, pid: u32, range: (u64, u64), jitdump: &Path) -> Option<u32> {
+        let built = self.jit_built.len();
+        let id = self.jit.mapping_table(
+            pid,
+            range,
+            jitdump,
+            &mut self.jit_built,
+            &mut self.jit_retired,
+        )?;
+        for &(object_id, _, _) in &self.jit_built[built..] {
+            self.tables.insert(
+                object_id,
+                ObjectTable {
+                    state: TableState::Building,
+                    last_used: self.clock,
+                },
+            );
+        }
+        Some(id)
+    }
+
+    fn jit_grew(&mut self, pid: u32, jitdump: &Path) -> bool {
+        let tables = &self.tables;
+        let evicted = |id| {
+            tables
+                .get(&id)
+                .is_some_and(|t| matches!(t.state, TableState::Evicted))
+        };
+        self.jit.grew(pid, jitdump, evicted, &mut self.jit_retired)
+    }
+
+    fn process_exited(&mut self, pid: u32) {
+        self.jit.process_exited(pid, &mut self.jit_retired);
     }
 }
 

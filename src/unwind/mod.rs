@@ -6,7 +6,8 @@
 //! [`builder`] evaluates the CFI with gimli into [`rule::Rule`]s (for
 //! objects without section headers, `eh_frame_hdr` finds `.eh_frame`
 //! through `PT_GNU_EH_FRAME`), which
-//! [`table`] splits into pages ([`UnwindTable`]); [`identity`] keys objects
+//! [`table`] splits into pages ([`UnwindTable`]); [`jit`] builds tables of
+//! JIT code from the unwinding information in jitdump files; [`identity`] keys objects
 //! (build ID, else content hash) and finds separate debug files; [`cache`]
 //! keeps built tables on disk; [`show`] renders a table for
 //! `lightswitch show-unwind`.
@@ -21,6 +22,7 @@ mod builds;
 pub mod cache;
 pub(crate) mod eh_frame_hdr;
 pub mod identity;
+pub mod jit;
 pub mod loader;
 #[cfg(test)]
 mod reference_tests;
