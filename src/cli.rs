@@ -121,8 +121,11 @@ pub struct ProfileArgs {
     #[arg(long, default_value_t = 64)]
     pub max_unwind_info_mb: u32,
 
-    /// Directory where built unwind tables are cached between runs
-    /// (`none` disables the cache).
+    /// Directory where built unwind tables are cached between runs, and
+    /// where debug information stored compressed is kept inflated
+    /// (`decompressed-debug/`, one file per build ID, at most 4 GiB in
+    /// all), so it is not inflated into memory at every use (`none`
+    /// disables both).
     #[arg(long, default_value = "/var/cache/lightswitch/unwind")]
     pub unwind_cache_dir: String,
 

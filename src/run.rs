@@ -144,6 +144,11 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
     };
     let cache_dir =
         (cli.unwind_cache_dir != "none").then(|| std::path::PathBuf::from(&cli.unwind_cache_dir));
+    crate::symbolize::debug_copy::configure(
+        cache_dir
+            .as_ref()
+            .map(|dir| dir.join(crate::symbolize::debug_copy::SUBDIRECTORY)),
+    );
     let mut agent = Agent::new(&sampler, &plan, cache_dir, workers, metrics.clone())?;
     // After listen-only mode has paused the perf events: scripts wait for
     // this line.

@@ -52,9 +52,10 @@ fn assert_profiled_chain(program: &Program, extra: &[&str], chain: &[&str]) {
         "folded",
         "--profile-path",
         s(dir.path()),
-        "--unwind-cache-dir",
-        "none",
     ];
+    if !extra.contains(&"--unwind-cache-dir") {
+        args.extend(["--unwind-cache-dir", "none"]);
+    }
     args.extend_from_slice(extra);
     let out = run(&args, TIMEOUT);
     out.assert_success();
@@ -102,7 +103,8 @@ fn object_without_section_headers() {
 }
 
 /// A stripped executable's debug file is found by build ID under
-/// `--debug-dirs`, with plain, zlib- and zstd-compressed debug sections.
+/// `--debug-dirs`, with plain, zlib- and zstd-compressed debug sections
+/// (those read from an inflated copy in the unwind cache directory).
 #[test]
 fn debug_file_by_build_id() {
     let _serial = serial();
@@ -128,6 +130,15 @@ fn debug_file_by_build_id() {
         // reachable through the default directory.
         let dirs = format!("/nonexistent,{},/usr/lib/debug", s(root.path()));
         let chain = ["main", "alpha", "beta", "burn", "mix"];
-        assert_profiled_chain(&program, &["--debug-dirs", &dirs], &chain);
+        // Compressed debug sections are read from an inflated copy in the
+        // unwind cache directory, named by build ID.
+        let cache = tempdir();
+        let args = ["--debug-dirs", &dirs, "--unwind-cache-dir", s(cache.path())];
+        assert_profiled_chain(&program, &args, &chain);
+        let copy = cache
+            .path()
+            .join("decompressed-debug")
+            .join(format!("{id}.debug"));
+        assert_eq!(copy.exists(), compression != "none", "{}", copy.display());
     }
 }

@@ -11,7 +11,11 @@
 //! - `node --perf-basic-prof` running a chain of named JavaScript
 //!   functions (skipped, with the reason printed, where node is absent);
 //! - CPython 3.12+ `-X perf` (skipped, with the reason printed, where no
-//!   such Python is found).
+//!   such Python is found): named, but its trampolines have no unwind
+//!   information, so stacks end at the innermost Python function;
+//! - CPython 3.13+ `-X perf_jit` (skipped likewise): its jitdump carries
+//!   the trampolines' unwinding information, and stacks go through every
+//!   Python function down to the interpreter's `main`.
 //!
 //! Needs root (BPF, namespaces), gcc, util-linux's `unshare`; node from
 //! scripts/setup.sh.
@@ -320,10 +324,11 @@ fn node_perf_basic_prof() {
     );
 }
 
-/// A CPython of at least 3.12 (whose `-X perf` writes a perf map naming
-/// each Python function's trampoline): `python3.13`, `python3.12` or
-/// `python3` on the PATH, else one of pyenv's versions.
-fn python_with_perf_maps() -> Option<String> {
+/// A CPython of at least 3.`minor`: `python3.13`, `python3.12` or
+/// `python3` on the PATH, else one of pyenv's versions. 3.12 writes a
+/// perf map naming each Python function's trampoline (`-X perf`); 3.13
+/// also a jitdump with their unwinding information (`-X perf_jit`).
+fn python_at_least(minor: u32) -> Option<String> {
     let pyenv = std::env::var("PYENV_ROOT")
         .unwrap_or_else(|_| format!("{}/.pyenv", std::env::var("HOME").unwrap_or_default()));
     let mut candidates: Vec<String> = ["python3.13", "python3.12", "python3"]
@@ -340,18 +345,23 @@ fn python_with_perf_maps() -> Option<String> {
     }
     candidates.into_iter().find(|python| {
         Command::new(python)
-            .args(["-c", "import sys; sys.exit(sys.version_info < (3, 12))"])
+            .arg("-c")
+            .arg(format!(
+                "import sys; sys.exit(sys.version_info < (3, {minor}))"
+            ))
             .output()
             .is_ok_and(|o| o.status.success())
     })
 }
 
 /// CPython 3.12+ `-X perf` names the trampolines of Python functions in
-/// its perf map; most samples carry `inner_py_work`/`outer_py_work`.
+/// its perf map; most samples carry `inner_py_work`/`outer_py_work`. Its
+/// perf map carries no unwind information (`-X perf_jit`'s jitdump does:
+/// [`python_x_perf_jit`]), so the documented limit below stays.
 #[test]
 fn python_x_perf() {
     let _serial = serial();
-    let Some(python) = python_with_perf_maps() else {
+    let Some(python) = python_at_least(12) else {
         eprintln!("skipped: no CPython 3.12 or later found (python3.12, python3.13, pyenv)");
         return;
     };
@@ -406,6 +416,86 @@ fn python_x_perf() {
     assert!(
         named as f64 >= 0.6 * all as f64,
         "{named} of {all} samples name a py_work function:\n{}\n{out}",
+        show(&refs)
+    );
+}
+
+/// CPython 3.13+ `-X perf_jit`: a chain of Python functions (outer ->
+/// middle -> inner) whose trampolines the jitdump names and describes
+/// with unwinding information. At least 90% of the samples carry the
+/// three names in order, below the interpreter's `Py_RunMain` (the walk
+/// goes through each trampoline by its CFI and on into the interpreter).
+/// CPython writes the jitdump through a 4 KiB stdio buffer, so the script
+/// compiles 64 more functions after the chain's: their records push the
+/// chain's into the file (as any program that goes on compiling does).
+#[test]
+fn python_x_perf_jit() {
+    let _serial = serial();
+    let Some(python) = python_at_least(13) else {
+        eprintln!("skipped: no CPython 3.13 or later found (python3.13, pyenv)");
+        return;
+    };
+    let dir = tempdir();
+    let script = dir.path().join("chain.py");
+    fs::write(
+        &script,
+        "import time\n\
+         def inner_py_jit(n):\n    s = 0\n    for i in range(n):\n        s = (s + i * 31) & 0xffffffff\n    return s\n\
+         def middle_py_jit(n):\n    return inner_py_jit(n)\n\
+         def outer_py_jit():\n    t = 0\n    for _ in range(5):\n        t ^= middle_py_jit(20000)\n    return t\n\
+         outer_py_jit()\n\
+         for i in range(64):\n    exec(f'def flush_{i}(): return {i}\\nflush_{i}()')\n\
+         end = time.time() + 20\nx = 0\nwhile time.time() < end:\n    x ^= outer_py_jit()\nprint(x)\n",
+    )
+    .expect("write script");
+    let mut child = Command::new(&python)
+        .args(["-X", "perf_jit"])
+        .arg(&script)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("python");
+    let pid = child.id();
+    let _kill = KillOnDrop(&mut child);
+    let dump = format!("/tmp/jit-{pid}.dump");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !fs::read(&dump).is_ok_and(|d| d.windows(12).any(|w| w == b"inner_py_jit")) {
+        assert!(
+            Instant::now() < deadline,
+            "{python} wrote no jitdump naming inner_py_jit"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).expect("comm");
+    let (stacks, out) = profile(pid, comm.trim_end());
+    let _ = fs::remove_file(&dump);
+    let chain = [
+        "Py_RunMain",
+        "py::outer_py_jit:",
+        "py::middle_py_jit:",
+        "py::inner_py_jit:",
+    ];
+    let in_order = |frames: &[String]| {
+        let mut want = chain.iter().peekable();
+        for frame in user_frames(frames) {
+            if want.peek().is_some_and(|w| frame.starts_with(**w)) {
+                want.next();
+            }
+        }
+        want.peek().is_none()
+    };
+    let all = total(&stacks);
+    let hit: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| in_order(frames))
+        .map(|(_, n)| n)
+        .sum();
+    let refs: Vec<&Stack> = stacks.iter().collect();
+    eprintln!("{python} -X perf_jit: {hit} of {all} samples have the chain in order");
+    assert!(all >= 100, "only {all} samples:\n{}\n{out}", show(&refs));
+    assert!(
+        hit as f64 >= 0.9 * all as f64,
+        "{hit} of {all} samples have {} in order:\n{}\n{out}",
+        chain.join(" .. "),
         show(&refs)
     );
 }

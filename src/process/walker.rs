@@ -80,6 +80,23 @@ pub trait TableSupply {
     /// The start-up scan is over: `scan` says which tables the walks of the
     /// processes running at start use.
     fn startup_scanned(&mut self, scan: StartupScan);
+
+    /// Process `pid` has the anonymous executable mapping `range` (start,
+    /// end) and the jitdump file `jitdump` (a path that reads it): the
+    /// object id of a table of the mapping's JIT code built from the
+    /// unwinding information in that file, or `None` when it holds none
+    /// for that code (the walker then uses frame pointers there).
+    fn jit_mapped(&mut self, pid: u32, range: (u64, u64), jitdump: &std::path::Path)
+        -> Option<u32>;
+
+    /// Whether the jitdump file `jitdump` of process `pid`, described
+    /// before, gained unwinding information since: the process is then
+    /// described again, so that its mappings get the new tables. Called
+    /// for each of its samples; cheap when nothing changed.
+    fn jit_grew(&mut self, pid: u32, jitdump: &std::path::Path) -> bool;
+
+    /// Process `pid` exited: the tables of its JIT code can go.
+    fn process_exited(&mut self, pid: u32);
 }
 
 /// What the start-up scan described.
@@ -128,9 +145,15 @@ impl ProcessFollower {
     /// `pids` left `/proc` without an exit event
     /// ([`ProcessTracker::notice_vanished`]): the walker forgets them, as
     /// after an exit event.
-    pub fn processes_vanished(&mut self, pids: &[u32], walker: &impl WalkerMaps) {
+    pub fn processes_vanished(
+        &mut self,
+        pids: &[u32],
+        walker: &impl WalkerMaps,
+        tables: &mut impl TableSupply,
+    ) {
         for &pid in pids {
             walker.remove_process(pid);
+            tables.process_exited(pid);
             self.described.remove(&pid);
         }
     }
@@ -242,8 +265,15 @@ impl ProcessFollower {
         walker: &impl WalkerMaps,
         tables: &mut impl TableSupply,
     ) {
-        if !sample.kernel_thread && !self.described.contains(&sample.pid) {
+        if sample.kernel_thread {
+            return;
+        }
+        if !self.described.contains(&sample.pid) {
             self.describe(sample.pid, tracker, walker, tables);
+        } else if let Some(dump) = tracker.jitdump(sample.pid) {
+            if tables.jit_grew(sample.pid, &dump.open_path) {
+                self.describe(sample.pid, tracker, walker, tables);
+            }
         }
     }
 
@@ -262,11 +292,14 @@ impl ProcessFollower {
         match event {
             ProcessEvent::Exit { pid } => {
                 walker.remove_process(pid);
+                tables.process_exited(pid);
                 self.described.remove(&pid);
                 tracker.process_exited(pid, crate::timefmt::monotonic_ns());
             }
             ProcessEvent::Exec { pid, timestamp_ns } => {
                 tracker.process_exec(pid, timestamp_ns);
+                // Its JIT code went with its old image.
+                tables.process_exited(pid);
                 // The exec program described the new image. A process
                 // described here before is read again now (for what the
                 // kernel did not tell: the vDSO, anonymous code); any other
@@ -353,6 +386,14 @@ impl ProcessFollower {
                     });
                 }
                 Err(err) => debug!("pid {pid}: cannot read the vDSO: {err:#}"),
+            }
+        } else if let Some(dump) = tracker.jitdump(pid) {
+            if let Some(object_id) = tables.jit_mapped(pid, (m.start, m.end), &dump.open_path) {
+                return Some(ExecMapping {
+                    object_id,
+                    frame_pointers: false,
+                    ..frame_pointers
+                });
             }
         }
         Some(frame_pointers)
@@ -494,6 +535,7 @@ mod tests {
     struct Asked {
         objects: Vec<ObjectId>,
         vdso: Vec<Vec<u8>>,
+        exited: Vec<u32>,
         startup: Vec<StartupScan>,
     }
 
@@ -503,6 +545,15 @@ mod tests {
         }
         fn vdso_mapped(&mut self, image: Vec<u8>) {
             self.vdso.push(image);
+        }
+        fn jit_mapped(&mut self, _: u32, _: (u64, u64), _: &std::path::Path) -> Option<u32> {
+            None
+        }
+        fn jit_grew(&mut self, _: u32, _: &std::path::Path) -> bool {
+            false
+        }
+        fn process_exited(&mut self, pid: u32) {
+            self.exited.push(pid);
         }
         fn startup_scanned(&mut self, scan: StartupScan) {
             self.startup.push(scan);
@@ -602,8 +653,9 @@ mod tests {
         let mut follower = ProcessFollower::new();
         follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
         assert_eq!(follower.described(), 1);
-        follower.processes_vanished(&[pid], &walker);
+        follower.processes_vanished(&[pid], &walker, &mut tables);
         assert_eq!(*walker.removed.borrow(), vec![pid]);
+        assert_eq!(tables.exited, vec![pid], "its JIT tables can go");
         assert_eq!(follower.described(), 0);
     }
 

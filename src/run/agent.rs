@@ -420,7 +420,8 @@ impl<'s, 'o> Agent<'s, 'o> {
         if !vanished.is_empty() {
             debug!("{} processes left /proc unnoticed", vanished.len());
         }
-        self.follower.processes_vanished(&vanished, self.sampler);
+        self.follower
+            .processes_vanished(&vanished, self.sampler, &mut self.loader);
         let swept = self.follower.sweep_descriptions(self.sampler);
         if swept > 0 {
             debug!("removed {swept} descriptions of processes gone from /proc");

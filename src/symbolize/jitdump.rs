@@ -4,22 +4,16 @@
 //! profiler finds it among the process's mappings
 //! ([`crate::process::jit`] opens it while the process lives).
 //!
-//! Layout (native byte order): a file header (`magic` "JiTD" as a u32,
-//! `version`, `total_size` of the header, `elf_mach`, `pad1`, `pid`,
-//! `timestamp` u64, `flags` u64), then records, each `id` u32,
-//! `total_size` u32 (header included), `timestamp` u64 and a body.
-//! `JIT_CODE_LOAD` (0): `pid`, `tid` u32, `vma`, `code_addr`, `code_size`,
-//! `code_index` u64, the NUL-terminated name, the code. `JIT_CODE_MOVE`
-//! (1): `pid`, `tid`, `vma`, `old_code_addr`, `new_code_addr`,
-//! `code_size`, `code_index`. Other records (debug info, unwinding info,
-//! close) are skipped. Files are re-read from the last complete record as
-//! they grow.
+//! Records ([`crate::process::jit::JitdumpCursor`] reads them as the file
+//! grows): `JIT_CODE_LOAD` (0): `pid`, `tid` u32, `vma`, `code_addr`,
+//! `code_size`, `code_index` u64, the NUL-terminated name, the code.
+//! `JIT_CODE_MOVE` (1): `pid`, `tid`, `vma`, `old_code_addr`,
+//! `new_code_addr`, `code_size`, `code_index`. Other records (debug info,
+//! unwinding info, close) are skipped here (the unwind tables read the
+//! unwinding info: [`crate::unwind::jit`]).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -30,17 +24,10 @@ use super::perf_map::CodeRanges;
 use super::sources::{Batch, FrameRef, Site, SymbolSource};
 use super::vdso::VDSO_MAPPING_NAME;
 use super::MappingSource;
+use crate::process::jit::{ne_u64 as u64_at, JitdumpCursor, JitdumpRecord};
 
-/// "JiTD" read as a native-endian u32.
-const MAGIC: u32 = 0x4A69_5444;
-/// Size of the file header this reader needs, bytes.
-const FILE_HEADER_SIZE: usize = 40;
-/// Size of a record header, bytes.
-const RECORD_HEADER_SIZE: usize = 16;
 const JIT_CODE_LOAD: u32 = 0;
 const JIT_CODE_MOVE: u32 = 1;
-/// Most bytes of one jitdump file read (code bytes included).
-const MAX_JITDUMP_BYTES: u64 = 1 << 30;
 
 /// Names frames in memory no object file backs from the process's jitdump
 /// file, for processes that mapped one; sites are `(pid, address)`.
@@ -98,10 +85,7 @@ impl SymbolSource for JitDumps {
 /// One process's jitdump file as read so far.
 #[derive(Debug, Default)]
 struct JitDump {
-    /// `(device, inode)` of the file read.
-    identity: (u64, u64),
-    /// Bytes consumed: the header and every complete record.
-    consumed: u64,
+    cursor: JitdumpCursor,
     ranges: CodeRanges,
 }
 
@@ -110,83 +94,32 @@ impl JitDump {
     /// added since the last read, or the whole file again if it was
     /// replaced or shrank.
     fn read_from(&mut self, path: &Path) -> std::io::Result<()> {
-        let mut file = File::open(path)?;
-        let meta = file.metadata()?;
-        let identity = (meta.dev(), meta.ino());
-        if identity != self.identity || meta.len() < self.consumed {
-            *self = JitDump {
-                identity,
-                ..Default::default()
-            };
-        }
-        let limit = meta.len().min(MAX_JITDUMP_BYTES);
-        if limit <= self.consumed {
-            return Ok(());
-        }
-        file.seek(SeekFrom::Start(self.consumed))?;
-        let mut data = Vec::new();
-        file.take(limit - self.consumed).read_to_end(&mut data)?;
-        let mut pos = 0;
-        if self.consumed == 0 {
-            pos = header_size(&data).ok_or_else(|| {
-                std::io::Error::new(std::io::ErrorKind::InvalidData, "not a jitdump file")
-            })?;
-        }
-        while let Some(record) = data.get(pos..pos + RECORD_HEADER_SIZE) {
-            let id = u32_at(record, 0);
-            let size = u32_at(record, 4) as usize;
-            let Some(body) = (size >= RECORD_HEADER_SIZE)
-                .then(|| data.get(pos + RECORD_HEADER_SIZE..pos + size))
-                .flatten()
-            else {
-                break; // incomplete (being written) or malformed
-            };
-            self.apply(id, body);
-            pos += size;
-        }
-        self.consumed += pos as u64;
-        Ok(())
+        let JitDump { cursor, ranges } = self;
+        cursor.read_new(path, |record| match record {
+            JitdumpRecord::Restart => *ranges = CodeRanges::default(),
+            JitdumpRecord::Record { id, body } => apply(ranges, id, body),
+        })
     }
+}
 
-    /// Applies one record's body.
-    fn apply(&mut self, id: u32, body: &[u8]) {
-        match id {
-            JIT_CODE_LOAD if body.len() > 40 => {
-                let (addr, size) = (u64_at(body, 16), u64_at(body, 24));
-                let name = &body[40..];
-                let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
-                let name = String::from_utf8_lossy(name);
-                self.ranges
-                    .insert(addr, addr.saturating_add(size), Arc::from(name.as_ref()));
+/// Applies one record's body to `ranges`.
+fn apply(ranges: &mut CodeRanges, id: u32, body: &[u8]) {
+    match id {
+        JIT_CODE_LOAD if body.len() > 40 => {
+            let (addr, size) = (u64_at(body, 16), u64_at(body, 24));
+            let name = &body[40..];
+            let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+            let name = String::from_utf8_lossy(name);
+            ranges.insert(addr, addr.saturating_add(size), Arc::from(name.as_ref()));
+        }
+        JIT_CODE_MOVE if body.len() >= 48 => {
+            let (old, new, size) = (u64_at(body, 16), u64_at(body, 24), u64_at(body, 32));
+            if let Some((_, name)) = ranges.take(old) {
+                ranges.insert(new, new.saturating_add(size), name);
             }
-            JIT_CODE_MOVE if body.len() >= 48 => {
-                let (old, new, size) = (u64_at(body, 16), u64_at(body, 24), u64_at(body, 32));
-                if let Some((_, name)) = self.ranges.take(old) {
-                    self.ranges.insert(new, new.saturating_add(size), name);
-                }
-            }
-            _ => {}
         }
+        _ => {}
     }
-}
-
-/// The size of the file header at the start of `data` (its `total_size`),
-/// if `data` starts with a jitdump header.
-fn header_size(data: &[u8]) -> Option<usize> {
-    let header = data.get(..FILE_HEADER_SIZE)?;
-    if u32_at(header, 0) != MAGIC {
-        return None;
-    }
-    let size = u32_at(header, 8) as usize;
-    (size >= FILE_HEADER_SIZE && size <= data.len()).then_some(size)
-}
-
-fn u32_at(bytes: &[u8], at: usize) -> u32 {
-    u32::from_ne_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn u64_at(bytes: &[u8], at: usize) -> u64 {
-    u64::from_ne_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
 }
 
 #[cfg(test)]
@@ -194,6 +127,11 @@ mod tests {
     use std::io::Write;
 
     use super::*;
+    use std::fs::File;
+
+    const MAGIC: u32 = 0x4A69_5444;
+    const FILE_HEADER_SIZE: usize = 40;
+    const RECORD_HEADER_SIZE: usize = 16;
 
     fn record(id: u32, body: &[u8]) -> Vec<u8> {
         let mut r = Vec::new();
@@ -268,6 +206,5 @@ mod tests {
         bytes[0] ^= 0xff;
         std::fs::write(&path, bytes).unwrap();
         assert!(JitDump::default().read_from(&path).is_err());
-        assert_eq!(header_size(&header()[..20]), None);
     }
 }

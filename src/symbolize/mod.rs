@@ -18,6 +18,7 @@
 
 mod assembly;
 mod cache;
+pub mod debug_copy;
 pub mod debuginfod;
 mod elf_file;
 mod jitdump;

@@ -15,6 +15,7 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolizer as BlazeSymbolizer};
 use tracing::debug;
 
+use super::debug_copy;
 use super::debuginfod::Debuginfod;
 use super::elf_file::ObjectFile;
 use super::lines::{demangle, file_name, line_of, lines_of, unknown_line, Lines};
@@ -204,10 +205,15 @@ impl ElfObjects {
         };
         let heap_before = crate::heap::thread_net_allocated();
         let file = ObjectFile::open(path);
-        let debug_file = file.as_ref().and_then(|f| {
-            f.debug_file_by_build_id(&self.debug_dirs)
-                .or_else(|| self.remote_debug_file(tracker, object, f))
-        });
+        let debug_file = file
+            .as_ref()
+            .and_then(|f| {
+                f.debug_file_by_build_id(&self.debug_dirs)
+                    .or_else(|| self.remote_debug_file(tracker, object, f))
+            })
+            .map(|d| debug_copy::uncompressed_copy(&d).unwrap_or(d))
+            // An object with compressed DWARF of its own (`gcc -gz`).
+            .or_else(|| debug_copy::uncompressed_copy(path));
         let fresh;
         let kept;
         let inner: &BlazeSymbolizer = if keep {

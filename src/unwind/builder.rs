@@ -280,7 +280,7 @@ fn decompress(
     Ok(out)
 }
 
-type Slice<'d> = gimli::EndianSlice<'d, LittleEndian>;
+pub(super) type Slice<'d> = gimli::EndianSlice<'d, LittleEndian>;
 
 /// Where an FDE is, found by the first pass over the section.
 pub(super) struct FdeAt {
@@ -324,32 +324,11 @@ fn evaluate_fde<'d, S: UnwindSection<Slice<'d>>>(
     count: &mut dyn FnMut(UnsupportedKind),
 ) {
     let &FdeAt { start, end, offset } = at;
-    let evaluated = (|| -> gimli::Result<()> {
-        let fde = section.fde_from_offset(bases, S::Offset::from(offset), |s, b, o| {
+    let evaluated = section
+        .fde_from_offset(bases, S::Offset::from(offset), |s, b, o| {
             cie_at(cies, s, b, o)
-        })?;
-        let signal = fde.is_signal_trampoline();
-        let mut rows = fde.rows(section, bases, ctx)?;
-        while let Some(row) = rows.next_row()? {
-            // Clamped to the FDE so that spans stay within the range it claims.
-            let (row_start, row_end) = (row.start_address().max(start), row.end_address().min(end));
-            if row_start < row_end {
-                let rule = if signal {
-                    Rule::SignalFrame
-                } else {
-                    let (rule, kind) = x86_64::translate(row, section);
-                    kind.into_iter().for_each(&mut *count);
-                    rule
-                };
-                spans.push(Span {
-                    start: row_start,
-                    end: row_end,
-                    rule,
-                });
-            }
-        }
-        Ok(())
-    })();
+        })
+        .and_then(|fde| fde_spans(&fde, section, bases, ctx, spans, &mut &mut *count));
     if evaluated.is_err() {
         spans.clear();
         spans.push(Span {
@@ -434,6 +413,45 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
         ahead.send(&table);
     }
     Ok(table)
+}
+
+/// Evaluates `fde` (of `section`, whose pointers are relative to `bases`)
+/// into `spans`: its rows as rules, clamped to the FDE's range, in address
+/// order; unsupported rules are counted by `count`. Errors: gimli's, on
+/// malformed CFI (`spans` then holds the rows before it).
+pub(super) fn fde_spans<'d, S: UnwindSection<Slice<'d>>>(
+    fde: &gimli::FrameDescriptionEntry<Slice<'d>>,
+    section: &S,
+    bases: &BaseAddresses,
+    ctx: &mut UnwindContext<usize>,
+    spans: &mut Vec<Span>,
+    count: &mut impl FnMut(UnsupportedKind),
+) -> gimli::Result<()> {
+    let (start, end) = (
+        fde.initial_address(),
+        fde.initial_address().saturating_add(fde.len()),
+    );
+    let signal = fde.is_signal_trampoline();
+    let mut rows = fde.rows(section, bases, ctx)?;
+    while let Some(row) = rows.next_row()? {
+        // Clamped to the FDE so that spans stay within the range it claims.
+        let (row_start, row_end) = (row.start_address().max(start), row.end_address().min(end));
+        if row_start < row_end {
+            let rule = if signal {
+                Rule::SignalFrame
+            } else {
+                let (rule, kind) = x86_64::translate(row, section);
+                kind.into_iter().for_each(&mut *count);
+                rule
+            };
+            spans.push(Span {
+                start: row_start,
+                end: row_end,
+                rule,
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::borrow::Cow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,6 +31,7 @@ use crate::unwind::builds::{
     start_workers, BuildQueue, BuildRequest, BuildResult, Stage, TableSource,
 };
 use crate::unwind::early::WantedPages;
+use crate::unwind::jit::{BuiltTable, JitTables};
 use crate::unwind::row::{Page, PAGE_BITS};
 use crate::unwind::UnwindTable;
 
@@ -51,6 +52,7 @@ enum TableState {
 }
 
 /// A table being built, and the pages of it sent ahead ([`super::early`]).
+#[derive(Default)]
 struct Building {
     /// Pages samples wait on, for the build thread.
     wanted: Arc<WantedPages>,
@@ -140,6 +142,12 @@ pub struct UnwindLoader {
     lookup_first: bool,
     results: Receiver<BuildResult>,
     stats: UnwindLoaderStats,
+    /// Tables of JIT code from jitdump files ([`crate::unwind::jit`]).
+    jit: JitTables,
+    /// JIT tables built, to be loaded.
+    jit_built: Vec<BuiltTable>,
+    /// JIT table ids replaced or of exited processes, to be unloaded.
+    jit_retired: Vec<u32>,
 }
 
 impl Drop for UnwindLoader {
@@ -167,6 +175,9 @@ impl UnwindLoader {
             lookup_first,
             results: result_rx,
             stats: UnwindLoaderStats::default(),
+            jit: JitTables::default(),
+            jit_built: Vec::new(),
+            jit_retired: Vec::new(),
         })
     }
 
@@ -215,15 +226,24 @@ impl UnwindLoader {
         self.clock += 1;
         let mut previous = None;
         for frame in frames {
-            let Some(mapping) = frame.mapping else {
-                continue;
-            };
-            let Some(object) = tracker.mapping(mapping).and_then(|m| m.object) else {
+            let Some((mapping, m)) = frame
+                .mapping
+                .and_then(|id| Some((id, tracker.mapping(id)?)))
+            else {
                 continue;
             };
             // Consecutive frames are often in the same mapping.
-            if previous != Some(mapping) {
-                previous = Some(mapping);
+            let first_in_mapping = previous != Some(mapping);
+            previous = Some(mapping);
+            let Some(object) = m.object else {
+                // JIT code with a table: keep it from being evicted first.
+                let jit = self.jit.object_of(m.pid, m.start);
+                if let Some(t) = jit.and_then(|id| self.tables.get_mut(&id)) {
+                    t.last_used = self.clock;
+                }
+                continue;
+            };
+            if first_in_mapping {
                 self.mark_used(object, tracker);
             }
             if let Some(TableState::Building(building)) =
@@ -328,8 +348,19 @@ impl UnwindLoader {
             .any(|t| matches!(t.state, TableState::Building(_)))
     }
 
-    /// Load the tables the background threads have finished. Call often.
+    /// Load the tables the background threads have finished, and the JIT
+    /// tables built; unload retired JIT tables. Call often.
     pub fn load_ready_tables(&mut self, sampler: &Sampler<'_>) {
+        for (object_id, name, table) in std::mem::take(&mut self.jit_built) {
+            if let Err(err) = self.load(object_id, &name, &table, sampler) {
+                warn!("{name}: cannot load its unwind table: {err:#}");
+                self.set_state(object_id, TableState::Failed);
+            }
+        }
+        for object_id in std::mem::take(&mut self.jit_retired) {
+            self.unload(object_id, sampler);
+            self.tables.remove(&object_id);
+        }
         while let Ok(result) = self.results.try_recv() {
             if result.early {
                 if let Ok(table) = &result.table {
@@ -513,8 +544,16 @@ impl UnwindLoader {
             .min_by_key(|(_, t)| t.last_used)
             .map(|(&id, _)| id);
         let Some(id) = victim else { return false };
+        self.unload(id, sampler);
+        self.stats.evictions += 1;
+        true
+    }
+
+    /// Remove `id`'s table from the walker's maps if it is loaded (its state
+    /// becomes [`TableState::Evicted`]).
+    fn unload(&mut self, id: u32, sampler: &Sampler<'_>) {
         let Some(table) = self.tables.get_mut(&id) else {
-            return false;
+            return;
         };
         if let TableState::Loaded { ranges, pages } =
             std::mem::replace(&mut table.state, TableState::Evicted)
@@ -526,8 +565,6 @@ impl UnwindLoader {
                 self.stats.rows_loaded -= u64::from(rows);
             }
         }
-        self.stats.evictions += 1;
-        true
     }
 }
 
@@ -550,6 +587,41 @@ impl TableSupply for UnwindLoader {
     fn startup_scanned(&mut self, scan: StartupScan) {
         self.startup = Some(scan);
         self.report_startup();
+    }
+
+    fn jit_mapped(&mut self, pid: u32, range: (u64, u64), jitdump: &Path) -> Option<u32> {
+        let built = self.jit_built.len();
+        let id = self.jit.mapping_table(
+            pid,
+            range,
+            jitdump,
+            &mut self.jit_built,
+            &mut self.jit_retired,
+        )?;
+        for &(object_id, _, _) in &self.jit_built[built..] {
+            self.tables.insert(
+                object_id,
+                ObjectTable {
+                    state: TableState::Building(Building::default()),
+                    last_used: self.clock,
+                },
+            );
+        }
+        Some(id)
+    }
+
+    fn jit_grew(&mut self, pid: u32, jitdump: &Path) -> bool {
+        let tables = &self.tables;
+        let evicted = |id| {
+            tables
+                .get(&id)
+                .is_some_and(|t| matches!(t.state, TableState::Evicted))
+        };
+        self.jit.grew(pid, jitdump, evicted, &mut self.jit_retired)
+    }
+
+    fn process_exited(&mut self, pid: u32) {
+        self.jit.process_exited(pid, &mut self.jit_retired);
     }
 }
 

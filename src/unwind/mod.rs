@@ -7,7 +7,8 @@
 //! objects without section headers, `eh_frame_hdr` finds `.eh_frame`
 //! through `PT_GNU_EH_FRAME`), which
 //! [`table`] splits into pages ([`UnwindTable`]; [`early`] builds the pages
-//! samples wait on ahead of the rest); [`identity`] keys objects
+//! samples wait on ahead of the rest); [`jit`] builds tables of
+//! JIT code from the unwinding information in jitdump files; [`identity`] keys objects
 //! (build ID, else content hash) and finds separate debug files; [`cache`]
 //! keeps built tables on disk; [`show`] renders a table for
 //! `lightswitch show-unwind`.
@@ -23,6 +24,7 @@ pub mod cache;
 pub mod early;
 pub(crate) mod eh_frame_hdr;
 pub mod identity;
+pub mod jit;
 pub mod loader;
 #[cfg(test)]
 mod reference_tests;

@@ -1,0 +1,607 @@
+//! Unwind tables of JIT code, from the unwinding information jitdump files
+//! carry (CPython 3.13 `-X perf_jit`, V8 `--perf-prof-unwinding-info`).
+//!
+//! perf's jitdump format has a `JIT_CODE_UNWINDING_INFO` record (id 4):
+//! `unwinding_size`, `eh_frame_hdr_size`, `mapped_size` (u64 each), then
+//! `unwinding_size` bytes: an `.eh_frame` followed by its
+//! `.eh_frame_hdr` (`eh_frame_hdr_size` bytes). It describes the code of the
+//! next `JIT_CODE_LOAD` record; its pointers are relative to where perf
+//! places that `.eh_frame` when it turns the record into an ELF image: right
+//! after the code, at the code's address plus its size rounded up to 8
+//! bytes (`ALIGN_8` in perf's `genelf.c`). `JIT_CODE_MOVE` moves the code
+//! and its unwinding information with it.
+//!
+//! Each anonymous executable mapping of a process that holds such code gets
+//! a table of its own under a synthetic object id (from [`JIT_OBJECT_ID_BASE`]),
+//! with rows at mapping-relative addresses (the walker's bias is the
+//! mapping's start). The FDEs are evaluated by the builder's own
+//! ([`super::builder::fde_spans`], gimli) and assembled like an object's.
+//! Tables never change under their id (the BPF walker caches rows by id and
+//! address): when code is added to a mapping, its table is built again
+//! under a new id, the process is described again with it, and the old id is
+//! retired.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindContext, UnwindSection};
+use rustc_hash::FxHashMap;
+use tracing::debug;
+
+use super::assemble::{Assembly, Span};
+use super::builder::{fde_spans, Slice};
+use super::rule::{Rule, UnsupportedKind};
+use super::table::{CfiSource, UnwindTable};
+use crate::process::jit::{ne_u64, JitdumpCursor, JitdumpRecord};
+use crate::process::walker::VDSO_OBJECT_ID;
+
+/// First object id of JIT tables; they count up to [`VDSO_OBJECT_ID`]
+/// (exclusive) and wrap. Tracker object ids count up from 0.
+pub const JIT_OBJECT_ID_BASE: u32 = 0x8000_0000;
+/// Most pieces of code with unwinding information kept per process.
+const MAX_CODES: usize = 1 << 18;
+/// Most JIT tables per process (the walker knows 256 mappings).
+const MAX_TABLES: usize = 256;
+/// Shortest time between two looks at whether a process's jitdump grew.
+const CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
+const JIT_CODE_LOAD: u32 = 0;
+const JIT_CODE_MOVE: u32 = 1;
+const JIT_CODE_UNWINDING_INFO: u32 = 4;
+
+/// A piece of JIT code with its unwinding information.
+#[derive(Debug)]
+struct Code {
+    /// Bytes of code.
+    size: u64,
+    /// Its `.eh_frame` (identical ones are shared).
+    eh_frame: Arc<[u8]>,
+}
+
+/// The table of one mapping, as last built.
+#[derive(Debug)]
+struct MappingTable {
+    object_id: u32,
+    /// [`digest`] of the code it was built from.
+    digest: (usize, u64),
+}
+
+/// What is known of one process's jitdump.
+#[derive(Debug, Default)]
+struct ProcessJit {
+    cursor: JitdumpCursor,
+    /// The `.eh_frame` of the latest unwinding-info record, for the next
+    /// code load.
+    pending: Option<Arc<[u8]>>,
+    /// Code with unwinding information, by address.
+    codes: BTreeMap<u64, Code>,
+    /// Tables by mapping start.
+    tables: FxHashMap<u64, MappingTable>,
+    /// When the file was last read.
+    last_read: Option<Instant>,
+}
+
+/// Applies one record to what is known of a process's code: `pending`,
+/// the latest unwinding information not yet used by a code load, and
+/// `codes`. Returns whether `codes` changed.
+fn apply(
+    pending: &mut Option<Arc<[u8]>>,
+    codes: &mut BTreeMap<u64, Code>,
+    id: u32,
+    body: &[u8],
+) -> bool {
+    match id {
+        JIT_CODE_UNWINDING_INFO if body.len() >= 24 => {
+            let (size, hdr_size) = (ne_u64(body, 0), ne_u64(body, 8));
+            let eh_frame = usize::try_from(size.saturating_sub(hdr_size))
+                .ok()
+                .and_then(|len| body.get(24..24usize.checked_add(len)?))
+                // V8 on x86-64 writes headers without CFI: no information.
+                .filter(|bytes| !bytes.is_empty());
+            *pending = eh_frame.map(|bytes| match &*pending {
+                Some(last) if **last == *bytes => last.clone(),
+                _ => match codes.values().next_back() {
+                    Some(code) if *code.eh_frame == *bytes => code.eh_frame.clone(),
+                    _ => Arc::from(bytes),
+                },
+            });
+            false
+        }
+        JIT_CODE_LOAD if body.len() >= 40 => {
+            let (addr, size) = (ne_u64(body, 16), ne_u64(body, 24));
+            match pending.take() {
+                Some(eh_frame) if codes.len() < MAX_CODES => {
+                    codes.insert(addr, Code { size, eh_frame });
+                    true
+                }
+                _ => codes.remove(&addr).is_some(),
+            }
+        }
+        JIT_CODE_MOVE if body.len() >= 48 => {
+            let (old, new) = (ne_u64(body, 16), ne_u64(body, 24));
+            let moved = codes.remove(&old);
+            moved.map(|code| codes.insert(new, code)).is_some()
+        }
+        _ => false,
+    }
+}
+
+impl ProcessJit {
+    /// Reads what was added to the jitdump at `path`; returns whether the
+    /// code with unwinding information changed.
+    fn read(&mut self, path: &Path) -> std::io::Result<bool> {
+        self.last_read = Some(Instant::now());
+        let ProcessJit {
+            cursor,
+            pending,
+            codes,
+            ..
+        } = self;
+        let mut changed = false;
+        cursor.read_new(path, |record| match record {
+            JitdumpRecord::Restart => {
+                *pending = None;
+                changed |= !codes.is_empty();
+                codes.clear();
+            }
+            JitdumpRecord::Record { id, body } => changed |= apply(pending, codes, id, body),
+        })?;
+        Ok(changed)
+    }
+
+    /// `(count, sum of addresses)` of the code in `[start, end)`: differs
+    /// when code was added, moved or dropped there.
+    fn digest(&self, start: u64, end: u64) -> (usize, u64) {
+        self.codes
+            .range(start..end)
+            .fold((0, 0), |(n, sum), (&addr, code)| {
+                (n + 1, sum.wrapping_add(addr ^ code.size.rotate_left(32)))
+            })
+    }
+}
+
+/// A JIT table built, to be loaded: its object id, a name for messages,
+/// the table.
+pub type BuiltTable = (u32, String, UnwindTable);
+
+/// The JIT tables of every process whose jitdump carries unwinding
+/// information. Per process at most 2^18 pieces of code and 256 tables.
+#[derive(Debug)]
+pub struct JitTables {
+    processes: FxHashMap<u32, ProcessJit>,
+    next_id: u32,
+}
+
+impl Default for JitTables {
+    fn default() -> Self {
+        JitTables {
+            processes: FxHashMap::default(),
+            next_id: JIT_OBJECT_ID_BASE,
+        }
+    }
+}
+
+impl JitTables {
+    /// The object id of the table of process `pid`'s anonymous executable
+    /// mapping `[start, end)`, from the jitdump file at `path` (read up to
+    /// date first); `None` when no code with unwinding information lies in
+    /// it. A table built anew is pushed onto `built` (to be loaded), and the
+    /// id it replaces onto `retired` (to be unloaded).
+    pub fn mapping_table(
+        &mut self,
+        pid: u32,
+        (start, end): (u64, u64),
+        path: &Path,
+        built: &mut Vec<BuiltTable>,
+        retired: &mut Vec<u32>,
+    ) -> Option<u32> {
+        let process = self.processes.entry(pid).or_default();
+        if process
+            .last_read
+            .is_none_or(|t| t.elapsed() >= CHECK_INTERVAL / 2)
+        {
+            if let Err(err) = process.read(path) {
+                debug!("{}: {err}", path.display());
+            }
+        }
+        let digest = process.digest(start, end);
+        if let Some(table) = process.tables.get(&start) {
+            if table.digest == digest {
+                return Some(table.object_id);
+            }
+        }
+        if digest.0 == 0
+            || (process.tables.len() >= MAX_TABLES && !process.tables.contains_key(&start))
+        {
+            return None;
+        }
+        let table = match build(process.codes.range(start..end), start) {
+            Ok(table) => table,
+            Err(err) => {
+                debug!("pid {pid}: JIT code at {start:#x}: {err:#}");
+                return None;
+            }
+        };
+        let object_id = self.next_id;
+        self.next_id = match self.next_id + 1 {
+            VDSO_OBJECT_ID => JIT_OBJECT_ID_BASE,
+            next => next,
+        };
+        let old = process
+            .tables
+            .insert(start, MappingTable { object_id, digest });
+        retired.extend(old.map(|t| t.object_id));
+        built.push((
+            object_id,
+            format!("[jit pid {pid} {start:#x}-{end:#x}]"),
+            table,
+        ));
+        Some(object_id)
+    }
+
+    /// Whether process `pid` should be described again, looked at most
+    /// every 50 ms per process: its jitdump (at `path`) changed the code
+    /// with unwinding information since it was last read, or one of its
+    /// tables was `evicted` (that table is then forgotten, so that it is
+    /// built again, and its id pushed onto `retired`).
+    pub fn grew(
+        &mut self,
+        pid: u32,
+        path: &Path,
+        evicted: impl Fn(u32) -> bool,
+        retired: &mut Vec<u32>,
+    ) -> bool {
+        let Some(process) = self.processes.get_mut(&pid) else {
+            return false;
+        };
+        if process
+            .last_read
+            .is_some_and(|t| t.elapsed() < CHECK_INTERVAL)
+        {
+            return false;
+        }
+        let before = process.tables.len();
+        process.tables.retain(|_, t| {
+            let keep = !evicted(t.object_id);
+            if !keep {
+                retired.push(t.object_id);
+            }
+            keep
+        });
+        let changed = process.read(path).unwrap_or_else(|err| {
+            debug!("{}: {err}", path.display());
+            false
+        });
+        changed || process.tables.len() != before
+    }
+
+    /// Forget process `pid` (it exited); its tables' ids go onto `retired`.
+    pub fn process_exited(&mut self, pid: u32, retired: &mut Vec<u32>) {
+        if let Some(process) = self.processes.remove(&pid) {
+            retired.extend(process.tables.values().map(|t| t.object_id));
+        }
+    }
+
+    /// The id of the current table of `pid`'s mapping starting at `start`.
+    pub fn object_of(&self, pid: u32, start: u64) -> Option<u32> {
+        Some(self.processes.get(&pid)?.tables.get(&start)?.object_id)
+    }
+}
+
+/// The table of `codes` (by address), with rows at addresses relative to
+/// `base` (the mapping's start). Errors: the rows do not form a table.
+fn build<'a>(
+    codes: impl Iterator<Item = (&'a u64, &'a Code)>,
+    base: u64,
+) -> anyhow::Result<UnwindTable> {
+    let mut unsupported = BTreeMap::new();
+    let mut count = |kind| *unsupported.entry(kind).or_insert(0u64) += 1;
+    let mut ctx = Box::new(UnwindContext::new());
+    let mut fdes: Vec<(u64, u64, Vec<Span>)> = Vec::new();
+    let mut fde_count = 0;
+    for (&addr, code) in codes {
+        let start = addr - base;
+        let end = start.saturating_add(code.size);
+        let eh_frame_address = start.saturating_add(code.size.next_multiple_of(8));
+        let bases = BaseAddresses::default().set_eh_frame(eh_frame_address);
+        let mut section = EhFrame::new(&code.eh_frame, LittleEndian);
+        section.set_address_size(8);
+        let mut entries = section.entries(&bases);
+        while let Ok(Some(entry)) = entries.next() {
+            let CieOrFde::Fde(partial) = entry else {
+                continue;
+            };
+            fde_count += 1;
+            let parsed = partial.parse(|s: &EhFrame<Slice<'_>>, b, o| s.cie_from_offset(b, o));
+            let Ok(fde) = parsed else {
+                count(UnsupportedKind::InvalidCfi);
+                continue;
+            };
+            // Only FDEs within their code (another placement convention
+            // would put them elsewhere).
+            let (fde_start, fde_end) = (fde.initial_address(), fde.end_address());
+            if fde_start < start || fde_end > end || fde_start >= fde_end {
+                count(UnsupportedKind::AddressRange);
+                continue;
+            }
+            let mut spans = Vec::new();
+            if fde_spans(&fde, &section, &bases, &mut ctx, &mut spans, &mut count).is_err() {
+                spans = vec![Span {
+                    start: fde_start,
+                    end: fde_end,
+                    rule: Rule::Unsupported(UnsupportedKind::InvalidCfi),
+                }];
+                count(UnsupportedKind::InvalidCfi);
+            }
+            fdes.push((fde_start, fde_end, spans));
+        }
+    }
+    fdes.sort_by_key(|f| f.0);
+    let mut assembly = Assembly::default();
+    for (start, end, spans) in &fdes {
+        assembly.add_fde(spans, *start, *end);
+    }
+    let rules = assembly.finish();
+    Ok(UnwindTable::from_rules(
+        &rules,
+        fde_count,
+        unsupported,
+        CfiSource::EhFrame,
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::process::Command;
+
+    use super::*;
+    use crate::unwind::rule::{CfaOffset, Fp};
+
+    /// The body of a `JIT_CODE_UNWINDING_INFO` record CPython 3.13.0
+    /// `-X perf_jit` wrote for its 11-byte trampoline (`sub $8,%rsp;
+    /// call *%rcx; add $8,%rsp; ret`): sizes 68, 20, 80, then a CIE and an
+    /// FDE (CFA rsp+16 from byte 4, rsp+8 again from byte 10) and the
+    /// `.eh_frame_hdr`, padded to 8 bytes.
+    const CPYTHON_313_UNWINDING_INFO: &str = "4400000000000000140000000000000050000000000000001400000000000000017a5200017810011b0c070890010000140000001c000000d0ffffff0b00000000440e10460e0800011b033bccffffff01000000c0ffffffe8ffffff00000000";
+    const TRAMPOLINE: [u8; 11] = [
+        0x48, 0x83, 0xec, 0x08, 0xff, 0xd1, 0x48, 0x83, 0xc4, 0x08, 0xc3,
+    ];
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+            .collect()
+    }
+
+    fn record(id: u32, body: &[u8]) -> Vec<u8> {
+        let mut r = Vec::new();
+        r.extend_from_slice(&id.to_ne_bytes());
+        r.extend_from_slice(&(16 + body.len() as u32).to_ne_bytes());
+        r.extend_from_slice(&7u64.to_ne_bytes());
+        r.extend_from_slice(body);
+        r
+    }
+
+    fn load(addr: u64, name: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&[1, 0, 0, 0, 1, 0, 0, 0]);
+        for v in [addr, addr, TRAMPOLINE.len() as u64, 0] {
+            b.extend_from_slice(&v.to_ne_bytes());
+        }
+        b.extend_from_slice(name.as_bytes());
+        b.push(0);
+        b.extend_from_slice(&TRAMPOLINE);
+        record(JIT_CODE_LOAD, &b)
+    }
+
+    fn moved(old: u64, new: u64) -> Vec<u8> {
+        let mut b = vec![1, 0, 0, 0, 1, 0, 0, 0];
+        for v in [new, old, new, TRAMPOLINE.len() as u64, 0] {
+            b.extend_from_slice(&v.to_ne_bytes());
+        }
+        record(JIT_CODE_MOVE, &b)
+    }
+
+    fn header() -> Vec<u8> {
+        let mut h = Vec::new();
+        for v in [0x4A69_5444u32, 1, 40, 62, 0, 1] {
+            h.extend_from_slice(&v.to_ne_bytes());
+        }
+        h.extend_from_slice(&[0; 16]);
+        h
+    }
+
+    fn rsp(bytes: i64) -> Rule {
+        Rule::RspOffset {
+            cfa: CfaOffset::new(bytes).expect("offset"),
+            fp: Fp::Unchanged,
+        }
+    }
+
+    /// The rules a trampoline's FDE gives, byte by byte, and none after it.
+    fn assert_trampoline(table: &UnwindTable, at: u64) {
+        for (offset, want) in [
+            (0, rsp(8)),
+            (3, rsp(8)),
+            (4, rsp(16)),
+            (9, rsp(16)),
+            (10, rsp(8)),
+        ] {
+            assert_eq!(table.lookup(at + offset), want, "at {at:#x} + {offset}");
+        }
+        assert_eq!(table.lookup(at + 11), Rule::EndOfFunction, "after {at:#x}");
+    }
+
+    const BASE: u64 = 0x7f00_1234_0000;
+
+    #[test]
+    fn unwinding_info_becomes_rows_at_mapping_offsets_and_follows_moves() {
+        let info = record(JIT_CODE_UNWINDING_INFO, &hex(CPYTHON_313_UNWINDING_INFO));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("jit-1.dump");
+        let mut file = std::fs::File::create(&path).expect("create");
+        let first = [
+            header(),
+            info.clone(),
+            load(BASE, "py::a"),
+            info.clone(),
+            load(BASE + 0x110, "py::b"),
+            load(BASE + 0x220, "no unwinding info"),
+            moved(BASE + 0x110, BASE + 0x330),
+        ];
+        file.write_all(&first.concat()).unwrap();
+        let mut jit = JitTables::default();
+        let (mut built, mut retired) = (Vec::new(), Vec::new());
+        let mapping = (BASE, BASE + 0x1_0000);
+        let id = jit.mapping_table(1, mapping, &path, &mut built, &mut retired);
+        assert_eq!(id, Some(JIT_OBJECT_ID_BASE));
+        assert_eq!(jit.object_of(1, BASE), id);
+        let (_, name, table) = &built[0];
+        assert!(name.contains("jit pid 1"), "{name}");
+        assert_eq!(table.stats().fdes, 2);
+        assert_trampoline(table, 0);
+        assert_trampoline(table, 0x330);
+        assert_eq!(table.lookup(0x114), Rule::EndOfFunction, "moved away");
+        assert_eq!(
+            table.lookup(0x224),
+            Rule::EndOfFunction,
+            "no unwinding info"
+        );
+        // Nothing new: the same table; a mapping without such code: none.
+        assert_eq!(
+            jit.mapping_table(1, mapping, &path, &mut built, &mut retired),
+            id
+        );
+        let elsewhere = (BASE + 0x10_0000, BASE + 0x11_0000);
+        assert_eq!(
+            jit.mapping_table(1, elsewhere, &path, &mut built, &mut retired),
+            None
+        );
+        assert_eq!((built.len(), retired.len()), (1, 0));
+
+        // The dump grows: seen (after the check interval), and the mapping's
+        // table is built again under a new id, the old one retired.
+        file.write_all(&[info, load(BASE + 0x440, "py::c")].concat())
+            .unwrap();
+        std::thread::sleep(CHECK_INTERVAL);
+        assert!(jit.grew(1, &path, |_| false, &mut retired));
+        assert!(
+            !jit.grew(1, &path, |_| false, &mut retired),
+            "checked just now"
+        );
+        let new = jit.mapping_table(1, mapping, &path, &mut built, &mut retired);
+        assert_eq!(new, Some(JIT_OBJECT_ID_BASE + 1));
+        assert_eq!(retired, vec![JIT_OBJECT_ID_BASE]);
+        assert_trampoline(&built[1].2, 0x440);
+        assert_trampoline(&built[1].2, 0);
+        // An evicted table: described again, built again.
+        std::thread::sleep(CHECK_INTERVAL);
+        assert!(jit.grew(1, &path, |id| id == JIT_OBJECT_ID_BASE + 1, &mut retired));
+        let again = jit.mapping_table(1, mapping, &path, &mut built, &mut retired);
+        assert_eq!(again, Some(JIT_OBJECT_ID_BASE + 2));
+        jit.process_exited(1, &mut retired);
+        let ids = |n: &[u32]| n.iter().map(|i| JIT_OBJECT_ID_BASE + i).collect::<Vec<_>>();
+        assert_eq!(retired, ids(&[0, 1, 2]));
+        assert!(!jit.grew(1, &path, |_| true, &mut retired), "forgotten");
+    }
+
+    #[test]
+    fn malformed_unwinding_info_gives_no_rows_and_no_panic() {
+        let mut info = hex(CPYTHON_313_UNWINDING_INFO);
+        let mut pending = None;
+        let mut codes = BTreeMap::new();
+        for cut in 0..info.len() {
+            apply(
+                &mut pending,
+                &mut codes,
+                JIT_CODE_UNWINDING_INFO,
+                &info[..cut],
+            );
+        }
+        // Only an .eh_frame_hdr (V8 on x86-64): no information.
+        let mut hdr_only = vec![0; 24 + 20];
+        hdr_only[0] = 20;
+        hdr_only[8] = 20;
+        apply(&mut pending, &mut codes, JIT_CODE_UNWINDING_INFO, &hdr_only);
+        assert!(pending.is_none());
+        // Sizes beyond the record: ignored.
+        info[0] = 0xff;
+        apply(&mut pending, &mut codes, JIT_CODE_UNWINDING_INFO, &info);
+        assert!(pending.is_none());
+        // Garbage CFI for real code: a table without rows.
+        let garbage: Arc<[u8]> = Arc::from(&[0x10, 0, 0, 0, 0xff, 0xff, 0xff, 0xff][..]);
+        codes.insert(
+            BASE,
+            Code {
+                size: 11,
+                eh_frame: garbage,
+            },
+        );
+        let table = build(codes.iter(), BASE).expect("table");
+        assert!(table.rows().is_empty());
+    }
+
+    /// A CPython of at least 3.13 (`-X perf_jit`): `python3.13` on the
+    /// PATH, else one of pyenv's versions.
+    fn python_313() -> Option<String> {
+        let home = std::env::var("HOME").unwrap_or_default();
+        let pyenv = std::env::var("PYENV_ROOT").unwrap_or(format!("{home}/.pyenv"));
+        let mut found: Vec<String> = std::fs::read_dir(format!("{pyenv}/versions"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|v| format!("{}/bin/python3", v.path().display()))
+            .collect();
+        found.sort();
+        std::iter::once("python3.13".to_string())
+            .chain(found.into_iter().rev())
+            .find(|python| {
+                Command::new(python)
+                    .args(["-c", "import sys; sys.exit(sys.version_info < (3, 13))"])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            })
+    }
+
+    /// A jitdump CPython 3.13 `-X perf_jit` really wrote (complete once it
+    /// exited): every trampoline it names has the trampoline's rows.
+    #[test]
+    fn a_real_cpython_313_jitdump() {
+        let Some(python) = python_313() else {
+            eprintln!("skipped: no CPython 3.13 or later (python3.13, pyenv)");
+            return;
+        };
+        let run = Command::new(&python)
+            .args([
+                "-X",
+                "perf_jit",
+                "-c",
+                "import os\ndef f(): return 1\nf()\nprint(os.getpid())",
+            ])
+            .output()
+            .expect("python");
+        assert!(run.status.success(), "{run:?}");
+        let pid = String::from_utf8_lossy(&run.stdout).trim().to_string();
+        let path = std::path::PathBuf::from(format!("/tmp/jit-{pid}.dump"));
+        let mut process = ProcessJit::default();
+        process.read(&path).expect("read");
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            process.codes.len() >= 10,
+            "{} pieces of code",
+            process.codes.len()
+        );
+        let (&first, _) = process.codes.iter().next().expect("code");
+        let table = build(process.codes.iter(), first).expect("table");
+        assert_eq!(table.stats().fdes, process.codes.len() as u64);
+        assert!(table.stats().unsupported.is_empty());
+        for (&addr, code) in &process.codes {
+            assert_eq!(code.size, 11);
+            assert_trampoline(&table, addr - first);
+        }
+    }
+}
