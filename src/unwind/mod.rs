@@ -29,6 +29,7 @@ pub mod loader;
 #[cfg(test)]
 mod reference_tests;
 pub mod row;
+mod row_ranges;
 pub mod rule;
 pub mod show;
 mod stat_keys;
