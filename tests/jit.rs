@@ -23,6 +23,7 @@
 mod common;
 
 use std::fs;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -375,27 +376,7 @@ fn python_x_perf() {
          end = time.time() + 20\nx = 0\nwhile time.time() < end:\n    x ^= outer_py_work()\nprint(x)\n",
     )
     .expect("write script");
-    let mut child = Command::new(&python)
-        .arg("-X")
-        .arg("perf")
-        .arg(&script)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("python");
-    let pid = child.id();
-    let _kill = KillOnDrop(&mut child);
-    let map = format!("/tmp/perf-{pid}.map");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !fs::read_to_string(&map).is_ok_and(|m| m.contains("inner_py_work")) {
-        assert!(
-            Instant::now() < deadline,
-            "{python} wrote no map naming inner_py_work"
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
-    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).expect("comm");
-    let (stacks, out) = profile(pid, comm.trim_end());
-    let _ = fs::remove_file(&map);
+    let (stacks, out) = profile_python(&python, "perf", &script, "inner_py_work");
     let all = total(&stacks);
     let named: u64 = stacks
         .iter()
@@ -448,26 +429,7 @@ fn python_x_perf_jit() {
          end = time.time() + 20\nx = 0\nwhile time.time() < end:\n    x ^= outer_py_jit()\nprint(x)\n",
     )
     .expect("write script");
-    let mut child = Command::new(&python)
-        .args(["-X", "perf_jit"])
-        .arg(&script)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("python");
-    let pid = child.id();
-    let _kill = KillOnDrop(&mut child);
-    let dump = format!("/tmp/jit-{pid}.dump");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !fs::read(&dump).is_ok_and(|d| d.windows(12).any(|w| w == b"inner_py_jit")) {
-        assert!(
-            Instant::now() < deadline,
-            "{python} wrote no jitdump naming inner_py_jit"
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
-    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).expect("comm");
-    let (stacks, out) = profile(pid, comm.trim_end());
-    let _ = fs::remove_file(&dump);
+    let (stacks, out) = profile_python(&python, "perf_jit", &script, "inner_py_jit");
     let chain = [
         "Py_RunMain",
         "py::outer_py_jit:",
@@ -498,6 +460,46 @@ fn python_x_perf_jit() {
         chain.join(" .. "),
         show(&refs)
     );
+}
+
+/// Runs `python -X option script` and profiles it (with [`profile`]) once
+/// the file its option writes (`perf`: `/tmp/perf-PID.map`; `perf_jit`:
+/// `/tmp/jit-PID.dump`) names `function`, waiting up to 15 s; removes that
+/// file after.
+fn profile_python(
+    python: &str,
+    option: &str,
+    script: &Path,
+    function: &str,
+) -> (Vec<Stack>, String) {
+    let mut child = Command::new(python)
+        .args(["-X", option])
+        .arg(script)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("python");
+    let pid = child.id();
+    let _kill = KillOnDrop(&mut child);
+    let file = match option {
+        "perf" => format!("/tmp/perf-{pid}.map"),
+        _ => format!("/tmp/jit-{pid}.dump"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let names = |data: Vec<u8>| {
+        data.windows(function.len())
+            .any(|w| w == function.as_bytes())
+    };
+    while !fs::read(&file).is_ok_and(names) {
+        assert!(
+            Instant::now() < deadline,
+            "{python} -X {option} wrote no {file} naming {function}"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).expect("comm");
+    let profiled = profile(pid, comm.trim_end());
+    let _ = fs::remove_file(&file);
+    profiled
 }
 
 /// The pid (as this test sees it) of the process whose `comm` is `name`,

@@ -71,6 +71,13 @@ const MAGIC: u32 = 0x4A69_5444;
 const FILE_HEADER_SIZE: usize = 40;
 /// Size of a record header, bytes.
 const RECORD_HEADER_SIZE: usize = 16;
+/// Record type of a piece of code loaded (jitdump spec: `JIT_CODE_LOAD`).
+pub const JIT_CODE_LOAD: u32 = 0;
+/// Record type of a piece of code moved (`JIT_CODE_MOVE`).
+pub const JIT_CODE_MOVE: u32 = 1;
+/// Record type of the unwinding information (`.eh_frame_hdr` and
+/// `.eh_frame`) of the next piece of code loaded (`JIT_CODE_UNWINDING_INFO`).
+pub const JIT_CODE_UNWINDING_INFO: u32 = 4;
 /// Most bytes of one jitdump file read (code bytes included).
 const MAX_JITDUMP_BYTES: u64 = 1 << 30;
 
@@ -228,8 +235,57 @@ fn parse_ns_pid(status: &str) -> Option<u32> {
         .ok()
 }
 
+/// Builders of jitdump bytes for tests (native endianness, x86-64 header).
+#[cfg(test)]
+pub mod test_dumps {
+    use super::*;
+
+    /// A file header.
+    pub fn header() -> Vec<u8> {
+        let mut h = Vec::new();
+        for v in [MAGIC, 1, FILE_HEADER_SIZE as u32, 62, 0, 1] {
+            h.extend_from_slice(&v.to_ne_bytes());
+        }
+        h.extend_from_slice(&[0; 16]);
+        h
+    }
+
+    /// A record of type `id` (timestamp 7) around `body`.
+    pub fn record(id: u32, body: &[u8]) -> Vec<u8> {
+        let mut r = Vec::new();
+        r.extend_from_slice(&id.to_ne_bytes());
+        r.extend_from_slice(&((RECORD_HEADER_SIZE + body.len()) as u32).to_ne_bytes());
+        r.extend_from_slice(&7u64.to_ne_bytes());
+        r.extend_from_slice(body);
+        r
+    }
+
+    /// A `JIT_CODE_LOAD` of `code` named `name` at `addr` (pid and tid 1).
+    pub fn load(addr: u64, name: &str, code: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&[1, 0, 0, 0, 1, 0, 0, 0]);
+        for v in [addr, addr, code.len() as u64, 0] {
+            b.extend_from_slice(&v.to_ne_bytes());
+        }
+        b.extend_from_slice(name.as_bytes());
+        b.push(0);
+        b.extend_from_slice(code);
+        record(JIT_CODE_LOAD, &b)
+    }
+
+    /// A `JIT_CODE_MOVE` of `size` bytes of code from `old` to `new`.
+    pub fn moved(old: u64, new: u64, size: u64) -> Vec<u8> {
+        let mut b = vec![1, 0, 0, 0, 1, 0, 0, 0];
+        for v in [new, old, new, size, 0] {
+            b.extend_from_slice(&v.to_ne_bytes());
+        }
+        record(JIT_CODE_MOVE, &b)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_dumps::{header, record};
     use super::*;
 
     #[test]
@@ -246,24 +302,6 @@ mod tests {
             perf_map_path(me),
             Some(PathBuf::from(format!("/proc/{me}/root/tmp/perf-{me}.map")))
         );
-    }
-
-    fn header() -> Vec<u8> {
-        let mut h = Vec::new();
-        for v in [MAGIC, 1, FILE_HEADER_SIZE as u32, 62, 0, 1] {
-            h.extend_from_slice(&v.to_ne_bytes());
-        }
-        h.extend_from_slice(&[0; 16]);
-        h
-    }
-
-    fn record(id: u32, body: &[u8]) -> Vec<u8> {
-        let mut r = Vec::new();
-        r.extend_from_slice(&id.to_ne_bytes());
-        r.extend_from_slice(&((RECORD_HEADER_SIZE + body.len()) as u32).to_ne_bytes());
-        r.extend_from_slice(&7u64.to_ne_bytes());
-        r.extend_from_slice(body);
-        r
     }
 
     #[test]

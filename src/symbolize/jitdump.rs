@@ -24,10 +24,9 @@ use super::perf_map::CodeRanges;
 use super::sources::{Batch, FrameRef, Site, SymbolSource};
 use super::vdso::VDSO_MAPPING_NAME;
 use super::MappingSource;
-use crate::process::jit::{ne_u64 as u64_at, JitdumpCursor, JitdumpRecord};
-
-const JIT_CODE_LOAD: u32 = 0;
-const JIT_CODE_MOVE: u32 = 1;
+use crate::process::jit::{
+    ne_u64 as u64_at, JitdumpCursor, JitdumpRecord, JIT_CODE_LOAD, JIT_CODE_MOVE,
+};
 
 /// Names frames in memory no object file backs from the process's jitdump
 /// file, for processes that mapped one; sites are `(pid, address)`.
@@ -129,50 +128,11 @@ mod tests {
     use super::*;
     use std::fs::File;
 
-    const MAGIC: u32 = 0x4A69_5444;
-    const FILE_HEADER_SIZE: usize = 40;
-    const RECORD_HEADER_SIZE: usize = 16;
+    use crate::process::jit::test_dumps::{header, moved, record};
 
-    fn record(id: u32, body: &[u8]) -> Vec<u8> {
-        let mut r = Vec::new();
-        r.extend_from_slice(&id.to_ne_bytes());
-        r.extend_from_slice(&((RECORD_HEADER_SIZE + body.len()) as u32).to_ne_bytes());
-        r.extend_from_slice(&7u64.to_ne_bytes());
-        r.extend_from_slice(body);
-        r
-    }
-
+    /// A load of `size` bytes of nops.
     fn load(addr: u64, size: u64, name: &str) -> Vec<u8> {
-        let mut b = Vec::new();
-        b.extend_from_slice(&1u32.to_ne_bytes());
-        b.extend_from_slice(&1u32.to_ne_bytes());
-        for v in [addr, addr, size, 0] {
-            b.extend_from_slice(&v.to_ne_bytes());
-        }
-        b.extend_from_slice(name.as_bytes());
-        b.push(0);
-        b.extend(std::iter::repeat_n(0x90, size as usize));
-        record(JIT_CODE_LOAD, &b)
-    }
-
-    fn moved(old: u64, new: u64, size: u64) -> Vec<u8> {
-        let mut b = Vec::new();
-        b.extend_from_slice(&1u32.to_ne_bytes());
-        b.extend_from_slice(&1u32.to_ne_bytes());
-        for v in [new, old, new, size, 0] {
-            b.extend_from_slice(&v.to_ne_bytes());
-        }
-        record(JIT_CODE_MOVE, &b)
-    }
-
-    fn header() -> Vec<u8> {
-        let mut h = Vec::new();
-        for v in [MAGIC, 1, FILE_HEADER_SIZE as u32, 62, 0, 1] {
-            h.extend_from_slice(&v.to_ne_bytes());
-        }
-        h.extend_from_slice(&0u64.to_ne_bytes());
-        h.extend_from_slice(&0u64.to_ne_bytes());
-        h
+        crate::process::jit::test_dumps::load(addr, name, &vec![0x90; size as usize])
     }
 
     #[test]

@@ -34,7 +34,9 @@ use super::assemble::{Assembly, Span};
 use super::builder::{fde_spans, Slice};
 use super::rule::{Rule, UnsupportedKind};
 use super::table::{CfiSource, UnwindTable};
-use crate::process::jit::{ne_u64, JitdumpCursor, JitdumpRecord};
+use crate::process::jit::{
+    ne_u64, JitdumpCursor, JitdumpRecord, JIT_CODE_LOAD, JIT_CODE_MOVE, JIT_CODE_UNWINDING_INFO,
+};
 use crate::process::walker::VDSO_OBJECT_ID;
 
 /// First object id of JIT tables; they count up to [`VDSO_OBJECT_ID`]
@@ -46,10 +48,6 @@ const MAX_CODES: usize = 1 << 18;
 const MAX_TABLES: usize = 256;
 /// Shortest time between two looks at whether a process's jitdump grew.
 const CHECK_INTERVAL: Duration = Duration::from_millis(50);
-
-const JIT_CODE_LOAD: u32 = 0;
-const JIT_CODE_MOVE: u32 = 1;
-const JIT_CODE_UNWINDING_INFO: u32 = 4;
 
 /// A piece of JIT code with its unwinding information.
 #[derive(Debug)]
@@ -377,42 +375,14 @@ mod tests {
             .collect()
     }
 
-    fn record(id: u32, body: &[u8]) -> Vec<u8> {
-        let mut r = Vec::new();
-        r.extend_from_slice(&id.to_ne_bytes());
-        r.extend_from_slice(&(16 + body.len() as u32).to_ne_bytes());
-        r.extend_from_slice(&7u64.to_ne_bytes());
-        r.extend_from_slice(body);
-        r
-    }
+    use crate::process::jit::test_dumps::{header, record};
 
     fn load(addr: u64, name: &str) -> Vec<u8> {
-        let mut b = Vec::new();
-        b.extend_from_slice(&[1, 0, 0, 0, 1, 0, 0, 0]);
-        for v in [addr, addr, TRAMPOLINE.len() as u64, 0] {
-            b.extend_from_slice(&v.to_ne_bytes());
-        }
-        b.extend_from_slice(name.as_bytes());
-        b.push(0);
-        b.extend_from_slice(&TRAMPOLINE);
-        record(JIT_CODE_LOAD, &b)
+        crate::process::jit::test_dumps::load(addr, name, &TRAMPOLINE)
     }
 
     fn moved(old: u64, new: u64) -> Vec<u8> {
-        let mut b = vec![1, 0, 0, 0, 1, 0, 0, 0];
-        for v in [new, old, new, TRAMPOLINE.len() as u64, 0] {
-            b.extend_from_slice(&v.to_ne_bytes());
-        }
-        record(JIT_CODE_MOVE, &b)
-    }
-
-    fn header() -> Vec<u8> {
-        let mut h = Vec::new();
-        for v in [0x4A69_5444u32, 1, 40, 62, 0, 1] {
-            h.extend_from_slice(&v.to_ne_bytes());
-        }
-        h.extend_from_slice(&[0; 16]);
-        h
+        crate::process::jit::test_dumps::moved(old, new, TRAMPOLINE.len() as u64)
     }
 
     fn rsp(bytes: i64) -> Rule {
