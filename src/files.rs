@@ -6,7 +6,7 @@
 
 use std::fs::{self, File};
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -37,8 +37,8 @@ pub fn parse_mode(text: &str) -> Result<u32, String> {
 pub const TMP_PREFIX: &str = ".tmp-";
 
 /// Write `bytes` to `path` atomically, as a new file of `mode` less the
-/// umask (replacing a file keeps no old mode); a device or FIFO at `path`
-/// is written into instead. Errors name the path.
+/// umask (replacing a file keeps no old mode); a device, FIFO or symlink at
+/// `path` is written into instead ([`writes_through`]). Errors name the path.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     write_atomic_with(path, mode, |file| {
         file.write_all(bytes)
@@ -65,12 +65,20 @@ pub fn write_atomic_with(
     if path.is_dir() {
         bail!("{} is a directory: name a file", path.display());
     }
-    if let Some(mut special) = open_special(path)? {
-        // A device or FIFO (`-o /dev/null`, `-o /dev/stdout`, a named pipe)
-        // is written into, as perf and pprof do; renaming over it would
-        // replace the device node with a file.
-        fill(&mut special)?;
-        return special
+    if writes_through(path) {
+        // A device or FIFO (`-o /dev/null`, a named pipe) or a symlink
+        // (`/dev/stdout`, a link to elsewhere) is written into, as perf
+        // and pprof do; renaming over it would replace the device node or
+        // the link with a file.
+        let mut target = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        fill(&mut target)?;
+        return target
             .flush()
             .with_context(|| format!("writing {}", path.display()));
     }
@@ -90,21 +98,25 @@ pub fn write_atomic_with(
     sync_dir(dir)
 }
 
-/// `path` opened for writing if it is a character or block device, a FIFO
-/// or a socket (following symlinks); `None` if it is missing or a regular
-/// file. Errors: opening it.
-fn open_special(path: &Path) -> Result<Option<File>> {
-    let Ok(meta) = fs::metadata(path) else {
-        return Ok(None);
+/// Whether [`write_atomic`] writes into what is at `path` rather than
+/// renaming a new file over it: a symlink (followed: `/dev/stdout`, a link
+/// to a file elsewhere), a character or block device, a FIFO or a socket.
+/// `false` for a regular file, a directory or nothing.
+pub fn writes_through(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| {
+        let kind = m.file_type();
+        !kind.is_file() && !kind.is_dir()
+    })
+}
+
+/// Whether `path` is (or leads to) the file, pipe or terminal this
+/// process's standard output writes to (same device and inode).
+pub fn is_stdout(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(out), Ok(target)) = (fs::metadata("/proc/self/fd/1"), fs::metadata(path)) else {
+        return false;
     };
-    if meta.is_file() || meta.is_dir() {
-        return Ok(None);
-    }
-    fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map(Some)
-        .with_context(|| format!("opening {}", path.display()))
+    (out.dev(), out.ino()) == (target.dev(), target.ino())
 }
 
 /// Whether `path` is a regular file (not following a symlink): what this
@@ -158,6 +170,31 @@ mod tests {
         let null = Path::new("/dev/null");
         write_atomic(null, b"x", PROFILE_MODE).unwrap();
         assert!(fs::metadata(null).unwrap().file_type().is_char_device());
+    }
+
+    /// A symlink (`/dev/stdout`, a link to a file elsewhere) is written
+    /// through: the link stays, its target gets the profile.
+    #[test]
+    fn a_symlink_is_written_through_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target.txt");
+        let link = dir.path().join("link.txt");
+        fs::write(&target, b"old and longer").unwrap();
+        std::os::unix::fs::symlink("target.txt", &link).unwrap();
+        assert!(writes_through(&link));
+        write_atomic(&link, b"new", PROFILE_MODE).unwrap();
+        assert!(fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(fs::read(&target).unwrap(), b"new");
+        // A link to nothing yet creates its target.
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink("made.txt", &dangling).unwrap();
+        write_atomic(&dangling, b"x", PROFILE_MODE).unwrap();
+        assert_eq!(fs::read(dir.path().join("made.txt")).unwrap(), b"x");
+        assert!(!writes_through(&target));
+        assert!(!is_stdout(&target));
     }
 
     #[test]

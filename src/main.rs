@@ -30,7 +30,18 @@ fn main() {
     }
     match lightswitch::run::run(&cli) {
         Ok(summary) => {
-            println!("{summary}");
+            // With the profile itself on stdout (`--profile-name
+            // /dev/stdout`), the summary goes to stderr.
+            let profile_on_stdout = cli.profile.outputs().is_ok_and(|outputs| {
+                outputs
+                    .iter()
+                    .any(|(_, path)| lightswitch::files::is_stdout(path))
+            });
+            if profile_on_stdout {
+                eprintln!("{summary}");
+            } else {
+                println!("{summary}");
+            }
             // Continuous mode: a run that lost windows or deliveries says
             // so in its exit status too.
             if let Some(failure) = summary.continuous.and_then(|c| c.report.failure()) {

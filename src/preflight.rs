@@ -102,6 +102,11 @@ pub fn check_output(dir: &Path, file: &Path) -> Result<()> {
     if file.is_dir() {
         bail!("output path {} is a directory", file.display());
     }
+    if crate::files::writes_through(file) {
+        // A device, FIFO or symlink is written into at the end; opening a
+        // FIFO now would hand its reader an end of file.
+        return check_access(file);
+    }
     let existed = file.exists();
     fs::OpenOptions::new()
         .create(true)
@@ -110,6 +115,36 @@ pub fn check_output(dir: &Path, file: &Path) -> Result<()> {
         .with_context(|| format!("output file {} is not writable", file.display()))?;
     if !existed {
         let _ = fs::remove_file(file);
+    }
+    // The profile goes to a temporary file in `dir` renamed over `file`:
+    // where files cannot be made (/proc, a read-only mount), say so now
+    // rather than after the run.
+    tempfile::Builder::new()
+        .prefix(crate::files::TMP_PREFIX)
+        .tempfile_in(dir)
+        .with_context(|| {
+            format!(
+                "output file {}: cannot create files in {}",
+                file.display(),
+                dir.display()
+            )
+        })?;
+    Ok(())
+}
+
+/// Error unless this process may write to what `file` leads to (access(2),
+/// `W_OK`; a symlink to nothing yet is left to the write).
+fn check_access(file: &Path) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    if fs::metadata(file).is_err() {
+        return Ok(());
+    }
+    let c_path = std::ffi::CString::new(file.as_os_str().as_bytes())
+        .with_context(|| format!("output path {} holds a NUL byte", file.display()))?;
+    // SAFETY: a valid NUL-terminated path; access(2) only reads it.
+    if unsafe { libc::access(c_path.as_ptr(), libc::W_OK) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("output file {} is not writable", file.display()));
     }
     Ok(())
 }
@@ -334,6 +369,24 @@ mod tests {
         let unused = dir.path().join("unused");
         check_output(&unused, &dir.path().join("c/d/x.svg")).unwrap();
         assert!(dir.path().join("c/d").is_dir() && !unused.exists());
+        // Where no file can be made, the check says so before any sampling.
+        let err = format!(
+            "{:#}",
+            check_output(Path::new("."), Path::new("/proc/version")).unwrap_err()
+        );
+        assert!(err.contains("cannot create files in /proc"), "{err}");
+    }
+
+    /// A FIFO is checked without being opened: opening it would block with
+    /// no reader, and hand a waiting reader an end of file.
+    #[test]
+    fn output_check_does_not_open_a_fifo() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe");
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        check_output(dir.path(), &fifo).unwrap();
     }
 
     #[test]

@@ -609,3 +609,31 @@ fn exclude_self() {
         own.join("\n")
     );
 }
+
+/// `--profile-name /dev/stdout` writes the profile through the symlink into
+/// the pipe (the link stays), and the summary goes to stderr, so stdout is
+/// the profile alone.
+#[test]
+fn profile_to_stdout_leaves_the_summary_on_stderr() {
+    let _serial = serial();
+    let out = run(
+        &[
+            "--duration",
+            "500ms",
+            "--profile-format",
+            "folded",
+            "--profile-name",
+            "/dev/stdout",
+        ],
+        TIMEOUT,
+    );
+    out.assert_success();
+    let stacks = parse_folded(&out.stdout);
+    assert!(total(&stacks) > 0, "no samples on stdout:\n{out}");
+    assert!(
+        out.stderr.contains("profile written to /dev/stdout"),
+        "{out}"
+    );
+    let link = fs::symlink_metadata("/dev/stdout").expect("/dev/stdout");
+    assert!(link.file_type().is_symlink());
+}
