@@ -25,7 +25,7 @@ use object::read::elf::{ElfFile64, FileHeader};
 use object::{CompressionFormat, Endianness, Object, ObjectSection};
 
 use super::assemble::{Assembly, Span};
-use super::early::{Ahead, EarlySink, CHECK_EVERY_FDES};
+use super::early::{Ahead, EarlySink, FdeAt, CHECK_EVERY_FDES};
 use super::eh_frame_hdr;
 use super::identity::find_debug_file;
 use super::rule::{Rule, UnsupportedKind};
@@ -281,16 +281,6 @@ fn decompress(
 }
 
 pub(super) type Slice<'d> = gimli::EndianSlice<'d, LittleEndian>;
-
-/// Where an FDE is, found by the first pass over the section.
-pub(super) struct FdeAt {
-    /// Its first address.
-    pub(super) start: u64,
-    /// The first address after it.
-    pub(super) end: u64,
-    /// Its offset in the section.
-    pub(super) offset: usize,
-}
 
 /// CIEs parsed so far, by section offset.
 type Cies<'d> = HashMap<usize, gimli::CommonInformationEntry<Slice<'d>>>;

@@ -21,9 +21,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use super::assemble::{Assembly, Span};
-use super::builder::FdeAt;
 use super::row::PAGE_BITS;
 use super::table::{CfiSource, RuleAt, UnwindTable};
+
+/// Where an FDE is, found by the first pass over the section.
+pub(super) struct FdeAt {
+    /// Its first address.
+    pub(super) start: u64,
+    /// The first address after it.
+    pub(super) end: u64,
+    /// Its offset in the section.
+    pub(super) offset: usize,
+}
 
 /// Where a build hears which pages samples wait on and sends their rows.
 pub trait EarlySink {
