@@ -616,6 +616,9 @@ fn exclude_self() {
 #[test]
 fn profile_to_stdout_leaves_the_summary_on_stderr() {
     let _serial = serial();
+    // A busy program, so an otherwise idle machine has samples to write.
+    let program = compile(&unique_name("lsw_so"), &chain_forever_source(), FP_FLAGS);
+    let _workload = Workload::spawn(&program);
     let out = run(
         &[
             "--duration",
