@@ -102,7 +102,8 @@ pub struct ProfileArgs {
     pub profile_path: PathBuf,
 
     /// File name of the profile inside --profile-path (default depends on
-    /// the format; only with a single format).
+    /// the format; only with a single format). `-` is standard output (the
+    /// summary then goes to stderr).
     #[arg(long)]
     pub profile_name: Option<String>,
 
@@ -162,7 +163,7 @@ pub struct ProfileArgs {
     /// or with a unit: `30s`, `1m`; default 10 s when continuous). Given
     /// explicitly, or with a sender other than `disk`, the run is
     /// continuous; otherwise one profile covers the run.
-    #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds, allow_negative_numbers = true)]
     pub profile_interval: Option<f64>,
 
     /// Continuous mode with the disk sender: keep only the newest N window
@@ -469,8 +470,9 @@ impl Cli {
 impl ProfileArgs {
     /// Each output format (duplicates removed, in the given order) with the
     /// file it is written to: `--profile-path` joined with `--profile-name`
-    /// or the format's default file name. Errors when `--profile-name` is
-    /// given with several formats.
+    /// or the format's default file name; `--profile-name -` is
+    /// `/dev/stdout`, as for most Unix tools. Errors when `--profile-name`
+    /// is given with several formats.
     pub fn outputs(&self) -> anyhow::Result<Vec<(ProfileFormat, PathBuf)>> {
         let mut formats: Vec<ProfileFormat> = Vec::new();
         for format in &self.profile_format {
@@ -484,11 +486,12 @@ impl ProfileArgs {
         Ok(formats
             .into_iter()
             .map(|f| {
-                let name = self
-                    .profile_name
-                    .clone()
-                    .unwrap_or_else(|| f.default_file_name().to_string());
-                (f, self.profile_path.join(name))
+                let path = match self.profile_name.as_deref() {
+                    Some("-") => PathBuf::from("/dev/stdout"),
+                    Some(name) => self.profile_path.join(name),
+                    None => self.profile_path.join(f.default_file_name()),
+                };
+                (f, path)
             })
             .collect())
     }

@@ -74,10 +74,20 @@ pub const MAX_SECONDS: f64 = 1e9;
 /// timeouts) as a duration. Errors, naming `flag`, unless `value` is above 0
 /// and at most [`MAX_SECONDS`].
 pub fn seconds(flag: &str, value: f64) -> Result<Duration> {
-    if !value.is_finite() || value <= 0.0 || value > MAX_SECONDS {
-        bail!("{flag} must be a number of seconds above 0 and at most {MAX_SECONDS}, got {value}");
-    }
+    check_seconds(value).map_err(|err| anyhow::anyhow!("{flag} {err}"))?;
     Ok(Duration::from_secs_f64(value))
+}
+
+/// The range every seconds option shares: above 0, finite, at most
+/// [`MAX_SECONDS`]. The error text ("must be ...") reads after the option's
+/// name.
+pub fn check_seconds(value: f64) -> std::result::Result<(), String> {
+    if !value.is_finite() || value <= 0.0 || value > MAX_SECONDS {
+        return Err(format!(
+            "must be a number of seconds above 0 and at most {MAX_SECONDS}, got {value}"
+        ));
+    }
+    Ok(())
 }
 
 /// Create `file`'s directory if needed and make sure `file` can be written

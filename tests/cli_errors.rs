@@ -72,14 +72,24 @@ fn sample_freq_above_kernel_max() {
     assert_empty(dir.path());
 }
 
+/// A time option out of range is a usage error, like a malformed number:
+/// exit status 2 from the command-line parser, before anything starts.
 #[test]
 fn duration_out_of_range() {
-    for bad in ["0", "-1", "nan", "1e20"] {
+    for bad in ["0", "-1", "-0.5", "nan", "1e20"] {
         let dir = tempdir();
         let out = run(&args_with_duration(dir.path(), bad), TIMEOUT);
         out.assert_error(&["--duration", "at most"]);
+        assert_eq!(out.status.code(), Some(2), "--duration {bad}:\n{out}");
         assert_empty(dir.path());
     }
+    let dir = tempdir();
+    let out = run(
+        &args_with(dir.path(), &["--profile-interval", "-5"]),
+        TIMEOUT,
+    );
+    out.assert_error(&["--profile-interval", "above 0"]);
+    assert_eq!(out.status.code(), Some(2), "{out}");
 }
 
 /// [`args_with`], with `seconds` as the `--duration`.

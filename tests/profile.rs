@@ -610,7 +610,7 @@ fn exclude_self() {
     );
 }
 
-/// `--profile-name /dev/stdout` writes the profile through the symlink into
+/// `--profile-name /dev/stdout` (or `-`) writes the profile through the symlink into
 /// the pipe (the link stays), and the summary goes to stderr, so stdout is
 /// the profile alone.
 #[test]
@@ -619,24 +619,31 @@ fn profile_to_stdout_leaves_the_summary_on_stderr() {
     // A busy program, so an otherwise idle machine has samples to write.
     let program = compile(&unique_name("lsw_so"), &chain_forever_source(), FP_FLAGS);
     let _workload = Workload::spawn(&program);
-    let out = run(
-        &[
-            "--duration",
-            "500ms",
-            "--profile-format",
-            "folded",
-            "--profile-name",
-            "/dev/stdout",
-        ],
-        TIMEOUT,
-    );
-    out.assert_success();
-    let stacks = parse_folded(&out.stdout);
-    assert!(total(&stacks) > 0, "no samples on stdout:\n{out}");
-    assert!(
-        out.stderr.contains("profile written to /dev/stdout"),
-        "{out}"
-    );
+    let dir = tempdir();
+    // `-` is standard output, as for most Unix tools: no file named `-`.
+    for name in ["/dev/stdout", "-"] {
+        let out = run(
+            &[
+                "--duration",
+                "500ms",
+                "--profile-format",
+                "folded",
+                "--profile-path",
+                s(dir.path()),
+                "--profile-name",
+                name,
+            ],
+            TIMEOUT,
+        );
+        out.assert_success();
+        let stacks = parse_folded(&out.stdout);
+        assert!(total(&stacks) > 0, "{name}: no samples on stdout:\n{out}");
+        assert!(
+            out.stderr.contains("profile written to /dev/stdout"),
+            "{name}: {out}"
+        );
+        assert!(!dir.path().join("-").exists(), "a file named - was written");
+    }
     let link = fs::symlink_metadata("/dev/stdout").expect("/dev/stdout");
     assert!(link.file_type().is_symlink());
 }

@@ -8,18 +8,26 @@ use crate::format::{Compression, ProfileFormat};
 /// Parse a duration for `--duration`, `--profile-interval` and the other
 /// time options, in seconds: a bare number is seconds (`5`, `0.5`); with a
 /// unit it is read by jiff's friendly format (`5s`, `500ms`, `2m`, `1m30s`,
-/// `1.5h`). Errors say what was expected. The range (above 0, finite, not
-/// too large) is the run's to check ([`crate::preflight::seconds`]), so a
-/// bare `-1` or `nan` gets the same message as `0`.
+/// `1.5h`). The value must be above 0, finite and at most
+/// [`crate::preflight::MAX_SECONDS`]; anything else is an error that clap
+/// reports as a usage error (exit status 2, like a malformed number), with
+/// the same words as [`crate::preflight::seconds`], which checks values set
+/// by code.
 pub fn parse_seconds(text: &str) -> Result<f64, String> {
     let text = text.trim();
-    if let Ok(seconds) = text.parse::<f64>() {
-        return Ok(seconds);
-    }
-    let duration: jiff::SignedDuration = text.parse().map_err(|_| {
-        format!("{text:?} is not a duration: use seconds (5, 0.5) or a unit (5s, 500ms, 2m)")
-    })?;
-    Ok(duration.as_secs_f64())
+    let seconds = match text.parse::<f64>() {
+        Ok(seconds) => seconds,
+        Err(_) => {
+            let duration: jiff::SignedDuration = text.parse().map_err(|_| {
+                format!(
+                    "{text:?} is not a duration: use seconds (5, 0.5) or a unit (5s, 500ms, 2m)"
+                )
+            })?;
+            duration.as_secs_f64()
+        }
+    };
+    crate::preflight::check_seconds(seconds)?;
+    Ok(seconds)
 }
 
 /// `--profile-format` values come from the format registry
@@ -92,9 +100,11 @@ mod tests {
         assert_eq!(parse_seconds("2m"), Ok(120.0));
         assert_eq!(parse_seconds("1m30s"), Ok(90.0));
         assert_eq!(parse_seconds("1h"), Ok(3600.0));
-        // Out of range, but numbers: preflight::seconds says so.
-        assert_eq!(parse_seconds("-2s"), Ok(-2.0));
-        assert!(parse_seconds("NaN").unwrap().is_nan());
+        // Numbers out of range are refused with the range.
+        for bad in ["-2s", "-5", "0", "0s", "NaN", "inf", "1e20"] {
+            let err = parse_seconds(bad).unwrap_err();
+            assert!(err.contains("above 0 and at most"), "{bad:?}: {err}");
+        }
         for bad in ["", "five", "5 parsecs", "5x"] {
             assert!(parse_seconds(bad).is_err(), "{bad:?} parsed");
         }

@@ -3,7 +3,7 @@
 //! `.build-id` directories only for objects with a `.gnu_debuglink`), and
 //! for objects without section headers (`llvm-objcopy --strip-sections`)
 //! the dynamic symbol table, found through `PT_DYNAMIC` (blazesym reads
-//! symbols by section).
+//! symbols by section); and the names of PLT stubs ([`super::plt`]).
 
 use std::path::{Path, PathBuf};
 
@@ -11,6 +11,7 @@ use object::elf;
 use object::read::elf::{Dyn, ElfFile64, GnuHashTable, HashTable, ProgramHeader, Sym};
 use object::{Endianness, Object, StringTable};
 
+use super::plt::PltStubs;
 use crate::unwind::eh_frame_hdr::loaded_bytes;
 use crate::unwind::identity::find_debug_file_by_build_id;
 
@@ -37,6 +38,12 @@ impl ObjectFile {
         let object = ObjectFile { map };
         object.elf()?;
         Some(object)
+    }
+
+    /// The `name@plt` of each PLT stub ([`PltStubs`]); `None` when the
+    /// object has none that can be named.
+    pub fn plt_stubs(&self) -> Option<PltStubs> {
+        PltStubs::of(&self.elf()?)
     }
 
     fn elf(&self) -> Option<ElfFile64<'_, Endianness>> {

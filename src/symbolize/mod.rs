@@ -26,6 +26,7 @@ pub mod kernel;
 mod lines;
 mod objects;
 mod perf_map;
+mod plt;
 pub mod source;
 mod sources;
 mod vdso;
@@ -436,6 +437,53 @@ mod tests {
             .iter()
             .filter(|f| f.kind == FrameKind::User && !f.symbolized)
             .count()
+    }
+
+    /// A sample in one of libc's PLT stubs is named `callee@plt` (a
+    /// symbol-table lookup alone gives the function before `.plt`).
+    #[test]
+    fn a_frame_in_a_plt_stub_is_named_after_its_callee() {
+        use object::{Object, ObjectSection};
+        let libc = crate::process::maps::read_maps(std::process::id())
+            .unwrap()
+            .into_iter()
+            .find(|m| m.executable && m.path.contains("/libc.so"))
+            .unwrap();
+        let data = std::fs::read(&libc.path).unwrap();
+        let file = object::read::elf::ElfFile64::<object::Endianness>::parse(&*data).unwrap();
+        let plt = file.section_by_name(".plt").unwrap();
+        let (plt_offset, _) = plt.file_range().unwrap();
+        let stubs = plt::PltStubs::of(&file).unwrap();
+        // The last stub of `.plt` (the first is the resolver's).
+        let stub = plt.address() + plt.size() - 16;
+        let callee = stubs.name_of(stub).unwrap().to_string();
+        let in_stub = libc.start + (plt_offset + (stub - plt.address()) - libc.file_offset) + 4;
+        let pid = std::process::id();
+        let mut tracker = crate::process::ProcessTracker::new();
+        let mut aggregator = Aggregator::new();
+        aggregator.add(
+            &RawSample::for_test(
+                pid,
+                0,
+                vec![in_stub, address_in(|p| p.contains("/libc.so"), 3)],
+            ),
+            &mut tracker,
+        );
+        let window = Window {
+            start_unix_ns: 0,
+            duration_ns: 1_000_000_000,
+            sample_freq_hz: 99,
+        };
+        let profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+        let names: Vec<&str> = profile
+            .frames
+            .iter()
+            .flat_map(|f| f.lines.iter().map(|l| l.function.as_ref()))
+            .collect();
+        assert!(
+            names.contains(&format!("{callee}@plt").as_str()),
+            "{callee}@plt not in {names:?}"
+        );
     }
 
     #[test]

@@ -263,10 +263,20 @@ impl ElfObjects {
             self.note_cost(object, after.saturating_sub(before), keep);
         }
         let dynamic = file.as_ref().and_then(ObjectFile::dynamic_symbols);
+        let plt = file.as_ref().and_then(ObjectFile::plt_stubs);
         debug
             .into_iter()
             .enumerate()
             .map(|(i, mut lines)| {
+                // A PLT stub has no symbol: the one before it (`_init`) is
+                // not its name.
+                let stub = plt.as_ref().zip(vaddrs[i]).and_then(|(p, v)| p.name_of(v));
+                if let Some(callee) = stub {
+                    let mut line = line_of(callee, None);
+                    line.function = Arc::from(format!("{}@plt", line.function));
+                    line.system_name = Arc::from(format!("{callee}@plt"));
+                    return Some(vec![line]);
+                }
                 let symbol = symbols.get(i).and_then(|s| s.as_sym());
                 match (&mut lines, symbol) {
                     (Some(lines), Some(symbol)) => {
