@@ -387,9 +387,9 @@ impl<W: std::io::Write> std::io::Write for CountingWriter<W> {
     }
 }
 
-/// A `--pids` target without samples whose children ran
-/// ([`pids_hint`]): an error when the profile is empty (nothing is
-/// written), a warning otherwise.
+/// A `--pids` target without samples whose children ran, or that exited
+/// unsampled ([`pids_hint`]): an error when the profile is empty (nothing
+/// is written), a warning otherwise.
 fn check_pids_sampled(
     plan: &RunPlan,
     aggregator: &crate::profile::aggregate::Aggregator,

@@ -125,6 +125,24 @@ fn no_samples_with_a_flame_graph_requested() {
     assert_empty(dir.path());
 }
 
+/// A `--pids` target that exits before it is ever sampled (a short
+/// command started just before): an error naming it, with the advice to
+/// use `record`, and no (empty) profile written.
+#[test]
+fn a_target_gone_before_any_sample_fails_and_writes_nothing() {
+    let dir = tempdir();
+    let mut short = Command::new("sleep").arg("0.3").spawn().unwrap();
+    let pid = short.id().to_string();
+    let out = run(&args_with(dir.path(), &["--pids", &pid]), TIMEOUT);
+    let _ = short.wait();
+    out.assert_error(&[
+        &format!("pid {pid}"),
+        "exited during the run",
+        "lightswitch record -- CMD",
+    ]);
+    assert_empty(dir.path());
+}
+
 #[test]
 fn output_directory_under_a_regular_file() {
     let dir = tempdir();

@@ -1,6 +1,8 @@
 //! Advice a run gives when what it was asked to sample is not where the
 //! CPU time went: a `--pids` target that took no samples while its children
-//! ran (a wrapper shell, a launcher script).
+//! ran (a wrapper shell, a launcher script), or that exited before it was
+//! sampled (a short command: `record` profiles it from its first
+//! instruction).
 
 use std::collections::{HashMap, HashSet};
 
@@ -8,6 +10,8 @@ use std::collections::{HashMap, HashSet};
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ProcStat {
     comm: String,
+    /// State letter (`R`, `S`, `Z` for a zombie: exited, not yet reaped).
+    state: char,
     ppid: u32,
     /// User plus system CPU time, clock ticks.
     cpu_ticks: u64,
@@ -24,6 +28,7 @@ fn parse_stat(text: &str) -> Option<ProcStat> {
     let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
     Some(ProcStat {
         comm,
+        state: fields.first()?.chars().next()?,
         ppid: u32::try_from(field(4)?).ok()?,
         cpu_ticks: field(14)? + field(15)?,
     })
@@ -70,8 +75,9 @@ fn busy_descendants(root: u32, table: &HashMap<u32, ProcStat>) -> Vec<String> {
 }
 
 /// For the `targets` (`--pids`) that took no samples (not in `sampled`)
-/// but whose children (or their children) have used CPU: one sentence
-/// each, naming them, and the advice to name the children or use `record`.
+/// but whose children (or their children) have used CPU, or that exited
+/// (gone from `/proc`, or a zombie) before any sample: one sentence each,
+/// naming them, and the advice to name the children or use `record`.
 /// `None` when there is nothing to say.
 pub fn unsampled_parents(targets: &[u32], sampled: &HashSet<u32>) -> Option<String> {
     let silent: Vec<u32> = targets
@@ -86,10 +92,14 @@ pub fn unsampled_parents(targets: &[u32], sampled: &HashSet<u32>) -> Option<Stri
     let sentences: Vec<String> = silent
         .into_iter()
         .filter_map(|pid| {
+            let stat = table.get(&pid);
+            let comm = stat.map_or(String::new(), |s| format!(" ({})", s.comm));
+            if stat.is_none_or(|s| s.state == 'Z') {
+                return Some(format!(
+                    "pid {pid}{comm} took no samples and exited during the run"
+                ));
+            }
             let busy = busy_descendants(pid, &table);
-            let comm = table
-                .get(&pid)
-                .map_or(String::new(), |s| format!(" ({})", s.comm));
             (!busy.is_empty()).then(|| {
                 format!(
                     "pid {pid}{comm} took no samples, but its children ran: {}",
@@ -100,8 +110,9 @@ pub fn unsampled_parents(targets: &[u32], sampled: &HashSet<u32>) -> Option<Stri
         .collect();
     (!sentences.is_empty()).then(|| {
         format!(
-            "{}; --pids does not follow children: name them with --pids, or profile \
-             the command and everything it starts with `lightswitch record -- CMD`",
+            "{}; --pids does not follow children and cannot see a process before it \
+             is named: name the children with --pids, or profile the command and \
+             everything it starts from its first instruction with `lightswitch record -- CMD`",
             sentences.join("; ")
         )
     })
@@ -116,6 +127,7 @@ mod tests {
         let text = "42 (a) b (c)) S 7 42 42 0 -1 4194560 100 0 0 0 15 4 0 0 20 0 1 0 5 0 0";
         let stat = parse_stat(text).unwrap();
         assert_eq!(stat.comm, "a) b (c)");
+        assert_eq!(stat.state, 'S');
         assert_eq!((stat.ppid, stat.cpu_ticks), (7, 19));
         assert!(parse_stat("garbage").is_none());
     }
@@ -124,6 +136,7 @@ mod tests {
     fn busy_grandchildren_are_found_idle_ones_are_not() {
         let stat = |comm: &str, ppid, cpu_ticks| ProcStat {
             comm: comm.into(),
+            state: 'S',
             ppid,
             cpu_ticks,
         };
@@ -136,6 +149,36 @@ mod tests {
         ]);
         assert_eq!(busy_descendants(10, &table), ["13 (prog)"]);
         assert!(busy_descendants(13, &table).is_empty());
+    }
+
+    /// A target that exited unsampled (here: a reaped child, and a zombie)
+    /// is named, with the advice to use `record`.
+    #[test]
+    fn a_target_that_exited_unsampled_is_named() {
+        let mut reaped = std::process::Command::new("true").spawn().unwrap();
+        let reaped_pid = reaped.id();
+        reaped.wait().unwrap();
+        let mut zombie = std::process::Command::new("true").spawn().unwrap();
+        let zombie_pid = zombie.id();
+        // Not waited for until the advice is written: a zombie meanwhile.
+        while !std::fs::read_to_string(format!("/proc/{zombie_pid}/stat"))
+            .is_ok_and(|t| parse_stat(&t).is_some_and(|s| s.state == 'Z'))
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let advice = unsampled_parents(&[reaped_pid, zombie_pid], &HashSet::new()).unwrap();
+        zombie.wait().unwrap();
+        assert!(
+            advice.contains(&format!("pid {reaped_pid} took no samples and exited")),
+            "{advice}"
+        );
+        assert!(
+            advice.contains(&format!(
+                "pid {zombie_pid} (true) took no samples and exited"
+            )),
+            "{advice}"
+        );
+        assert!(advice.contains("lightswitch record -- CMD"), "{advice}");
     }
 
     #[test]
