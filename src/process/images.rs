@@ -249,6 +249,9 @@ impl ProcessTracker {
             if before != after || self.read_is_of_a_later_image(pid, &entries) {
                 continue;
             }
+            if self.read_is_of_an_exiting_process(pid, &entries) {
+                break;
+            }
             if let Some(exec_ns) = after {
                 self.process_exec(pid, exec_ns);
             }
@@ -256,6 +259,18 @@ impl ProcessTracker {
             return;
         }
         self.processes.entry(pid).or_default().last_read_ns = Some(crate::timefmt::monotonic_ns());
+    }
+
+    /// Whether a read of `pid`'s maps, with no executable mapping in it, is
+    /// of the process whose exit was noticed, past the release of its
+    /// address space or a zombie: it replaces nothing (taken as a new
+    /// process with the same pid, it would drop the mappings that samples
+    /// from its exit path still resolve through).
+    fn read_is_of_an_exiting_process(&self, pid: u32, entries: &[maps::MapsEntry]) -> bool {
+        self.processes
+            .get(&pid)
+            .is_some_and(|p| p.exited_at_ns.is_some())
+            && !entries.iter().any(|e| e.executable)
     }
 
     /// Whether a read of `pid`'s maps shows a later image than its current

@@ -55,8 +55,9 @@ impl ProcessTracker {
         vanished
     }
 
-    /// Drop what is known of processes that exited, and of mappings given up
-    /// by an exec or a pid reuse, before `before_mono_ns`, when no sample
+    /// Drop what is known of processes that exited (more than
+    /// [`super::EXIT_GRACE_NS`] before `before_mono_ns`), and of mappings
+    /// given up by an exec or a pid reuse before it, when no sample
     /// taken at or after that time was resolved through them. The caller
     /// passes the earliest sample timestamp an open window (or request) can
     /// hold: every window holding an earlier sample has been handed over.
@@ -64,13 +65,13 @@ impl ProcessTracker {
     /// sample reads them again). Keeps the tracker's memory flat under
     /// process churn. Returns how many exited processes were dropped.
     pub fn retire_exited(&mut self, before_mono_ns: u64) -> usize {
-        let due = |exited: Option<u64>, last_sample: u64| {
-            exited.is_some_and(|t| t < before_mono_ns) && last_sample < before_mono_ns
+        let due = |gone: Option<u64>, last_sample: u64| {
+            gone.is_some_and(|t| t < before_mono_ns) && last_sample < before_mono_ns
         };
         let gone: Vec<u32> = self
             .processes
             .iter()
-            .filter(|(_, p)| due(p.exited_at_ns, p.last_sample_ns))
+            .filter(|(_, p)| due(p.gone_after_ns(), p.last_sample_ns))
             .map(|(&pid, _)| pid)
             .collect();
         self.prune_earlier_images(before_mono_ns);

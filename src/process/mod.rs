@@ -40,6 +40,16 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_millis(250);
 /// Shortest time between two re-reads of one process's maps otherwise.
 pub const MIN_REREAD_INTERVAL: Duration = Duration::from_millis(5);
 
+/// How long after a process's exit was noticed (CLOCK_MONOTONIC ns) a
+/// sample of its pid is still taken as its own. The exit event comes from
+/// early in the kernel's exit path, which then closes files and releases
+/// the address space while still being sampled (with its user registers:
+/// the program counter in `_exit`); the pid is only free again once the
+/// process is reaped, and the kernel hands out pids in a cycle, so reusing
+/// one this soon means going through all of `pid_max` in that time.
+/// Retirement waits out the grace too ([`ProcessTracker::retire_exited`]).
+pub const EXIT_GRACE_NS: u64 = 50_000_000;
+
 pub use images::ExecClock;
 
 /// Identity of an object file in the [`ProcessTracker`]: never reused
@@ -208,6 +218,8 @@ struct ProcessMaps {
     /// Its earlier images, oldest first.
     earlier: Vec<images::Image>,
     /// When its exit was noticed (CLOCK_MONOTONIC ns), once it was.
+    /// Samples of its pid are its own until [`EXIT_GRACE_NS`] after that
+    /// ([`ProcessMaps::gone_after_ns`]).
     exited_at_ns: Option<u64>,
     /// Timestamp (CLOCK_MONOTONIC ns, the samples' clock) of the latest
     /// sample resolved through these mappings: no window holding a sample
@@ -218,6 +230,14 @@ struct ProcessMaps {
     perf_map: Option<Arc<jit::JitFile>>,
     /// Its jitdump file, opened when its maps first showed it.
     jitdump: Option<Arc<jit::JitFile>>,
+}
+
+impl ProcessMaps {
+    /// When samples of this pid stop being this process's: [`EXIT_GRACE_NS`]
+    /// after its exit was noticed; `None` while it has not exited.
+    fn gone_after_ns(&self) -> Option<u64> {
+        self.exited_at_ns.map(|t| t.saturating_add(EXIT_GRACE_NS))
+    }
 }
 
 /// Counters of what the tracker could not do.
@@ -306,8 +326,10 @@ impl ProcessTracker {
     /// frames are often in the same object). The process's maps are read on
     /// first use, and again (at most once per [`REFRESH_INTERVAL`]) when an
     /// address is in no known mapping. A sample taken after the exit of the
-    /// process the tracker knows under `pid` belongs to a later process
-    /// with the same pid: the exited one's mappings are never used for it.
+    /// process the tracker knows under `pid` (more than [`EXIT_GRACE_NS`]
+    /// after it was noticed: the kernel's exit path runs on after the exit
+    /// event) belongs to a later process with the same pid: the exited
+    /// one's mappings are never used for it.
     pub fn find_mappings(
         &mut self,
         pid: u32,
@@ -328,7 +350,7 @@ impl ProcessTracker {
                     since >= REFRESH_INTERVAL.as_nanos() as u64
                         || (t < timestamp_ns && since >= MIN_REREAD_INTERVAL.as_nanos() as u64)
                 }),
-                p.exited_at_ns.is_some_and(|exit| timestamp_ns > exit),
+                p.gone_after_ns().is_some_and(|gone| timestamp_ns > gone),
             ),
         };
         if stale {
@@ -354,12 +376,13 @@ impl ProcessTracker {
         }
     }
 
-    /// Whether the process known under `pid` exited before `timestamp_ns`.
+    /// Whether the process known under `pid` was gone (its exit noticed,
+    /// and the grace after it over) before `timestamp_ns`.
     fn is_exited_before(&self, pid: u32, timestamp_ns: u64) -> bool {
         self.processes
             .get(&pid)
-            .and_then(|p| p.exited_at_ns)
-            .is_some_and(|exit| timestamp_ns > exit)
+            .and_then(ProcessMaps::gone_after_ns)
+            .is_some_and(|gone| timestamp_ns > gone)
     }
 
     /// Whether every address was found.

@@ -46,12 +46,17 @@ fn exited_processes_are_retired_only_after_the_promise_point() {
     assert_eq!(tracker.process_mappings(pid), &before_exec[..]);
     assert_eq!(tracker.mapping_count(), held);
     tracker.process_exited(pid, 1_000);
-    // A sample taken before the exit, drained after it, still resolves.
+    // A sample taken before the exit, drained after it, still resolves;
+    // so does one from the exit path, shortly after the exit was noticed.
     assert_eq!(tracker.find_mapping(pid, 900, addr), Some(id));
-    // Windows open since before the exit may still refer to it.
-    assert_eq!(tracker.retire_exited(1_000), 0);
+    assert_eq!(
+        tracker.find_mapping(pid, 1_000 + EXIT_GRACE_NS, addr),
+        Some(id)
+    );
+    // Windows open since before the exit (and its grace) may still refer to it.
+    assert_eq!(tracker.retire_exited(1_000 + EXIT_GRACE_NS), 0);
     assert_eq!(tracker.mapping(id).map(|m| m.pid), Some(pid));
-    assert_eq!(tracker.retire_exited(1_001), 1);
+    assert_eq!(tracker.retire_exited(1_001 + EXIT_GRACE_NS), 1);
     assert_eq!(tracker.mapping_count(), 0);
     assert_eq!(tracker.mapping(id), None);
     assert_eq!(tracker.process_count(), 0);
@@ -132,12 +137,13 @@ fn tables_grown_by_a_burst_of_processes_shrink_once_they_are_retired() {
         tracker.apply_maps(pid, &[anon_text(0x10000), anon_text(0x40000)]);
         tracker.process_exited(pid, 10);
     }
+    let after_10 = 11 + EXIT_GRACE_NS;
     assert_eq!(tracker.mapping_count(), 40_000);
     let grown = tracker.mappings.capacity();
     assert!(grown >= 40_000);
     // One process stays.
     tracker.apply_maps(1, &[anon_text(0x10000)]);
-    assert_eq!(tracker.retire_exited(11), 20_000);
+    assert_eq!(tracker.retire_exited(after_10), 20_000);
     assert_eq!(tracker.mapping_count(), 1);
     assert!(
         tracker.mappings.capacity() <= 4 * 4096,
@@ -149,13 +155,13 @@ fn tables_grown_by_a_burst_of_processes_shrink_once_they_are_retired() {
     // Mappings given up by an exec wait in the orphans list: it shrinks too.
     for pid in pids.clone() {
         tracker.apply_maps(pid, &[anon_text(0x10000), anon_text(0x40000)]);
-        tracker.process_exec(pid, 20);
+        tracker.process_exec(pid, after_10 + 20);
     }
     assert!(tracker.orphans.len() >= 40_000);
     for pid in pids.clone() {
-        tracker.process_exited(pid, 21);
+        tracker.process_exited(pid, after_10 + 21);
     }
-    tracker.retire_exited(22);
+    tracker.retire_exited(after_10 + 22 + EXIT_GRACE_NS);
     assert!(
         tracker.orphans.capacity() <= 4 * 4096,
         "{}",
@@ -197,8 +203,9 @@ fn objects_no_mapping_refers_to_are_closed_after_a_grace() {
     let fd = tracker.object(id).unwrap().open_path.clone();
     assert_eq!(tracker.object_count(), 1);
     // The process exits: its mapping goes, the object waits out the grace.
+    const G: u64 = EXIT_GRACE_NS;
     tracker.process_exited(pid, 1_000);
-    assert_eq!(tracker.retire_exited(1_001), 1);
+    assert_eq!(tracker.retire_exited(1_001 + G), 1);
     assert_eq!(tracker.mapping_count(), 0);
     assert!(tracker.object(id).is_some());
     assert!(tracker.take_retired_objects().is_empty());
@@ -207,12 +214,12 @@ fn objects_no_mapping_refers_to_are_closed_after_a_grace() {
     tracker.apply_maps(pid, &[file_text(0x20_0000, &path)]);
     let again = tracker.process_mappings(pid)[0];
     assert_eq!(tracker.mapping(again).unwrap().object, Some(id));
-    tracker.process_exited(pid, 2_000);
-    assert_eq!(tracker.retire_exited(2_001), 1);
-    tracker.retire_exited(1_001 + OBJECT_GRACE_NS);
+    tracker.process_exited(pid, 2_000 + G);
+    assert_eq!(tracker.retire_exited(2_001 + 2 * G), 1);
+    tracker.retire_exited(1_001 + G + OBJECT_GRACE_NS);
     assert!(tracker.object(id).is_some(), "the grace started over");
     assert!(tracker.take_retired_objects().is_empty());
-    tracker.retire_exited(2_001 + OBJECT_GRACE_NS);
+    tracker.retire_exited(2_001 + 2 * G + OBJECT_GRACE_NS);
     assert!(tracker.object(id).is_none());
     assert_eq!(tracker.object_count(), 0);
     assert_eq!(tracker.unused_objects.len(), 0);
@@ -249,12 +256,50 @@ fn processes_gone_from_proc_without_an_exit_event_are_retired() {
     tracker.apply_maps(GONE + 1, &[anon_text(0x10000)]);
     assert!(tracker.notice_vanished(now + 1).is_empty());
     // Windows open since before `now` may still hold its samples.
-    assert_eq!(tracker.retire_exited(now), 0);
-    assert_eq!(tracker.retire_exited(now + 1), 1);
+    assert_eq!(tracker.retire_exited(now + EXIT_GRACE_NS), 0);
+    assert_eq!(tracker.retire_exited(now + EXIT_GRACE_NS + 1), 1);
     assert_eq!(tracker.process_mappings(GONE).len(), 0);
     assert_eq!(tracker.process_mappings(own).len(), 1);
     assert_eq!(
         tracker.notice_vanished(now + VANISHED_SWEEP_NS),
         vec![GONE + 1]
     );
+}
+
+/// A read of the maps of a process whose exit was noticed, showing no
+/// executable mapping (here: its zombie), replaces nothing: samples from
+/// its exit path still resolve through its mappings.
+#[test]
+fn the_empty_maps_of_an_exiting_process_replace_nothing() {
+    let mut zombie = std::process::Command::new("true").spawn().unwrap();
+    let pid = zombie.id();
+    while !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|t| {
+        t.rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.starts_with(" Z"))
+    }) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(
+        maps::read_maps(pid).unwrap().is_empty(),
+        "a zombie has no maps"
+    );
+    let mut tracker = ProcessTracker::new();
+    tracker.apply_maps(pid, &[anon_text(0x10000)]);
+    let id = tracker.process_mappings(pid)[0];
+    let exit = crate::timefmt::monotonic_ns();
+    tracker.process_exited(pid, exit);
+    let during_exit = exit + EXIT_GRACE_NS / 2;
+    assert_eq!(tracker.find_mapping(pid, during_exit, 0x10008), Some(id));
+    // An address in no known mapping: the maps are read again (once the
+    // shortest re-read interval has passed), and show nothing executable.
+    std::thread::sleep(MIN_REREAD_INTERVAL * 2);
+    assert_eq!(tracker.find_mapping(pid, during_exit, 0x90000), None);
+    assert_eq!(tracker.find_mapping(pid, during_exit, 0x10010), Some(id));
+    // After the grace, the pid's samples are another process's.
+    assert_eq!(
+        tracker.find_mapping(pid, exit + 2 * EXIT_GRACE_NS, 0x10008),
+        None
+    );
+    zombie.wait().unwrap();
 }

@@ -632,7 +632,7 @@ mod tests {
             &walker,
             &mut tables,
         );
-        let later = crate::timefmt::monotonic_ns() + 1;
+        let later = crate::timefmt::monotonic_ns() + crate::process::EXIT_GRACE_NS + 1;
         assert_eq!(tracker.retire_exited(later), 1);
         tracker.retire_exited(later + super::super::lifetime::OBJECT_GRACE_NS);
         let retired = tracker.take_retired_objects();

@@ -141,6 +141,27 @@ fn samples_drained_after_the_exit_event_keep_their_mappings() {
     assert_eq!((l.captured, l.missing), (2, 0));
 }
 
+/// Samples from the kernel's exit path (after the exit event was handled,
+/// within the grace) are the exiting process's: resolved, and it stays
+/// until their window is handed over.
+#[test]
+fn samples_from_the_exit_path_after_the_exit_was_noticed_are_the_process_own() {
+    use crate::process::EXIT_GRACE_NS;
+    let mut l = Loop::new();
+    l.tracker.apply_maps(PID, &[text(TEXT_A, "/t/a")]);
+    l.drain_sample(PID, S / 10, TEXT_A + 0x10);
+    l.tracker.process_exited(PID, S / 5);
+    // 5 ms after: the exit path (closing files, releasing memory) is still
+    // running; once the grace is over, the pid is another process's.
+    l.drain_sample(PID, S / 5 + 5_000_000, TEXT_A + 0x20);
+    assert_eq!(l.resolved, 2);
+    l.drain_sample(PID, S / 5 + EXIT_GRACE_NS + 1, TEXT_A + 0x20);
+    assert_eq!(l.resolved, 2);
+    assert_eq!(l.close_and_retire(S + CLOSE_SLACK_NS), 1);
+    l.finish(2 * S);
+    assert_eq!((l.captured, l.missing), (3, 0));
+}
+
 #[test]
 fn a_reused_pid_is_not_resolved_with_the_exited_process_mappings() {
     let mut l = Loop::new();
