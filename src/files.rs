@@ -6,6 +6,7 @@
 
 use std::fs::{self, File};
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
@@ -64,6 +65,19 @@ pub fn write_atomic_with(
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     if path.is_dir() {
         bail!("{} is a directory: name a file", path.display());
+    }
+    if is_stdout(path) {
+        // This process's own standard output (`-`, `/dev/stdout`, or its
+        // target named directly): written through the descriptor it has,
+        // so that a shell's `>>` (O_APPEND) and whatever was written to it
+        // before stay; opening the path again would truncate the file.
+        let fd = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .context("duplicating standard output")?;
+        let mut target = File::from(fd);
+        fill(&mut target)?;
+        return target.flush().context("writing standard output");
     }
     if writes_through(path) {
         // A device or FIFO (`-o /dev/null`, a named pipe) or a symlink

@@ -610,6 +610,32 @@ fn exclude_self() {
     );
 }
 
+/// With the profile on stdout, what stdout already held stays: a shell's
+/// `>>` appends (the file is written through the descriptor the profiler
+/// was given, not opened again and truncated).
+#[test]
+fn profile_to_stdout_appends_to_a_file_opened_for_appending() {
+    let _serial = serial();
+    let program = compile(&unique_name("lsw_sa"), &chain_forever_source(), FP_FLAGS);
+    let _workload = Workload::spawn(&program);
+    let dir = tempdir();
+    let log = dir.path().join("log.txt");
+    fs::write(&log, "line1\nline2\n").unwrap();
+    let appending = fs::OpenOptions::new().append(true).open(&log).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["--duration", "500ms", "--profile-format", "folded"])
+        .args(["--profile-name", "-"])
+        .stdout(appending)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = fs::read_to_string(&log).unwrap();
+    let profile = text
+        .strip_prefix("line1\nline2\n")
+        .unwrap_or_else(|| panic!("what the file held is gone:\n{text}"));
+    assert!(total(&parse_folded(profile)) > 0, "no samples:\n{text}");
+}
+
 /// `--profile-name /dev/stdout` (or `-`) writes the profile through the symlink into
 /// the pipe (the link stays), and the summary goes to stderr, so stdout is
 /// the profile alone.

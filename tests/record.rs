@@ -97,6 +97,26 @@ fn record_follows_a_shells_child_and_passes_its_exit_status_on() {
     assert!(!out.stdout.contains("profile written to"), "{out}");
 }
 
+/// `--profile-name -`: the profile is all there is on stdout; the
+/// command's own output goes to stderr instead of mixing into it.
+#[test]
+fn record_to_stdout_keeps_the_commands_output_apart() {
+    let _serial = serial();
+    let program = compile("rec_stdout", &phases_source(), FP_FLAGS);
+    let dir = tempdir();
+    let script = format!("echo HELLO-FROM-CMD; {} 1 300", program.path.display());
+    let mut args = record_args(dir.path(), "499", &["sh", "-c", &script]);
+    let dashdash = args.iter().position(|a| a == "--").unwrap();
+    args.splice(dashdash..dashdash, ["--profile-name".into(), "-".into()]);
+    let out = run(&args, TIMEOUT);
+    out.assert_success();
+    assert!(!out.stdout.contains("HELLO-FROM-CMD"), "{out}");
+    assert!(out.stderr.contains("HELLO-FROM-CMD"), "{out}");
+    // Every line of stdout is a folded stack.
+    let stacks = parse_folded(&out.stdout);
+    assert!(!of_process(&stacks, &program.name).is_empty(), "{out}");
+}
+
 /// The sampler is attached before the command execs: a 10 ms first phase
 /// (at 1000 Hz about 10 samples) is in the profile.
 ///

@@ -13,7 +13,7 @@
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -289,17 +289,27 @@ impl HeldCommand {
     /// `/usr/bin/ls`) and `args`, the caller's stdin/stdout/stderr and
     /// environment, as `identity` when given (then with its `HOME`, `USER`
     /// and `LOGNAME`); the child waits before exec until
-    /// [`HeldCommand::release`].
+    /// [`HeldCommand::release`]. With `stdout_to_stderr` (the profile is
+    /// written to standard output) the command's standard output is the
+    /// caller's standard error, so that the two do not mix.
     pub fn spawn(
         program: &Path,
         argv0: &OsStr,
         args: &[OsString],
         identity: Option<&Identity>,
+        stdout_to_stderr: bool,
     ) -> Result<Self> {
         let (pid_read, pid_write) = pipe()?;
         let (go_read, go_write) = pipe()?;
         let mut command = Command::new(program);
         command.arg0(argv0).args(args);
+        if stdout_to_stderr {
+            let stderr = std::io::stderr()
+                .as_fd()
+                .try_clone_to_owned()
+                .context("duplicating standard error")?;
+            command.stdout(std::process::Stdio::from(stderr));
+        }
         // As `sudo -u USER` would: the user's own HOME, USER and LOGNAME.
         if let Some(id) = identity {
             if let Some(home) = &id.home {

@@ -74,7 +74,14 @@ pub fn record(args: &RecordArgs) -> Result<i32> {
     } else {
         Identity::from_sudo()?
     };
-    let mut held = HeldCommand::spawn(&path, program, rest, identity.as_ref())?;
+    // The profile on standard output (`--profile-name -`): the command's
+    // own output goes to standard error instead.
+    let profile_on_stdout = args.profile.outputs().is_ok_and(|outputs| {
+        outputs
+            .iter()
+            .any(|(_, path)| crate::files::is_stdout(path))
+    });
+    let mut held = HeldCommand::spawn(&path, program, rest, identity.as_ref(), profile_on_stdout)?;
     let output_dir_existed = args.profile.profile_path.exists();
     let run = crate::run::run_with(&args.profile, Some(&mut held));
     let failure = match &run {
