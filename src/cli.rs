@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 pub mod generate;
 mod values;
 use values::parse_label;
-pub use values::parse_seconds;
+pub use values::{parse_count, parse_interval, parse_seconds};
 
 use crate::format::{Compression, ProfileFormat};
 use crate::sender::{remote::HttpSettings, SenderConfig};
@@ -163,12 +163,12 @@ pub struct ProfileArgs {
     /// or with a unit: `30s`, `1m`; default 10 s when continuous). Given
     /// explicitly, or with a sender other than `disk`, the run is
     /// continuous; otherwise one profile covers the run.
-    #[arg(long, value_name = "DURATION", value_parser = parse_seconds, allow_negative_numbers = true)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_interval, allow_negative_numbers = true)]
     pub profile_interval: Option<f64>,
 
     /// Continuous mode with the disk sender: keep only the newest N window
     /// files per format in --profile-path (older ones are deleted).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_count::<usize>)]
     pub max_profiles: Option<usize>,
 
     /// Where profiles go: `disk` (files in --profile-path), `remote` (HTTP
@@ -205,7 +205,7 @@ pub struct ProfileArgs {
 
     /// Remote senders: budget of the send queue, bytes of encoded profiles.
     /// When full, the oldest queued profile is dropped (and counted).
-    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    #[arg(long, value_parser = parse_count::<usize>, default_value_t = 64 * 1024 * 1024)]
     pub send_queue_bytes: usize,
 
     /// Remote senders: timeout of one HTTP request (seconds, or with a unit).
@@ -235,11 +235,11 @@ pub struct ProfileArgs {
     pub listen_token: Option<String>,
 
     /// Longest on-demand profile, seconds (`/debug/pprof/profile?seconds=N`).
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, value_parser = parse_count::<u64>, default_value_t = 300)]
     pub listen_max_seconds: u64,
 
     /// On-demand profile requests in progress at once; more get 429.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, value_parser = parse_count::<usize>, default_value_t = 4)]
     pub listen_max_requests: usize,
 
     /// Connections the --listen server serves at once (at most a quarter
@@ -248,7 +248,7 @@ pub struct ProfileArgs {
     /// that finds none within 0.25 s is closed. A client has 10 s to send a
     /// request's headers; an idle connection is closed after 10 s. A failed
     /// accept() (out of file descriptors) is logged and retried.
-    #[arg(long, default_value_t = crate::httpd::serve::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, value_parser = parse_count::<usize>, default_value_t = crate::httpd::serve::DEFAULT_MAX_CONNECTIONS)]
     pub listen_max_connections: usize,
 }
 
@@ -342,27 +342,27 @@ pub enum Command {
         #[arg(long, value_parser = crate::files::parse_mode, default_value = "600")]
         profile_mode: u32,
         /// Largest accepted request body, bytes (413 above it).
-        #[arg(long, default_value_t = 32 * 1024 * 1024)]
+        #[arg(long, value_parser = parse_count::<usize>, default_value_t = 32 * 1024 * 1024)]
         max_body_bytes: usize,
         /// Largest size a gzip'd body may decompress to, bytes (413 above
         /// it; decompression stops there, so a bomb costs at most this).
-        #[arg(long, default_value_t = crate::collector::DEFAULT_MAX_DECODED_BYTES)]
+        #[arg(long, value_parser = parse_count::<usize>, default_value_t = crate::collector::DEFAULT_MAX_DECODED_BYTES)]
         max_decoded_bytes: usize,
         /// Request bodies read and decoded at once; more wait their turn
         /// (408 after 60 s).
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, value_parser = parse_count::<usize>, default_value_t = 2)]
         max_concurrent_ingests: usize,
         /// Most stored profiles one `GET /v1/profiles/merged` may cover
         /// (413 beyond, naming how many matched). Profiles are merged one at
         /// a time, so memory does not grow with their number.
-        #[arg(long, default_value_t = crate::collector::DEFAULT_MAX_MERGE_PROFILES)]
+        #[arg(long, value_parser = parse_count::<usize>, default_value_t = crate::collector::DEFAULT_MAX_MERGE_PROFILES)]
         max_merge_profiles: usize,
         /// Connections served at once (at most a quarter of `ulimit -n`).
         /// When all are taken, connections idle
         /// for over 1 s are closed to make room, and a new one that finds
         /// none within 0.25 s is closed. A client has 10 s to send a
         /// request's headers; an idle connection is closed after 10 s.
-        #[arg(long, default_value_t = crate::httpd::serve::DEFAULT_MAX_CONNECTIONS)]
+        #[arg(long, value_parser = parse_count::<usize>, default_value_t = crate::httpd::serve::DEFAULT_MAX_CONNECTIONS)]
         max_connections: usize,
     },
 }

@@ -70,6 +70,9 @@ pub fn resolve_pids(pids: &[i32]) -> Result<Vec<u32>> {
 /// any real run, and small enough for every clock computation.
 pub const MAX_SECONDS: f64 = 1e9;
 
+/// Shortest `--profile-interval`, seconds.
+pub const MIN_PROFILE_INTERVAL_S: f64 = 0.1;
+
 /// Seconds from the command line (`--duration`, `--profile-interval`,
 /// timeouts) as a duration. Errors, naming `flag`, unless `value` is above 0
 /// and at most [`MAX_SECONDS`].

@@ -92,6 +92,42 @@ fn duration_out_of_range() {
     assert_eq!(out.status.code(), Some(2), "{out}");
 }
 
+/// Counts and intervals below their least value are usage errors too
+/// (exit status 2, naming the option), before anything starts.
+#[test]
+fn counts_and_intervals_below_their_least_value_are_usage_errors() {
+    let dir = tempdir();
+    let storage = dir.path().join("storage");
+    let cases: [&[&str]; 5] = [
+        &["--profile-interval", "0.05"],
+        &["--profile-interval", "1", "--max-profiles", "0"],
+        &["--listen", "127.0.0.1:0", "--listen-max-connections", "0"],
+        &["--sender", "remote", "--send-queue-bytes", "0"],
+        &[
+            "collector",
+            "--storage",
+            s(&storage),
+            "--max-body-bytes",
+            "0",
+        ],
+    ];
+    for extra in cases {
+        let args: Vec<&str> = if extra[0] == "collector" {
+            extra.to_vec()
+        } else {
+            let mut args = vec!["--duration", "1", "--profile-path", s(dir.path())];
+            args.extend_from_slice(extra);
+            args
+        };
+        let out = run(&args, TIMEOUT);
+        let flag = extra[extra.len() - 2];
+        out.assert_error(&[flag, "at least"]);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}:\n{out}");
+    }
+    assert!(!storage.exists(), "the collector started");
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
 /// [`args_with`], with `seconds` as the `--duration`.
 fn args_with_duration(out_dir: &Path, seconds: &str) -> Vec<String> {
     let mut args = args_with(out_dir, &[]);

@@ -30,6 +30,34 @@ pub fn parse_seconds(text: &str) -> Result<f64, String> {
     Ok(seconds)
 }
 
+/// Parse `--profile-interval`: [`parse_seconds`], and at least
+/// [`crate::preflight::MIN_PROFILE_INTERVAL_S`] (a window shorter than that
+/// costs more to write than it holds).
+pub fn parse_interval(text: &str) -> Result<f64, String> {
+    let seconds = parse_seconds(text)?;
+    if seconds < crate::preflight::MIN_PROFILE_INTERVAL_S {
+        return Err(format!(
+            "must be at least {} seconds, got {seconds}",
+            crate::preflight::MIN_PROFILE_INTERVAL_S
+        ));
+    }
+    Ok(seconds)
+}
+
+/// Parse a count or size option that must be at least 1 (`--max-profiles`,
+/// the servers' and the sender's limits): a usage error (exit status 2)
+/// otherwise, like a malformed number.
+pub fn parse_count<T: TryFrom<u64>>(text: &str) -> Result<T, String> {
+    let value: u64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a whole number"))?;
+    if value == 0 {
+        return Err("must be at least 1".to_string());
+    }
+    T::try_from(value).map_err(|_| format!("{value} is too large"))
+}
+
 /// `--profile-format` values come from the format registry
 /// ([`ProfileFormat::spec`]): canonical names, aliases and help lines.
 impl ValueEnum for ProfileFormat {
@@ -108,5 +136,7 @@ mod tests {
         for bad in ["", "five", "5 parsecs", "5x"] {
             assert!(parse_seconds(bad).is_err(), "{bad:?} parsed");
         }
+        assert_eq!(parse_interval("100ms"), Ok(0.1));
+        assert!(parse_interval("50ms").unwrap_err().contains("at least 0.1"));
     }
 }

@@ -50,8 +50,11 @@ impl RunPlan {
         let interval = continuous
             .then(|| preflight::seconds("--profile-interval", cli.profile_interval.unwrap_or(10.0)))
             .transpose()?;
-        if interval.is_some_and(|i| i < Duration::from_millis(100)) {
-            anyhow::bail!("--profile-interval must be at least 0.1 seconds");
+        if interval.is_some_and(|i| i.as_secs_f64() < preflight::MIN_PROFILE_INTERVAL_S) {
+            anyhow::bail!(
+                "--profile-interval must be at least {} seconds",
+                preflight::MIN_PROFILE_INTERVAL_S
+            );
         }
         if cli.sender == SenderKind::Disk && cli.server_url.is_some() {
             anyhow::bail!("--server-url is for --sender remote or --sender pyroscope");
