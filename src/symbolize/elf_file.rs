@@ -11,7 +11,7 @@ use object::elf;
 use object::read::elf::{Dyn, ElfFile64, GnuHashTable, HashTable, ProgramHeader, Sym};
 use object::{Endianness, Object, StringTable};
 
-use super::plt::PltStubs;
+use super::plt::{self, PltStubs};
 use crate::unwind::eh_frame_hdr::loaded_bytes;
 use crate::unwind::identity::find_debug_file_by_build_id;
 
@@ -40,10 +40,15 @@ impl ObjectFile {
         Some(object)
     }
 
-    /// The `name@plt` of each PLT stub ([`PltStubs`]); `None` when the
-    /// object has none that can be named.
-    pub fn plt_stubs(&self) -> Option<PltStubs> {
-        PltStubs::of(&self.elf()?)
+    /// The `name@plt` of each PLT stub ([`PltStubs`]), when one of the
+    /// virtual `addresses` is in a PLT section (the relocations are read
+    /// only then); `None` otherwise, or when no stub can be named.
+    pub fn plt_stubs_for(&self, addresses: &[u64]) -> Option<PltStubs> {
+        let elf = self.elf()?;
+        if !plt::any_in_plt(&elf, addresses) {
+            return None;
+        }
+        PltStubs::of(&elf)
     }
 
     fn elf(&self) -> Option<ElfFile64<'_, Endianness>> {

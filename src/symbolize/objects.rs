@@ -242,9 +242,10 @@ impl ElfObjects {
             .iter()
             .map(|&o| file.as_ref()?.virtual_address(o))
             .collect();
+        // The virtual addresses of the offsets that have one.
+        let known: Vec<u64> = vaddrs.iter().flatten().copied().collect();
         let mut debug: Vec<Option<Vec<Line>>> = match &debug_file {
             Some(debug_path) => {
-                let known: Vec<u64> = vaddrs.iter().flatten().copied().collect();
                 let mut results = symbolize(debug_path, true, Input::VirtOffset(&known))
                     .into_iter()
                     .map(|sym| lines_of(&sym));
@@ -263,7 +264,7 @@ impl ElfObjects {
             self.note_cost(object, after.saturating_sub(before), keep);
         }
         let dynamic = file.as_ref().and_then(ObjectFile::dynamic_symbols);
-        let plt = file.as_ref().and_then(ObjectFile::plt_stubs);
+        let plt = file.as_ref().and_then(|f| f.plt_stubs_for(&known));
         debug
             .into_iter()
             .enumerate()

@@ -30,53 +30,95 @@ const DEFAULT_STUB_BYTES: u64 = 16;
 /// Most stubs read from one section (real objects have a few thousand).
 const MAX_STUBS: u64 = 1 << 20;
 
-/// The function each PLT stub of one object calls, by stub address.
-#[derive(Debug, Default)]
-pub(super) struct PltStubs {
-    /// Address ranges of the PLT sections, `[start, end)`.
-    sections: Vec<(u64, u64)>,
-    /// Stub start address -> the (mangled) name of the function it calls.
-    stubs: HashMap<u64, String>,
-    /// Stub size per section, bytes, in the order of `sections`.
-    stub_bytes: Vec<u64>,
+/// One PLT section of an object.
+#[derive(Debug, Clone, Copy)]
+struct PltSection<'data> {
+    /// Virtual address of its first byte.
+    start: u64,
+    /// Size of each stub, bytes.
+    stub_bytes: u64,
+    /// Its bytes.
+    data: &'data [u8],
 }
 
-impl PltStubs {
-    /// The stubs of `file`; `None` when it is not an x86-64 object or has
-    /// no PLT section with a named stub.
-    pub fn of(file: &ElfFile64<'_, Endianness>) -> Option<PltStubs> {
-        if file.elf_header().e_machine(file.endian()) != elf::EM_X86_64 {
-            return None;
-        }
-        let slots = slot_names(file);
-        if slots.is_empty() {
-            return None;
-        }
-        let mut plt = PltStubs::default();
-        for name in PLT_SECTIONS {
-            let Some(section) = file.section_by_name(name) else {
-                continue;
-            };
-            let Ok(data) = section.data() else { continue };
+impl PltSection<'_> {
+    /// Start of the stub holding virtual address `address`, if the section does.
+    fn stub_of(&self, address: u64) -> Option<u64> {
+        let offset = address.checked_sub(self.start)?;
+        (offset < self.data.len() as u64)
+            .then(|| self.start + offset / self.stub_bytes * self.stub_bytes)
+    }
+}
+
+/// The PLT sections of `file`; none unless it is an x86-64 object.
+fn plt_sections<'data>(file: &ElfFile64<'data, Endianness>) -> Vec<PltSection<'data>> {
+    if file.elf_header().e_machine(file.endian()) != elf::EM_X86_64 {
+        return Vec::new();
+    }
+    PLT_SECTIONS
+        .iter()
+        .filter_map(|name| {
+            let section = file.section_by_name(name)?;
+            let data = section.data().ok()?;
             let entsize = section.elf_section_header().sh_entsize(file.endian());
             let stub_bytes = if entsize == 0 {
                 DEFAULT_STUB_BYTES
             } else {
                 entsize
             };
-            let start = section.address();
-            for (i, stub) in data
-                .chunks_exact(stub_bytes as usize)
+            Some(PltSection {
+                start: section.address(),
+                stub_bytes,
+                data,
+            })
+        })
+        .collect()
+}
+
+/// Whether any of the virtual `addresses` is in a PLT section of `file`:
+/// the cheap test (section headers only) before [`PltStubs::of`] reads the
+/// dynamic relocations.
+pub(super) fn any_in_plt(file: &ElfFile64<'_, Endianness>, addresses: &[u64]) -> bool {
+    let sections = plt_sections(file);
+    addresses
+        .iter()
+        .any(|&a| sections.iter().any(|s| s.stub_of(a).is_some()))
+}
+
+/// The function each PLT stub of one object calls, by stub address.
+#[derive(Debug, Default)]
+pub(super) struct PltStubs {
+    /// Address ranges of the PLT sections, `[start, end)`, with their stub
+    /// size in bytes.
+    sections: Vec<(u64, u64, u64)>,
+    /// Stub start address -> the (mangled) name of the function it calls.
+    stubs: HashMap<u64, String>,
+}
+
+impl PltStubs {
+    /// The stubs of `file`; `None` when it is not an x86-64 object or has
+    /// no PLT section with a named stub.
+    pub fn of(file: &ElfFile64<'_, Endianness>) -> Option<PltStubs> {
+        let sections = plt_sections(file);
+        if sections.is_empty() {
+            return None;
+        }
+        let slots = slot_names(file);
+        let mut plt = PltStubs::default();
+        for section in sections {
+            for (i, stub) in section
+                .data
+                .chunks_exact(section.stub_bytes as usize)
                 .take(MAX_STUBS as usize)
                 .enumerate()
             {
-                let address = start + i as u64 * stub_bytes;
+                let address = section.start + i as u64 * section.stub_bytes;
                 if let Some(name) = jump_slot(stub, address).and_then(|slot| slots.get(&slot)) {
                     plt.stubs.insert(address, name.clone());
                 }
             }
-            plt.sections.push((start, start + data.len() as u64));
-            plt.stub_bytes.push(stub_bytes);
+            let end = section.start + section.data.len() as u64;
+            plt.sections.push((section.start, end, section.stub_bytes));
         }
         (!plt.stubs.is_empty()).then_some(plt)
     }
@@ -86,12 +128,10 @@ impl PltStubs {
     /// outside the PLT sections and for stubs that jump through no named
     /// slot (the resolver stub at the start of `.plt`).
     pub fn name_of(&self, address: u64) -> Option<&str> {
-        let (i, &(start, _)) = self
+        let &(start, _, stub_bytes) = self
             .sections
             .iter()
-            .enumerate()
-            .find(|(_, &(start, end))| (start..end).contains(&address))?;
-        let stub_bytes = self.stub_bytes[i];
+            .find(|&&(start, end, _)| (start..end).contains(&address))?;
         let stub = start + (address - start) / stub_bytes * stub_bytes;
         self.stubs.get(&stub).map(String::as_str)
     }
@@ -224,7 +264,7 @@ mod tests {
             let last = address + DEFAULT_STUB_BYTES / 2 - 1;
             assert_eq!(stubs.name_of(last), Some(name.as_str()), "{last:#x}");
         }
-        if let Some(&(start, _)) = stubs.sections.first() {
+        if let Some(&(start, _, _)) = stubs.sections.first() {
             let first_named = expected.keys().min().copied().unwrap();
             if first_named > start {
                 assert_eq!(stubs.name_of(start), None, "the resolver stub");
@@ -234,7 +274,16 @@ mod tests {
 
     #[test]
     fn libc_stubs_are_named_like_objdump_names_them() {
-        assert_like_objdump(Path::new("/lib/x86_64-linux-gnu/libc.so.6"));
+        let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        assert_like_objdump(libc);
+        // The cheap test agrees: a stub's address is in a PLT section, an
+        // address past them (in `.text`) is not.
+        let data = std::fs::read(libc).unwrap();
+        let file = ElfFile64::<Endianness>::parse(&*data).unwrap();
+        let stub = *objdump_stubs(libc).keys().next().unwrap();
+        let text = file.section_by_name(".text").unwrap().address();
+        assert!(any_in_plt(&file, &[text, stub + 3]));
+        assert!(!any_in_plt(&file, &[text]));
     }
 
     /// Programs linked two ways: lazy binding (`.plt`) and IBT stubs
