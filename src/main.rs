@@ -19,6 +19,7 @@ fn main() {
     if generate(&cli) {
         return;
     }
+    check_usage(&cli);
     init_logging(&cli);
     lightswitch::unwind::identity::set_debug_dirs(cli.debug_dirs().to_vec());
     lightswitch::symbolize::debuginfod::configure(
@@ -53,6 +54,36 @@ fn main() {
             eprintln!("error: {err:#}");
             std::process::exit(1);
         }
+    }
+}
+
+/// Exit with a usage error (status 2, clap's format) when the profiling
+/// flags conflict with each other: mistakes in the command line itself,
+/// told apart from a run that failed (1, or `record`'s
+/// [`lightswitch::record::OWN_FAILURE_STATUS`]).
+fn check_usage(cli: &Cli) {
+    let (conflict, subcommand) = match &cli.command {
+        None => (lightswitch::run::check_flags(&cli.profile, false), None),
+        Some(Command::Record(args)) => (
+            lightswitch::run::check_flags(&args.profile, true),
+            Some("record"),
+        ),
+        _ => (Ok(()), None),
+    };
+    if let Err(conflict) = conflict {
+        let mut command = <Cli as clap::CommandFactory>::command();
+        command.build();
+        // The usage line shown is the subcommand's own.
+        let mut command = match subcommand.and_then(|name| command.find_subcommand(name)) {
+            Some(sub) => sub.clone(),
+            None => command,
+        };
+        command
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!("{conflict:#}"),
+            )
+            .exit();
     }
 }
 
@@ -122,11 +153,13 @@ fn run_tool(cli: &Cli) -> bool {
             Err(err) => {
                 eprintln!("error: {err:#}");
                 // As a shell says of a command it cannot find (127) or
-                // run (126); 1 for anything else.
+                // run (126); anything else is record's own failure.
                 let status = err
                     .chain()
                     .find_map(|e| e.downcast_ref::<lightswitch::record::launch::CannotRun>())
-                    .map_or(1, |cannot| cannot.status);
+                    .map_or(lightswitch::record::OWN_FAILURE_STATUS, |cannot| {
+                        cannot.status
+                    });
                 std::process::exit(status);
             }
         },

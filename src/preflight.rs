@@ -93,6 +93,35 @@ pub fn check_seconds(value: f64) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// A count or size limit from the command line (`--max-profiles`, the
+/// servers' and the sender's limits): at least 1. Errors name `flag`, with
+/// the words [`crate::cli::values::parse_count`] gives clap.
+pub fn count(flag: &str, value: u64) -> Result<()> {
+    check_count(value).map_err(|err| anyhow::anyhow!("{flag} {err}"))
+}
+
+/// The range every count or size limit shares: at least 1. The error text
+/// ("must be ...") reads after the option's name.
+pub fn check_count(value: u64) -> std::result::Result<(), String> {
+    if value == 0 {
+        return Err("must be at least 1".to_string());
+    }
+    Ok(())
+}
+
+/// `--profile-interval`'s range: [`check_seconds`], and at least
+/// [`MIN_PROFILE_INTERVAL_S`] (a window shorter than that costs more to
+/// write than it holds). The error text reads after the option's name.
+pub fn check_interval(value: f64) -> std::result::Result<(), String> {
+    check_seconds(value)?;
+    if value < MIN_PROFILE_INTERVAL_S {
+        return Err(format!(
+            "must be at least {MIN_PROFILE_INTERVAL_S} seconds, got {value}"
+        ));
+    }
+    Ok(())
+}
+
 /// Create `file`'s directory if needed and make sure `file` can be written
 /// there. That directory is `dir` (`--profile-path`), one below it
 /// (`--profile-name sub/x.svg`), or elsewhere for an absolute name, which

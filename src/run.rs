@@ -34,7 +34,7 @@ mod summary;
 pub mod workload;
 
 pub use agent::{Agent, Stopped, Totals, Workers};
-pub use plan::RunPlan;
+pub use plan::{check_flags, RunPlan};
 use progress::StopWords;
 pub use summary::{ContinuousSummary, RunSummary};
 pub use workload::Workload;

@@ -128,6 +128,50 @@ fn counts_and_intervals_below_their_least_value_are_usage_errors() {
     assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 
+/// Flags that conflict with each other are usage errors (exit status 2,
+/// clap's format, naming the flag), before anything starts.
+#[test]
+fn conflicting_flags_are_usage_errors() {
+    let dir = tempdir();
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["record", "-p", "1", "--", "true"],
+            "--pids does not apply",
+        ),
+        (&["--profile-name", ""], "--profile-name is empty"),
+        (
+            &["--server-url", "http://127.0.0.1:1"],
+            "--server-url is for",
+        ),
+        (&["--max-profiles", "3"], "--max-profiles applies"),
+        (
+            &[
+                "--profile-format",
+                "svg",
+                "--profile-format",
+                "folded",
+                "--profile-name",
+                "x",
+            ],
+            "--profile-name names one file",
+        ),
+    ];
+    for (extra, words) in cases {
+        let mut args = vec!["--duration", "1", "--profile-path", s(dir.path())];
+        if extra[0] == "record" {
+            args.insert(0, "record");
+            args.extend_from_slice(&extra[1..]);
+        } else {
+            args.extend_from_slice(extra);
+        }
+        let out = run(&args, TIMEOUT);
+        out.assert_error(&[words]);
+        assert!(out.stderr.contains("Usage:"), "{extra:?}:\n{out}");
+        assert_eq!(out.status.code(), Some(2), "{extra:?}:\n{out}");
+    }
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
 /// [`args_with`], with `seconds` as the `--duration`.
 fn args_with_duration(out_dir: &Path, seconds: &str) -> Vec<String> {
     let mut args = args_with(out_dir, &[]);

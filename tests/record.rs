@@ -189,8 +189,13 @@ fn record_exit_statuses() {
     }
     // Too short to be sampled, so the (default) flame graph cannot be
     // drawn: the command's failure is still the exit status, and the
-    // missing profile is said on stderr; a command that succeeded gets 1.
-    for (script, expected) in [("exit 42", 42), ("kill -SEGV $$", 128 + 11), ("exit 0", 1)] {
+    // missing profile is said on stderr; a command that succeeded gets
+    // record's own failure status, 125, which `exit 1` would not be.
+    for (script, expected) in [
+        ("exit 42", 42),
+        ("kill -SEGV $$", 128 + 11),
+        ("exit 0", lightswitch::record::OWN_FAILURE_STATUS),
+    ] {
         let out = run(
             &[
                 "record",
@@ -212,8 +217,9 @@ fn record_exit_statuses() {
         );
     }
     // An output that cannot be written stops the run before the command
-    // starts: status 1 (not a shell's 127 for the ENOENT/ENOTDIR on the
-    // way), and the held command leaves without a word of its own.
+    // starts: record's own failure, 125 (not a shell's 127 for the
+    // ENOENT/ENOTDIR on the way), and the held command leaves without a
+    // word of its own.
     std::fs::write(dir.path().join("plain"), "").unwrap();
     let out = run(
         &[
@@ -226,7 +232,11 @@ fn record_exit_statuses() {
         ],
         TIMEOUT,
     );
-    assert_eq!(out.status.code(), Some(1), "{out}");
+    assert_eq!(
+        out.status.code(),
+        Some(lightswitch::record::OWN_FAILURE_STATUS),
+        "{out}"
+    );
     assert!(out.stderr.contains("is not a directory"), "{out}");
     assert!(!out.stderr.contains("fatal runtime error"), "{out}");
 }

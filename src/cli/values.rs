@@ -30,17 +30,11 @@ pub fn parse_seconds(text: &str) -> Result<f64, String> {
     Ok(seconds)
 }
 
-/// Parse `--profile-interval`: [`parse_seconds`], and at least
-/// [`crate::preflight::MIN_PROFILE_INTERVAL_S`] (a window shorter than that
-/// costs more to write than it holds).
+/// Parse `--profile-interval`: [`parse_seconds`], within
+/// [`crate::preflight::check_interval`]'s range.
 pub fn parse_interval(text: &str) -> Result<f64, String> {
     let seconds = parse_seconds(text)?;
-    if seconds < crate::preflight::MIN_PROFILE_INTERVAL_S {
-        return Err(format!(
-            "must be at least {} seconds, got {seconds}",
-            crate::preflight::MIN_PROFILE_INTERVAL_S
-        ));
-    }
+    crate::preflight::check_interval(seconds)?;
     Ok(seconds)
 }
 
@@ -52,9 +46,7 @@ pub fn parse_count<T: TryFrom<u64>>(text: &str) -> Result<T, String> {
         .trim()
         .parse()
         .map_err(|_| format!("{text:?} is not a whole number"))?;
-    if value == 0 {
-        return Err("must be at least 1".to_string());
-    }
+    crate::preflight::check_count(value)?;
     T::try_from(value).map_err(|_| format!("{value} is too large"))
 }
 

@@ -75,9 +75,7 @@ impl CollectorConfig {
             ("--max-merge-profiles", self.max_merge_profiles),
             ("--max-connections", self.max_connections),
         ] {
-            if value == 0 {
-                anyhow::bail!("{flag} must be at least 1");
-            }
+            crate::preflight::count(flag, value as u64)?;
         }
         if self.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
             // Before anything is created; server_token says it again after binding.

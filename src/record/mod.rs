@@ -52,12 +52,20 @@ fn foreground_of_terminal() -> bool {
     unsafe { libc::tcgetpgrp(std::os::fd::AsRawFd::as_raw_fd(&tty)) == libc::getpgrp() }
 }
 
+/// `record`'s exit status when it failed itself (the profile could not be
+/// made or written, or the command could not be started for a reason other
+/// than those of 126 and 127), as `env`, `nice` and `timeout` exit 125: a
+/// status a command rarely has, so that a script can tell it from the
+/// command's own failure.
+pub const OWN_FAILURE_STATUS: i32 = 125;
+
 /// Start `args.command` held, profile it until it exits, wait for it and
 /// print the run's summary on stderr (stdout is the command's). Returns
 /// lightswitch's exit status: the command's (128 + N for signal N; 126 or
 /// 127 when it could not be executed or found, as shells give); when
 /// the command succeeded but the profile could not be written (e.g. a
-/// flame graph of a command too short to be sampled), 1. A failing
+/// flame graph of a command too short to be sampled),
+/// [`OWN_FAILURE_STATUS`]. A failing
 /// command's status is never hidden behind the profile's failure, which is
 /// still reported on stderr.
 /// Errors before the command starts are returned: a [`CannotRun`] (not
@@ -102,7 +110,7 @@ pub fn record(args: &RecordArgs) -> Result<i32> {
     // failed, the status is a shell's for it (126, 127).
     if !held.released() {
         let exec_failure = run.as_ref().err().and_then(CannotRun::of_exec_error);
-        return Ok(exec_failure.map_or(1, |e| e.status));
+        return Ok(exec_failure.map_or(OWN_FAILURE_STATUS, |e| e.status));
     }
     if !held.has_exited() {
         // --duration (or an error) ended the run first: the command goes on unprofiled.
@@ -110,7 +118,7 @@ pub fn record(args: &RecordArgs) -> Result<i32> {
     }
     let code = held.exit_code()?;
     Ok(if failure.is_some() && code == 0 {
-        1
+        OWN_FAILURE_STATUS
     } else {
         code
     })

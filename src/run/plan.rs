@@ -45,26 +45,12 @@ impl RunPlan {
     /// `workload`: the pid of `record`'s held command, which replaces
     /// `--pids` (an error with it) and is followed into its children.
     pub fn from_cli(cli: &ProfileArgs, workload: Option<u32>) -> Result<RunPlan> {
+        check_flags(cli, workload.is_some())?;
         let outputs = cli.outputs()?;
-        let continuous = cli.profile_interval.is_some() || cli.sender != SenderKind::Disk;
-        let interval = continuous
-            .then(|| preflight::seconds("--profile-interval", cli.profile_interval.unwrap_or(10.0)))
-            .transpose()?;
-        if interval.is_some_and(|i| i.as_secs_f64() < preflight::MIN_PROFILE_INTERVAL_S) {
-            anyhow::bail!(
-                "--profile-interval must be at least {} seconds",
-                preflight::MIN_PROFILE_INTERVAL_S
-            );
-        }
-        if cli.sender == SenderKind::Disk && cli.server_url.is_some() {
-            anyhow::bail!("--server-url is for --sender remote or --sender pyroscope");
-        }
-        if cli.max_profiles == Some(0) {
-            anyhow::bail!("--max-profiles must be at least 1");
-        }
-        if cli.max_profiles.is_some() && !(continuous && cli.sender == SenderKind::Disk) {
-            anyhow::bail!("--max-profiles applies to continuous mode with the disk sender (give --profile-interval)");
-        }
+        let continuous = is_continuous(cli);
+        // In range: checked by check_flags.
+        let interval =
+            continuous.then(|| Duration::from_secs_f64(cli.profile_interval.unwrap_or(10.0)));
         let duration = cli
             .duration
             .map(|s| preflight::seconds("--duration", s))
@@ -72,11 +58,6 @@ impl RunPlan {
         let max_sample_rate_hz = preflight::max_sample_rate()?;
         preflight::check_frequency(cli.sample_freq, max_sample_rate_hz)?;
         let pids = match workload {
-            Some(_) if !cli.pids.is_empty() => {
-                anyhow::bail!(
-                    "record profiles its command and what it starts: --pids does not apply"
-                )
-            }
             Some(pid) => vec![pid],
             None => preflight::resolve_pids(&cli.pids)?,
         };
@@ -114,6 +95,45 @@ impl RunPlan {
     pub fn continuous(&self) -> bool {
         self.interval.is_some()
     }
+}
+
+/// Windows are sent as they close: `--profile-interval` or a network sender.
+fn is_continuous(cli: &ProfileArgs) -> bool {
+    cli.profile_interval.is_some() || cli.sender != SenderKind::Disk
+}
+
+/// Check the flags against each other, without looking at the system:
+/// the command line's own conflicts, which `main` reports as usage errors
+/// (exit status 2) and [`RunPlan::from_cli`] checks again for options set by
+/// code. `record`: the flags are `lightswitch record`'s, which has no
+/// `--pids`. Errors name the flags at fault.
+pub fn check_flags(cli: &ProfileArgs, record: bool) -> Result<()> {
+    if record && !cli.pids.is_empty() {
+        anyhow::bail!("record profiles its command and what it starts: --pids does not apply");
+    }
+    if cli
+        .profile_name
+        .as_deref()
+        .is_some_and(|n| n.trim().is_empty())
+    {
+        anyhow::bail!("--profile-name is empty: give a file name, or - for standard output");
+    }
+    cli.outputs()?;
+    if is_continuous(cli) {
+        let interval = cli.profile_interval.unwrap_or(10.0);
+        preflight::check_interval(interval)
+            .map_err(|err| anyhow::anyhow!("--profile-interval {err}"))?;
+    }
+    if cli.sender == SenderKind::Disk && cli.server_url.is_some() {
+        anyhow::bail!("--server-url is for --sender remote or --sender pyroscope");
+    }
+    if let Some(max) = cli.max_profiles {
+        preflight::count("--max-profiles", max as u64)?;
+    }
+    if cli.max_profiles.is_some() && !(is_continuous(cli) && cli.sender == SenderKind::Disk) {
+        anyhow::bail!("--max-profiles applies to continuous mode with the disk sender (give --profile-interval)");
+    }
+    Ok(())
 }
 
 /// Rows of the `unwind_rows` map that fit in `mb` MiB (8 bytes a row).

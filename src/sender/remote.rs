@@ -102,9 +102,7 @@ impl HttpConfig {
         // Neither setter fails on an http(s) URL with a host.
         let _ = url.set_username("");
         let _ = url.set_password(None);
-        if settings.send_queue_bytes == 0 {
-            anyhow::bail!("--send-queue-bytes must be at least 1");
-        }
+        crate::preflight::count("--send-queue-bytes", settings.send_queue_bytes as u64)?;
         if settings
             .token
             .as_deref()

@@ -97,15 +97,9 @@ impl Server {
         requests: Sender<ProfileRequest>,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
-        if config.max_seconds == 0 {
-            anyhow::bail!("--listen-max-seconds must be at least 1");
-        }
-        if config.max_requests == 0 {
-            anyhow::bail!("--listen-max-requests must be at least 1");
-        }
-        if config.max_connections == 0 {
-            anyhow::bail!("--listen-max-connections must be at least 1");
-        }
+        crate::preflight::count("--listen-max-seconds", config.max_seconds)?;
+        crate::preflight::count("--listen-max-requests", config.max_requests as u64)?;
+        crate::preflight::count("--listen-max-connections", config.max_connections as u64)?;
         let address = bind_address(&config.listen);
         let listener =
             TcpListener::bind(&address).with_context(|| format!("cannot listen on {address}"))?;

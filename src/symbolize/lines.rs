@@ -24,10 +24,8 @@ pub fn demangle(name: &str) -> String {
         return format!("{d:#}");
     }
     if name.starts_with("_Z") {
-        if let Ok(symbol) = cpp_demangle::Symbol::new(name) {
-            if let Ok(d) = symbol.demangle() {
-                return d;
-            }
+        if let Some(d) = super::cpp_names::demangle(name) {
+            return d;
         }
     }
     name.to_string()

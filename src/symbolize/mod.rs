@@ -18,10 +18,13 @@
 
 mod assembly;
 mod cache;
+mod cpp_names;
 pub mod debug_copy;
 pub mod debuginfod;
 mod elf_file;
 mod jitdump;
+#[cfg(test)]
+mod keep_tests;
 pub mod kernel;
 mod lines;
 mod objects;
@@ -357,13 +360,30 @@ mod tests {
 
     /// An address `eighths`/8 into the first executable mapping of this
     /// test process whose path satisfies `wanted` (/proc/self/maps).
-    fn address_in(wanted: impl Fn(&str) -> bool, eighths: u64) -> u64 {
+    pub(super) fn address_in(wanted: impl Fn(&str) -> bool, eighths: u64) -> u64 {
         crate::process::maps::read_maps(std::process::id())
             .unwrap()
             .into_iter()
             .find(|m| m.executable && wanted(&m.path))
             .map(|m| m.start + (m.end - m.start) / 8 * eighths)
             .unwrap()
+    }
+
+    /// The paths of the objects whose parsed data `symbolizer` keeps,
+    /// sorted.
+    pub(super) fn kept_objects(
+        symbolizer: &Symbolizer,
+        tracker: &crate::process::ProcessTracker,
+    ) -> Vec<String> {
+        let mut kept: Vec<String> = symbolizer
+            .objects
+            .parsed
+            .borrow()
+            .keys()
+            .map(|&object| tracker.object(object).expect("known object").path.clone())
+            .collect();
+        kept.sort();
+        kept
     }
 
     #[test]
@@ -389,14 +409,7 @@ mod tests {
             }
             let profile = symbolizer.build_profile(&aggregator, &*tracker, window);
             assert!(profile.samples.iter().all(|s| s.frames.len() >= 3));
-            let mut kept: Vec<String> = symbolizer
-                .objects
-                .parsed
-                .borrow()
-                .keys()
-                .map(|&object| tracker.object(object).expect("known object").path.clone())
-                .collect();
-            kept.sort();
+            let kept = kept_objects(&symbolizer, tracker);
             let names: Vec<Vec<Line>> = profile.frames.iter().map(|f| f.lines.clone()).collect();
             (kept, names)
         };

@@ -1,0 +1,92 @@
+//! Tests of [`super`] (`cli.rs`).
+
+use super::*;
+
+fn dirs(args: &[&str]) -> Vec<PathBuf> {
+    let cli = Cli::try_parse_from(std::iter::once("lightswitch").chain(args.iter().copied()))
+        .expect("parses");
+    cli.debug_dirs().to_vec()
+}
+
+#[test]
+fn debug_dirs_default_split_repeat_and_reach_show_unwind() {
+    let default = vec![PathBuf::from("/usr/lib/debug")];
+    let ab = vec![PathBuf::from("/a"), PathBuf::from("/b")];
+    assert_eq!(dirs(&[]), default);
+    assert_eq!(dirs(&["--debug-dirs", "/a,/b"]), ab);
+    assert_eq!(dirs(&["--debug-dirs", "/a", "--debug-dirs", "/b"]), ab);
+    assert_eq!(dirs(&["show-unwind", "/bin/true"]), default);
+    // The path after the list is the object, not one more directory.
+    assert_eq!(
+        dirs(&["show-unwind", "--debug-dirs", "/a,/b", "/bin/true"]),
+        ab
+    );
+}
+
+#[test]
+fn format_names_and_aliases_parse_in_any_case() {
+    let formats = |value: &str| {
+        Cli::try_parse_from(["lightswitch", "--profile-format", value])
+            .map(|cli| cli.profile_format.clone())
+    };
+    assert_eq!(formats("PPROF").unwrap(), vec![ProfileFormat::Pprof]);
+    assert_eq!(
+        formats("SVG,Folded").unwrap(),
+        vec![ProfileFormat::FlameGraph, ProfileFormat::Folded]
+    );
+    assert!(formats("png").is_err());
+}
+
+#[test]
+fn record_takes_its_command_with_or_without_dashes() {
+    let command = |args: &[&str]| {
+        let cli = Cli::try_parse_from(["lightswitch", "record"].iter().chain(args))
+            .map_err(|e| e.to_string())?;
+        match cli.command {
+            Some(Command::Record(r)) => Ok(r.command),
+            other => Err(format!("{other:?}")),
+        }
+    };
+    let ls_la = vec![OsString::from("ls"), OsString::from("-la")];
+    assert_eq!(command(&["ls", "-la"]).unwrap(), ls_la);
+    assert_eq!(command(&["--", "ls", "-la"]).unwrap(), ls_la);
+    // Options before the command are record's; after it, the command's.
+    let cli = Cli::try_parse_from(["lightswitch", "record", "-F", "99", "ls", "-F", "7"]).unwrap();
+    let Some(Command::Record(r)) = cli.command else {
+        panic!("not record")
+    };
+    assert_eq!(r.profile.sample_freq, 99);
+    assert_eq!(r.command, ["ls", "-F", "7"].map(OsString::from));
+    // A list option takes one value (comma-separated); the next word is
+    // the command, not a second format or pid.
+    assert_eq!(
+        command(&["--profile-format", "pprof", "true"]).unwrap(),
+        ["true"]
+    );
+    assert_eq!(command(&["-p", "1", "true"]).unwrap(), ["true"]);
+    assert!(command(&[]).is_err(), "a command is required");
+    assert!(
+        command(&["--bogus", "ls"]).is_err(),
+        "an unknown option is an error"
+    );
+}
+
+#[test]
+fn record_help_leaves_out_pids() {
+    use clap::CommandFactory;
+    let mut cli = Cli::command();
+    let record = cli.find_subcommand_mut("record").expect("record");
+    let help = record.render_long_help().to_string();
+    assert!(help.contains("--sample-freq"), "{help}");
+    assert!(!help.contains("--pids"), "{help}");
+}
+
+#[test]
+fn report_span_takes_negative_numbers_for_the_run_to_reject() {
+    let cli =
+        Cli::try_parse_from(["lightswitch", "report", "--from", "-1", "p.json"]).expect("parsed");
+    let Some(Command::Report(r)) = cli.command else {
+        panic!("not report")
+    };
+    assert_eq!(r.from, Some(-1.0));
+}

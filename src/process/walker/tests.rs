@@ -1,0 +1,229 @@
+//! Tests of [`super`] (`process/walker.rs`).
+
+//! The follower against this test process's own maps, with the walker's
+//! maps and the table supply recorded instead of written to BPF.
+
+use super::*;
+use crate::sample::UnwindStatus;
+use std::cell::RefCell;
+
+/// What was written to the walker's maps.
+#[derive(Default)]
+struct Recorded {
+    described: RefCell<Vec<(u32, Vec<ExecMapping>, u64)>>,
+    removed: RefCell<Vec<u32>>,
+    files: RefCell<Vec<u32>>,
+    forgotten: RefCell<Vec<(u64, u64)>>,
+    exec: Option<ExecTime>,
+}
+
+impl WalkerMaps for Recorded {
+    fn set_process(&self, pid: u32, mappings: &[ExecMapping], exec_id: u64) -> Result<()> {
+        let entry = (pid, mappings.to_vec(), exec_id);
+        self.described.borrow_mut().push(entry);
+        Ok(())
+    }
+    fn remove_process(&self, pid: u32) {
+        self.removed.borrow_mut().push(pid);
+    }
+    fn latest_exec(&self, _pid: u32) -> Option<ExecTime> {
+        self.exec
+    }
+    fn set_object_file(&self, _: u64, _: u64, object_id: u32, _: &[(u64, u64, u64)]) -> Result<()> {
+        self.files.borrow_mut().push(object_id);
+        Ok(())
+    }
+    fn remove_object_file(&self, dev: u64, inode: u64) {
+        self.forgotten.borrow_mut().push((dev, inode));
+    }
+    fn described_pids(&self) -> Vec<u32> {
+        let removed = self.removed.borrow();
+        let described = self.described.borrow();
+        let mut pids: Vec<u32> = described.iter().map(|d| d.0).collect();
+        pids.retain(|pid| !removed.contains(pid));
+        pids.dedup();
+        pids
+    }
+}
+
+/// What the table supply was told.
+#[derive(Default)]
+struct Asked {
+    objects: Vec<ObjectId>,
+    vdso: Vec<Vec<u8>>,
+    exited: Vec<u32>,
+    startup: Vec<StartupScan>,
+}
+
+impl TableSupply for Asked {
+    fn object_mapped(&mut self, object: ObjectId, _tracker: &ProcessTracker) {
+        self.objects.push(object);
+    }
+    fn vdso_mapped(&mut self, image: Vec<u8>) {
+        self.vdso.push(image);
+    }
+    fn jit_mapped(&mut self, _: u32, _: (u64, u64), _: &std::path::Path) -> Option<u32> {
+        None
+    }
+    fn jit_grew(&mut self, _: u32, _: &std::path::Path) -> bool {
+        false
+    }
+    fn process_exited(&mut self, pid: u32) {
+        self.exited.push(pid);
+    }
+    fn startup_scanned(&mut self, scan: StartupScan) {
+        self.startup.push(scan);
+    }
+}
+
+fn sample_of(pid: u32) -> RawSample {
+    RawSample {
+        timestamp_ns: 0,
+        pid,
+        tid: pid,
+        cpu: 0,
+        process_comm: String::new(),
+        thread_comm: String::new(),
+        kernel_thread: false,
+        kernel_stack: Vec::new(),
+        user_stack: Vec::new(),
+        user_status: UnwindStatus::Complete,
+    }
+}
+
+/// The object of the mapping holding this test's own code.
+fn own_object(tracker: &mut ProcessTracker) -> (u64, ObjectId) {
+    let addr = own_object as *const () as usize as u64;
+    let id = tracker.find_mapping(std::process::id(), 0, addr).unwrap();
+    (addr, tracker.mapping(id).unwrap().object.unwrap())
+}
+
+#[test]
+fn a_process_is_described_at_its_first_sample_and_again_after_its_exit() {
+    let pid = std::process::id();
+    let (mut tracker, walker, mut tables) =
+        (ProcessTracker::new(), Recorded::default(), Asked::default());
+    let mut follower = ProcessFollower::new();
+    follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+    follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+    assert_eq!(walker.described.borrow().len(), 1, "described once");
+    assert_eq!(follower.described(), 1);
+    let (addr, object) = own_object(&mut tracker);
+    {
+        let described = walker.described.borrow();
+        let (described_pid, mappings, exec_id) = &described[0];
+        assert_eq!((*described_pid, *exec_id), (pid, 0));
+        let own = mappings
+            .iter()
+            .find(|m| m.start <= addr && addr < m.end)
+            .expect("own code described");
+        assert_eq!((own.object_id, own.frame_pointers), (object.0, false));
+        let vdso = mappings.iter().find(|m| m.object_id == VDSO_OBJECT_ID);
+        assert!(vdso.is_some_and(|m| !m.frame_pointers), "{mappings:?}");
+    }
+    assert!(tables.objects.contains(&object));
+    assert_eq!(tables.vdso.len(), 1);
+    assert!(tables.vdso[0].starts_with(b"\x7fELF"));
+    let files = walker.files.borrow().len();
+    assert!(walker.files.borrow().contains(&object.0));
+
+    follower.on_event(
+        ProcessEvent::Exit { pid },
+        &mut tracker,
+        &walker,
+        &mut tables,
+    );
+    assert_eq!(*walker.removed.borrow(), vec![pid]);
+    assert_eq!(follower.described(), 0);
+    // A new process under the pid is described at its first sample; the
+    // exec and mmap programs know the objects' files already.
+    follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+    assert_eq!(walker.described.borrow().len(), 2);
+    assert_eq!(walker.files.borrow().len(), files);
+    // Once it is gone and its objects have been unused for the grace,
+    // the walker forgets their files (and they close).
+    follower.on_event(
+        ProcessEvent::Exit { pid },
+        &mut tracker,
+        &walker,
+        &mut tables,
+    );
+    let later = crate::timefmt::monotonic_ns() + crate::process::EXIT_GRACE_NS + 1;
+    assert_eq!(tracker.retire_exited(later), 1);
+    tracker.retire_exited(later + super::super::lifetime::OBJECT_GRACE_NS);
+    let retired = tracker.take_retired_objects();
+    assert!(retired.iter().any(|(id, _)| *id == object));
+    assert_eq!(tracker.object_count(), 0);
+    follower.objects_retired(retired, &walker);
+    assert_eq!(walker.forgotten.borrow().len(), files);
+    // Retired ids are not forgotten twice.
+    follower.objects_retired(tracker.take_retired_objects(), &walker);
+    assert_eq!(walker.forgotten.borrow().len(), files);
+}
+
+#[test]
+fn a_process_gone_without_an_exit_event_is_forgotten_by_the_walker() {
+    let pid = std::process::id();
+    let (mut tracker, walker, mut tables) =
+        (ProcessTracker::new(), Recorded::default(), Asked::default());
+    let mut follower = ProcessFollower::new();
+    follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+    assert_eq!(follower.described(), 1);
+    follower.processes_vanished(&[pid], &walker, &mut tables);
+    assert_eq!(*walker.removed.borrow(), vec![pid]);
+    assert_eq!(tables.exited, vec![pid], "its JIT tables can go");
+    assert_eq!(follower.described(), 0);
+}
+
+#[test]
+fn descriptions_of_processes_gone_from_proc_are_swept() {
+    // Above the kernel's pid limit: never in /proc.
+    const GONE: u32 = 5_200_000;
+    let own = std::process::id();
+    let walker = Recorded::default();
+    walker.set_process(GONE, &[], 0).unwrap();
+    walker.set_process(own, &[], 0).unwrap();
+    let mut follower = ProcessFollower::new();
+    assert_eq!(follower.sweep_descriptions(&walker), 1);
+    assert_eq!(*walker.removed.borrow(), vec![GONE]);
+    // Not again before the next sweep is due.
+    walker.set_process(GONE + 1, &[], 0).unwrap();
+    assert_eq!(follower.sweep_descriptions(&walker), 0);
+}
+
+#[test]
+fn a_process_whose_image_is_older_than_its_latest_exec_is_not_described() {
+    let pid = std::process::id();
+    let walker = Recorded {
+        exec: Some(ExecTime {
+            timestamp_ns: 12_345,
+            exec_id: 7,
+        }),
+        ..Default::default()
+    };
+    let (mut tracker, mut tables) = (ProcessTracker::new(), Asked::default());
+    let mut follower = ProcessFollower::new();
+    follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+    assert!(walker.described.borrow().is_empty());
+    assert_eq!(follower.described(), 0);
+    assert!(tables.objects.is_empty());
+}
+
+#[test]
+fn the_startup_scan_reports_its_tables_once_when_it_is_over() {
+    let pid = std::process::id();
+    let (mut tracker, walker, mut tables) =
+        (ProcessTracker::new(), Recorded::default(), Asked::default());
+    let mut follower = ProcessFollower::new();
+    // The second pid is above the kernel's pid_max: never a process.
+    follower.scan_processes(&[pid, u32::MAX - 5], Instant::now());
+    while follower.continue_scan(&mut tracker, &walker, &mut tables, Duration::from_secs(5)) {}
+    assert!(!follower.continue_scan(&mut tracker, &walker, &mut tables, Duration::from_secs(5)));
+    assert_eq!(tables.startup.len(), 1, "reported once");
+    let (_, object) = own_object(&mut tracker);
+    let scan = &tables.startup[0];
+    assert_eq!(scan.processes, 1);
+    assert!(scan.objects.contains(&object.0));
+    assert!(scan.objects.contains(&VDSO_OBJECT_ID));
+    assert_eq!(follower.described(), 1);
+}
