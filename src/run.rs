@@ -158,6 +158,7 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
     // Sampling is attached and its records have somewhere to go.
     if let Some(workload) = workload.as_mut() {
         agent.scan_now();
+        agent.preload(&workload.images(), PRELOAD_TIMEOUT)?;
         workload.release()?;
     }
     let mut interrupted = false;
@@ -178,6 +179,10 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
 }
 
 /// What a run profiles, in words, for titles: the command line of
+/// Longest a held command waits for the unwind tables of its first
+/// objects ([`Agent::preload`]).
+const PRELOAD_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// `record`'s command, the pids with their names (`pid 1234 (nginx)`,
 /// `pids 1, 2`), or `the whole machine`.
 fn subject(pids: &[u32], workload: Option<&dyn Workload>) -> String {

@@ -610,19 +610,12 @@ static __always_inline __u32 next_generation(void)
 	return BPF_GENERATION_BASE | bpf_get_prandom_u32();
 }
 
-/* How the walker sees [start, end) of file from page pgoff on; false when
- * user space has not told the programs about the file's object. */
-static __always_inline bool describe_file_mapping(struct exec_mapping *out, struct file *file, __u64 start,
-						  __u64 end, __u64 pgoff)
+/* How the walker sees [start, end) of the object user space registered
+ * under key, from page pgoff on; false when it has not. */
+static __always_inline bool describe_object_mapping(struct exec_mapping *out, struct file_key *key, __u64 start,
+						    __u64 end, __u64 pgoff)
 {
-	struct inode *inode = BPF_CORE_READ(file, f_inode);
-	__u32 s_dev = BPF_CORE_READ(inode, i_sb, s_dev);
-	struct file_key key = {
-		/* The kernel's dev_t is major << 20 | minor. */
-		.dev = ((__u64)(s_dev >> 20) << 32) | (s_dev & 0xfffff),
-		.inode = BPF_CORE_READ(inode, i_ino),
-	};
-	struct object_file *object = bpf_map_lookup_elem(&object_files, &key);
+	struct object_file *object = bpf_map_lookup_elem(&object_files, key);
 	if (!object)
 		return false;
 	__u64 offset = pgoff << 12;
@@ -640,6 +633,34 @@ static __always_inline bool describe_file_mapping(struct exec_mapping *out, stru
 	out->object_id = object->object_id;
 	out->kind = MAPPING_TABLE;
 	return true;
+}
+
+/* How the walker sees [start, end) of file from page pgoff on; false when
+ * user space has not told the programs about the file's object. */
+static __always_inline bool describe_file_mapping(struct exec_mapping *out, struct file *file, __u64 start,
+						  __u64 end, __u64 pgoff)
+{
+	struct inode *inode = BPF_CORE_READ(file, f_inode);
+	__u32 s_dev = BPF_CORE_READ(inode, i_sb, s_dev);
+	struct file_key key = {
+		/* The kernel's dev_t is major << 20 | minor. */
+		.dev = ((__u64)(s_dev >> 20) << 32) | (s_dev & 0xfffff),
+		.inode = BPF_CORE_READ(inode, i_ino),
+	};
+	return describe_object_mapping(out, &key, start, end, pgoff);
+}
+
+/* How the walker sees vma if it is its process's vDSO (no file backs it)
+ * and user space has registered the vDSO's table (under VDSO_FILE_KEY):
+ * a process's first calls of clock_gettime are walked before user space
+ * has read its maps. */
+static __always_inline bool describe_vdso_mapping(struct exec_mapping *out, struct vm_area_struct *vma)
+{
+	__u64 vdso = (__u64)BPF_CORE_READ(vma, vm_mm, context.vdso);
+	if (vdso == 0 || vdso != vma->vm_start)
+		return false;
+	struct file_key key = { .dev = VDSO_FILE_DEV, .inode = VDSO_FILE_INODE };
+	return describe_object_mapping(out, &key, vma->vm_start, vma->vm_end, 0);
 }
 
 /* An insertion into a sorted mapping list, as bpf_loop callbacks see it. */
@@ -713,17 +734,19 @@ struct vma_request {
 	__u32 pid;
 };
 
-/* bpf_find_vma callback: add the executable file mapping vma to the
- * description of the request in data, and tell user space. */
+/* bpf_find_vma callback: add the executable file mapping vma (or the
+ * vDSO) to the description of the request in data, and tell user space. */
 static long add_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
 {
 	struct vma_request *req = data;
 	struct process_info *proc = req->proc;
 	struct exec_mapping m;
 	struct file *file = vma->vm_file;
-	if (!proc || !file || !(vma->vm_flags & VM_EXEC))
+	if (!proc || !(vma->vm_flags & VM_EXEC))
 		return 0;
-	if (!describe_file_mapping(&m, file, vma->vm_start, vma->vm_end, vma->vm_pgoff) || !insert_mapping(proc, &m))
+	bool described = file ? describe_file_mapping(&m, file, vma->vm_start, vma->vm_end, vma->vm_pgoff)
+			      : describe_vdso_mapping(&m, vma);
+	if (!described || !insert_mapping(proc, &m))
 		return 0;
 	proc->generation = next_generation();
 	struct process_event event = {
@@ -1210,7 +1233,8 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 /* A process replaced its image. Its old description goes: a walk never
  * uses the old image's mappings (the exec_id check covers a description
  * user space wrote from a read made before the exec). In its place, the
- * executable's and the interpreter's mappings, when their objects are known. */
+ * executable's, the interpreter's and the vDSO's mappings, when their objects
+ * are known. */
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
 {
@@ -1234,9 +1258,11 @@ int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 		struct mm_struct *mm = p->mm;
 		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(p);
 		if (mm) {
-			/* The executable's text, then the interpreter's (the entry point). */
+			/* The executable's text, then the interpreter's (the entry
+			 * point), then the vDSO. */
 			bpf_find_vma(p, mm->start_code, add_vma, &req, 0);
 			bpf_find_vma(p, BPF_CORE_READ(regs, ip), add_vma, &req, 0);
+			bpf_find_vma(p, (__u64)BPF_CORE_READ(mm, context.vdso), add_vma, &req, 0);
 		}
 		if (info->mapping_count > 0)
 			bpf_map_update_elem(&process_mappings, &pid, info, BPF_ANY);

@@ -235,6 +235,12 @@ struct file_key {
 	__u64 inode;
 };
 
+/* The key user space registers the vDSO's table under in object_files: no
+ * file has inode 0. Its one segment maps offset 0 to the image's first
+ * PT_LOAD vaddr. */
+#define VDSO_FILE_DEV 0
+#define VDSO_FILE_INODE 0
+
 /* An executable segment: a mapping at file offset off with
  * offset_lo <= off < offset_hi has object vaddr off + vaddr_delta
  * (wrapping); offsets outside every segment have vaddr = offset. */

@@ -169,7 +169,27 @@ impl ProcessTracker {
         let Some(path) = self.object(object).map(|o| o.path.clone()) else {
             return;
         };
-        let id = self.intern(pid, range.start, range.end, file_offset, path, Some(object));
+        self.add_named_mapping(pid, at_ns, range, file_offset, path, Some(object));
+    }
+
+    /// Add `pid`'s vDSO at `range`, which the BPF programs described at
+    /// `at_ns` (with the vDSO's table), as [`Self::add_mapping`] adds a
+    /// file's: named `[vdso]`, as `/proc/PID/maps` names it, for the
+    /// symbolizer's vDSO source.
+    pub fn add_vdso_mapping(&mut self, pid: u32, at_ns: u64, range: std::ops::Range<u64>) {
+        self.add_named_mapping(pid, at_ns, range, 0, "[vdso]".to_string(), None);
+    }
+
+    fn add_named_mapping(
+        &mut self,
+        pid: u32,
+        at_ns: u64,
+        range: std::ops::Range<u64>,
+        file_offset: u64,
+        name: String,
+        object: Option<ObjectId>,
+    ) {
+        let id = self.intern(pid, range.start, range.end, file_offset, name, object);
         let process = self.processes.entry(pid).or_default();
         let (ranges, mappings) = if at_ns >= process.since_ns {
             (&mut process.ranges, &mut process.mappings)

@@ -25,7 +25,8 @@ pub mod walker;
 use rustc_hash::FxHashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -527,9 +528,42 @@ impl ProcessTracker {
                 return None;
             }
         };
+        Some(self.insert_object(file, entry.path.clone(), (entry.dev, entry.inode)))
+    }
+
+    /// The object of the file at `path` (in this process's mount namespace),
+    /// before any process maps it: `lightswitch record` has its command's
+    /// executable and interpreter known, with their tables, before the
+    /// command execs. Its key is `(dev, inode)` from `fstat`, in the form
+    /// `/proc/PID/maps` gives (major << 32 | minor), so that the process
+    /// mapping it later finds it; an object no mapping refers to goes after
+    /// the usual grace. `None` when the file cannot be opened.
+    pub fn intern_file(&mut self, path: &Path) -> Option<ObjectId> {
+        let file = match File::open(path) {
+            Ok(file) => file,
+            Err(err) => {
+                debug!("cannot open {}: {err}", path.display());
+                return None;
+            }
+        };
+        let meta = file.metadata().ok()?;
+        let dev = meta.dev();
+        let key = (
+            (u64::from(libc::major(dev)) << 32) | u64::from(libc::minor(dev)),
+            meta.ino(),
+        );
+        if let Some(&id) = self.object_index.get(&key) {
+            return Some(id);
+        }
+        Some(self.insert_object(file, path.to_string_lossy().into_owned(), key))
+    }
+
+    /// A new object for the open `file`, which processes see at `path`,
+    /// known by `file_key` (`(dev, inode)` as in `/proc/PID/maps`).
+    fn insert_object(&mut self, file: File, path: String, file_key: (u64, u64)) -> ObjectId {
         let open_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
         let (load_segments, build_id) = elf_identity(&file).unwrap_or_else(|err| {
-            debug!("{}: not a readable ELF file: {err}", entry.path);
+            debug!("{path}: not a readable ELF file: {err}");
             (Vec::new(), None)
         });
         let id = ObjectId(self.next_object);
@@ -537,15 +571,15 @@ impl ProcessTracker {
         self.objects.insert(
             id,
             ObjectFile {
-                path: entry.path.clone(),
+                path,
                 open_path,
                 build_id,
                 load_segments,
                 file,
-                file_key: (entry.dev, entry.inode),
+                file_key,
             },
         );
-        self.object_index.insert((entry.dev, entry.inode), id);
-        Some(id)
+        self.object_index.insert(file_key, id);
+        id
     }
 }

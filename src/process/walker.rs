@@ -27,6 +27,10 @@ use crate::sample::{ExecMapping, ExecTime, ProcessEvent, RawSample};
 /// kernel). The tracker never gives it out as an [`ObjectId`].
 pub const VDSO_OBJECT_ID: u32 = u32::MAX - 1;
 
+/// The `object_files` key of the vDSO's table (`VDSO_FILE_DEV`,
+/// `VDSO_FILE_INODE` in `src/bpf/profiler.h`): no file has inode 0.
+pub const VDSO_FILE_KEY: (u64, u64) = (0, 0);
+
 /// The walker's maps of processes and object files, as process lifetimes
 /// write and read them (`process_mappings`, `exec_times`, `object_files` in
 /// `src/bpf/profiler.bpf.c`). Implemented by [`crate::sampler::Sampler`].
@@ -327,7 +331,17 @@ impl ProcessFollower {
                 object,
                 timestamp_ns,
             } => {
-                tracker.add_mapping(pid, timestamp_ns, start..end, file_offset, ObjectId(object));
+                if object == VDSO_OBJECT_ID {
+                    tracker.add_vdso_mapping(pid, timestamp_ns, start..end);
+                } else {
+                    tracker.add_mapping(
+                        pid,
+                        timestamp_ns,
+                        start..end,
+                        file_offset,
+                        ObjectId(object),
+                    );
+                }
             }
             ProcessEvent::UnknownMapping { pid, address } => {
                 debug!("pid {pid}: pc {address:#x} in no known mapping, re-reading its maps");
@@ -335,6 +349,47 @@ impl ProcessFollower {
                 self.describe(pid, tracker, walker, tables);
             }
         }
+    }
+
+    /// Queue the table of `object` (one of `tracker`'s) if it is new, and
+    /// tell the exec and mmap programs about its file, so that a process
+    /// mapping it is described with its table at once.
+    fn supply_object(
+        &mut self,
+        object: ObjectId,
+        tracker: &ProcessTracker,
+        walker: &impl WalkerMaps,
+        tables: &mut impl TableSupply,
+    ) {
+        let Some(file) = tracker.object(object) else {
+            return;
+        };
+        tables.object_mapped(object, tracker);
+        if self.registered_files.insert(object.0) {
+            let (dev, inode) = file.file_key;
+            if let Err(err) = walker.set_object_file(dev, inode, object.0, &file.load_segments) {
+                debug!("{}: {err:#}", file.path);
+            }
+        }
+    }
+
+    /// Have the file at `path` known before any process maps it: its
+    /// object in `tracker`, its table queued, its file told to the exec and
+    /// mmap programs. For `lightswitch record`, whose command's first
+    /// instructions (in its executable and in ld.so) are then walked with
+    /// their tables. Whether the file could be opened.
+    pub fn preload_file(
+        &mut self,
+        path: &std::path::Path,
+        tracker: &mut ProcessTracker,
+        walker: &impl WalkerMaps,
+        tables: &mut impl TableSupply,
+    ) -> bool {
+        let Some(object) = tracker.intern_file(path) else {
+            return false;
+        };
+        self.supply_object(object, tracker, walker, tables);
+        true
     }
 
     /// How the walker unwinds through mapping `id` of `pid` (`None` if the
@@ -356,15 +411,8 @@ impl ProcessFollower {
             object_id: 0,
             frame_pointers: true,
         };
-        if let Some((object, file)) = m.object.and_then(|o| Some((o, tracker.object(o)?))) {
-            tables.object_mapped(object, tracker);
-            if self.registered_files.insert(object.0) {
-                let (dev, inode) = file.file_key;
-                if let Err(err) = walker.set_object_file(dev, inode, object.0, &file.load_segments)
-                {
-                    debug!("{}: {err:#}", file.path);
-                }
-            }
+        if let Some(object) = m.object.filter(|&o| tracker.object(o).is_some()) {
+            self.supply_object(object, tracker, walker, tables);
             return Some(ExecMapping {
                 start: m.start,
                 end: m.end,
@@ -376,7 +424,18 @@ impl ProcessFollower {
         if m.name == "[vdso]" {
             match read_vdso(pid, m.start, m.end) {
                 Ok((bytes, first_vaddr)) => {
+                    let image = (0, first_vaddr, bytes.len() as u64);
                     tables.vdso_mapped(bytes);
+                    // The exec and mmap programs describe a process's vDSO
+                    // with its table from then on.
+                    if self.registered_files.insert(VDSO_OBJECT_ID) {
+                        let (dev, inode) = VDSO_FILE_KEY;
+                        if let Err(err) =
+                            walker.set_object_file(dev, inode, VDSO_OBJECT_ID, &[image])
+                        {
+                            debug!("[vdso]: {err:#}");
+                        }
+                    }
                     return Some(ExecMapping {
                         start: m.start,
                         end: m.end,

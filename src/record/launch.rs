@@ -261,6 +261,8 @@ enum ChildEvent {
 #[derive(Debug)]
 pub struct HeldCommand {
     pid: u32,
+    /// The program it execs, as resolved (`PATH` searched).
+    program: PathBuf,
     /// The command as typed and its arguments, as a shell would take them
     /// (quoted where needed), for titles.
     command_line: String,
@@ -377,6 +379,7 @@ impl HeldCommand {
             shlex::try_join(parts.iter().map(String::as_str)).unwrap_or_else(|_| parts.join(" "));
         let mut held = HeldCommand {
             pid: u32::from_ne_bytes(pid_bytes),
+            program: program.to_path_buf(),
             command_line,
             go: Some(File::from(go_write)),
             events,
@@ -395,6 +398,11 @@ impl HeldCommand {
     /// The child's pid (its process id before and after exec).
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The program the child execs, as resolved (`PATH` searched).
+    pub fn program(&self) -> &Path {
+        &self.program
     }
 
     /// The command as typed and its arguments, quoted where a shell would

@@ -8,6 +8,7 @@
 //! is let go, and the run ([`crate::run::run_with`]) ends when it exits.
 //! lightswitch then exits with the command's status (128 + N for signal N).
 
+mod images;
 pub mod launch;
 
 use anyhow::Result;
@@ -27,6 +28,10 @@ impl Workload for HeldCommand {
 
     fn describe(&self) -> String {
         self.command_line().to_string()
+    }
+
+    fn images(&self) -> Vec<std::path::PathBuf> {
+        images::exec_images(self.program())
     }
 
     fn has_exited(&mut self) -> bool {

@@ -217,6 +217,28 @@ impl<'s, 'o> Agent<'s, 'o> {
         while self.scan_slice() {}
     }
 
+    /// Have the tables of `files` (a held command's executable and ld.so,
+    /// [`super::Workload::images`]) and of everything the scan found
+    /// loaded before the command runs: step the run until no table is
+    /// being built, for at most `timeout` (a cold build of a large object
+    /// can take longer; the command then starts without it, and the
+    /// samples it costs are counted as `no_table`).
+    pub fn preload(&mut self, files: &[std::path::PathBuf], timeout: Duration) -> Result<()> {
+        for file in files {
+            self.follower
+                .preload_file(file, &mut self.tracker, self.sampler, &mut self.loader);
+        }
+        let started = Instant::now();
+        while self.loader.builds_pending() {
+            if started.elapsed() >= timeout {
+                debug!("starting the command with unwind tables still being built");
+                break;
+            }
+            self.step()?;
+        }
+        Ok(())
+    }
+
     /// Go on with the start-up scan for one [`SCAN_SLICE`]; whether
     /// processes remain to be scanned.
     fn scan_slice(&mut self) -> bool {

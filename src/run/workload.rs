@@ -16,6 +16,10 @@ pub trait Workload {
     fn release(&mut self) -> Result<()>;
     /// What it is, in words, for the profile's title: its command line.
     fn describe(&self) -> String;
+    /// The files its exec maps before its first instruction (its
+    /// executable and ld.so), whose unwind tables the run loads before
+    /// [`Self::release`].
+    fn images(&self) -> Vec<std::path::PathBuf>;
     /// Whether it has exited (the run then ends).
     fn has_exited(&mut self) -> bool;
     /// A stop was asked for (SIGINT, SIGTERM): pass it on. The run goes on
@@ -68,6 +72,9 @@ mod tests {
         }
         fn describe(&self) -> String {
             "recorded".into()
+        }
+        fn images(&self) -> Vec<std::path::PathBuf> {
+            Vec::new()
         }
         fn has_exited(&mut self) -> bool {
             self.exited

@@ -126,6 +126,9 @@ fn a_process_is_described_at_its_first_sample_and_again_after_its_exit() {
     assert!(tables.vdso[0].starts_with(b"\x7fELF"));
     let files = walker.files.borrow().len();
     assert!(walker.files.borrow().contains(&object.0));
+    // The vDSO's table is registered too, under its own file key, so that
+    // the exec and mmap programs describe a process's vDSO at once.
+    assert!(walker.files.borrow().contains(&VDSO_OBJECT_ID));
 
     follower.on_event(
         ProcessEvent::Exit { pid },
@@ -155,10 +158,11 @@ fn a_process_is_described_at_its_first_sample_and_again_after_its_exit() {
     assert!(retired.iter().any(|(id, _)| *id == object));
     assert_eq!(tracker.object_count(), 0);
     follower.objects_retired(retired, &walker);
-    assert_eq!(walker.forgotten.borrow().len(), files);
+    // Every file but the vDSO's, which is never retired.
+    assert_eq!(walker.forgotten.borrow().len(), files - 1);
     // Retired ids are not forgotten twice.
     follower.objects_retired(tracker.take_retired_objects(), &walker);
-    assert_eq!(walker.forgotten.borrow().len(), files);
+    assert_eq!(walker.forgotten.borrow().len(), files - 1);
 }
 
 #[test]
@@ -226,4 +230,39 @@ fn the_startup_scan_reports_its_tables_once_when_it_is_over() {
     assert!(scan.objects.contains(&object.0));
     assert!(scan.objects.contains(&VDSO_OBJECT_ID));
     assert_eq!(follower.described(), 1);
+}
+
+/// A vDSO the BPF programs described (at an exec, or at a sample that
+/// found it unknown) becomes the process's `[vdso]` mapping, without an
+/// object, as `/proc/PID/maps` would have given it: the symbolizer's vDSO
+/// source names its frames.
+#[test]
+fn a_vdso_the_bpf_programs_described_is_the_processs_vdso_mapping() {
+    let pid = std::process::id();
+    let (mut tracker, walker, mut tables) =
+        (ProcessTracker::new(), Recorded::default(), Asked::default());
+    let mut follower = ProcessFollower::new();
+    own_object(&mut tracker);
+    // Below mmap_min_addr: nothing of this process is mapped there.
+    let start = 0x2000;
+    let now = crate::timefmt::monotonic_ns();
+    follower.on_event(
+        ProcessEvent::Mapping {
+            pid,
+            start,
+            end: start + 0x2000,
+            file_offset: 0,
+            object: VDSO_OBJECT_ID,
+            timestamp_ns: now,
+        },
+        &mut tracker,
+        &walker,
+        &mut tables,
+    );
+    let id = tracker
+        .find_mapping(pid, now, start + 0x10)
+        .expect("mapped");
+    let mapping = tracker.mapping(id).unwrap();
+    assert_eq!((mapping.name.as_str(), mapping.object), ("[vdso]", None));
+    assert_eq!((mapping.start, mapping.end), (start, start + 0x2000));
 }
