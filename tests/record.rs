@@ -202,10 +202,7 @@ fn record_walks_a_short_program_without_frame_pointers_from_its_start() {
     assert!(
         complete * 100 >= all * 97,
         "{complete} of {all} samples of the program complete:\n{}",
-        outs.iter()
-            .map(|o| o.to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
+        outs.join("\n")
     );
 }
 
@@ -269,6 +266,11 @@ fn record_exit_statuses() {
         assert_eq!(out.status.code(), Some(expected), "{script}: {out}");
         assert!(
             out.stderr.contains("no profile was written"),
+            "{script}: {out}"
+        );
+        assert!(
+            out.stderr
+                .contains("the command ran too briefly to be sampled at 9 Hz"),
             "{script}: {out}"
         );
     }

@@ -500,8 +500,14 @@ pub fn exit_code(status: ExitStatus) -> i32 {
         .unwrap_or(1)
 }
 
+/// The name (`comm`, at most 15 bytes) of the command's process from fork
+/// to exec: samples of it before the command's first instruction (the
+/// launcher waiting for the go byte, the old image torn down in `execve`)
+/// are under this name, as perf puts its own under `perf-exec`.
+pub const HELD_COMM: &std::ffi::CStr = c"lightswitch-exe";
+
 /// The `pre_exec` hook: in the forked child, drop the descriptors of the
-/// parent's ends, take on `identity`, report our pid, wait for the go
+/// parent's ends, take on `identity`, rename itself [`HELD_COMM`], report our pid, wait for the go
 /// byte, and set SIGINT and SIGQUIT to their default action. A closed go pipe (the profiler failed to start) fails the hook,
 /// so the child exits without exec'ing.
 fn child_wait_for_go(
@@ -528,6 +534,10 @@ fn child_wait_for_go(
             check(libc::setgid(id.gid))?;
             check(libc::setuid(id.uid))?;
         }
+        // Until exec names it after the command, the held process is the
+        // launcher's: its few samples (waiting, exec'ing) are not the
+        // command's.
+        libc::prctl(libc::PR_SET_NAME, HELD_COMM.as_ptr());
         let pid = libc::getpid().to_ne_bytes();
         check(libc::write(pid_write, pid.as_ptr().cast(), pid.len()) as libc::c_int)?;
         libc::close(pid_write);

@@ -105,6 +105,11 @@ pub fn record(args: &RecordArgs) -> Result<i32> {
             }
             summary.continuous.as_ref().and_then(|c| c.report.failure())
         }
+        Err(err) if err.chain().any(|e| e.is::<crate::format::EmptyProfile>()) => Some(format!(
+            "{err:#}: the command ran too briefly to be sampled at {} Hz (raise --sample-freq, \
+             or write folded stacks or pprof, which can hold an empty profile)",
+            args.profile.sample_freq
+        )),
         Err(err) => Some(format!("{err:#}")),
     };
     if let Some(failure) = &failure {
