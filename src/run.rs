@@ -178,11 +178,11 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
     finish(cli, &plan, &metrics, stopped, &provenance)
 }
 
-/// What a run profiles, in words, for titles: the command line of
 /// Longest a held command waits for the unwind tables of its first
 /// objects ([`Agent::preload`]).
 const PRELOAD_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// What a run profiles, in words, for titles: the command line of
 /// `record`'s command, the pids with their names (`pid 1234 (nginx)`,
 /// `pids 1, 2`), or `the whole machine`.
 fn subject(pids: &[u32], workload: Option<&dyn Workload>) -> String {
