@@ -18,6 +18,9 @@ use crate::skel::types;
 
 /// `SAMPLE_FLAG_KERNEL_THREAD` in `struct sample_header.flags`.
 const SAMPLE_FLAG_KERNEL_THREAD: u8 = 1;
+/// `SAMPLE_FLAG_STACK_COPY`: a `struct stack_copy` follows the whole
+/// `struct stack_sample`.
+const SAMPLE_FLAG_STACK_COPY: u8 = 2;
 /// `enum event_type`.
 const EVENT_EXEC: u32 = 1;
 const EVENT_EXIT: u32 = 2;
@@ -123,6 +126,73 @@ pub struct RawSample {
     pub user_stack: Vec<u64>,
     /// How the user-stack walk ended.
     pub user_status: UnwindStatus,
+    /// For a walk that stopped for want of a table or a mapping: the
+    /// registers of the frame it could not go past and the stack above
+    /// them, for user space to walk on from ([`crate::unwind::deferred`]).
+    pub stack_copy: Option<Box<StackCopy>>,
+}
+
+/// The registers of one frame of a sample and a copy of the user stack
+/// from its rsp up (`struct stack_copy` in `src/bpf/profiler.h`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackCopy {
+    /// The frame's pc: the sampled pc or a signal frame's when `exact_ip`,
+    /// else a return address.
+    pub ip: u64,
+    /// Its rsp: the address of `bytes[0]`.
+    pub sp: u64,
+    /// Its rbp.
+    pub bp: u64,
+    /// Its index in [`RawSample::user_stack`].
+    pub frame: usize,
+    /// Whether `ip` is not a return address.
+    pub exact_ip: bool,
+    /// The user stack from `sp` up: at most `STACK_COPY_BYTES` (8 KiB), to
+    /// the end of the second page it touches or the first it could not read.
+    pub bytes: Vec<u8>,
+}
+
+impl StackCopy {
+    /// The 8-byte word at user address `addr`, if the copy holds all of it.
+    pub fn word(&self, addr: u64) -> Option<u64> {
+        let offset = usize::try_from(addr.checked_sub(self.sp)?).ok()?;
+        let bytes = self.bytes.get(offset..offset.checked_add(8)?)?;
+        Some(u64::from_ne_bytes(bytes.try_into().ok()?))
+    }
+
+    /// Parse the `struct stack_copy` at the start of `data` (the bytes of a
+    /// record after its `struct stack_sample`). Errors if it is shorter
+    /// than its `len` says.
+    fn parse(data: &[u8]) -> Result<Self> {
+        let head = std::mem::offset_of!(types::stack_copy, bytes);
+        if data.len() < head {
+            bail!(
+                "stack copy of {} bytes is shorter than its head ({head} bytes)",
+                data.len()
+            );
+        }
+        let mut padded = vec![0u8; size_of::<types::stack_copy>()];
+        padded[..head].copy_from_slice(&data[..head]);
+        let mut copy = Box::<types::stack_copy>::default();
+        plain::copy_from_bytes(&mut *copy, &padded)
+            .map_err(|_| anyhow!("stack copy head does not parse"))?;
+        let len = copy.len as usize;
+        let Some(bytes) = data.get(head..head + len) else {
+            bail!(
+                "stack copy of {} bytes, its head says {}",
+                data.len(),
+                head + len
+            );
+        };
+        Ok(StackCopy {
+            ip: copy.ip,
+            sp: copy.sp,
+            bp: copy.bp,
+            frame: copy.frame as usize,
+            exact_ip: copy.exact_ip != 0,
+            bytes: bytes.to_vec(),
+        })
+    }
 }
 
 impl RawSample {
@@ -154,6 +224,14 @@ impl RawSample {
             .chunks_exact(8)
             .map(|c| u64::from_ne_bytes(c.try_into().expect("chunks of 8 bytes")));
         let kernel_stack = addresses.by_ref().take(kernel_frames).collect();
+        let stack_copy = if header.flags & SAMPLE_FLAG_STACK_COPY != 0 {
+            let after = data
+                .get(size_of::<types::stack_sample>()..)
+                .unwrap_or_default();
+            Some(Box::new(StackCopy::parse(after)?))
+        } else {
+            None
+        };
         Ok(RawSample {
             timestamp_ns: header.timestamp_ns,
             pid: header.pid,
@@ -165,6 +243,7 @@ impl RawSample {
             thread_comm: comm(&header.thread_comm),
             kernel_stack,
             user_stack: addresses.collect(),
+            stack_copy,
         })
     }
 }
@@ -200,6 +279,7 @@ impl RawSample {
                 UnwindStatus::Complete
             },
             user_stack: user,
+            stack_copy: None,
         }
     }
 }
@@ -412,6 +492,39 @@ mod tests {
         assert_eq!(s.kernel_stack, vec![0xffff_ffff_8100_0000]);
         assert_eq!(s.user_stack, vec![0x401000, 0x402000]);
         assert_eq!(s.user_status, UnwindStatus::Truncated);
+        assert!(RawSample::parse(&data[..data.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn a_stack_copy_follows_the_whole_sample_record() {
+        let mut data = vec![0u8; size_of::<types::stack_sample>()];
+        data[22..24].copy_from_slice(&1u16.to_ne_bytes());
+        data[24] = 6; // no_table
+        data[25] = SAMPLE_FLAG_STACK_COPY;
+        data[64..72].copy_from_slice(&0x401234u64.to_ne_bytes());
+        // struct stack_copy by hand: ip, sp, bp, frame, len, exact_ip, padding.
+        for word in [0x401234u64, 0x7ffc_0000_1000, 0x7ffc_0000_1100] {
+            data.extend_from_slice(&word.to_ne_bytes());
+        }
+        data.extend_from_slice(&0u32.to_ne_bytes());
+        data.extend_from_slice(&16u32.to_ne_bytes());
+        data.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
+        data.extend_from_slice(&0x4015ffu64.to_ne_bytes());
+        data.extend_from_slice(&0u64.to_ne_bytes());
+        let s = RawSample::parse(&data).unwrap();
+        assert_eq!(s.user_stack, vec![0x401234]);
+        assert_eq!(s.user_status, UnwindStatus::NoTable);
+        let copy = s.stack_copy.as_deref().unwrap();
+        assert_eq!(
+            (copy.ip, copy.sp, copy.bp),
+            (0x401234, 0x7ffc_0000_1000, 0x7ffc_0000_1100)
+        );
+        assert_eq!((copy.frame, copy.exact_ip), (0, true));
+        assert_eq!(copy.word(0x7ffc_0000_1000), Some(0x4015ff));
+        assert_eq!(copy.word(0x7ffc_0000_1008), Some(0));
+        assert_eq!(copy.word(0x7ffc_0000_1009), None);
+        assert_eq!(copy.word(0x7ffc_0000_0ff8), None);
+        // Shorter than its len says.
         assert!(RawSample::parse(&data[..data.len() - 1]).is_err());
     }
 

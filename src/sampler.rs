@@ -22,9 +22,12 @@ use tracing::{info, warn};
 
 use crate::sample::{RawSample, TimedEvent};
 use crate::skel::{ProfilerSkel, ProfilerSkelBuilder};
-use crate::unwind::row::{Page, RawRow};
+use crate::unwind::row::RawRow;
 
 mod follow;
+mod tables;
+
+pub use tables::RowLookup;
 
 /// What to sample.
 #[derive(Debug, Clone, Default)]
@@ -435,56 +438,6 @@ impl<'obj> Sampler<'obj> {
             0
         })?;
         Ok(builder.build()?)
-    }
-
-    /// Write `rows` into the `unwind_rows` map starting at index `first`
-    /// (a copy into the map's shared memory). Errors if they do not fit.
-    pub fn write_rows(&self, first: u32, rows: &[RawRow]) -> Result<()> {
-        self.rows.write(first, rows)
-    }
-
-    /// Make `pages` of `object_id` visible to the walker; their rows start
-    /// at `base_row` in `unwind_rows` (page.first_row is relative to it).
-    pub fn insert_pages(&self, object_id: u32, pages: &[Page], base_row: u32) -> Result<()> {
-        for page in pages {
-            let mut key = [0u8; 8];
-            key[0..4].copy_from_slice(&object_id.to_ne_bytes());
-            key[4..8].copy_from_slice(&page.page.to_ne_bytes());
-            let mut value = [0u8; 8];
-            value[0..4].copy_from_slice(&(base_row + page.first_row).to_ne_bytes());
-            value[4..8].copy_from_slice(&page.row_count.to_ne_bytes());
-            self.skel
-                .maps
-                .unwind_pages
-                .update(&key, &value, MapFlags::ANY)
-                .context("inserting an unwind page (too many pages loaded?)")?;
-        }
-        Ok(())
-    }
-
-    /// Remove `pages` of `object_id` from the walker's view.
-    pub fn remove_pages(&self, object_id: u32, pages: &[Page]) {
-        for page in pages {
-            let mut key = [0u8; 8];
-            key[0..4].copy_from_slice(&object_id.to_ne_bytes());
-            key[4..8].copy_from_slice(&page.page.to_ne_bytes());
-            let _ = self.skel.maps.unwind_pages.delete(&key);
-        }
-    }
-
-    /// Mark `object_id`'s table as complete (or no longer present) for the walker.
-    pub fn set_object_loaded(&self, object_id: u32, loaded: bool) -> Result<()> {
-        let key = object_id.to_ne_bytes();
-        if loaded {
-            self.skel
-                .maps
-                .loaded_objects
-                .update(&key, &[1u8], MapFlags::ANY)
-                .context("marking an unwind table loaded")
-        } else {
-            let _ = self.skel.maps.loaded_objects.delete(&key);
-            Ok(())
-        }
     }
 
     /// One counter of the per-CPU `stats` map, summed over the CPUs.

@@ -15,3 +15,4 @@ unsafe impl plain::Plain for types::exec_mapping {}
 unsafe impl plain::Plain for types::exec_time {}
 unsafe impl plain::Plain for types::file_key {}
 unsafe impl plain::Plain for types::object_file {}
+unsafe impl plain::Plain for types::stack_copy {}

@@ -49,5 +49,6 @@ pub fn sample(kernel_stack: Vec<u64>, user_stack: Vec<u64>) -> RawSample {
         kernel_stack,
         user_stack,
         user_status: UnwindStatus::Complete,
+        stack_copy: None,
     }
 }

@@ -274,6 +274,12 @@ struct walk_state {
 	__u8 joined;        /* the frames from memo_next on were copied from the remembered walk */
 	__u8 vma_looked_up; /* the kernel was asked for the mapping of a pc (once per sample) */
 	__u8 vma_wanted;    /* the walk stopped at a pc in no known mapping: ask the kernel */
+	__u8 copy_wanted;   /* copy_* hold the first frame walked without its table or mapping */
+	__u8 copy_exact_ip;
+	__u32 copy_frame;
+	__u64 copy_ip;
+	__u64 copy_sp;
+	__u64 copy_bp;
 	__u32 memo_next;
 	__u32 generation;   /* process_info.generation when the walk started */
 	__u32 rec_checks;   /* words recorded so far in the walk being remembered */
@@ -309,6 +315,8 @@ struct scratch_space {
 	 * with). */
 	struct row_cache_entry stack_slots[STACK_SLOT_ENTRIES];
 	struct stack_sample sample;
+	/* Right after sample, so that one output sends both (SAMPLE_FLAG_STACK_COPY). */
+	struct stack_copy copy;
 	/* A copy of user stack memory, as words: an aligned load is one
 	 * instruction, where a possibly unaligned one compiles to eight. */
 	__u64 stack_chunk[STACK_CHUNK_SIZE / 8];
@@ -493,6 +501,21 @@ static __always_inline void finish(struct walk_state *st, __u8 status)
 		status = UNWIND_NO_TABLE;
 	st->status = status;
 	st->done = 1;
+}
+
+/* Remember the registers of the walk's current frame, user frame number
+ * `frame`, as where user space should walk on from, if it is the first
+ * frame the walk could not go past for want of a table or a mapping. */
+static __always_inline void note_copy_start(struct walk_state *st, __u32 frame)
+{
+	if (st->copy_wanted)
+		return;
+	st->copy_wanted = 1;
+	st->copy_exact_ip = st->exact_ip;
+	st->copy_frame = frame;
+	st->copy_ip = st->ip;
+	st->copy_sp = st->sp;
+	st->copy_bp = st->bp;
 }
 
 /* One frame-pointer step: the caller's rbp is at [bp], its return address at [bp + 8]. */
@@ -823,6 +846,7 @@ static long unwind_step(__u64 index, void *data)
 			return 1;
 		}
 		notify_unknown_mapping(s->header.pid, st->ip, proc->generation);
+		note_copy_start(st, st->user_frames - 1);
 		finish(st, UNWIND_NO_MAPPING);
 		return 1;
 	}
@@ -862,6 +886,7 @@ static long unwind_step(__u64 index, void *data)
 			if (!page && !bpf_map_lookup_elem(&loaded_objects, &object_id)) {
 				/* The table is still being built: frame pointers meanwhile. */
 				st->missing_table = 1;
+				note_copy_start(st, st->user_frames - 1);
 				frame_pointer_step(st);
 				return st->done ? 1 : 0;
 			}
@@ -996,6 +1021,31 @@ have_row:;
 	return 0;
 }
 
+/* Fill sc->copy from the registers note_copy_start kept: the stack from
+ * their rsp to the end of its page, and the next page if it is readable
+ * (STACK_COPY_BYTES in all at most). False if not even the first part can
+ * be read. */
+static __always_inline bool copy_user_stack(struct scratch_space *sc)
+{
+	struct walk_state *st = &sc->state;
+	struct stack_copy *c = &sc->copy;
+	__u64 sp = st->copy_sp;
+	__u32 first = 4096 - (sp & 4095);
+	barrier_var(first);
+	if (first > 4096 || bpf_probe_read_user(c->bytes, first, (void *)sp) != 0)
+		return false;
+	__u32 len = first;
+	if (bpf_probe_read_user(&c->bytes[first], 4096, (void *)(sp + first)) == 0)
+		len += 4096;
+	c->ip = st->copy_ip;
+	c->sp = sp;
+	c->bp = st->copy_bp;
+	c->frame = st->copy_frame;
+	c->len = len;
+	c->exact_ip = st->copy_exact_ip;
+	return true;
+}
+
 /* Copy the finished record out to user space. */
 static __always_inline void send_sample(struct scratch_space *sc)
 {
@@ -1021,8 +1071,20 @@ static __always_inline void send_sample(struct scratch_space *sc)
 		count(STAT_LOST_RINGBUF);
 		return;
 	}
-	__u64 wakeup = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) > samples_wakeup_bytes ? BPF_RB_FORCE_WAKEUP
-											 : BPF_RB_NO_WAKEUP;
+	__u64 waiting = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
+	__u8 status = sc->state.status;
+	/* A walk that stopped for want of a table or mapping takes its stack
+	 * along, while the ring is less than half full. */
+	if ((status == UNWIND_NO_TABLE || status == UNWIND_NO_MAPPING || status == UNWIND_MAPPINGS_UNKNOWN) &&
+	    sc->state.copy_wanted && waiting < bpf_ringbuf_query(ring, BPF_RB_RING_SIZE) / 2 &&
+	    copy_user_stack(sc)) {
+		s->header.flags |= SAMPLE_FLAG_STACK_COPY;
+		size = sizeof(struct stack_sample) + offsetof(struct stack_copy, bytes) +
+		       (sc->copy.len & (2 * STACK_COPY_BYTES - 1));
+		if (size > sizeof(struct stack_sample) + sizeof(struct stack_copy))
+			size = sizeof(struct stack_sample) + sizeof(struct stack_copy);
+	}
+	__u64 wakeup = waiting > samples_wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_output(ring, s, size, wakeup) != 0)
 		count(STAT_LOST_RINGBUF);
 }
@@ -1207,6 +1269,8 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		/* Not described yet: user space is told at once (not at its next
 		 * poll). Meanwhile, frame pointers give a best-effort stack. */
 		notify_unknown_mapping(pid, ip, 0);
+		/* User space walks the leaf's frame on from a copy of the stack. */
+		note_copy_start(st, 0);
 		bpf_loop(MAX_USER_FRAMES, frame_pointer_only_step, NULL, 0);
 		if (!st->done)
 			finish(st, UNWIND_TRUNCATED);

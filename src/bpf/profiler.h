@@ -79,6 +79,10 @@ enum stat_index {
 
 /* Flags in sample_header.flags */
 #define SAMPLE_FLAG_KERNEL_THREAD 1
+#define SAMPLE_FLAG_STACK_COPY 2    /* a struct stack_copy follows the whole stack_sample */
+
+/* Bytes of user stack a stack_copy holds at most (perf's default dump size). */
+#define STACK_COPY_BYTES 8192
 
 /*
  * The fixed-size head of one sample record in a `samples` ring buffer. It is
@@ -104,6 +108,26 @@ struct sample_header {
 struct stack_sample {
 	struct sample_header header;
 	__u64 frames[MAX_KERNEL_FRAMES + MAX_USER_FRAMES];
+};
+
+/*
+ * The registers of the first frame the walker could not go past for want of
+ * a table or a mapping (UNWIND_NO_TABLE, UNWIND_NO_MAPPING,
+ * UNWIND_MAPPINGS_UNKNOWN), and the user stack from its rsp up. User space
+ * walks on from there once the table or mapping is known (deferred
+ * unwinding, src/unwind/deferred.rs). Sent only with such samples, after the
+ * whole stack_sample (its unused frame slots included), and only when the
+ * ring has room: the record is then about 17 KiB.
+ */
+struct stack_copy {
+	__u64 ip;                   /* the frame's pc (a return address unless exact_ip) */
+	__u64 sp;                   /* its rsp: bytes[0] is the byte at this address */
+	__u64 bp;                   /* its rbp */
+	__u32 frame;                /* its index among the sample's user frames */
+	__u32 len;                  /* bytes of bytes[] copied (the stack from sp up) */
+	__u8 exact_ip;              /* ip is the sampled pc or a signal frame's, not a return address */
+	__u8 padding[7];
+	__u8 bytes[STACK_COPY_BYTES];
 };
 
 /*

@@ -21,7 +21,8 @@ use super::plan::RunPlan;
 use super::progress::Progress;
 use crate::process::walker::ProcessFollower;
 use crate::process::ProcessTracker;
-use crate::profile::window::{ClosedWindow, Windows};
+use crate::profile::aggregate::UserFrame;
+use crate::profile::window::{ClosedWindow, Windows, CLOSE_SLACK_NS};
 use crate::sample::{RawSample, TimedEvent, UnwindStatus};
 use crate::sampler::{self, BpfStats, Sampler};
 use crate::sender::worker::WindowWorker;
@@ -30,6 +31,7 @@ use crate::server::ondemand::{
     accept_requests, OnDemandWorker, ProfileRequest, Sampling, Subscriptions,
 };
 use crate::timefmt;
+use crate::unwind::deferred::{self, DeferredStats, DeferredWalks, LiveView};
 use crate::unwind::loader::UnwindLoader;
 
 /// How often the loop checks for a stop (and drains the ring buffer) when no
@@ -106,6 +108,8 @@ pub struct Agent<'s, 'o> {
     last_metrics: Instant,
     /// The status line, when stderr is a terminal.
     progress: Option<Progress>,
+    /// Samples whose walk waits for rows, to be finished from their stack copy.
+    deferred: DeferredWalks,
     /// Samples lost (BPF counter plus malformed records) at the last check,
     /// and when that was (CLOCK_MONOTONIC ns): a timeline's lost-samples
     /// spans run from one check to the next.
@@ -206,6 +210,7 @@ impl<'s, 'o> Agent<'s, 'o> {
             last_metrics: start,
             progress: Progress::on_terminal(start),
             lost_seen: (0, start_mono),
+            deferred: DeferredWalks::default(),
         })
     }
 
@@ -338,22 +343,64 @@ impl<'s, 'o> Agent<'s, 'o> {
                 &mut self.loader,
             );
         }
-        for sample in self.samples.borrow_mut().drain(..) {
+        let now = timefmt::monotonic_ns();
+        // Taken out (and put back, keeping its capacity) so that each
+        // sample can be delivered through &mut self.
+        let mut samples = std::mem::take(&mut *self.samples.borrow_mut());
+        for sample in samples.drain(..) {
             let frames = crate::profile::aggregate::resolve(&sample, &mut self.tracker);
             self.follower
                 .on_sample(&sample, &mut self.tracker, self.sampler, &mut self.loader);
             self.loader.on_sample(&sample, &frames, &self.tracker);
-            self.metrics.sample(sample.user_status);
-            if let Some(progress) = self.progress.as_mut() {
-                progress.sample(sample.pid, sample.user_status);
-            }
-            self.subscriptions.add(&sample, &frames);
-            if !self.listen_only {
-                self.windows.add_resolved(&sample, frames);
+            if let Some(sample) = self.deferred.hold(sample, now) {
+                self.deliver(sample, frames);
             }
         }
+        *self.samples.borrow_mut() = samples;
         self.loader.load_ready_tables(self.sampler);
+        self.release_deferred(now, 0);
         self.note_lost();
+    }
+
+    /// Walk on the held samples the loader may now have rows for, and
+    /// deliver those that are done; those taken before `due_before_ns`
+    /// (CLOCK_MONOTONIC) go now in any case ([`DeferredWalks::release`]).
+    fn release_deferred(&mut self, now: u64, due_before_ns: u64) {
+        if self.deferred.is_empty() {
+            return;
+        }
+        let (tracker, sampler) = (&mut self.tracker, self.sampler);
+        let row_writes = self.loader.stats().row_writes;
+        let done = self
+            .deferred
+            .release(now, due_before_ns, row_writes, |sample, copy| {
+                let mut view = LiveView {
+                    tracker: &mut *tracker,
+                    sampler,
+                    pid: sample.pid,
+                    timestamp_ns: sample.timestamp_ns,
+                };
+                deferred::walk_on(copy, &mut view)
+            });
+        for sample in done {
+            let frames = crate::profile::aggregate::resolve(&sample, &mut self.tracker);
+            // Objects only the finished walk reached get their tables too.
+            self.loader.on_sample(&sample, &frames, &self.tracker);
+            self.deliver(sample, frames);
+        }
+    }
+
+    /// Count one sample whose walk is as final as it gets, and hand it to
+    /// the subscriptions and the windows.
+    fn deliver(&mut self, sample: RawSample, frames: Box<[UserFrame]>) {
+        self.metrics.sample(sample.user_status);
+        if let Some(progress) = self.progress.as_mut() {
+            progress.sample(sample.pid, sample.user_status);
+        }
+        self.subscriptions.add(&sample, &frames);
+        if !self.listen_only {
+            self.windows.add_resolved(&sample, frames);
+        }
     }
 
     /// Read the lost-samples counter (one map lookup) and hand any new
@@ -382,6 +429,8 @@ impl<'s, 'o> Agent<'s, 'o> {
             .consume()
             .context("draining the samples ring buffers")?;
         self.drain();
+        // What windows closing now hold: samples taken before their end.
+        self.release_deferred(now, now.saturating_sub(CLOSE_SLACK_NS));
         for closed in self.windows.close_due(now) {
             self.totals.account(&closed);
             if let Some(worker) = self.workers.windows.as_mut() {
@@ -413,10 +462,13 @@ impl<'s, 'o> Agent<'s, 'o> {
             self.windows.open_since_ns()
         };
         if let Some(since) = windows_since {
-            let since = self
-                .subscriptions
-                .open_since_ns()
-                .map_or(since, |s| s.min(since));
+            let since = [
+                self.subscriptions.open_since_ns(),
+                self.deferred.earliest_ns(),
+            ]
+            .into_iter()
+            .flatten()
+            .fold(since, u64::min);
             self.retire_gone(now, since);
         }
         let lost = self.sampler.stats().map_or(0, |s| s.lost) + *self.malformed.borrow();
@@ -476,6 +528,8 @@ impl<'s, 'o> Agent<'s, 'o> {
             .consume()
             .context("draining the samples ring buffers")?;
         self.drain();
+        self.release_deferred(timefmt::monotonic_ns(), u64::MAX);
+        log_deferred(self.deferred.stats());
         drop(self.subscriptions);
         drop(self.workers.requests);
         let stats = self.sampler.stats()?;
@@ -492,5 +546,19 @@ impl<'s, 'o> Agent<'s, 'o> {
             stats,
             malformed,
         })
+    }
+}
+
+/// Say how the walks finished from stack copies went.
+fn log_deferred(stats: DeferredStats) {
+    if stats.held + stats.no_room > 0 {
+        info!(
+            "stack copies: {} walks finished in user space, {} could not finish, {} samples not held (no room); {} tries, {} us each on average",
+            stats.finished,
+            stats.unfinished,
+            stats.no_room,
+            stats.walks,
+            stats.walk_ns / stats.walks.max(1) / 1000
+        );
     }
 }

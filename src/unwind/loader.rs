@@ -87,6 +87,10 @@ pub struct UnwindLoaderStats {
     pub evictions: u64,
     /// Rows currently loaded.
     pub rows_loaded: u64,
+    /// Writes of rows into the walker's maps: whole tables and pages sent
+    /// ahead of them. A walk waiting for rows ([`crate::unwind::deferred`])
+    /// looks again when this changes.
+    pub row_writes: u64,
 }
 
 /// Supplies the BPF walker with unwind tables.
@@ -434,6 +438,7 @@ impl UnwindLoader {
             ranges.push((base, rows));
         }
         self.stats.tables_loaded += 1;
+        self.stats.row_writes += 1;
         self.stats.rows_loaded += ranges.iter().map(|&(_, n)| u64::from(n)).sum::<u64>();
         self.set_state(
             object_id,
@@ -474,6 +479,7 @@ impl UnwindLoader {
             rows,
             pages: pages.pages().to_vec(),
         });
+        self.stats.row_writes += 1;
         match loaded {
             Ok(()) => debug!(
                 "{name}: {} pages ({rows} rows) loaded ahead of its table",

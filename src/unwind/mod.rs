@@ -11,7 +11,8 @@
 //! JIT code from the unwinding information in jitdump files; [`identity`] keys objects
 //! (build ID, else content hash) and finds separate debug files; [`cache`]
 //! keeps built tables on disk; [`show`] renders a table for
-//! `lightswitch show-unwind`.
+//! `lightswitch show-unwind`; [`deferred`] finishes in user space, from a
+//! copy of the stack, the walks the BPF walker stopped for want of a table.
 
 use std::path::Path;
 
@@ -21,6 +22,7 @@ mod assemble;
 pub mod builder;
 mod builds;
 pub mod cache;
+pub mod deferred;
 pub mod early;
 pub(crate) mod eh_frame_hdr;
 pub mod identity;

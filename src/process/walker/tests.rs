@@ -88,6 +88,7 @@ fn sample_of(pid: u32) -> RawSample {
         kernel_stack: Vec::new(),
         user_stack: Vec::new(),
         user_status: UnwindStatus::Complete,
+        stack_copy: None,
     }
 }
 

@@ -1,0 +1,420 @@
+//! Deferred unwinding: user space finishes the walks the BPF walker could
+//! not, for want of a table or a mapping (issue 16, young processes).
+//!
+//! A walk that reaches a frame whose object's table is not loaded yet, a pc
+//! in no mapping the walker knows, or a process not described yet ends as
+//! `no_table`, `no_mapping` or `mappings_unknown`; the BPF program then sends
+//! the registers of that frame and up to 8 KiB of the stack above them
+//! ([`StackCopy`]). Instead of counting such a sample at once, the agent
+//! holds it ([`DeferredWalks`]: at most [`HOLD_NS`], and [`HOLD_MAX_BYTES`]
+//! of samples in all) until the rows it needs are loaded, then walks on
+//! from the copy ([`walk_on`]) with the rows the BPF program reads
+//! ([`Sampler::lookup_row`]) and the mappings the process tracker has for
+//! the sample's time, and the sample goes on with its whole stack. perf
+//! copies the stack of every sample in DWARF mode and unwinds it later;
+//! here only the few samples that need it are copied.
+//!
+//! A walk that cannot finish (its copy ends first, the pc is still in no
+//! mapping, the hold expires) leaves the sample as the BPF program sent it.
+//! The steps are the BPF walker's (`unwind_step` in
+//! `src/bpf/profiler.bpf.c`): the same rules, the same frame-pointer
+//! fallback where no CFI covers a pc, the same end conditions.
+
+use std::collections::VecDeque;
+
+use crate::process::ProcessTracker;
+use crate::sample::{RawSample, StackCopy, UnwindStatus};
+use crate::sampler::{RowLookup, Sampler};
+use crate::unwind::rule::{Fp, Rule};
+
+/// How long a sample is held at most waiting for rows, ns. A cold table of
+/// a large object (`librustc_driver`, 150 MB) is loaded 0.4-0.9 s after
+/// its process's exec (`bench/large_objects`).
+pub const HOLD_NS: u64 = 1_500_000_000;
+
+/// Bytes of held samples (their stack copies and frames) at most: a sample
+/// that would go past it is counted at once, as the BPF program sent it.
+pub const HOLD_MAX_BYTES: usize = 4 << 20;
+
+/// The most user frames a walk records (`MAX_USER_FRAMES` in
+/// `src/bpf/profiler.h`).
+const MAX_USER_FRAMES: usize = 1024;
+
+/// Lowest and first-invalid user addresses a return address can have
+/// (`USER_MIN_ADDRESS`, `USER_ADDRESS_LIMIT` in `src/bpf/arch_x86_64.h`).
+const USER_MIN_ADDRESS: u64 = 4096;
+const USER_ADDRESS_LIMIT: u64 = 0x0000_8000_0000_0000;
+
+/// Where the kernel's signal frame (`struct ucontext` at rsp) keeps the
+/// interrupted rbp, rsp and rip (`UCONTEXT_*` in `src/bpf/arch_x86_64.h`).
+const UCONTEXT_RBP: u64 = 40 + 80;
+const UCONTEXT_RSP: u64 = 40 + 120;
+const UCONTEXT_RIP: u64 = 40 + 128;
+
+/// The code a pc is in, as a walk needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Code {
+    /// The object whose table covers it (`page_key.object_id`); `None`:
+    /// code walked by frame pointers (anonymous, JIT).
+    pub object: Option<u32>,
+    /// Object vaddr = pc - bias.
+    pub bias: u64,
+}
+
+/// What a walk reads besides the stack copy.
+pub trait WalkView {
+    /// The code `pc` is in, at the sample's time; `None`: no mapping holds it.
+    fn code_at(&mut self, pc: u64) -> Option<Code>;
+    /// The row of `object`'s table for `vaddr`.
+    fn row(&mut self, object: u32, vaddr: u64) -> RowLookup;
+}
+
+/// How a walk from a stack copy went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replay {
+    /// It ended: the frames from the copy's frame on (its pc first), and how.
+    Finished {
+        /// Frames, leaf first, starting with [`StackCopy::ip`].
+        frames: Vec<u64>,
+        /// How the walk ended.
+        status: UnwindStatus,
+    },
+    /// A frame's rows are not loaded yet: try again later.
+    Waiting,
+    /// It cannot go on: the copy ends, or a pc is in no mapping.
+    Stuck,
+}
+
+/// Registers of the frame being walked.
+struct Regs {
+    ip: u64,
+    sp: u64,
+    bp: u64,
+    exact_ip: bool,
+}
+
+/// Walk on from `copy`'s frame with the rows and mappings `view` gives, as
+/// the BPF walker would have with every table loaded.
+pub fn walk_on(copy: &StackCopy, view: &mut impl WalkView) -> Replay {
+    let mut r = Regs {
+        ip: copy.ip,
+        sp: copy.sp,
+        bp: copy.bp,
+        exact_ip: copy.exact_ip,
+    };
+    let mut frames = Vec::new();
+    let (mut used_fp, mut last_step_fp) = (false, false);
+    let end = |frames: Vec<u64>, used_fp: bool| Replay::Finished {
+        frames,
+        status: if used_fp {
+            UnwindStatus::FramePointer
+        } else {
+            UnwindStatus::Complete
+        },
+    };
+    loop {
+        if copy.frame + frames.len() >= MAX_USER_FRAMES {
+            return Replay::Finished {
+                frames,
+                status: UnwindStatus::Truncated,
+            };
+        }
+        frames.push(r.ip);
+        let Some(code) = view.code_at(r.ip) else {
+            if last_step_fp {
+                // The chain ended a frame earlier: rbp held other data.
+                frames.pop();
+                return end(frames, true);
+            }
+            return Replay::Stuck;
+        };
+        let rule = match code.object {
+            None => None,
+            Some(object) => {
+                let vaddr =
+                    r.ip.wrapping_sub(code.bias)
+                        .wrapping_sub(u64::from(!r.exact_ip));
+                match view.row(object, vaddr) {
+                    RowLookup::NotLoaded => return Replay::Waiting,
+                    RowLookup::NoCfi => None,
+                    RowLookup::Row(raw) => Some(Rule::from_raw(raw).unwrap_or(Rule::EndOfFunction)),
+                }
+            }
+        };
+        last_step_fp = false;
+        let step = match rule {
+            None | Some(Rule::EndOfFunction) => {
+                used_fp = true;
+                last_step_fp = true;
+                frame_pointer_step(copy, &mut r)
+            }
+            Some(rule) => cfi_step(copy, &mut r, rule),
+        };
+        match step {
+            Step::Next => {}
+            Step::End => return end(frames, used_fp),
+            Step::Unsupported => {
+                return Replay::Finished {
+                    frames,
+                    status: UnwindStatus::UnsupportedRule,
+                }
+            }
+            Step::OutOfCopy => return Replay::Stuck,
+        }
+    }
+}
+
+/// What one step did.
+enum Step {
+    /// The caller's registers are in place.
+    Next,
+    /// The walk reached its end (the outermost frame, or the end of a
+    /// frame-pointer chain).
+    End,
+    /// A rule the walker does not evaluate.
+    Unsupported,
+    /// A word it needs is outside the copy.
+    OutOfCopy,
+}
+
+/// The caller's rbp is at [rbp], its return address at [rbp + 8].
+fn frame_pointer_step(copy: &StackCopy, r: &mut Regs) -> Step {
+    if r.bp == 0 {
+        return Step::End;
+    }
+    let (Some(saved_bp), Some(ra)) = (copy.word(r.bp), copy.word(r.bp.wrapping_add(8))) else {
+        // The BPF walker reads the process's memory here: whether the
+        // chain goes on is unknown from the copy alone.
+        return Step::OutOfCopy;
+    };
+    if !(USER_MIN_ADDRESS..USER_ADDRESS_LIMIT).contains(&ra) || (saved_bp != 0 && saved_bp <= r.bp)
+    {
+        return Step::End;
+    }
+    r.sp = r.bp.wrapping_add(16);
+    r.bp = saved_bp;
+    r.ip = ra;
+    r.exact_ip = false;
+    Step::Next
+}
+
+/// One step by the CFI row `rule`.
+fn cfi_step(copy: &StackCopy, r: &mut Regs, rule: Rule) -> Step {
+    let (cfa, fp) = match rule {
+        Rule::RspOffset { cfa, fp } => (r.sp.wrapping_add(u64::from(cfa.bytes())), fp),
+        Rule::RbpOffset { cfa, fp } => (r.bp.wrapping_add(u64::from(cfa.bytes())), fp),
+        Rule::Plt { threshold, fp } => {
+            let pushed = if r.ip & 15 >= u64::from(threshold) {
+                8
+            } else {
+                0
+            };
+            (r.sp.wrapping_add(8 + pushed), fp)
+        }
+        Rule::Outermost => return Step::End,
+        Rule::Unsupported(_) => return Step::Unsupported,
+        Rule::SignalFrame => {
+            let word = |offset| copy.word(r.sp.wrapping_add(offset));
+            let (Some(bp), Some(sp), Some(ip)) =
+                (word(UCONTEXT_RBP), word(UCONTEXT_RSP), word(UCONTEXT_RIP))
+            else {
+                return Step::OutOfCopy;
+            };
+            *r = Regs {
+                ip,
+                sp,
+                bp,
+                exact_ip: true,
+            };
+            return Step::Next;
+        }
+        Rule::EndOfFunction => unreachable!("walked by frame pointers"),
+    };
+    let Some(ra) = copy.word(cfa.wrapping_sub(8)) else {
+        return Step::OutOfCopy;
+    };
+    if let Fp::AtCfaOffset(slots) = fp {
+        let Some(bp) = copy.word(cfa.wrapping_add_signed(i64::from(slots) * 8)) else {
+            return Step::OutOfCopy;
+        };
+        r.bp = bp;
+    }
+    if ra == 0 {
+        return Step::End;
+    }
+    r.sp = cfa;
+    r.ip = ra;
+    r.exact_ip = false;
+    Step::Next
+}
+
+/// The view of a live run: mappings from the process tracker at the
+/// sample's time, rows from the walker's maps.
+pub struct LiveView<'a, 's> {
+    /// The run's process tracker.
+    pub tracker: &'a mut ProcessTracker,
+    /// The sampler whose maps hold the rows.
+    pub sampler: &'a Sampler<'s>,
+    /// The sample's process.
+    pub pid: u32,
+    /// The sample's time, CLOCK_MONOTONIC ns.
+    pub timestamp_ns: u64,
+}
+
+impl WalkView for LiveView<'_, '_> {
+    fn code_at(&mut self, pc: u64) -> Option<Code> {
+        let mut found = None;
+        self.tracker
+            .find_mappings(self.pid, self.timestamp_ns, 1, |_| pc, |_, m| found = m);
+        let id = found?;
+        let mapping = self.tracker.mapping(id)?;
+        Some(Code {
+            object: mapping.object.map(|o| o.0),
+            bias: self.tracker.load_bias(id)?,
+        })
+    }
+
+    fn row(&mut self, object: u32, vaddr: u64) -> RowLookup {
+        // A map that cannot be read is as good as rows not loaded: the
+        // hold expires and the sample goes on as it came.
+        self.sampler
+            .lookup_row(object, vaddr)
+            .unwrap_or(RowLookup::NotLoaded)
+    }
+}
+
+/// Counters of deferred walks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DeferredStats {
+    /// Samples that came with a stack copy and were held.
+    pub held: u64,
+    /// Of those, walks finished from the copy.
+    pub finished: u64,
+    /// Of those, walks that could not finish: the sample went on as the
+    /// BPF program sent it.
+    pub unfinished: u64,
+    /// Samples with a stack copy not held, for want of room.
+    pub no_room: u64,
+    /// Walks tried (a held sample is tried again after new rows are written).
+    pub walks: u64,
+    /// Time spent in those walks, ns: mostly map lookups, about 17 per frame
+    /// ([`Sampler::lookup_row`]).
+    pub walk_ns: u64,
+}
+
+/// One held sample.
+struct Held {
+    sample: RawSample,
+    /// Release it as it is from this time on, CLOCK_MONOTONIC ns.
+    until_ns: u64,
+    bytes: usize,
+    /// [`crate::unwind::loader::UnwindLoaderStats::row_writes`] at its last
+    /// try (`None`: not tried yet).
+    tried_at: Option<u64>,
+}
+
+/// Samples waiting for the rows their walk needs, in arrival order.
+#[derive(Default)]
+pub struct DeferredWalks {
+    held: VecDeque<Held>,
+    bytes: usize,
+    stats: DeferredStats,
+}
+
+impl DeferredWalks {
+    /// Hold `sample` (received at `now_ns`, CLOCK_MONOTONIC) if its walk can
+    /// go on from a stack copy and there is room; otherwise hand it back.
+    pub fn hold(&mut self, sample: RawSample, now_ns: u64) -> Option<RawSample> {
+        let Some(copy) = sample.stack_copy.as_deref() else {
+            return Some(sample);
+        };
+        let bytes = copy.bytes.len() + 8 * sample.user_stack.len() + size_of::<RawSample>();
+        if self.bytes + bytes > HOLD_MAX_BYTES {
+            self.stats.no_room += 1;
+            let mut sample = sample;
+            sample.stack_copy = None;
+            return Some(sample);
+        }
+        self.bytes += bytes;
+        self.stats.held += 1;
+        self.held.push_back(Held {
+            sample,
+            until_ns: now_ns.saturating_add(HOLD_NS),
+            bytes,
+            tried_at: None,
+        });
+        None
+    }
+
+    /// Walk on the held samples whose rows may have changed since their
+    /// last try (`row_writes`: the loader's count), and hand back, in
+    /// arrival order, those that are done: walked to their end, stuck,
+    /// held until their time (`now_ns`), or taken before `due_before_ns`
+    /// (their window closes now: they are walked once more, then go as
+    /// they are). `walk` walks one sample's copy on.
+    pub fn release(
+        &mut self,
+        now_ns: u64,
+        due_before_ns: u64,
+        row_writes: u64,
+        mut walk: impl FnMut(&RawSample, &StackCopy) -> Replay,
+    ) -> Vec<RawSample> {
+        let mut done = Vec::new();
+        let mut kept = VecDeque::with_capacity(self.held.len());
+        for mut held in self.held.drain(..) {
+            let due = held.sample.timestamp_ns < due_before_ns || now_ns >= held.until_ns;
+            if held.tried_at == Some(row_writes) && !due {
+                kept.push_back(held);
+                continue;
+            }
+            held.tried_at = Some(row_writes);
+            let copy = held
+                .sample
+                .stack_copy
+                .as_deref()
+                .expect("held samples have copies");
+            let started = std::time::Instant::now();
+            let replay = walk(&held.sample, copy);
+            self.stats.walks += 1;
+            self.stats.walk_ns += started.elapsed().as_nanos() as u64;
+            if replay == Replay::Waiting && !due {
+                kept.push_back(held);
+                continue;
+            }
+            let mut sample = held.sample;
+            let copy = sample.stack_copy.take().expect("held samples have copies");
+            match replay {
+                Replay::Finished { frames, status } => {
+                    self.stats.finished += 1;
+                    sample.user_stack.truncate(copy.frame);
+                    sample.user_stack.extend(frames);
+                    sample.user_status = status;
+                }
+                Replay::Waiting | Replay::Stuck => self.stats.unfinished += 1,
+            }
+            self.bytes -= held.bytes;
+            done.push(sample);
+        }
+        self.held = kept;
+        done
+    }
+
+    /// The earliest timestamp of a held sample (CLOCK_MONOTONIC ns): what
+    /// it refers to must not be retired yet.
+    pub fn earliest_ns(&self) -> Option<u64> {
+        self.held.iter().map(|h| h.sample.timestamp_ns).min()
+    }
+
+    /// Whether any sample is held.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> DeferredStats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,226 @@
+//! Walks from stack copies over a made-up process: two objects, their rows
+//! given by the test, a stack laid out word by word.
+
+use std::cell::Cell;
+
+use super::*;
+use crate::unwind::rule::CfaOffset;
+
+const STACK: u64 = 0x7ffc_0000_1000;
+
+/// Object 1 at [0x400000, 0x500000) (bias 0), object 2 at
+/// [0x7f00_0000_0000, +0x100000) (bias 0x7f00_0000_0000), anonymous code
+/// at [0x9000_0000, +0x1000). Rows by object: a sorted (vaddr, rule) list;
+/// an object in `unloaded` has no rows yet.
+struct View {
+    rows: Vec<(u32, u64, Rule)>,
+    unloaded: Vec<u32>,
+}
+
+impl WalkView for View {
+    fn code_at(&mut self, pc: u64) -> Option<Code> {
+        match pc {
+            0x40_0000..0x50_0000 => Some(Code {
+                object: Some(1),
+                bias: 0,
+            }),
+            0x7f00_0000_0000..0x7f00_0010_0000 => Some(Code {
+                object: Some(2),
+                bias: 0x7f00_0000_0000,
+            }),
+            0x9000_0000..0x9000_1000 => Some(Code {
+                object: None,
+                bias: 0,
+            }),
+            _ => None,
+        }
+    }
+
+    fn row(&mut self, object: u32, vaddr: u64) -> RowLookup {
+        if self.unloaded.contains(&object) {
+            return RowLookup::NotLoaded;
+        }
+        self.rows
+            .iter()
+            .rfind(|(o, start, _)| *o == object && *start <= vaddr)
+            .map_or(RowLookup::NoCfi, |(_, start, rule)| {
+                RowLookup::Row(rule.to_raw((*start & 0xffff) as u16))
+            })
+    }
+}
+
+fn rsp(bytes: u32) -> Rule {
+    Rule::RspOffset {
+        cfa: CfaOffset::new(bytes.into()).unwrap(),
+        fp: Fp::Unchanged,
+    }
+}
+
+/// A stack copy from STACK holding `words`.
+fn copy(ip: u64, bp: u64, words: &[u64]) -> StackCopy {
+    StackCopy {
+        ip,
+        sp: STACK,
+        bp,
+        frame: 1,
+        exact_ip: true,
+        bytes: words.iter().flat_map(|w| w.to_ne_bytes()).collect(),
+    }
+}
+
+/// leaf in object 2 (CFA = rsp + 16, so its return address is at
+/// STACK + 8), called from object 1 at 0x401234 (CFA = rbp + 16, rbp saved
+/// at CFA - 16), called from 0x400100 whose row is outermost.
+fn three_frames() -> (View, StackCopy) {
+    let view = View {
+        rows: vec![
+            (1, 0x400000, Rule::Outermost),
+            (
+                1,
+                0x401000,
+                Rule::RbpOffset {
+                    cfa: CfaOffset::new(16).unwrap(),
+                    fp: Fp::AtCfaOffset(-2),
+                },
+            ),
+            (2, 0x500, rsp(16)),
+        ],
+        unloaded: vec![],
+    };
+    // STACK+0: scratch, +8: return into object 1, +16: saved rbp (0),
+    // +24: return into its caller; rbp points at +16.
+    let copy = copy(0x7f00_0000_0600, STACK + 16, &[0, 0x401234, 0, 0x400100, 0]);
+    (view, copy)
+}
+
+#[test]
+fn a_walk_goes_on_from_the_copy_by_the_same_rules() {
+    let (mut view, copy) = three_frames();
+    // The CFA of the middle frame is rbp + 16 = STACK + 32: its return
+    // address is at STACK + 24, and the caller at 0x400100 is outermost.
+    assert_eq!(
+        walk_on(&copy, &mut view),
+        Replay::Finished {
+            frames: vec![0x7f00_0000_0600, 0x401234, 0x400100],
+            status: UnwindStatus::Complete,
+        }
+    );
+}
+
+#[test]
+fn a_walk_waits_for_rows_not_loaded_and_stops_where_the_copy_ends() {
+    let (mut view, copy) = three_frames();
+    view.unloaded = vec![1];
+    assert_eq!(walk_on(&copy, &mut view), Replay::Waiting);
+    view.unloaded.clear();
+    let mut short = copy.clone();
+    short.bytes.truncate(24);
+    assert_eq!(walk_on(&short, &mut view), Replay::Stuck);
+    // A pc in no mapping even now.
+    let mut lost = copy;
+    lost.ip = 0x1234;
+    assert_eq!(walk_on(&lost, &mut view), Replay::Stuck);
+}
+
+#[test]
+fn code_without_cfi_is_walked_by_frame_pointers() {
+    let mut view = View {
+        rows: vec![],
+        unloaded: vec![],
+    };
+    // rbp = STACK + 8: saved rbp 0 at +8, return address at +16 into
+    // object 1, which has no CFI either; its rbp (0) ends the chain.
+    let copy = copy(0x9000_0010, STACK + 8, &[0, 0, 0x400500, 0]);
+    assert_eq!(
+        walk_on(&copy, &mut view),
+        Replay::Finished {
+            frames: vec![0x9000_0010, 0x400500],
+            status: UnwindStatus::FramePointer,
+        }
+    );
+}
+
+/// A walk over `view` that counts its calls in `walks`.
+fn counting<'a>(
+    view: &'a mut View,
+    walks: &'a Cell<u32>,
+) -> impl FnMut(&RawSample, &StackCopy) -> Replay + 'a {
+    move |_, c| {
+        walks.set(walks.get() + 1);
+        walk_on(c, view)
+    }
+}
+
+fn held_sample(ts: u64, copy: StackCopy) -> RawSample {
+    let mut s = RawSample::for_test(7, ts, vec![0x400010, 0x9999]);
+    s.user_status = UnwindStatus::NoTable;
+    s.stack_copy = Some(Box::new(copy));
+    s
+}
+
+#[test]
+fn held_samples_go_once_walked_when_due_or_when_their_hold_ends() {
+    let (view, copy) = three_frames();
+    let mut view = view;
+    view.unloaded = vec![1];
+    let mut held = DeferredWalks::default();
+    assert!(held.hold(held_sample(10, copy.clone()), 1_000).is_none());
+    assert!(held.hold(held_sample(20, copy.clone()), 1_000).is_none());
+    let plain = RawSample::for_test(7, 30, vec![0x400010]);
+    assert_eq!(held.hold(plain.clone(), 1_000), Some(plain));
+    assert_eq!(held.earliest_ns(), Some(10));
+
+    let walks = Cell::new(0);
+    // Rows not loaded: both stay.
+    assert!(held
+        .release(2_000, 0, 1, counting(&mut view, &walks))
+        .is_empty());
+    // Nothing was written since: not walked again.
+    assert!(held
+        .release(3_000, 0, 1, counting(&mut view, &walks))
+        .is_empty());
+    assert_eq!(walks.get(), 2);
+    // The first one's window closes: it goes as it came.
+    let gone = held.release(4_000, 15, 1, counting(&mut view, &walks));
+    assert_eq!(gone.len(), 1);
+    assert_eq!(gone[0].user_stack, vec![0x400010, 0x9999]);
+    assert_eq!(gone[0].user_status, UnwindStatus::NoTable);
+    assert!(gone[0].stack_copy.is_none());
+    // Rows written: the second one is walked on from its frame 1.
+    view.unloaded.clear();
+    let gone = held.release(5_000, 0, 2, counting(&mut view, &walks));
+    assert_eq!(
+        gone[0].user_stack,
+        vec![0x400010, 0x7f00_0000_0600, 0x401234, 0x400100]
+    );
+    assert_eq!(gone[0].user_status, UnwindStatus::Complete);
+    assert!(held.is_empty());
+    let stats = held.stats();
+    assert_eq!((stats.held, stats.finished, stats.unfinished), (2, 1, 1));
+
+    // A hold ends HOLD_NS after the sample arrived.
+    view.unloaded = vec![1];
+    held.hold(held_sample(40, copy), 10_000);
+    assert!(held
+        .release(10_000 + HOLD_NS - 1, 0, 3, counting(&mut view, &walks))
+        .is_empty());
+    assert_eq!(
+        held.release(10_000 + HOLD_NS, 0, 3, counting(&mut view, &walks))
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn samples_past_the_byte_budget_are_not_held() {
+    let (_, mut copy) = three_frames();
+    copy.bytes = vec![0; 8192];
+    let mut held = DeferredWalks::default();
+    let mut taken = 0;
+    while held.hold(held_sample(1, copy.clone()), 0).is_none() {
+        taken += 1;
+    }
+    // Each costs its copy and a little more (its frames, the sample).
+    assert!((HOLD_MAX_BYTES / (8192 + 1024)..=HOLD_MAX_BYTES / 8192).contains(&taken));
+    assert_eq!(held.stats().no_room, 1);
+}
