@@ -24,12 +24,7 @@ use common::*;
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Optimized, no frame pointers (only CFI to unwind with), no sibling calls.
-const FLAGS: &[&str] = &[
-    "-O2",
-    "-g",
-    "-fomit-frame-pointer",
-    "-fno-optimize-sibling-calls",
-];
+const FLAGS: &[&str] = NO_FP_FLAGS;
 
 /// Share of the samples that must carry the whole chain.
 const SHARE: f64 = 0.9;

@@ -122,13 +122,7 @@ fn with_chain(stacks: &[Stack], chain: &[&str]) -> u64 {
 #[test]
 fn stripped_binary_named_from_a_debuginfod_server() {
     let _serial = serial();
-    let flags = [
-        "-O2",
-        "-g",
-        "-fomit-frame-pointer",
-        "-fno-optimize-sibling-calls",
-        "-Wl,--build-id=sha1",
-    ];
+    let flags = [NO_FP_FLAGS, &["-Wl,--build-id=sha1"]].concat();
     let program = compile("lsw_dinfod", &chain_source(), &flags);
     let served = tempdir();
     let debug = served.path().join("lsw_dinfod.debug");

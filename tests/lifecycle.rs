@@ -15,14 +15,6 @@ use common::*;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
-/// Optimized, no frame pointers, no tail calls: callers stay on the stack.
-const NO_FP: &[&str] = &[
-    "-O2",
-    "-g",
-    "-fomit-frame-pointer",
-    "-fno-optimize-sibling-calls",
-];
-
 /// `NAME_work(seconds)` burns CPU in `NAME_burn` for `seconds` of wall time.
 fn work_functions(name: &str) -> String {
     format!(
@@ -135,7 +127,7 @@ fn young_processes_started_by_a_shell_have_complete_stacks() {
         "{}\n#include <stdlib.h>\nint main(int argc, char **argv) {{ young_work(atof(argv[1])); return 0; }}\n",
         work_functions("young")
     );
-    let program = compile("lsw_young", &source, NO_FP);
+    let program = compile("lsw_young", &source, NO_FP_FLAGS);
     let dir = tempdir();
     let mut profiler = Lightswitch::spawn(&[
         "--duration",
@@ -199,7 +191,7 @@ int main(void) {{
             work_functions(&format!("stage{stage}")),
             next = next.display()
         );
-        let program = compile(&format!("lsw_stage{stage}"), &source, NO_FP);
+        let program = compile(&format!("lsw_stage{stage}"), &source, NO_FP_FLAGS);
         std::fs::copy(&program.path, dir.path().join(&program.name)).unwrap();
         programs.push(program);
     }
@@ -285,7 +277,7 @@ int main(int argc, char **argv) {{
 "#,
         work_functions("reexec")
     );
-    let program = compile("lsw_reexec", &source, NO_FP);
+    let program = compile("lsw_reexec", &source, NO_FP_FLAGS);
     let mut child = spawn_held(&program, &[]);
     let out_dir = tempdir();
     let mut profiler = Lightswitch::spawn(&[

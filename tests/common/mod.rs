@@ -24,6 +24,15 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_lightswitch");
 /// Compiler flags for programs that keep frame pointers.
 pub const FP_FLAGS: &[&str] = &["-O2", "-g", "-fno-omit-frame-pointer"];
 
+/// Compiler flags for programs without frame pointers (optimized, no tail
+/// calls, so that callers stay on the stack): only CFI unwinds them.
+pub const NO_FP_FLAGS: &[&str] = &[
+    "-O2",
+    "-g",
+    "-fomit-frame-pointer",
+    "-fno-optimize-sibling-calls",
+];
+
 /// Kernel frames in folded output carry this suffix.
 pub const KERNEL_SUFFIX: &str = "_[k]";
 
