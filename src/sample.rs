@@ -147,8 +147,8 @@ pub struct StackCopy {
     pub frame: usize,
     /// Whether `ip` is not a return address.
     pub exact_ip: bool,
-    /// The user stack from `sp` up: at most `STACK_COPY_BYTES` (8 KiB), to
-    /// the end of the second page it touches or the first it could not read.
+    /// The user stack from `sp` up: at most `STACK_COPY_BYTES` (32 KiB),
+    /// up to the first page the BPF program could not read.
     pub bytes: Vec<u8>,
 }
 
@@ -161,21 +161,17 @@ impl StackCopy {
     }
 
     /// Parse the `struct stack_copy` at the start of `data` (the bytes of a
-    /// record after its `struct stack_sample`). Errors if it is shorter
-    /// than its `len` says.
+    /// record after its `struct stack_sample`) and the `len` bytes of stack
+    /// that follow it. Errors if `data` is shorter than that.
     fn parse(data: &[u8]) -> Result<Self> {
-        let head = std::mem::offset_of!(types::stack_copy, bytes);
-        if data.len() < head {
-            bail!(
+        let head = size_of::<types::stack_copy>();
+        let mut copy = types::stack_copy::default();
+        plain::copy_from_bytes(&mut copy, data).map_err(|_| {
+            anyhow!(
                 "stack copy of {} bytes is shorter than its head ({head} bytes)",
                 data.len()
-            );
-        }
-        let mut padded = vec![0u8; size_of::<types::stack_copy>()];
-        padded[..head].copy_from_slice(&data[..head]);
-        let mut copy = Box::<types::stack_copy>::default();
-        plain::copy_from_bytes(&mut *copy, &padded)
-            .map_err(|_| anyhow!("stack copy head does not parse"))?;
+            )
+        })?;
         let len = copy.len as usize;
         let Some(bytes) = data.get(head..head + len) else {
             bail!(

@@ -81,6 +81,9 @@ struct {
 /* Never read: puts struct process_event into the object's BTF, so that the
  * skeleton generates its Rust type (src/sample.rs parses events with it). */
 const volatile struct process_event process_event_layout = {};
+/* Likewise for struct stack_copy (records with a stack copy are assembled
+ * in the ring, from no map value). */
+const volatile struct stack_copy stack_copy_layout = {};
 
 /* Per-CPU counters, indexed by enum stat_index. */
 struct {
@@ -315,8 +318,6 @@ struct scratch_space {
 	 * with). */
 	struct row_cache_entry stack_slots[STACK_SLOT_ENTRIES];
 	struct stack_sample sample;
-	/* Right after sample, so that one output sends both (SAMPLE_FLAG_STACK_COPY). */
-	struct stack_copy copy;
 	/* A copy of user stack memory, as words: an aligned load is one
 	 * instruction, where a possibly unaligned one compiles to eight. */
 	__u64 stack_chunk[STACK_CHUNK_SIZE / 8];
@@ -1021,28 +1022,52 @@ have_row:;
 	return 0;
 }
 
-/* Fill sc->copy from the registers note_copy_start kept: the stack from
- * their rsp to the end of its page, and the next page if it is readable
- * (STACK_COPY_BYTES in all at most). False if not even the first part can
- * be read. */
-static __always_inline bool copy_user_stack(struct scratch_space *sc)
+/* A record with a stack copy, as it is laid out in the ring. */
+struct copy_record {
+	struct stack_sample sample;
+	struct stack_copy copy;
+	__u8 stack[STACK_COPY_BYTES];
+};
+
+/* Send the finished record of `size` bytes (header and frames) with the
+ * registers note_copy_start kept and the user stack from their rsp: to the
+ * end of its page, then whole pages while they can be read, STACK_COPY_BYTES
+ * in all at most. The record is assembled in the ring itself (the copy does
+ * not fit in per-CPU scratch). False if there is no room or not even the
+ * first part of the stack can be read: the caller sends the record alone. */
+static __always_inline bool send_with_copy(struct scratch_space *sc, void *ring, __u64 size)
 {
 	struct walk_state *st = &sc->state;
-	struct stack_copy *c = &sc->copy;
 	__u64 sp = st->copy_sp;
+	struct copy_record *rec = bpf_ringbuf_reserve(ring, sizeof(struct copy_record), 0);
+	if (!rec)
+		return false;
 	__u32 first = 4096 - (sp & 4095);
 	barrier_var(first);
-	if (first > 4096 || bpf_probe_read_user(c->bytes, first, (void *)sp) != 0)
+	if (first > 4096 || size > sizeof(struct stack_sample) ||
+	    bpf_probe_read_user(rec->stack, first, (void *)sp) != 0) {
+		bpf_ringbuf_discard(rec, 0);
 		return false;
+	}
 	__u32 len = first;
-	if (bpf_probe_read_user(&c->bytes[first], 4096, (void *)(sp + first)) == 0)
-		len += 4096;
-	c->ip = st->copy_ip;
-	c->sp = sp;
-	c->bp = st->copy_bp;
-	c->frame = st->copy_frame;
-	c->len = len;
-	c->exact_ip = st->copy_exact_ip;
+	for (int i = 0; i < STACK_COPY_BYTES / 4096 - 1; i++) {
+		__u32 off = len;
+		barrier_var(off);
+		if (off > STACK_COPY_BYTES - 4096 ||
+		    bpf_probe_read_user(&rec->stack[off], 4096, (void *)(sp + off)) != 0)
+			break;
+		len = off + 4096;
+	}
+	sc->sample.header.flags |= SAMPLE_FLAG_STACK_COPY;
+	bpf_probe_read_kernel(&rec->sample, size, &sc->sample);
+	rec->copy.ip = st->copy_ip;
+	rec->copy.sp = sp;
+	rec->copy.bp = st->copy_bp;
+	rec->copy.frame = st->copy_frame;
+	rec->copy.len = len;
+	rec->copy.exact_ip = st->copy_exact_ip;
+	/* User space takes it at once: such records fill a ring fast. */
+	bpf_ringbuf_submit(rec, BPF_RB_FORCE_WAKEUP);
 	return true;
 }
 
@@ -1074,16 +1099,12 @@ static __always_inline void send_sample(struct scratch_space *sc)
 	__u64 waiting = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
 	__u8 status = sc->state.status;
 	/* A walk that stopped for want of a table or mapping takes its stack
-	 * along, while the ring is less than half full. */
+	 * along, while the ring would stay less than half full. */
 	if ((status == UNWIND_NO_TABLE || status == UNWIND_NO_MAPPING || status == UNWIND_MAPPINGS_UNKNOWN) &&
-	    sc->state.copy_wanted && waiting < bpf_ringbuf_query(ring, BPF_RB_RING_SIZE) / 2 &&
-	    copy_user_stack(sc)) {
-		s->header.flags |= SAMPLE_FLAG_STACK_COPY;
-		size = sizeof(struct stack_sample) + offsetof(struct stack_copy, bytes) +
-		       (sc->copy.len & (2 * STACK_COPY_BYTES - 1));
-		if (size > sizeof(struct stack_sample) + sizeof(struct stack_copy))
-			size = sizeof(struct stack_sample) + sizeof(struct stack_copy);
-	}
+	    sc->state.copy_wanted &&
+	    waiting + sizeof(struct copy_record) < bpf_ringbuf_query(ring, BPF_RB_RING_SIZE) / 2 &&
+	    send_with_copy(sc, ring, size))
+		return;
 	__u64 wakeup = waiting > samples_wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_output(ring, s, size, wakeup) != 0)
 		count(STAT_LOST_RINGBUF);

@@ -81,8 +81,9 @@ enum stat_index {
 #define SAMPLE_FLAG_KERNEL_THREAD 1
 #define SAMPLE_FLAG_STACK_COPY 2    /* a struct stack_copy follows the whole stack_sample */
 
-/* Bytes of user stack a stack_copy holds at most (perf's default dump size). */
-#define STACK_COPY_BYTES 8192
+/* Bytes of user stack a stack_copy holds at most (perf's default is 8 KiB;
+ * a compiler's stack is often deeper). */
+#define STACK_COPY_BYTES 32768
 
 /*
  * The fixed-size head of one sample record in a `samples` ring buffer. It is
@@ -113,21 +114,21 @@ struct stack_sample {
 /*
  * The registers of the first frame the walker could not go past for want of
  * a table or a mapping (UNWIND_NO_TABLE, UNWIND_NO_MAPPING,
- * UNWIND_MAPPINGS_UNKNOWN), and the user stack from its rsp up. User space
- * walks on from there once the table or mapping is known (deferred
- * unwinding, src/unwind/deferred.rs). Sent only with such samples, after the
- * whole stack_sample (its unused frame slots included), and only when the
- * ring has room: the record is then about 17 KiB.
+ * UNWIND_MAPPINGS_UNKNOWN), and how much of the user stack from its rsp up
+ * follows. User space walks on from there once the table or mapping is
+ * known (deferred unwinding, src/unwind/deferred.rs). Sent only with such
+ * samples, after the whole stack_sample (its unused frame slots included),
+ * and followed by len bytes of stack; only while the ring is less than half
+ * full: such a record takes about 41 KiB of the ring.
  */
 struct stack_copy {
 	__u64 ip;                   /* the frame's pc (a return address unless exact_ip) */
-	__u64 sp;                   /* its rsp: bytes[0] is the byte at this address */
+	__u64 sp;                   /* its rsp: the first stack byte that follows is at this address */
 	__u64 bp;                   /* its rbp */
 	__u32 frame;                /* its index among the sample's user frames */
-	__u32 len;                  /* bytes of bytes[] copied (the stack from sp up) */
+	__u32 len;                  /* bytes of stack that follow (at most STACK_COPY_BYTES) */
 	__u8 exact_ip;              /* ip is the sampled pc or a signal frame's, not a return address */
 	__u8 padding[7];
-	__u8 bytes[STACK_COPY_BYTES];
 };
 
 /*

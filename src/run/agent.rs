@@ -553,9 +553,11 @@ impl<'s, 'o> Agent<'s, 'o> {
 fn log_deferred(stats: DeferredStats) {
     if stats.held + stats.no_room > 0 {
         info!(
-            "stack copies: {} walks finished in user space, {} could not finish, {} samples not held (no room); {} tries, {} us each on average",
+            "stack copies: {} walks finished in user space; not finished: {} deeper than the copy, {} in no mapping, {} without rows in time; {} samples not held (no room); {} tries, {} us each on average",
             stats.finished,
-            stats.unfinished,
+            stats.copy_ended,
+            stats.no_mapping,
+            stats.expired,
             stats.no_room,
             stats.walks,
             stats.walk_ns / stats.walks.max(1) / 1000

@@ -15,7 +15,8 @@
 //! here only the few samples that need it are copied.
 //!
 //! A walk that cannot finish (its copy ends first, the pc is still in no
-//! mapping, the hold expires) leaves the sample as the BPF program sent it.
+//! mapping, the hold expires) leaves the sample as the BPF program sent it,
+//! and is counted by its reason ([`DeferredStats`]).
 //! The steps are the BPF walker's (`unwind_step` in
 //! `src/bpf/profiler.bpf.c`): the same rules, the same frame-pointer
 //! fallback where no CFI covers a pc, the same end conditions.
@@ -35,6 +36,10 @@ pub const HOLD_NS: u64 = 1_500_000_000;
 /// Bytes of held samples (their stack copies and frames) at most: a sample
 /// that would go past it is counted at once, as the BPF program sent it.
 pub const HOLD_MAX_BYTES: usize = 4 << 20;
+
+/// How long a walk that met a pc in no mapping waits before it looks
+/// again, ns.
+const MAPPING_RETRY_NS: u64 = 10_000_000;
 
 /// The most user frames a walk records (`MAX_USER_FRAMES` in
 /// `src/bpf/profiler.h`).
@@ -81,8 +86,10 @@ pub enum Replay {
     },
     /// A frame's rows are not loaded yet: try again later.
     Waiting,
-    /// It cannot go on: the copy ends, or a pc is in no mapping.
-    Stuck,
+    /// The copy ends before the walk does (a stack deeper than the copy).
+    CopyEnded,
+    /// A pc is in no mapping the tracker knows, even now.
+    NoMapping,
 }
 
 /// Registers of the frame being walked.
@@ -126,7 +133,7 @@ pub fn walk_on(copy: &StackCopy, view: &mut impl WalkView) -> Replay {
                 frames.pop();
                 return end(frames, true);
             }
-            return Replay::Stuck;
+            return Replay::NoMapping;
         };
         let rule = match code.object {
             None => None,
@@ -159,7 +166,7 @@ pub fn walk_on(copy: &StackCopy, view: &mut impl WalkView) -> Replay {
                     status: UnwindStatus::UnsupportedRule,
                 }
             }
-            Step::OutOfCopy => return Replay::Stuck,
+            Step::OutOfCopy => return Replay::CopyEnded,
         }
     }
 }
@@ -290,9 +297,15 @@ pub struct DeferredStats {
     pub held: u64,
     /// Of those, walks finished from the copy.
     pub finished: u64,
-    /// Of those, walks that could not finish: the sample went on as the
-    /// BPF program sent it.
-    pub unfinished: u64,
+    /// Of those, walks that could not finish, so that the sample went on
+    /// as the BPF program sent it: the copy ended first (a stack deeper
+    /// than it) ...
+    pub copy_ended: u64,
+    /// ... a pc was in no mapping until the hold ended ...
+    pub no_mapping: u64,
+    /// ... or the rows were not loaded before the hold ended (or the
+    /// sample's window closed).
+    pub expired: u64,
     /// Samples with a stack copy not held, for want of room.
     pub no_room: u64,
     /// Walks tried (a held sample is tried again after new rows are written).
@@ -311,6 +324,9 @@ struct Held {
     /// [`crate::unwind::loader::UnwindLoaderStats::row_writes`] at its last
     /// try (`None`: not tried yet).
     tried_at: Option<u64>,
+    /// Try again from this time on even if no rows were written (a pc in
+    /// no mapping yet), CLOCK_MONOTONIC ns.
+    retry_ns: u64,
 }
 
 /// Samples waiting for the rows their walk needs, in arrival order.
@@ -342,13 +358,15 @@ impl DeferredWalks {
             until_ns: now_ns.saturating_add(HOLD_NS),
             bytes,
             tried_at: None,
+            retry_ns: u64::MAX,
         });
         None
     }
 
     /// Walk on the held samples whose rows may have changed since their
-    /// last try (`row_writes`: the loader's count), and hand back, in
-    /// arrival order, those that are done: walked to their end, stuck,
+    /// last try (`row_writes`: the loader's count), or that met a pc in no
+    /// mapping at least [`MAPPING_RETRY_NS`] ago, and hand back, in arrival
+    /// order, those that are done: walked to their end or past their copy,
     /// held until their time (`now_ns`), or taken before `due_before_ns`
     /// (their window closes now: they are walked once more, then go as
     /// they are). `walk` walks one sample's copy on.
@@ -363,7 +381,7 @@ impl DeferredWalks {
         let mut kept = VecDeque::with_capacity(self.held.len());
         for mut held in self.held.drain(..) {
             let due = held.sample.timestamp_ns < due_before_ns || now_ns >= held.until_ns;
-            if held.tried_at == Some(row_writes) && !due {
+            if held.tried_at == Some(row_writes) && now_ns < held.retry_ns && !due {
                 kept.push_back(held);
                 continue;
             }
@@ -377,9 +395,19 @@ impl DeferredWalks {
             let replay = walk(&held.sample, copy);
             self.stats.walks += 1;
             self.stats.walk_ns += started.elapsed().as_nanos() as u64;
-            if replay == Replay::Waiting && !due {
-                kept.push_back(held);
-                continue;
+            if !due {
+                // Rows come with a write; a mapping once the process
+                // tracker reads the process's maps, which it does on its
+                // own schedule: look again a little later.
+                held.retry_ns = match replay {
+                    Replay::Waiting => u64::MAX,
+                    Replay::NoMapping => now_ns.saturating_add(MAPPING_RETRY_NS),
+                    _ => 0,
+                };
+                if held.retry_ns != 0 {
+                    kept.push_back(held);
+                    continue;
+                }
             }
             let mut sample = held.sample;
             let copy = sample.stack_copy.take().expect("held samples have copies");
@@ -390,7 +418,9 @@ impl DeferredWalks {
                     sample.user_stack.extend(frames);
                     sample.user_status = status;
                 }
-                Replay::Waiting | Replay::Stuck => self.stats.unfinished += 1,
+                Replay::CopyEnded => self.stats.copy_ended += 1,
+                Replay::NoMapping => self.stats.no_mapping += 1,
+                Replay::Waiting => self.stats.expired += 1,
             }
             self.bytes -= held.bytes;
             done.push(sample);

@@ -115,11 +115,11 @@ fn a_walk_waits_for_rows_not_loaded_and_stops_where_the_copy_ends() {
     view.unloaded.clear();
     let mut short = copy.clone();
     short.bytes.truncate(24);
-    assert_eq!(walk_on(&short, &mut view), Replay::Stuck);
+    assert_eq!(walk_on(&short, &mut view), Replay::CopyEnded);
     // A pc in no mapping even now.
     let mut lost = copy;
     lost.ip = 0x1234;
-    assert_eq!(walk_on(&lost, &mut view), Replay::Stuck);
+    assert_eq!(walk_on(&lost, &mut view), Replay::NoMapping);
 }
 
 #[test]
@@ -196,7 +196,33 @@ fn held_samples_go_once_walked_when_due_or_when_their_hold_ends() {
     assert_eq!(gone[0].user_status, UnwindStatus::Complete);
     assert!(held.is_empty());
     let stats = held.stats();
-    assert_eq!((stats.held, stats.finished, stats.unfinished), (2, 1, 1));
+    assert_eq!((stats.held, stats.finished, stats.expired), (2, 1, 1));
+
+    // A pc in no mapping: looked at again after MAPPING_RETRY_NS, without
+    // new rows; the walk goes on once the mapping is known.
+    let (_, mut unmapped) = three_frames();
+    unmapped.ip = 0x1234;
+    held.hold(held_sample(30, unmapped), 6_000);
+    assert!(held
+        .release(6_000, 0, 2, counting(&mut view, &walks))
+        .is_empty());
+    let before = walks.get();
+    assert!(held
+        .release(
+            6_000 + MAPPING_RETRY_NS - 1,
+            0,
+            2,
+            counting(&mut view, &walks)
+        )
+        .is_empty());
+    assert_eq!(walks.get(), before);
+    assert!(held
+        .release(6_000 + MAPPING_RETRY_NS, 0, 2, counting(&mut view, &walks))
+        .is_empty());
+    assert_eq!(walks.get(), before + 1);
+    let gone = held.release(7_000, 31, 2, counting(&mut view, &walks));
+    assert_eq!(gone[0].user_status, UnwindStatus::NoTable);
+    assert_eq!(held.stats().no_mapping, 1);
 
     // A hold ends HOLD_NS after the sample arrived.
     view.unloaded = vec![1];
