@@ -222,6 +222,7 @@ fn finish(
         served,
         stats,
         malformed,
+        deferred,
         ..
     } = stopped;
     let mut last = windows.finish(timefmt::monotonic_ns());
@@ -242,6 +243,10 @@ fn finish(
         tables.build_failures
     );
     let lost = stats.lost + malformed;
+    debug!(
+        "walks from stack copies: {deferred:?}, {} us each on average",
+        deferred.walk_ns / deferred.walks.max(1) / 1000
+    );
 
     if let Some(mut worker) = window_worker {
         for closed in last {
@@ -261,6 +266,7 @@ fn finish(
             lost,
             unwind: totals.status.iter().map(|(k, v)| (k.name(), *v)).collect(),
             unsupported,
+            deferred,
             continuous: Some(ContinuousSummary {
                 windows: totals.windows,
                 late_samples: windows.late(),
@@ -277,6 +283,7 @@ fn finish(
             lost,
             unwind: metrics.unwind_counts(),
             unsupported,
+            deferred,
             continuous: None,
             served: Some(served),
         });
@@ -317,6 +324,7 @@ fn finish(
             .map(|(k, v)| (k.name(), *v))
             .collect(),
         unsupported,
+        deferred,
         continuous: None,
         served: None,
     })

@@ -188,6 +188,7 @@ fn record_walks_a_short_program_without_frame_pointers_from_its_start() {
 fn record_walks_a_new_program_a_shell_script_starts_from_its_start() {
     let _serial = serial();
     let mut share = CompleteShare::default();
+    let mut walked_on = 0;
     for run_index in 0..3 {
         // A new build ID each run: no table of it is cached.
         let source = format!(
@@ -202,9 +203,18 @@ fn record_walks_a_new_program_a_shell_script_starts_from_its_start() {
         chmod(&script, 0o755);
         let out = run(&record_args(dir.path(), "4999", &[s(&script)]), TIMEOUT);
         assert_eq!(out.status.code(), Some(0), "{out}");
+        // record prints its summary on stderr (stdout is the command's).
+        walked_on += out
+            .stderr
+            .split("stack copies: walked_on=")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0);
         share.add(&dir.path().join("folded.txt"), &program.name, &out);
     }
     share.check(97);
+    // The summary says how many walks user space finished.
+    assert!(walked_on > 0, "no walk finished from a stack copy");
 }
 
 /// Samples of one program over several runs, and how many have its whole stack.

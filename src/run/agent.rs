@@ -138,6 +138,8 @@ pub struct Stopped {
     pub stats: BpfStats,
     /// Records that did not parse.
     pub malformed: u64,
+    /// How the walks held for their stack copies went.
+    pub deferred: DeferredStats,
 }
 
 impl<'s, 'o> Agent<'s, 'o> {
@@ -529,7 +531,6 @@ impl<'s, 'o> Agent<'s, 'o> {
             .context("draining the samples ring buffers")?;
         self.drain();
         self.release_deferred(timefmt::monotonic_ns(), u64::MAX);
-        log_deferred(self.deferred.stats());
         drop(self.subscriptions);
         drop(self.workers.requests);
         let stats = self.sampler.stats()?;
@@ -545,22 +546,7 @@ impl<'s, 'o> Agent<'s, 'o> {
             served: self.served,
             stats,
             malformed,
+            deferred: self.deferred.stats(),
         })
-    }
-}
-
-/// Say how the walks finished from stack copies went.
-fn log_deferred(stats: DeferredStats) {
-    if stats.held + stats.no_room > 0 {
-        info!(
-            "stack copies: {} walks finished in user space; not finished: {} deeper than the copy, {} in no mapping, {} without rows in time; {} samples not held (no room); {} tries, {} us each on average",
-            stats.finished,
-            stats.copy_ended,
-            stats.no_mapping,
-            stats.expired,
-            stats.no_room,
-            stats.walks,
-            stats.walk_ns / stats.walks.max(1) / 1000
-        );
     }
 }

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use crate::sender::worker::WorkerReport;
 use crate::text::plural;
+use crate::unwind::deferred::DeferredStats;
 
 /// What a run produced, for the summary line.
 #[derive(Debug, Clone)]
@@ -20,6 +21,9 @@ pub struct RunSummary {
     pub unwind: BTreeMap<String, u64>,
     /// Walks stopped by an unsupported CFI rule, per rule kind.
     pub unsupported: BTreeMap<String, u64>,
+    /// Walks the BPF program could not finish, finished (or not) in user
+    /// space from their stack copies.
+    pub deferred: DeferredStats,
     /// Continuous mode only: windows and delivery.
     pub continuous: Option<ContinuousSummary>,
     /// Listen-only mode (`--listen` alone): on-demand profiles served.
@@ -130,6 +134,15 @@ impl std::fmt::Display for RunSummary {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();
             write!(f, "\nunsupported CFI rules: {}", kinds.join(" "))?;
+        }
+        let d = &self.deferred;
+        if d.held + d.no_room > 0 {
+            // Already counted under `user stacks:` by how they ended.
+            write!(
+                f,
+                "\nstack copies: walked_on={} deeper_than_copy={} no_mapping={} no_rows_in_time={} not_held={}",
+                d.finished, d.copy_ended, d.no_mapping, d.expired, d.no_room
+            )?;
         }
         // The run's one debuginfod client, when servers are set.
         if let Some(d) = crate::symbolize::debuginfod::stats() {
