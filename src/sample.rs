@@ -57,6 +57,11 @@ pub enum UnwindStatus {
     /// exec or fork could be followed, or was described before its latest
     /// exec): the frames are what frame pointers gave.
     MappingsUnknown,
+    /// Set in user space, never by the BPF program: a walk the BPF program
+    /// could not finish went on from its copy of the stack
+    /// ([`crate::unwind::deferred`]) until the copy ended, short of the
+    /// outermost frame; the frames up to there are the CFI walk's.
+    StackCopyEnded,
     /// A value this version does not know.
     Unknown(u8),
 }
@@ -98,6 +103,7 @@ impl UnwindStatus {
             Self::NoTable => "no_table".into(),
             Self::UnsupportedRule => "unsupported_rule".into(),
             Self::MappingsUnknown => "mappings_unknown".into(),
+            Self::StackCopyEnded => "stack_copy_ended".into(),
             Self::Unknown(raw) => format!("unknown_{raw}"),
         }
     }

@@ -6,7 +6,9 @@
 # cold run). Prints, per run, the share of rustc's samples (folded output,
 # process name `rustc-probe`: a link to the toolchain's rustc, so that other
 # rustc processes on the machine are not counted) that end in
-# `[unwind: no_table]`, and when rustc's large objects' tables were loaded
+# `[unwind: no_table]` or `[unwind: stack_copy_ended]` (a table was missing
+# and the walk from the sample's stack copy ended with the copy), and when
+# rustc's large objects' tables were loaded
 # (from the --logging debug lines), milliseconds after rustc's exec.
 #
 # Usage (root, from the project root, after `cargo build --release`):
@@ -78,7 +80,7 @@ run_once() {
         <(sed 's/ \([0-9]*\)$/;\1/' "$folded"))
     # (grep finding nothing is 0 such samples, not a failure)
     no_table=$({ grep '^rustc-probe;' "$folded" || true; } |
-        { grep -F '[unwind: no_table]' || true; } |
+        { grep -E '\[unwind: (no_table|stack_copy_ended)\]' || true; } |
         awk '{ n += $NF } END { print n + 0 }')
     local loads=""
     for object in librustc_driver libLLVM; do

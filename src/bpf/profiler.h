@@ -64,6 +64,8 @@ enum unwind_status {
 	                             * that existed before its exec or fork could be followed,
 	                             * or whose description is from before its latest exec):
 	                             * frame pointers gave the frames there are */
+	/* 9 is user space's own (UnwindStatus::StackCopyEnded in src/sample.rs):
+	 * a walk user space went on with from a stack copy ended with the copy. */
 };
 
 /* Indices into the per-CPU `stats` array map. */

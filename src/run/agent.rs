@@ -372,18 +372,24 @@ impl<'s, 'o> Agent<'s, 'o> {
             return;
         }
         let (tracker, sampler) = (&mut self.tracker, self.sampler);
+        let mut rows = deferred::RowMemo::default();
         let row_writes = self.loader.stats().row_writes;
-        let done = self
-            .deferred
-            .release(now, due_before_ns, row_writes, |sample, copy| {
+        let done = self.deferred.release(
+            now,
+            due_before_ns,
+            row_writes,
+            |object, vaddr| sampler.has_rows(object, vaddr),
+            |sample, copy| {
                 let mut view = LiveView {
                     tracker: &mut *tracker,
                     sampler,
                     pid: sample.pid,
                     timestamp_ns: sample.timestamp_ns,
+                    rows: &mut rows,
                 };
                 deferred::walk_on(copy, &mut view)
-            });
+            },
+        );
         for sample in done {
             let frames = crate::profile::aggregate::resolve(&sample, &mut self.tracker);
             // Objects only the finished walk reached get their tables too.

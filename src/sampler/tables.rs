@@ -72,6 +72,23 @@ impl Sampler<'_> {
         }
     }
 
+    /// Whether the walker has rows for `vaddr` of `object_id`'s table: its
+    /// page is in `unwind_pages`, or the whole table is loaded (where no
+    /// page is, no CFI covers the address). One or two map lookups.
+    pub fn has_rows(&self, object_id: u32, vaddr: u64) -> bool {
+        let maps = &self.skel.maps;
+        let Ok(page) = u32::try_from(vaddr >> PAGE_BITS) else {
+            return true;
+        };
+        let mut key = [0u8; 8];
+        key[0..4].copy_from_slice(&object_id.to_ne_bytes());
+        key[4..8].copy_from_slice(&page.to_ne_bytes());
+        let present = |map: &libbpf_rs::Map<'_>, key: &[u8]| {
+            matches!(map.lookup(key, MapFlags::ANY), Ok(Some(_)))
+        };
+        present(&maps.unwind_pages, &key) || present(&maps.loaded_objects, &object_id.to_ne_bytes())
+    }
+
     /// The row the BPF walker would use for `vaddr` (an address in the
     /// object's ELF virtual address space) of `object_id`'s table, looked
     /// up the same way: its page in `unwind_pages`, else whether the table

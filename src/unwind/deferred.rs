@@ -14,9 +14,10 @@
 //! copies the stack of every sample in DWARF mode and unwinds it later;
 //! here only the few samples that need it are copied.
 //!
-//! A walk that cannot finish (its copy ends first, the pc is still in no
-//! mapping, the hold expires) leaves the sample as the BPF program sent it,
-//! and is counted by its reason ([`DeferredStats`]).
+//! A walk that cannot finish (the pc is still in no mapping, the hold
+//! expires) leaves the sample as the BPF program sent it; one whose copy
+//! ends first keeps the frames it walked and ends in `stack_copy_ended`.
+//! Each is counted by its reason ([`DeferredStats`]).
 //! The steps are the BPF walker's (`unwind_step` in
 //! `src/bpf/profiler.bpf.c`): the same rules, the same frame-pointer
 //! fallback where no CFI covers a pc, the same end conditions.
@@ -39,7 +40,7 @@ pub const HOLD_MAX_BYTES: usize = 4 << 20;
 
 /// How long a walk that met a pc in no mapping waits before it looks
 /// again, ns.
-const MAPPING_RETRY_NS: u64 = 10_000_000;
+const MAPPING_RETRY_NS: u64 = 100_000_000;
 
 /// The most user frames a walk records (`MAX_USER_FRAMES` in
 /// `src/bpf/profiler.h`).
@@ -84,10 +85,19 @@ pub enum Replay {
         /// How the walk ended.
         status: UnwindStatus,
     },
-    /// A frame's rows are not loaded yet: try again later.
-    Waiting,
-    /// The copy ends before the walk does (a stack deeper than the copy).
-    CopyEnded,
+    /// A frame's rows are not loaded yet: try again once they are.
+    Waiting {
+        /// The object whose rows are missing.
+        object: u32,
+        /// The address (object vaddr) that needs them.
+        vaddr: u64,
+    },
+    /// The copy ends before the walk does (a stack deeper than the copy):
+    /// the frames walked until then, the copy's pc first.
+    CopyEnded {
+        /// Frames, leaf first, starting with [`StackCopy::ip`].
+        frames: Vec<u64>,
+    },
     /// A pc is in no mapping the tracker knows, even now.
     NoMapping,
 }
@@ -142,7 +152,7 @@ pub fn walk_on(copy: &StackCopy, view: &mut impl WalkView) -> Replay {
                     r.ip.wrapping_sub(code.bias)
                         .wrapping_sub(u64::from(!r.exact_ip));
                 match view.row(object, vaddr) {
-                    RowLookup::NotLoaded => return Replay::Waiting,
+                    RowLookup::NotLoaded => return Replay::Waiting { object, vaddr },
                     RowLookup::NoCfi => None,
                     RowLookup::Row(raw) => Some(Rule::from_raw(raw).unwrap_or(Rule::EndOfFunction)),
                 }
@@ -166,7 +176,7 @@ pub fn walk_on(copy: &StackCopy, view: &mut impl WalkView) -> Replay {
                     status: UnwindStatus::UnsupportedRule,
                 }
             }
-            Step::OutOfCopy => return Replay::CopyEnded,
+            Step::OutOfCopy => return Replay::CopyEnded { frames },
         }
     }
 }
@@ -255,6 +265,20 @@ fn cfi_step(copy: &StackCopy, r: &mut Regs, rule: Rule) -> Step {
     Step::Next
 }
 
+/// Put the `frames` a walk from `sample`'s stack copy reached before the
+/// copy ended in place of the BPF program's frames from `first` on, unless
+/// those go on the same way and further (its frame-pointer fallback
+/// happened to follow the right chain): then the sample keeps its own.
+fn take_partial_walk(sample: &mut RawSample, first: usize, frames: Vec<u64>) {
+    let sent = sample.user_stack.get(first..).unwrap_or_default();
+    if sent.len() > frames.len() && sent.starts_with(&frames) {
+        return;
+    }
+    sample.user_stack.truncate(first);
+    sample.user_stack.extend(frames);
+    sample.user_status = UnwindStatus::StackCopyEnded;
+}
+
 /// The view of a live run: mappings from the process tracker at the
 /// sample's time, rows from the walker's maps.
 pub struct LiveView<'a, 's> {
@@ -266,7 +290,14 @@ pub struct LiveView<'a, 's> {
     pub pid: u32,
     /// The sample's time, CLOCK_MONOTONIC ns.
     pub timestamp_ns: u64,
+    /// Rows already looked up, by (object, vaddr): the walks of one release
+    /// share them (samples of one program share most frames), and rows do
+    /// not change within it.
+    pub rows: &'a mut RowMemo,
 }
+
+/// Rows looked up during one [`DeferredWalks::release`].
+pub type RowMemo = rustc_hash::FxHashMap<(u32, u64), RowLookup>;
 
 impl WalkView for LiveView<'_, '_> {
     fn code_at(&mut self, pc: u64) -> Option<Code> {
@@ -284,9 +315,11 @@ impl WalkView for LiveView<'_, '_> {
     fn row(&mut self, object: u32, vaddr: u64) -> RowLookup {
         // A map that cannot be read is as good as rows not loaded: the
         // hold expires and the sample goes on as it came.
-        self.sampler
-            .lookup_row(object, vaddr)
-            .unwrap_or(RowLookup::NotLoaded)
+        *self.rows.entry((object, vaddr)).or_insert_with(|| {
+            self.sampler
+                .lookup_row(object, vaddr)
+                .unwrap_or(RowLookup::NotLoaded)
+        })
     }
 }
 
@@ -297,14 +330,16 @@ pub struct DeferredStats {
     pub held: u64,
     /// Of those, walks finished from the copy.
     pub finished: u64,
-    /// Of those, walks that could not finish, so that the sample went on
-    /// as the BPF program sent it: the copy ended first (a stack deeper
-    /// than it) ...
+    /// Of those, walks that ended with the copy (a stack deeper than it):
+    /// the sample has the frames walked until then and ends in
+    /// [`UnwindStatus::StackCopyEnded`], unless the BPF program's own
+    /// frames go on the same way and further.
     pub copy_ended: u64,
-    /// ... a pc was in no mapping until the hold ended ...
+    /// Of those, walks left as the BPF program sent them because a pc was
+    /// in no mapping until the hold ended.
     pub no_mapping: u64,
-    /// ... or the rows were not loaded before the hold ended (or the
-    /// sample's window closed).
+    /// Of those, walks left as the BPF program sent them because the rows
+    /// were not loaded before the hold ended (or the sample's window closed).
     pub expired: u64,
     /// Samples with a stack copy not held, for want of room.
     pub no_room: u64,
@@ -321,11 +356,13 @@ struct Held {
     /// Release it as it is from this time on, CLOCK_MONOTONIC ns.
     until_ns: u64,
     bytes: usize,
-    /// [`crate::unwind::loader::UnwindLoaderStats::row_writes`] at its last
-    /// try (`None`: not tried yet).
-    tried_at: Option<u64>,
-    /// Try again from this time on even if no rows were written (a pc in
-    /// no mapping yet), CLOCK_MONOTONIC ns.
+    /// The rows its last try lacked (object, vaddr).
+    waiting_for: Option<(u32, u64)>,
+    /// [`crate::unwind::loader::UnwindLoaderStats::row_writes`] when it was
+    /// last seen waiting: rows can only have come with a later write.
+    checked_at: u64,
+    /// Without rows to wait for: try (again) from this time on,
+    /// CLOCK_MONOTONIC ns (0: at once; after a pc in no mapping, later).
     retry_ns: u64,
 }
 
@@ -357,35 +394,48 @@ impl DeferredWalks {
             sample,
             until_ns: now_ns.saturating_add(HOLD_NS),
             bytes,
-            tried_at: None,
-            retry_ns: u64::MAX,
+            waiting_for: None,
+            checked_at: 0,
+            retry_ns: 0,
         });
         None
     }
 
-    /// Walk on the held samples whose rows may have changed since their
-    /// last try (`row_writes`: the loader's count), or that met a pc in no
-    /// mapping at least [`MAPPING_RETRY_NS`] ago, and hand back, in arrival
-    /// order, those that are done: walked to their end or past their copy,
-    /// held until their time (`now_ns`), or taken before `due_before_ns`
-    /// (their window closes now: they are walked once more, then go as
-    /// they are). `walk` walks one sample's copy on.
+    /// Walk on the held samples that may go further now, and hand back, in
+    /// arrival order, those that are done: walked to their end or past
+    /// their copy, held until their time (`now_ns`), or taken before
+    /// `due_before_ns` (their window closes now: they are walked once more,
+    /// then go as they are). A sample that waits for rows is walked again
+    /// once `has_rows(object, vaddr)` says they are there, asked only after
+    /// new rows were written (`row_writes`: the loader's count); one that
+    /// met a pc in no mapping, [`MAPPING_RETRY_NS`] later. `walk` walks one
+    /// sample's copy on.
     pub fn release(
         &mut self,
         now_ns: u64,
         due_before_ns: u64,
         row_writes: u64,
+        mut has_rows: impl FnMut(u32, u64) -> bool,
         mut walk: impl FnMut(&RawSample, &StackCopy) -> Replay,
     ) -> Vec<RawSample> {
         let mut done = Vec::new();
         let mut kept = VecDeque::with_capacity(self.held.len());
         for mut held in self.held.drain(..) {
             let due = held.sample.timestamp_ns < due_before_ns || now_ns >= held.until_ns;
-            if held.tried_at == Some(row_writes) && now_ns < held.retry_ns && !due {
-                kept.push_back(held);
-                continue;
+            if !due {
+                let wait = match held.waiting_for {
+                    Some((object, vaddr)) => {
+                        let unchanged = held.checked_at == row_writes;
+                        held.checked_at = row_writes;
+                        unchanged || !has_rows(object, vaddr)
+                    }
+                    None => now_ns < held.retry_ns,
+                };
+                if wait {
+                    kept.push_back(held);
+                    continue;
+                }
             }
-            held.tried_at = Some(row_writes);
             let copy = held
                 .sample
                 .stack_copy
@@ -399,14 +449,20 @@ impl DeferredWalks {
                 // Rows come with a write; a mapping once the process
                 // tracker reads the process's maps, which it does on its
                 // own schedule: look again a little later.
-                held.retry_ns = match replay {
-                    Replay::Waiting => u64::MAX,
-                    Replay::NoMapping => now_ns.saturating_add(MAPPING_RETRY_NS),
-                    _ => 0,
-                };
-                if held.retry_ns != 0 {
-                    kept.push_back(held);
-                    continue;
+                match replay {
+                    Replay::Waiting { object, vaddr } => {
+                        held.waiting_for = Some((object, vaddr));
+                        held.checked_at = row_writes;
+                        kept.push_back(held);
+                        continue;
+                    }
+                    Replay::NoMapping => {
+                        held.waiting_for = None;
+                        held.retry_ns = now_ns.saturating_add(MAPPING_RETRY_NS);
+                        kept.push_back(held);
+                        continue;
+                    }
+                    _ => {}
                 }
             }
             let mut sample = held.sample;
@@ -418,9 +474,12 @@ impl DeferredWalks {
                     sample.user_stack.extend(frames);
                     sample.user_status = status;
                 }
-                Replay::CopyEnded => self.stats.copy_ended += 1,
+                Replay::CopyEnded { frames } => {
+                    self.stats.copy_ended += 1;
+                    take_partial_walk(&mut sample, copy.frame, frames);
+                }
                 Replay::NoMapping => self.stats.no_mapping += 1,
-                Replay::Waiting => self.stats.expired += 1,
+                Replay::Waiting { .. } => self.stats.expired += 1,
             }
             self.bytes -= held.bytes;
             done.push(sample);

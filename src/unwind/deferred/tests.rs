@@ -111,11 +111,22 @@ fn a_walk_goes_on_from_the_copy_by_the_same_rules() {
 fn a_walk_waits_for_rows_not_loaded_and_stops_where_the_copy_ends() {
     let (mut view, copy) = three_frames();
     view.unloaded = vec![1];
-    assert_eq!(walk_on(&copy, &mut view), Replay::Waiting);
+    assert_eq!(
+        walk_on(&copy, &mut view),
+        Replay::Waiting {
+            object: 1,
+            vaddr: 0x401233
+        }
+    );
     view.unloaded.clear();
     let mut short = copy.clone();
     short.bytes.truncate(24);
-    assert_eq!(walk_on(&short, &mut view), Replay::CopyEnded);
+    assert_eq!(
+        walk_on(&short, &mut view),
+        Replay::CopyEnded {
+            frames: vec![0x7f00_0000_0600, 0x401234]
+        }
+    );
     // A pc in no mapping even now.
     let mut lost = copy;
     lost.ip = 0x1234;
@@ -138,6 +149,12 @@ fn code_without_cfi_is_walked_by_frame_pointers() {
             status: UnwindStatus::FramePointer,
         }
     );
+}
+
+/// Whether `view` has rows for an object, as it is now.
+fn rows_of(view: &View) -> impl FnMut(u32, u64) -> bool {
+    let unloaded = view.unloaded.clone();
+    move |object, _| !unloaded.contains(&object)
 }
 
 /// A walk over `view` that counts its calls in `walks`.
@@ -171,24 +188,26 @@ fn held_samples_go_once_walked_when_due_or_when_their_hold_ends() {
     assert_eq!(held.earliest_ns(), Some(10));
 
     let walks = Cell::new(0);
+    let release = |held: &mut DeferredWalks, view: &mut View, now, due, writes| {
+        held.release(now, due, writes, rows_of(view), counting(view, &walks))
+    };
     // Rows not loaded: both stay.
-    assert!(held
-        .release(2_000, 0, 1, counting(&mut view, &walks))
-        .is_empty());
-    // Nothing was written since: not walked again.
-    assert!(held
-        .release(3_000, 0, 1, counting(&mut view, &walks))
-        .is_empty());
+    assert!(release(&mut held, &mut view, 2_000, 0, 1).is_empty());
     assert_eq!(walks.get(), 2);
-    // The first one's window closes: it goes as it came.
-    let gone = held.release(4_000, 15, 1, counting(&mut view, &walks));
+    // Nothing written since, or written but not theirs: not walked again.
+    assert!(release(&mut held, &mut view, 3_000, 0, 1).is_empty());
+    assert!(release(&mut held, &mut view, 3_500, 0, 2).is_empty());
+    assert_eq!(walks.get(), 2);
+    // The first one's window closes: walked once more, it goes as it came.
+    let gone = release(&mut held, &mut view, 4_000, 15, 2);
+    assert_eq!(walks.get(), 3);
     assert_eq!(gone.len(), 1);
     assert_eq!(gone[0].user_stack, vec![0x400010, 0x9999]);
     assert_eq!(gone[0].user_status, UnwindStatus::NoTable);
     assert!(gone[0].stack_copy.is_none());
-    // Rows written: the second one is walked on from its frame 1.
+    // Its rows written: the second one is walked on from its frame 1.
     view.unloaded.clear();
-    let gone = held.release(5_000, 0, 2, counting(&mut view, &walks));
+    let gone = release(&mut held, &mut view, 5_000, 0, 3);
     assert_eq!(
         gone[0].user_stack,
         vec![0x400010, 0x7f00_0000_0600, 0x401234, 0x400100]
@@ -198,43 +217,59 @@ fn held_samples_go_once_walked_when_due_or_when_their_hold_ends() {
     let stats = held.stats();
     assert_eq!((stats.held, stats.finished, stats.expired), (2, 1, 1));
 
-    // A pc in no mapping: looked at again after MAPPING_RETRY_NS, without
-    // new rows; the walk goes on once the mapping is known.
+    // A pc in no mapping: looked at again MAPPING_RETRY_NS later, rows
+    // written or not.
     let (_, mut unmapped) = three_frames();
     unmapped.ip = 0x1234;
     held.hold(held_sample(30, unmapped), 6_000);
-    assert!(held
-        .release(6_000, 0, 2, counting(&mut view, &walks))
-        .is_empty());
+    assert!(release(&mut held, &mut view, 6_000, 0, 3).is_empty());
     let before = walks.get();
-    assert!(held
-        .release(
-            6_000 + MAPPING_RETRY_NS - 1,
-            0,
-            2,
-            counting(&mut view, &walks)
-        )
-        .is_empty());
+    assert!(release(&mut held, &mut view, 6_000 + MAPPING_RETRY_NS - 1, 0, 4).is_empty());
     assert_eq!(walks.get(), before);
-    assert!(held
-        .release(6_000 + MAPPING_RETRY_NS, 0, 2, counting(&mut view, &walks))
-        .is_empty());
+    assert!(release(&mut held, &mut view, 6_000 + MAPPING_RETRY_NS, 0, 4).is_empty());
     assert_eq!(walks.get(), before + 1);
-    let gone = held.release(7_000, 31, 2, counting(&mut view, &walks));
+    let gone = release(&mut held, &mut view, 7_000, 31, 4);
     assert_eq!(gone[0].user_status, UnwindStatus::NoTable);
     assert_eq!(held.stats().no_mapping, 1);
 
     // A hold ends HOLD_NS after the sample arrived.
     view.unloaded = vec![1];
     held.hold(held_sample(40, copy), 10_000);
-    assert!(held
-        .release(10_000 + HOLD_NS - 1, 0, 3, counting(&mut view, &walks))
-        .is_empty());
+    assert!(release(&mut held, &mut view, 10_000 + HOLD_NS - 1, 0, 5).is_empty());
     assert_eq!(
-        held.release(10_000 + HOLD_NS, 0, 3, counting(&mut view, &walks))
-            .len(),
+        release(&mut held, &mut view, 10_000 + HOLD_NS, 0, 5).len(),
         1
     );
+}
+
+#[test]
+fn a_walk_past_its_copy_keeps_its_frames_unless_the_sample_goes_further_the_same_way() {
+    let (mut view, mut copy) = three_frames();
+    copy.bytes.truncate(24);
+    let mut held = DeferredWalks::default();
+    let release = |held: &mut DeferredWalks, view: &mut View| {
+        held.release(0, u64::MAX, 1, |_, _| true, |_, c| walk_on(c, view))
+            .remove(0)
+    };
+    // The BPF program's frame-pointer fallback went elsewhere.
+    held.hold(held_sample(1, copy.clone()), 0);
+    let sample = release(&mut held, &mut view);
+    assert_eq!(
+        sample.user_stack,
+        vec![0x400010, 0x7f00_0000_0600, 0x401234]
+    );
+    assert_eq!(sample.user_status, UnwindStatus::StackCopyEnded);
+    // It went the same way, and further: its frames stay.
+    let mut further = held_sample(2, copy);
+    further.user_stack = vec![0x400010, 0x7f00_0000_0600, 0x401234, 0x400100];
+    held.hold(further, 0);
+    let sample = release(&mut held, &mut view);
+    assert_eq!(
+        sample.user_stack,
+        vec![0x400010, 0x7f00_0000_0600, 0x401234, 0x400100]
+    );
+    assert_eq!(sample.user_status, UnwindStatus::NoTable);
+    assert_eq!(held.stats().copy_ended, 2);
 }
 
 #[test]
