@@ -41,16 +41,14 @@ pub const TMP_PREFIX: &str = ".tmp-";
 /// umask (replacing a file keeps no old mode); a device, FIFO or symlink at
 /// `path` is written into instead ([`writes_through`]). Errors name the path.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    write_atomic_with(path, mode, |file| {
-        file.write_all(bytes)
-            .with_context(|| format!("writing {}", path.display()))
-    })
+    write_atomic_with(path, mode, |file| Ok(file.write_all(bytes)?))
 }
 
 /// Like [`write_atomic`], with the content written by `fill` into the
 /// temporary file (buffer small writes yourself), so that it need not be in
 /// memory whole. Nothing appears at `path` when `fill` fails. Errors:
-/// `fill`'s, and the file system's, naming the path.
+/// `fill`'s (as `writing <path>: ...`), and the file system's, naming the
+/// path.
 pub fn write_atomic_with(
     path: &Path,
     mode: u32,
@@ -66,17 +64,19 @@ pub fn write_atomic_with(
     if path.is_dir() {
         bail!("{} is a directory: name a file", path.display());
     }
+    let writing = || format!("writing {}", path.display());
     if is_stdout(path) {
         // This process's own standard output (`-`, `/dev/stdout`, or its
         // target named directly): written through the descriptor it has,
         // so that a shell's `>>` (O_APPEND) and whatever was written to it
         // before stay; opening the path again would truncate the file.
+        check_stdout_open()?;
         let fd = std::io::stdout()
             .as_fd()
             .try_clone_to_owned()
             .context("duplicating standard output")?;
         let mut target = File::from(fd);
-        fill(&mut target)?;
+        fill(&mut target).context("writing standard output")?;
         return target.flush().context("writing standard output");
     }
     if writes_through(path) {
@@ -91,17 +91,15 @@ pub fn write_atomic_with(
             .mode(mode)
             .open(path)
             .with_context(|| format!("opening {}", path.display()))?;
-        fill(&mut target)?;
-        return target
-            .flush()
-            .with_context(|| format!("writing {}", path.display()));
+        fill(&mut target).with_context(writing)?;
+        return target.flush().with_context(writing);
     }
     let mut tmp = tempfile::Builder::new()
         .prefix(TMP_PREFIX)
         .permissions(fs::Permissions::from_mode(mode))
         .tempfile_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    fill(tmp.as_file_mut())?;
+    fill(tmp.as_file_mut()).with_context(writing)?;
     tmp.as_file()
         .sync_all()
         .with_context(|| format!("syncing {}", path.display()))?;
@@ -131,6 +129,36 @@ pub fn is_stdout(path: &Path) -> bool {
         return false;
     };
     (out.dev(), out.ino()) == (target.dev(), target.ino())
+}
+
+/// Errors when this process was started with its standard output closed
+/// (`>&-`): the Rust runtime then gives it `/dev/null` opened read-write
+/// (which a shell's `>/dev/null` never does), and a profile written there
+/// would be lost without a word. (A daemon's standard output set up the
+/// same way, `/dev/null` opened read-write, is taken for closed too: a
+/// profile written there would be lost just the same.)
+pub fn check_stdout_open() -> Result<()> {
+    if stdout_is_runtime_null() {
+        bail!("cannot write the profile to standard output: it is closed (--profile-name -)");
+    }
+    Ok(())
+}
+
+/// Whether descriptor 1 is `/dev/null` opened read-write: what the Rust
+/// runtime puts in place of a closed standard output before `main`.
+fn stdout_is_runtime_null() -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(null) = fs::metadata("/dev/null") else {
+        return false;
+    };
+    // SAFETY: F_GETFL on a descriptor number only reads its flags.
+    let flags = unsafe { libc::fcntl(libc::STDOUT_FILENO, libc::F_GETFL) };
+    fs::metadata("/proc/self/fd/1").is_ok_and(|m| {
+        m.file_type().is_char_device()
+            && m.rdev() == null.rdev()
+            && flags >= 0
+            && flags & libc::O_ACCMODE == libc::O_RDWR
+    })
 }
 
 /// Whether `path` is a regular file (not following a symlink): what this
@@ -209,6 +237,26 @@ mod tests {
         assert_eq!(fs::read(dir.path().join("made.txt")).unwrap(), b"x");
         assert!(!writes_through(&target));
         assert!(!is_stdout(&target));
+    }
+
+    /// A write that fails names the file it was writing, once.
+    #[test]
+    fn write_errors_name_the_file() {
+        let err = format!(
+            "{:#}",
+            write_atomic(Path::new("/dev/full"), b"x", PROFILE_MODE).unwrap_err()
+        );
+        assert!(
+            err.starts_with("writing /dev/full: No space left on device"),
+            "{err}"
+        );
+        assert_eq!(err.matches("/dev/full").count(), 1, "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.pb");
+        let err = write_atomic_with(&path, PROFILE_MODE, |_| anyhow::bail!("encoding failed"));
+        let err = format!("{:#}", err.unwrap_err());
+        assert_eq!(err, format!("writing {}: encoding failed", path.display()));
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
     #[test]

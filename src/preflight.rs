@@ -5,7 +5,7 @@
 //! program type, found by loading a probe program, not by version number).
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -122,11 +122,13 @@ pub fn check_interval(value: f64) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// Create `file`'s directory if needed and make sure `file` can be written
-/// there. That directory is `dir` (`--profile-path`), one below it
-/// (`--profile-name sub/x.svg`), or elsewhere for an absolute name, which
-/// leaves `dir` alone. Nothing is left behind if `file` did not exist
-/// before, but the directories made.
+/// Make sure `file` can be written in its directory, creating that
+/// directory for the check if needed. That directory is `dir`
+/// (`--profile-path`), one below it (`--profile-name sub/x.svg`), or
+/// elsewhere for an absolute name, which leaves `dir` alone. Nothing is
+/// left behind: neither `file` if it did not exist before, nor the
+/// directories made for the check (the profile's writer makes them again,
+/// so that a run that writes nothing leaves no empty directory).
 pub fn check_output(dir: &Path, file: &Path) -> Result<()> {
     let dir = file
         .parent()
@@ -139,8 +141,46 @@ pub fn check_output(dir: &Path, file: &Path) -> Result<()> {
             dir.display()
         );
     }
-    fs::create_dir_all(dir)
-        .with_context(|| format!("cannot create output directory {}", dir.display()))?;
+    if crate::files::is_stdout(file) {
+        crate::files::check_stdout_open()?;
+    }
+    let made = MadeDirs::create(dir)?;
+    let checked = check_output_in(dir, file);
+    drop(made);
+    checked
+}
+
+/// The directories [`MadeDirs::create`] made, removed again (if still
+/// empty) on drop, deepest first.
+struct MadeDirs(Vec<PathBuf>);
+
+impl MadeDirs {
+    /// Create `dir` and its missing parents, remembering which were made.
+    fn create(dir: &Path) -> Result<Self> {
+        let missing: Vec<PathBuf> = dir
+            .ancestors()
+            .filter(|d| !d.as_os_str().is_empty())
+            .take_while(|d| fs::symlink_metadata(d).is_err())
+            .map(Path::to_path_buf)
+            .collect();
+        fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create output directory {}", dir.display()))?;
+        Ok(MadeDirs(missing))
+    }
+}
+
+impl Drop for MadeDirs {
+    fn drop(&mut self) {
+        for made in &self.0 {
+            // Only an empty directory goes: one something else filled
+            // meanwhile stays.
+            let _ = fs::remove_dir(made);
+        }
+    }
+}
+
+/// [`check_output`] once `file`'s directory `dir` exists.
+fn check_output_in(dir: &Path, file: &Path) -> Result<()> {
     if file.is_dir() {
         bail!("output path {} is a directory", file.display());
     }
@@ -396,8 +436,14 @@ mod tests {
         let sub = dir.path().join("a/b");
         let file = sub.join("out.svg");
         check_output(&sub, &file).unwrap();
-        assert!(sub.is_dir());
+        // The directories made for the check go again: a run that writes
+        // nothing leaves no empty --profile-path behind.
+        assert!(!dir.path().join("a").exists());
         assert!(!file.exists());
+        // One that was there stays.
+        fs::create_dir(dir.path().join("a")).unwrap();
+        check_output(&sub, &file).unwrap();
+        assert!(dir.path().join("a").is_dir() && !sub.exists());
         assert!(check_output(dir.path(), dir.path()).is_err());
         let not_dir = dir.path().join("plain");
         fs::write(&not_dir, b"").unwrap();
@@ -410,7 +456,13 @@ mod tests {
         // profile path alone.
         let unused = dir.path().join("unused");
         check_output(&unused, &dir.path().join("c/d/x.svg")).unwrap();
-        assert!(dir.path().join("c/d").is_dir() && !unused.exists());
+        assert!(!dir.path().join("c").exists() && !unused.exists());
+        // A directory that cannot be made is named.
+        let err = format!(
+            "{:#}",
+            check_output(&not_dir.join("sub"), &not_dir.join("sub/x")).unwrap_err()
+        );
+        assert!(err.contains("cannot create output directory"), "{err}");
         // Where no file can be made, the check says so before any sampling.
         let err = format!(
             "{:#}",

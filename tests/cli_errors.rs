@@ -190,13 +190,14 @@ fn pid_that_does_not_exist() {
 
 /// A run in which the profiled process never ran has no samples: a flame
 /// graph cannot be drawn, and then none of the requested formats is written
-/// (not a pprof file and an empty folded file beside an error).
+/// (not a pprof file and an empty folded file beside an error), nor is the
+/// `--profile-path` directory the run would have made.
 #[test]
 fn no_samples_with_a_flame_graph_requested() {
     let dir = tempdir();
     let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
     let pid = sleeper.id().to_string();
-    let mut args = args_with(dir.path(), &["--pids", &pid]);
+    let mut args = args_with(&dir.path().join("new/dir"), &["--pids", &pid]);
     args[3] = "pprof,folded,flame-graph".to_string();
     let out = run(&args, TIMEOUT);
     let _ = sleeper.kill();
@@ -221,6 +222,35 @@ fn a_target_gone_before_any_sample_fails_and_writes_nothing() {
         "lightswitch record -- CMD",
     ]);
     assert_empty(dir.path());
+}
+
+/// A profile that cannot be written at the end of the run: the error names
+/// the file, not just the errno.
+#[test]
+fn a_write_error_names_the_file() {
+    let out = run(
+        &args_with(Path::new("/dev"), &["--profile-name", "full"]),
+        TIMEOUT,
+    );
+    out.assert_error(&["writing /dev/full: No space left on device"]);
+}
+
+/// `--profile-name -` with standard output closed (`>&-`): an error before
+/// sampling, not a profile silently lost to the `/dev/null` the Rust
+/// runtime puts in place of the closed descriptor.
+#[test]
+fn a_closed_stdout_is_an_error() {
+    let dir = tempdir();
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "exec \"$0\" \"$@\" >&-", BIN])
+        .args(args_with(dir.path(), &["--profile-name", "-"]));
+    let out = run_command(cmd, TIMEOUT);
+    out.assert_error(&["standard output", "closed"]);
+    // Standard output redirected to /dev/null is a choice, not an error.
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "exec \"$0\" \"$@\" >/dev/null", BIN])
+        .args(args_with(dir.path(), &["--profile-name", "-"]));
+    run_command(cmd, TIMEOUT).assert_success();
 }
 
 #[test]
