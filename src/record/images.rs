@@ -29,6 +29,15 @@ pub fn exec_images(program: &Path) -> Vec<PathBuf> {
     std::iter::once(executable).chain(interpreter).collect()
 }
 
+/// The interpreter exec'ing `program` would need but that does not exist:
+/// the one its `#!` line names, or for an ELF program the ld.so its
+/// `PT_INTERP` names. `None` when there is none or it exists (whether it
+/// can run is left to exec).
+pub fn missing_interpreter(program: &Path) -> Option<PathBuf> {
+    let interpreter = script_interpreter(program).or_else(|| elf_interpreter(program))?;
+    (!interpreter.exists()).then_some(interpreter)
+}
+
 /// The interpreter a `#!` line of `path` names (its first word).
 fn script_interpreter(path: &Path) -> Option<PathBuf> {
     let mut head = [0u8; 256];
@@ -86,5 +95,13 @@ mod tests {
         let text = dir.path().join("text");
         std::fs::write(&text, "plain").unwrap();
         assert_eq!(exec_images(&text), vec![text.clone()]);
+        assert_eq!(missing_interpreter(&text), None);
+        assert_eq!(missing_interpreter(&script), None);
+        assert_eq!(missing_interpreter(&exe), None);
+        std::fs::write(&script, "#!/nonexistent/interp\n").unwrap();
+        assert_eq!(
+            missing_interpreter(&script),
+            Some(PathBuf::from("/nonexistent/interp"))
+        );
     }
 }

@@ -136,7 +136,7 @@ pub struct CannotRun {
 }
 
 impl CannotRun {
-    fn not_found(message: String) -> anyhow::Error {
+    pub(super) fn not_found(message: String) -> anyhow::Error {
         CannotRun {
             status: NOT_FOUND_EXIT_STATUS,
             message,
@@ -144,7 +144,7 @@ impl CannotRun {
         .into()
     }
 
-    fn not_executable(message: String) -> anyhow::Error {
+    pub(super) fn not_executable(message: String) -> anyhow::Error {
         CannotRun {
             status: NOT_EXECUTABLE_EXIT_STATUS,
             message,
@@ -180,67 +180,6 @@ impl CannotRun {
 #[derive(Debug, thiserror::Error)]
 #[error("executing the command")]
 struct ExecFailed(#[source] std::io::Error);
-
-/// The path `program` would be executed from: itself when it names a path,
-/// else the first executable of that name in `PATH`. Errors (before any
-/// process is started) with a [`CannotRun`]: an empty name, no such file,
-/// or a file that is not executable (a directory, no execute permission).
-pub fn resolve_program(program: &OsStr) -> Result<PathBuf> {
-    let is_executable = |path: &Path| {
-        CString::new(path.as_os_str().as_bytes())
-            // SAFETY: a NUL-terminated path.
-            .map(|c| unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0 && path.is_file())
-            .unwrap_or(false)
-    };
-    if program.is_empty() {
-        return Err(CannotRun::not_found(
-            "the command is an empty string: give a program after `record --`, e.g. \
-             `lightswitch record -- ./bench`"
-                .into(),
-        ));
-    }
-    if program.as_bytes().contains(&b'/') {
-        let path = PathBuf::from(program);
-        if !path.exists() {
-            return Err(CannotRun::not_found(format!(
-                "{}: no such file",
-                path.display()
-            )));
-        }
-        if path.is_dir() {
-            return Err(CannotRun::not_executable(format!(
-                "{}: is a directory",
-                path.display()
-            )));
-        }
-        if !is_executable(&path) {
-            return Err(CannotRun::not_executable(format!(
-                "{}: not executable (permission denied)",
-                path.display()
-            )));
-        }
-        return Ok(path);
-    }
-    let search = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
-    let candidates: Vec<PathBuf> = std::env::split_paths(&search)
-        .map(|dir| dir.join(program))
-        .collect();
-    if let Some(found) = candidates.iter().find(|path| is_executable(path)) {
-        return Ok(found.clone());
-    }
-    // As shells do: a file of that name that cannot be run is not "not found".
-    if let Some(file) = candidates.iter().find(|path| path.is_file()) {
-        return Err(CannotRun::not_executable(format!(
-            "{}: found in PATH as {}, but not executable (permission denied)",
-            program.to_string_lossy(),
-            file.display()
-        )));
-    }
-    Err(CannotRun::not_found(format!(
-        "{}: command not found in PATH",
-        program.to_string_lossy()
-    )))
-}
 
 /// What the spawner thread reports about the child.
 #[derive(Debug)]
@@ -286,7 +225,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 }
 
 impl HeldCommand {
-    /// Start `program` (a path from [`resolve_program`]) with `argv0` (the
+    /// Start `program` (a path from [`super::program::resolve_program`]) with `argv0` (the
     /// name as the user typed it, as a shell passes it: `ls`, not
     /// `/usr/bin/ls`) and `args`, the caller's stdin/stdout/stderr and
     /// environment, as `identity` when given (then with its `HOME`, `USER`
@@ -594,21 +533,5 @@ mod tests {
             message.starts_with("starting the run: executing the command: "),
             "{message}"
         );
-    }
-
-    #[test]
-    fn programs_resolve_or_say_why_not() {
-        let status = |program: &str| {
-            resolve_program(OsStr::new(program))
-                .unwrap_err()
-                .downcast::<CannotRun>()
-                .unwrap()
-                .status
-        };
-        assert_eq!(status(""), NOT_FOUND_EXIT_STATUS);
-        assert_eq!(status("/nonexistent/prog"), NOT_FOUND_EXIT_STATUS);
-        assert_eq!(status("/"), NOT_EXECUTABLE_EXIT_STATUS);
-        assert_eq!(status("/etc/passwd"), NOT_EXECUTABLE_EXIT_STATUS);
-        assert!(resolve_program(OsStr::new("sh")).unwrap().is_absolute());
     }
 }

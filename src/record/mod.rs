@@ -10,6 +10,7 @@
 
 mod images;
 pub mod launch;
+mod program;
 
 use anyhow::Result;
 
@@ -81,7 +82,7 @@ pub fn record(args: &RecordArgs) -> Result<i32> {
     let (program, rest) = args.command.split_first().ok_or_else(|| {
         anyhow::anyhow!("record needs a command: lightswitch record [OPTIONS] [--] CMD [ARGS...]")
     })?;
-    let path = launch::resolve_program(program)?;
+    let path = program::resolve_program(program)?;
     let identity = if args.as_root {
         None
     } else {
