@@ -377,19 +377,20 @@ impl ProcessFollower {
     /// object in `tracker`, its table queued, its file told to the exec and
     /// mmap programs. For `lightswitch record`, whose command's first
     /// instructions (in its executable and in ld.so) are then walked with
-    /// their tables. Whether the file could be opened.
+    /// their tables. A file that cannot be opened is left out (with a
+    /// debug line naming it and why, from
+    /// [`ProcessTracker::intern_file`]): the command only loses this head
+    /// start.
     pub fn preload_file(
         &mut self,
         path: &std::path::Path,
         tracker: &mut ProcessTracker,
         walker: &impl WalkerMaps,
         tables: &mut impl TableSupply,
-    ) -> bool {
-        let Some(object) = tracker.intern_file(path) else {
-            return false;
-        };
-        self.supply_object(object, tracker, walker, tables);
-        true
+    ) {
+        if let Some(object) = tracker.intern_file(path) {
+            self.supply_object(object, tracker, walker, tables);
+        }
     }
 
     /// How the walker unwinds through mapping `id` of `pid` (`None` if the
