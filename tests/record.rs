@@ -288,7 +288,13 @@ fn record_exit_statuses() {
     let script = dir.path().join("not-executable.sh");
     std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
     chmod(&script, 0o644);
+    // A script whose interpreter is missing: 127, naming both.
+    let bad_interp = dir.path().join("bad-interp.sh");
+    std::fs::write(&bad_interp, "#!/nonexistent/interp\nexit 0\n").unwrap();
+    chmod(&bad_interp, 0o755);
+    let bad = format!("{}: bad interpreter /nonexistent/interp", s(&bad_interp));
     for (command, expected, message) in [
+        (s(&bad_interp), 127, bad.as_str()),
         (s(&script), 126, "not executable (permission denied)"),
         (s(dir.path()), 126, "is a directory"),
         ("", 127, "the command is an empty string"),
