@@ -3,7 +3,9 @@
 //! descendants; exit statuses passed on; interrupts; the status line.
 //! Needs root, gcc and `script` (util-linux).
 
+#[path = "../common/mod.rs"]
 mod common;
+mod start;
 
 use std::path::Path;
 use std::process::Command;
@@ -151,116 +153,6 @@ fn record_samples_the_first_milliseconds() {
         ));
     }
     panic!("three runs without the first phase:\n{}", tries.join("\n"));
-}
-
-/// The command's executable and ld.so have their unwind tables loaded
-/// before it execs, and the libraries ld.so maps (libc) had theirs from
-/// the scan of the held process (lightswitch's own): a program without
-/// frame pointers that lives 100 ms has complete stacks (no unwind
-/// marker) from its first samples. Before the tables were loaded ahead, 6-11% of
-/// such a program's samples were `no_table` (issue 16; 41-90 samples a
-/// run while a churn soak loaded the machine), most in its first
-/// milliseconds.
-#[test]
-fn record_walks_a_short_program_without_frame_pointers_from_its_start() {
-    let _serial = serial();
-    let program = compile("rec_nofp", &phases_source(), NO_FP_FLAGS);
-    let mut share = CompleteShare::default();
-    // Three runs, so that about 200 samples decide.
-    for _ in 0..3 {
-        let dir = tempdir();
-        let command = [s(&program.path), "20", "80"];
-        let out = run(&record_args(dir.path(), "997", &command), TIMEOUT);
-        assert_eq!(out.status.code(), Some(0), "{out}");
-        share.add(&dir.path().join("folded.txt"), &program.name, &out);
-    }
-    share.check(97);
-}
-
-/// A `#!/bin/sh` script that runs a program nobody ran before: the shell's
-/// child execs a binary whose table is not loaded (not even cached), so the
-/// BPF walker cannot walk its first milliseconds; those samples come with
-/// a copy of the stack, and user space walks them on once the table is in
-/// (`unwind::deferred`). Before, about 6% of the program's samples
-/// (128 of 1996 at 4999 Hz, 4 runs) were `no_table`, all in its first
-/// milliseconds.
-#[test]
-fn record_walks_a_new_program_a_shell_script_starts_from_its_start() {
-    let _serial = serial();
-    let mut share = CompleteShare::default();
-    let mut walked_on = 0;
-    for run_index in 0..3 {
-        // A new build ID each run: no table of it is cached.
-        let source = format!(
-            "{}\nconst char *lsw_run_tag = \"{run_index}-{}\";\n",
-            phases_source(),
-            std::process::id()
-        );
-        let program = compile(&format!("rec_sh{run_index}"), &source, NO_FP_FLAGS);
-        let dir = tempdir();
-        let script = dir.path().join("wrapper.sh");
-        std::fs::write(&script, format!("#!/bin/sh\n{} 20 80\n", s(&program.path))).unwrap();
-        chmod(&script, 0o755);
-        let out = run(&record_args(dir.path(), "4999", &[s(&script)]), TIMEOUT);
-        assert_eq!(out.status.code(), Some(0), "{out}");
-        // record prints its summary on stderr (stdout is the command's).
-        walked_on += out
-            .stderr
-            .split("stack copies: walked_on=")
-            .nth(1)
-            .and_then(|rest| rest.split(' ').next()?.parse::<u64>().ok())
-            .unwrap_or(0);
-        share.add(&dir.path().join("folded.txt"), &program.name, &out);
-    }
-    share.check(97);
-    // The summary says how many walks user space finished.
-    assert!(walked_on > 0, "no walk finished from a stack copy");
-}
-
-/// Samples of one program over several runs, and how many have its whole stack.
-#[derive(Default)]
-struct CompleteShare {
-    complete: u64,
-    all: u64,
-    /// The incomplete stacks and each run's output, for the failure message.
-    report: Vec<String>,
-}
-
-impl CompleteShare {
-    /// Count the samples of process `name` in the folded profile `folded`
-    /// of a run whose output was `out`.
-    fn add(&mut self, folded: &Path, name: &str, out: &impl std::fmt::Display) {
-        let stacks = read_folded(folded);
-        for (frames, n) in of_process(&stacks, name) {
-            // Samples in the exec itself (the old image being torn down)
-            // are from before the command's first instruction.
-            if frames.iter().any(|f| f.contains("execve")) {
-                continue;
-            }
-            self.all += n;
-            let incomplete = frames
-                .iter()
-                .any(|f| f.starts_with("[unwind:") || f.contains("[unknown]"));
-            if incomplete {
-                self.report.push(format!("{n} {}", frames.join(";")));
-            } else {
-                self.complete += n;
-            }
-        }
-        self.report.push(out.to_string());
-    }
-
-    /// At least 50 samples, and `percent`% of them complete.
-    fn check(&self, percent: u64) {
-        assert!(self.all >= 50, "{} samples of the program", self.all);
-        assert!(
-            self.complete * 100 >= self.all * percent,
-            "{} of {} samples of the program complete:\n{}",
-            self.complete,
-            self.all,
-            self.report.join("\n")
-        );
-    }
 }
 
 /// Death by signal N is exit status 128 + N; a command that cannot be
