@@ -152,6 +152,16 @@ impl LineCache {
             // A string held only by the set is no longer used.
             self.strings.retain(|s| Arc::strong_count(s) > 1);
         }
+        // A window of many new addresses grows the table past what the
+        // capacity needs (to 131,072 buckets, 7 MiB, in a churn soak's heap
+        // profile), and it keeps that size until told: over hours such
+        // bursts left the agent's heap a step higher each time (issue 18).
+        if self.entries.capacity() > 2 * self.max_entries.max(16) {
+            self.entries.shrink_to(self.max_entries);
+        }
+        if self.strings.capacity() > 2 * self.strings.len().max(16) {
+            self.strings.shrink_to(self.strings.len());
+        }
         let stats = CacheStats {
             entries: self.entries.len(),
             strings: self.strings.len(),
@@ -222,6 +232,27 @@ mod tests {
         // The evicted functions' names are gone, the shared file name stays.
         let stats = cache.end_window();
         assert_eq!(stats.strings, 3 + 1);
+    }
+
+    #[test]
+    fn a_burst_of_new_addresses_does_not_leave_the_table_large() {
+        let mut cache = LineCache::new(100);
+        for offset in 0..5_000 {
+            cache.insert((0, (0, offset)), lines(&format!("f{offset}"), "f.c"));
+        }
+        assert!(cache.entries.capacity() >= 5_000);
+        let stats = cache.end_window();
+        assert_eq!(stats.entries, 75);
+        assert!(
+            cache.entries.capacity() < 200,
+            "{}",
+            cache.entries.capacity()
+        );
+        assert!(
+            cache.strings.capacity() < 200,
+            "{}",
+            cache.strings.capacity()
+        );
     }
 
     #[test]
