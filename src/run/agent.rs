@@ -491,6 +491,7 @@ impl<'s, 'o> Agent<'s, 'o> {
         self.metrics.set_windows(self.totals.windows, dropped);
         self.metrics
             .set_sampling_freq(self.sampling.freq_hz().unwrap_or(0));
+        self.metrics.set_deferred(self.deferred.stats());
     }
 
     /// Retire what the tracker knows of processes gone before `since` (the

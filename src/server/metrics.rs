@@ -12,6 +12,7 @@ use crate::httpd::serve::ConnectionStats;
 use crate::sample::UnwindStatus;
 use crate::sender::queue::Queue;
 use crate::sender::worker::WindowCounters;
+use crate::unwind::deferred::DeferredStats;
 
 /// The agent's metrics, shared between the sampling loop and the server.
 #[derive(Default)]
@@ -30,6 +31,7 @@ pub struct Metrics {
     windows_failed: AtomicU64,
     windows_panicked: AtomicU64,
     samples_missing_mapping: AtomicU64,
+    deferred: Mutex<DeferredStats>,
     profile_requests: Mutex<HashMap<&'static str, u64>>,
     profile_requests_active: AtomicU64,
     delivery: OnceLock<Arc<Queue>>,
@@ -80,6 +82,12 @@ impl Metrics {
         for (gauge, value) in self.tracker.iter().zip([processes, mappings, objects]) {
             gauge.store(value, Ordering::Relaxed);
         }
+    }
+
+    /// How the walks held for their stack copies went so far
+    /// ([`crate::unwind::deferred::DeferredWalks::stats`]).
+    pub fn set_deferred(&self, stats: DeferredStats) {
+        *lock(&self.deferred) = stats;
     }
 
     /// The frequency perf events sample at now, Hz (0: not sampling).
@@ -200,6 +208,22 @@ impl Metrics {
             "counter",
             "Samples by how their user-stack walk ended.",
             &unwind,
+        );
+        let d = *lock(&self.deferred);
+        family(
+            out,
+            "lightswitch_stack_copy_walks_total",
+            "counter",
+            "Samples whose BPF walk stopped for want of a table or mapping and came with a copy \
+             of the stack, by what user space made of it: walked on to the end, walked until the \
+             copy ended, left as sent (a pc in no mapping, no rows in time), not held (no room).",
+            &[
+                ("outcome=\"walked_on\"", d.finished),
+                ("outcome=\"deeper_than_copy\"", d.copy_ended),
+                ("outcome=\"no_mapping\"", d.no_mapping),
+                ("outcome=\"no_rows_in_time\"", d.expired),
+                ("outcome=\"not_held\"", d.no_room),
+            ],
         );
         family(
             out,
@@ -402,6 +426,12 @@ mod tests {
         m.set_lost(4);
         m.set_tracker(3, 40, 7);
         m.profile_request("served");
+        m.set_deferred(DeferredStats {
+            held: 3,
+            finished: 2,
+            no_room: 1,
+            ..DeferredStats::default()
+        });
         let heap = HeapStats {
             allocated: 10,
             active: 20,
@@ -420,6 +450,8 @@ mod tests {
         assert!(text.contains("lightswitch_unwind_results_total{result=\"complete\"} 2\n"));
         assert!(text.contains("lightswitch_unwind_results_total{result=\"no_table\"} 1\n"));
         assert!(text.contains("lightswitch_profile_requests_total{outcome=\"served\"} 1\n"));
+        assert!(text.contains("lightswitch_stack_copy_walks_total{outcome=\"walked_on\"} 2\n"));
+        assert!(text.contains("lightswitch_stack_copy_walks_total{outcome=\"not_held\"} 1\n"));
         assert!(text.contains("process_resident_memory_bytes 4096\n"));
         assert!(!text.contains("lightswitch_sender_"));
         assert!(resident_memory_bytes().is_some_and(|b| b > 0));
