@@ -222,9 +222,10 @@ fn finish(
         served,
         stats,
         malformed,
-        deferred,
+        mut deferred,
         ..
     } = stopped;
+    deferred.not_sent = stats.stack_copies_skipped;
     let mut last = windows.finish(timefmt::monotonic_ns());
     debug!(
         "bpf stats: {stats:?}, tracker: {:?}, unwind tables: {:?}, processes described: {described}",

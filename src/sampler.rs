@@ -52,6 +52,7 @@ pub struct SamplerConfig {
 pub const MAX_UNSUPPORTED_KINDS: usize = 16;
 const STAT_WALKS_REUSED: u32 = 4;
 const STAT_UNSUPPORTED_BASE: u32 = 5;
+const STAT_STACK_COPY_SKIPPED: u32 = STAT_UNSUPPORTED_BASE + MAX_UNSUPPORTED_KINDS as u32;
 
 /// Counters the BPF program keeps (per-CPU `stats` map, summed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -69,6 +70,10 @@ pub struct BpfStats {
     pub walks_reused: u64,
     /// Walks stopped by an unsupported CFI rule, by kind (docs/unwind-tables.md).
     pub unsupported: [u64; MAX_UNSUPPORTED_KINDS],
+    /// Walks stopped for want of a table or mapping that went without a
+    /// stack copy (no room in their CPU's ring, or the stack unreadable):
+    /// user space could not walk them on ([`crate::unwind::deferred`]).
+    pub stack_copies_skipped: u64,
 }
 
 /// The loaded and attached BPF program with its perf events.
@@ -473,6 +478,7 @@ impl<'obj> Sampler<'obj> {
             events_lost: read(3)?,
             walks_reused: read(STAT_WALKS_REUSED)?,
             unsupported,
+            stack_copies_skipped: read(STAT_STACK_COPY_SKIPPED)?,
         })
     }
 }

@@ -1101,10 +1101,12 @@ static __always_inline void send_sample(struct scratch_space *sc)
 	/* A walk that stopped for want of a table or mapping takes its stack
 	 * along, while the ring would stay less than half full. */
 	if ((status == UNWIND_NO_TABLE || status == UNWIND_NO_MAPPING || status == UNWIND_MAPPINGS_UNKNOWN) &&
-	    sc->state.copy_wanted &&
-	    waiting + sizeof(struct copy_record) < bpf_ringbuf_query(ring, BPF_RB_RING_SIZE) / 2 &&
-	    send_with_copy(sc, ring, size))
-		return;
+	    sc->state.copy_wanted) {
+		if (waiting + sizeof(struct copy_record) < bpf_ringbuf_query(ring, BPF_RB_RING_SIZE) / 2 &&
+		    send_with_copy(sc, ring, size))
+			return;
+		count(STAT_STACK_COPY_SKIPPED);
+	}
 	__u64 wakeup = waiting > samples_wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_output(ring, s, size, wakeup) != 0)
 		count(STAT_LOST_RINGBUF);

@@ -76,7 +76,11 @@ enum stat_index {
 	STAT_EVENTS_LOST = 3,       /* process events the events ring buffer had no room for */
 	STAT_WALKS_REUSED = 4,      /* walks that took their callers from the CPU's previous walk */
 	STAT_UNSUPPORTED_BASE = 5,  /* + kind: walks stopped by an unsupported rule of that kind */
-	STAT_MAX = STAT_UNSUPPORTED_BASE + MAX_UNSUPPORTED_KINDS,
+	STAT_STACK_COPY_SKIPPED = STAT_UNSUPPORTED_BASE + MAX_UNSUPPORTED_KINDS,
+	                            /* walks that stopped for want of a table or mapping and went
+	                             * without a stack copy: no room in the ring, or the stack
+	                             * unreadable */
+	STAT_MAX,
 };
 
 /* Flags in sample_header.flags */

@@ -479,7 +479,8 @@ impl<'s, 'o> Agent<'s, 'o> {
             .fold(since, u64::min);
             self.retire_gone(now, since);
         }
-        let lost = self.sampler.stats().map_or(0, |s| s.lost) + *self.malformed.borrow();
+        let bpf = self.sampler.stats().unwrap_or_default();
+        let lost = bpf.lost + *self.malformed.borrow();
         self.metrics.set_lost(lost);
         let tables = self.loader.stats();
         self.metrics.set_unwind_tables(
@@ -491,7 +492,9 @@ impl<'s, 'o> Agent<'s, 'o> {
         self.metrics.set_windows(self.totals.windows, dropped);
         self.metrics
             .set_sampling_freq(self.sampling.freq_hz().unwrap_or(0));
-        self.metrics.set_deferred(self.deferred.stats());
+        let mut deferred = self.deferred.stats();
+        deferred.not_sent = bpf.stack_copies_skipped;
+        self.metrics.set_deferred(deferred);
     }
 
     /// Retire what the tracker knows of processes gone before `since` (the

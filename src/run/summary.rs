@@ -136,12 +136,12 @@ impl std::fmt::Display for RunSummary {
             write!(f, "\nunsupported CFI rules: {}", kinds.join(" "))?;
         }
         let d = &self.deferred;
-        if d.held + d.no_room > 0 {
+        if d.held + d.no_room + d.not_sent > 0 {
             // Already counted under `user stacks:` by how they ended.
             write!(
                 f,
-                "\nstack copies: walked_on={} deeper_than_copy={} no_mapping={} no_rows_in_time={} not_held={}",
-                d.finished, d.copy_ended, d.no_mapping, d.expired, d.no_room
+                "\nstack copies: walked_on={} deeper_than_copy={} no_mapping={} no_rows_in_time={} not_held={} not_sent={}",
+                d.finished, d.copy_ended, d.no_mapping, d.expired, d.no_room, d.not_sent
             )?;
         }
         // The run's one debuginfod client, when servers are set.

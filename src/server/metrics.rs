@@ -216,13 +216,16 @@ impl Metrics {
             "counter",
             "Samples whose BPF walk stopped for want of a table or mapping and came with a copy \
              of the stack, by what user space made of it: walked on to the end, walked until the \
-             copy ended, left as sent (a pc in no mapping, no rows in time), not held (no room).",
+             copy ended, left as sent (a pc in no mapping, no rows in time), not held (no room); \
+             and not_sent: such samples that came without a copy (their ring too full, the stack \
+             unreadable).",
             &[
                 ("outcome=\"walked_on\"", d.finished),
                 ("outcome=\"deeper_than_copy\"", d.copy_ended),
                 ("outcome=\"no_mapping\"", d.no_mapping),
                 ("outcome=\"no_rows_in_time\"", d.expired),
                 ("outcome=\"not_held\"", d.no_room),
+                ("outcome=\"not_sent\"", d.not_sent),
             ],
         );
         family(

@@ -343,6 +343,11 @@ pub struct DeferredStats {
     pub expired: u64,
     /// Samples with a stack copy not held, for want of room.
     pub no_room: u64,
+    /// Samples whose walk stopped for want of a table or mapping but came
+    /// without a copy ([`crate::sampler::BpfStats::stack_copies_skipped`]:
+    /// their CPU's ring was too full, or the stack could not be read); set
+    /// by the caller from the BPF program's counter.
+    pub not_sent: u64,
     /// Walks tried (a held sample is tried again after new rows are written).
     pub walks: u64,
     /// Time spent in those walks, ns: mostly map lookups, about 17 per frame
