@@ -4,8 +4,9 @@
 //! A walk that reaches a frame whose object's table is not loaded yet, a pc
 //! in no mapping the walker knows, or a process not described yet ends as
 //! `no_table`, `no_mapping` or `mappings_unknown`; the BPF program then sends
-//! the registers of that frame and up to 8 KiB of the stack above them
-//! ([`StackCopy`]). Instead of counting such a sample at once, the agent
+//! the registers of that frame and up to 32 KiB of the stack above them
+//! ([`StackCopy`]), while its CPU's ring is less than half full (the others
+//! are counted: `BpfStats::stack_copies_skipped`). Instead of counting such a sample at once, the agent
 //! holds it ([`DeferredWalks`]: at most [`HOLD_NS`], and [`HOLD_MAX_BYTES`]
 //! of samples in all) until the rows it needs are loaded, then walks on
 //! from the copy ([`walk_on`]) with the rows the BPF program reads
@@ -18,6 +19,7 @@
 //! expires) leaves the sample as the BPF program sent it; one whose copy
 //! ends first keeps the frames it walked and ends in `stack_copy_ended`.
 //! Each is counted by its reason ([`DeferredStats`]).
+//!
 //! The steps are the BPF walker's (`unwind_step` in
 //! `src/bpf/profiler.bpf.c`): the same rules, the same frame-pointer
 //! fallback where no CFI covers a pc, the same end conditions.
