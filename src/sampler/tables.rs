@@ -32,16 +32,13 @@ impl Sampler<'_> {
     /// at `base_row` in `unwind_rows` (page.first_row is relative to it).
     pub fn insert_pages(&self, object_id: u32, pages: &[Page], base_row: u32) -> Result<()> {
         for page in pages {
-            let mut key = [0u8; 8];
-            key[0..4].copy_from_slice(&object_id.to_ne_bytes());
-            key[4..8].copy_from_slice(&page.page.to_ne_bytes());
             let mut value = [0u8; 8];
             value[0..4].copy_from_slice(&(base_row + page.first_row).to_ne_bytes());
             value[4..8].copy_from_slice(&page.row_count.to_ne_bytes());
             self.skel
                 .maps
                 .unwind_pages
-                .update(&key, &value, MapFlags::ANY)
+                .update(&page_key(object_id, page.page), &value, MapFlags::ANY)
                 .context("inserting an unwind page (too many pages loaded?)")?;
         }
         Ok(())
@@ -50,10 +47,11 @@ impl Sampler<'_> {
     /// Remove `pages` of `object_id` from the walker's view.
     pub fn remove_pages(&self, object_id: u32, pages: &[Page]) {
         for page in pages {
-            let mut key = [0u8; 8];
-            key[0..4].copy_from_slice(&object_id.to_ne_bytes());
-            key[4..8].copy_from_slice(&page.page.to_ne_bytes());
-            let _ = self.skel.maps.unwind_pages.delete(&key);
+            let _ = self
+                .skel
+                .maps
+                .unwind_pages
+                .delete(&page_key(object_id, page.page));
         }
     }
 
@@ -74,54 +72,62 @@ impl Sampler<'_> {
 
     /// Whether the walker has rows for `vaddr` of `object_id`'s table: its
     /// page is in `unwind_pages`, or the whole table is loaded (where no
-    /// page is, no CFI covers the address). One or two map lookups.
+    /// page is, no CFI covers the address). One or two map lookups; a
+    /// lookup that fails counts as no rows.
     pub fn has_rows(&self, object_id: u32, vaddr: u64) -> bool {
+        matches!(
+            self.find_page(object_id, vaddr),
+            Ok(PageLookup::Rows { .. } | PageLookup::Whole)
+        )
+    }
+
+    /// Where the walker finds the rows of `vaddr` of `object_id`'s table,
+    /// as the BPF program looks: its page in `unwind_pages`, else whether
+    /// the table is whole (`loaded_objects`). Errors: a map lookup fails.
+    fn find_page(&self, object_id: u32, vaddr: u64) -> Result<PageLookup> {
         let maps = &self.skel.maps;
         let Ok(page) = u32::try_from(vaddr >> PAGE_BITS) else {
-            return true;
+            // Beyond every table's pages: no CFI there.
+            return Ok(PageLookup::Whole);
         };
-        let mut key = [0u8; 8];
-        key[0..4].copy_from_slice(&object_id.to_ne_bytes());
-        key[4..8].copy_from_slice(&page.to_ne_bytes());
-        let present = |map: &libbpf_rs::Map<'_>, key: &[u8]| {
-            matches!(map.lookup(key, MapFlags::ANY), Ok(Some(_)))
-        };
-        present(&maps.unwind_pages, &key) || present(&maps.loaded_objects, &object_id.to_ne_bytes())
+        if let Some(value) = maps
+            .unwind_pages
+            .lookup(&page_key(object_id, page), MapFlags::ANY)
+            .context("looking up an unwind page")?
+        {
+            let word =
+                |at: usize| u32::from_ne_bytes(value[at..at + 4].try_into().expect("4 bytes"));
+            return Ok(PageLookup::Rows {
+                first: word(0),
+                count: word(4),
+            });
+        }
+        let loaded = maps
+            .loaded_objects
+            .lookup(&object_id.to_ne_bytes(), MapFlags::ANY)
+            .context("looking up a loaded table")?;
+        Ok(if loaded.is_some() {
+            PageLookup::Whole
+        } else {
+            PageLookup::NotLoaded
+        })
     }
 
     /// The row the BPF walker would use for `vaddr` (an address in the
     /// object's ELF virtual address space) of `object_id`'s table, looked
-    /// up the same way: its page in `unwind_pages`, else whether the table
-    /// is whole (`loaded_objects`); then a binary search of the page's rows
-    /// in `unwind_rows`, one map lookup each (about 17 for a full page).
-    /// Errors: a map lookup fails.
+    /// up the same way: its page ([`Self::find_page`]), then a binary
+    /// search of the page's rows in `unwind_rows`, one map lookup each
+    /// (about 17 for a full page). Errors: a map lookup fails.
     pub fn lookup_row(&self, object_id: u32, vaddr: u64) -> Result<RowLookup> {
-        let maps = &self.skel.maps;
-        let Ok(page) = u32::try_from(vaddr >> PAGE_BITS) else {
-            return Ok(RowLookup::NoCfi);
+        let (first, count) = match self.find_page(object_id, vaddr)? {
+            PageLookup::Rows { first, count } if count > 0 => (first, count),
+            PageLookup::Rows { .. } | PageLookup::Whole => return Ok(RowLookup::NoCfi),
+            PageLookup::NotLoaded => return Ok(RowLookup::NotLoaded),
         };
-        let mut key = [0u8; 8];
-        key[0..4].copy_from_slice(&object_id.to_ne_bytes());
-        key[4..8].copy_from_slice(&page.to_ne_bytes());
-        let Some(value) = maps
-            .unwind_pages
-            .lookup(&key, MapFlags::ANY)
-            .context("looking up an unwind page")?
-        else {
-            let loaded = maps
-                .loaded_objects
-                .lookup(&object_id.to_ne_bytes(), MapFlags::ANY)
-                .context("looking up a loaded table")?;
-            return Ok(if loaded.is_some() {
-                RowLookup::NoCfi
-            } else {
-                RowLookup::NotLoaded
-            });
-        };
-        let word = |at: usize| u32::from_ne_bytes(value[at..at + 4].try_into().expect("4 bytes"));
-        let (first, count) = (word(0), word(4));
         let row = |index: u32| -> Result<RawRow> {
-            let bytes = maps
+            let bytes = self
+                .skel
+                .maps
                 .unwind_rows
                 .lookup(&index.to_ne_bytes(), MapFlags::ANY)
                 .context("reading an unwind row")?
@@ -140,9 +146,25 @@ impl Sampler<'_> {
                 hi = mid;
             }
         }
-        if count == 0 {
-            return Ok(RowLookup::NoCfi);
-        }
         Ok(RowLookup::Row(row(first + lo)?))
     }
+}
+
+/// Where an address's rows are ([`Sampler::find_page`]).
+enum PageLookup {
+    /// Its page: `count` rows from index `first` of `unwind_rows`.
+    Rows { first: u32, count: u32 },
+    /// No page, but the table is whole: no CFI covers the address.
+    Whole,
+    /// Neither its page nor the whole table is loaded yet.
+    NotLoaded,
+}
+
+/// The `unwind_pages` key of page `page` (vaddr >> PAGE_BITS) of
+/// `object_id`'s table (`struct page_key`).
+fn page_key(object_id: u32, page: u32) -> [u8; 8] {
+    let mut key = [0u8; 8];
+    key[0..4].copy_from_slice(&object_id.to_ne_bytes());
+    key[4..8].copy_from_slice(&page.to_ne_bytes());
+    key
 }
