@@ -11,7 +11,8 @@ use object::read::elf::NoteIterator;
 use object::{elf, LittleEndian};
 use tracing::debug;
 
-use super::lines::{lines_of, unknown_line, Lines};
+use super::kernel_code::OutsideText;
+use super::lines::{line_of, lines_of, unknown_line, Lines};
 use super::sources::{Batch, FrameRef, Site, SymbolSource};
 use super::{MappingSource, KERNEL_MAPPING_NAME};
 
@@ -19,9 +20,10 @@ use super::{MappingSource, KERNEL_MAPPING_NAME};
 /// are `(0, address)`. Addresses it cannot name become
 /// `[kernel.kallsyms]+0xADDR`.
 pub(super) struct Kallsyms {
-    /// Holds the parsed `/proc/kallsyms` (7.5 MiB) while windows bring new
-    /// kernel addresses; dropped after a window without any.
-    inner: RefCell<Option<BlazeSymbolizer>>,
+    /// Holds the parsed `/proc/kallsyms` (7.5 MiB; blazesym's for the
+    /// kernel image, ours for code past it) while windows bring new kernel
+    /// addresses; dropped after a window without any.
+    inner: RefCell<Option<(BlazeSymbolizer, OutsideText)>>,
     keep_parsed: bool,
 }
 
@@ -55,8 +57,13 @@ impl SymbolSource for Kallsyms {
                 return HashMap::new();
             }
         }
-        let inner = inner
-            .get_or_insert_with(|| BlazeSymbolizer::builder().enable_demangling(false).build());
+        let (inner, outside) = inner.get_or_insert_with(|| {
+            let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+            (
+                BlazeSymbolizer::builder().enable_demangling(false).build(),
+                OutsideText::parse(&kallsyms),
+            )
+        });
         let addrs: Vec<u64> = batch.values().flatten().copied().collect();
         let source = Source::Kernel(KernelSource {
             kallsyms: MaybeDefault::Default,
@@ -76,7 +83,12 @@ impl SymbolSource for Kallsyms {
             .iter()
             .enumerate()
             .map(|(i, &addr)| {
-                let entry = match results.get(i).and_then(lines_of) {
+                let named = if outside.covers(addr) {
+                    outside.name(addr).map(|name| vec![line_of(name, None)])
+                } else {
+                    results.get(i).and_then(lines_of)
+                };
+                let entry = match named {
                     Some(lines) => (lines, true),
                     None => (vec![unknown_line(kernel_placeholder(addr))], false),
                 };

@@ -26,6 +26,7 @@ mod jitdump;
 #[cfg(test)]
 mod keep_tests;
 pub mod kernel;
+pub mod kernel_code;
 mod lines;
 mod objects;
 mod perf_map;

@@ -70,6 +70,43 @@ fn record_walks_a_new_program_a_shell_script_starts_from_its_start() {
     assert!(walked_on > 0, "no walk finished from a stack copy");
 }
 
+/// The profiler's own BPF programs follow every exec, fork and exit, so a
+/// command that execs thousands of times is sampled inside them. Their
+/// kernel frames are named after the programs (`bpf_prog_TAG_on_exec`),
+/// although the profile is symbolized after they are unloaded; before, the
+/// nearest `/proc/kallsyms` entry then was the kernel image's last data
+/// symbol (`__stop_runtime_ptr_USER_PTR_MAX` on x86-64), and each such
+/// frame carried that name.
+#[test]
+fn record_names_samples_inside_the_profilers_own_bpf_programs() {
+    let _serial = serial();
+    let dir = tempdir();
+    let command = [
+        "sh",
+        "-c",
+        "i=0; while [ $i -lt 4000 ]; do /bin/true; i=$((i+1)); done",
+    ];
+    let out = run(&record_args(dir.path(), "4999", &command), TIMEOUT);
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    let stacks = read_folded(&dir.path().join("folded.txt"));
+    let kernel: Vec<&str> = stacks
+        .iter()
+        .flat_map(|(frames, _)| kernel_frames(frames))
+        .collect();
+    let ours = ["_on_exec", "_on_fork", "_on_exit", "_add_vma"];
+    let in_ours = kernel
+        .iter()
+        .filter(|f| f.starts_with("bpf_prog_") && ours.iter().any(|name| f.contains(name)))
+        .count();
+    assert!(
+        in_ours > 0,
+        "no frame in the profiler's BPF programs:\n{out}"
+    );
+    // Code past the kernel image is never named after a data symbol of it.
+    let misnamed: Vec<_> = kernel.iter().filter(|f| f.starts_with("__stop_")).collect();
+    assert!(misnamed.is_empty(), "{misnamed:?}");
+}
+
 /// Samples of one program over several runs, and how many have its whole stack.
 #[derive(Default)]
 struct CompleteShare {
