@@ -134,9 +134,6 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
     };
     let mut object = MaybeUninit::uninit();
     let sampler = Sampler::start(&plan.sampler, &mut object)?;
-    // Samples taken inside the profiler's own BPF programs are named after
-    // the programs are unloaded (one-shot profiles are symbolized then).
-    crate::symbolize::kernel_code::remember_bpf_programs();
     let workers = Workers {
         windows: window_worker,
         on_demand: server

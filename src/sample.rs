@@ -153,8 +153,10 @@ pub struct StackCopy {
     pub frame: usize,
     /// Whether `ip` is not a return address.
     pub exact_ip: bool,
-    /// The user stack from `sp` up: at most `STACK_COPY_BYTES` (32 KiB),
-    /// up to the first page the BPF program could not read.
+    /// The user stack from `sp` up: at most `STACK_COPY_BYTES` (32 KiB;
+    /// `STACK_COPY_SMALL_BYTES`, 8 KiB, when that reaches past the top of
+    /// a main thread's stack), up to the first page the BPF program could
+    /// not read.
     pub bytes: Vec<u8>,
 }
 

@@ -46,6 +46,11 @@ pub struct SamplerConfig {
     /// first instruction (`record`: fork and clone are followed inside the
     /// BPF program; exec keeps the pid). Needs a non-empty `pids`.
     pub follow_children: bool,
+    /// Called once the BPF programs are loaded, before any perf event is
+    /// attached (so before any sample can wait in a ring for it): the
+    /// symbolizer notes where the programs' JIT code is
+    /// (`symbolize::kernel_code::remember_bpf_programs`, 50-200 ms).
+    pub after_load: Option<fn()>,
 }
 
 /// Unsupported-rule kinds the BPF program counts (`MAX_UNSUPPORTED_KINDS`).
@@ -357,6 +362,9 @@ impl<'obj> Sampler<'obj> {
             .walker_programs
             .update(&0u32.to_ne_bytes(), &walker_fd.to_ne_bytes(), MapFlags::ANY)
             .context("installing the stack walker for tail calls")?;
+        if let Some(after_load) = config.after_load {
+            after_load();
+        }
         let mut links = follow::attach_tracking(&skel)?;
         let tracking_links = links.len();
         links.extend(attach_cpu_events(&skel, &online, config.sample_freq_hz)?);

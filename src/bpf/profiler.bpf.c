@@ -1029,44 +1029,105 @@ struct copy_record {
 	__u8 stack[STACK_COPY_BYTES];
 };
 
-/* Send the finished record of `size` bytes (header and frames) with the
- * registers note_copy_start kept and the user stack from their rsp: to the
- * end of its page, then whole pages while they can be read, STACK_COPY_BYTES
- * in all at most. The record is assembled in the ring itself (the copy does
- * not fit in per-CPU scratch). False if there is no room or not even the
- * first part of the stack can be read: the caller sends the record alone. */
-static __always_inline bool send_with_copy(struct scratch_space *sc, void *ring, __u64 size)
+/* The same with room for STACK_COPY_SMALL_BYTES of stack: for a main
+ * thread whose whole stack is that shallow (a young process, a shell). */
+struct copy_record_small {
+	struct stack_sample sample;
+	struct stack_copy copy;
+	__u8 stack[STACK_COPY_SMALL_BYTES];
+};
+
+/* Copy the user stack from `sp` into `dst` (`bytes`, a constant, at most):
+ * to the end of its page, then whole pages while they can be read. The
+ * number of bytes copied; 0 if not even the first part could be read. */
+static __always_inline __u32 copy_user_stack(__u8 *dst, __u64 sp, __u32 bytes)
 {
-	struct walk_state *st = &sc->state;
-	__u64 sp = st->copy_sp;
-	struct copy_record *rec = bpf_ringbuf_reserve(ring, sizeof(struct copy_record), 0);
-	if (!rec)
-		return false;
 	__u32 first = 4096 - (sp & 4095);
 	barrier_var(first);
-	if (first > 4096 || size > sizeof(struct stack_sample) ||
-	    bpf_probe_read_user(rec->stack, first, (void *)sp) != 0) {
-		bpf_ringbuf_discard(rec, 0);
-		return false;
-	}
+	if (first > 4096 || bpf_probe_read_user(dst, first, (void *)sp) != 0)
+		return 0;
 	__u32 len = first;
-	for (int i = 0; i < STACK_COPY_BYTES / 4096 - 1; i++) {
+	for (int i = 0; i < bytes / 4096 - 1; i++) {
 		__u32 off = len;
 		barrier_var(off);
-		if (off > STACK_COPY_BYTES - 4096 ||
-		    bpf_probe_read_user(&rec->stack[off], 4096, (void *)(sp + off)) != 0)
+		if (off > bytes - 4096 || bpf_probe_read_user(&dst[off], 4096, (void *)(sp + off)) != 0)
 			break;
 		len = off + 4096;
 	}
+	return len;
+}
+
+/* Fill a reserved record's sample (`size` bytes of sc's) and copy head. */
+static __always_inline void fill_copy_record(struct scratch_space *sc, __u64 size,
+					     struct stack_sample *sample, struct stack_copy *copy,
+					     __u32 len)
+{
+	struct walk_state *st = &sc->state;
 	sc->sample.header.flags |= SAMPLE_FLAG_STACK_COPY;
-	bpf_probe_read_kernel(&rec->sample, size, &sc->sample);
-	rec->copy.ip = st->copy_ip;
-	rec->copy.sp = sp;
-	rec->copy.bp = st->copy_bp;
-	rec->copy.frame = st->copy_frame;
-	rec->copy.len = len;
-	rec->copy.exact_ip = st->copy_exact_ip;
-	/* User space takes it at once: such records fill a ring fast. */
+	bpf_probe_read_kernel(sample, size, &sc->sample);
+	copy->ip = st->copy_ip;
+	copy->sp = st->copy_sp;
+	copy->bp = st->copy_bp;
+	copy->frame = st->copy_frame;
+	copy->len = len;
+	copy->exact_ip = st->copy_exact_ip;
+}
+
+/* Whether a STACK_COPY_SMALL_BYTES copy from `sp` reaches past the top of
+ * the sampled thread's stack: only for the main thread, whose stack ends at
+ * mm->start_stack (where argc lies at exec; the environment is above it),
+ * with STACK_TOP_SLACK bytes above that for _start's own reads. */
+static __always_inline bool stack_fits_small_copy(struct scratch_space *sc, __u64 sp)
+{
+	if (sc->sample.header.pid != sc->sample.header.tid)
+		return false;
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u64 top = BPF_CORE_READ(task, mm, start_stack);
+	return sp < top && top + STACK_TOP_SLACK <= (sp & ~4095ULL) + STACK_COPY_SMALL_BYTES;
+}
+
+/* Send the finished record of `size` bytes (header and frames) with the
+ * registers note_copy_start kept and the user stack from their rsp, in a
+ * small record when the whole stack fits one (stack_fits_small_copy),
+ * else in one of STACK_COPY_BYTES, while the ring stays less than half
+ * full with it. The record is assembled in the ring itself (the copy does
+ * not fit in per-CPU scratch). False if there is no room or not even the
+ * first part of the stack can be read: the caller sends the record alone. */
+static __always_inline bool send_with_copy(struct scratch_space *sc, void *ring, __u64 size,
+					   __u64 waiting)
+{
+	__u64 sp = sc->state.copy_sp;
+	__u64 half = bpf_ringbuf_query(ring, BPF_RB_RING_SIZE) / 2;
+	if (size > sizeof(struct stack_sample))
+		return false;
+	if (stack_fits_small_copy(sc, sp)) {
+		if (waiting + sizeof(struct copy_record_small) >= half)
+			return false;
+		struct copy_record_small *rec =
+			bpf_ringbuf_reserve(ring, sizeof(struct copy_record_small), 0);
+		if (!rec)
+			return false;
+		__u32 len = copy_user_stack(rec->stack, sp, STACK_COPY_SMALL_BYTES);
+		if (len == 0) {
+			bpf_ringbuf_discard(rec, 0);
+			return false;
+		}
+		fill_copy_record(sc, size, &rec->sample, &rec->copy, len);
+		/* User space takes it at once: such records fill a ring fast. */
+		bpf_ringbuf_submit(rec, BPF_RB_FORCE_WAKEUP);
+		return true;
+	}
+	if (waiting + sizeof(struct copy_record) >= half)
+		return false;
+	struct copy_record *rec = bpf_ringbuf_reserve(ring, sizeof(struct copy_record), 0);
+	if (!rec)
+		return false;
+	__u32 len = copy_user_stack(rec->stack, sp, STACK_COPY_BYTES);
+	if (len == 0) {
+		bpf_ringbuf_discard(rec, 0);
+		return false;
+	}
+	fill_copy_record(sc, size, &rec->sample, &rec->copy, len);
 	bpf_ringbuf_submit(rec, BPF_RB_FORCE_WAKEUP);
 	return true;
 }
@@ -1102,8 +1163,7 @@ static __always_inline void send_sample(struct scratch_space *sc)
 	 * along, while the ring would stay less than half full. */
 	if ((status == UNWIND_NO_TABLE || status == UNWIND_NO_MAPPING || status == UNWIND_MAPPINGS_UNKNOWN) &&
 	    sc->state.copy_wanted) {
-		if (waiting + sizeof(struct copy_record) < bpf_ringbuf_query(ring, BPF_RB_RING_SIZE) / 2 &&
-		    send_with_copy(sc, ring, size))
+		if (send_with_copy(sc, ring, size, waiting))
 			return;
 		count(STAT_STACK_COPY_SKIPPED);
 	}

@@ -91,6 +91,14 @@ enum stat_index {
  * a compiler's stack is often deeper). */
 #define STACK_COPY_BYTES 32768
 
+/* Bytes of user stack the small stack_copy holds: a main thread's whole
+ * stack often fits (a young process, a shell), and a record this size
+ * leaves room in the ring for 2.5 times as many copies. */
+#define STACK_COPY_SMALL_BYTES 8192
+
+/* Bytes above mm->start_stack a small copy must also hold. */
+#define STACK_TOP_SLACK 512
+
 /*
  * The fixed-size head of one sample record in a `samples` ring buffer. It is
  * followed by kernel_frames kernel addresses (leaf first), then user_frames user

@@ -87,6 +87,10 @@ impl RunPlan {
                 libbpf_debug: cli.libbpf_debug,
                 max_unwind_rows: unwind_rows_for_budget(cli.max_unwind_info_mb)?,
                 follow_children: workload.is_some(),
+                // Samples taken inside the profiler's own BPF programs are
+                // named after the programs are unloaded (one-shot profiles
+                // are symbolized then).
+                after_load: Some(crate::symbolize::kernel_code::remember_bpf_programs),
             },
         })
     }

@@ -5,7 +5,8 @@
 //! in no mapping the walker knows, or a process not described yet ends as
 //! `no_table`, `no_mapping` or `mappings_unknown`; the BPF program then sends
 //! the registers of that frame and up to 32 KiB of the stack above them
-//! ([`StackCopy`]), while its CPU's ring is less than half full (the others
+//! ([`StackCopy`]; 8 KiB when that holds a main thread's whole stack, so
+//! that more copies fit), while its CPU's ring is less than half full (the others
 //! are counted: `BpfStats::stack_copies_skipped`). Instead of counting such a sample at once, the agent
 //! holds it ([`DeferredWalks`]: at most [`HOLD_NS`], and [`HOLD_MAX_BYTES`]
 //! of samples in all) until the rows it needs are loaded, then walks on
