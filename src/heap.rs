@@ -13,6 +13,8 @@
 use anyhow::{anyhow, Context, Result};
 use jemalloc_pprof::{JemallocProfCtl, PROF_CTL};
 
+mod pprof;
+
 /// jemalloc configuration compiled into the binary (`src/main.rs` exports
 /// it as the `_rjem_malloc_conf` symbol, a NUL-terminated string): profiling
 /// compiled in and enabled, inactive at start, one sample per 512 KiB
@@ -89,8 +91,10 @@ pub fn set_active(active: bool) -> Result<()> {
 /// live, with their stacks, in `format`. Blocks like [`is_active`]; writes a
 /// temporary file (jemalloc's `prof.dump`) in `$TMPDIR`.
 ///
-/// The stacks are symbolized by the `backtrace` crate, which keeps the
-/// parsed DWARF line tables of this binary (and a mapping of its file) in a
+/// The pprof form's mappings are given their segments' ranges and flags
+/// (`src/heap/pprof.rs`), so that pprof keeps the names in it. The stacks
+/// are symbolized by the `backtrace` crate, which keeps the parsed DWARF
+/// line tables of this binary (and a mapping of its file) in a
 /// process-wide cache: about 65 MB of resident memory for the 35 MB
 /// release binary, kept for the rest of the run. The cache is dropped after
 /// every dump, so a dump costs its memory only while it runs (each dump
@@ -99,7 +103,10 @@ pub fn dump(format: HeapFormat) -> Result<Vec<u8>> {
     let ctl = ctl()?;
     let mut ctl = ctl.blocking_lock();
     let dumped = match format {
-        HeapFormat::Pprof => ctl.dump_pprof(),
+        HeapFormat::Pprof => ctl.dump_profile().and_then(|profile| {
+            let gzip = profile.to_pprof(("inuse_space", "bytes"), ("space", "bytes"), None);
+            pprof::repair(&gzip, &profile.mappings)
+        }),
         HeapFormat::FlameGraph => ctl.dump_flamegraph(),
     };
     backtrace::clear_symbol_cache();
