@@ -73,6 +73,7 @@ fn profile(n: usize) -> Profile {
         lost: vec![],
         subject: None,
         host: None,
+        targets: None,
     }
 }
 

@@ -93,6 +93,7 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
     let provenance = Provenance {
         subject: subject(&plan.sampler.pids, workload.as_deref()).into(),
         host: crate::sender::hostname().into(),
+        pids: plan.sampler.pids.as_slice().into(),
     };
     let metrics = Arc::new(Metrics::default());
     // Continuous mode: the sender (and its thread) starts before sampling,

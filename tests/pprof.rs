@@ -1144,6 +1144,7 @@ fn mappings_and_build_ids() {
         !bin_maps.is_empty(),
         "no mapping named {binary}; mappings: {names:?}"
     );
+    assert_eq!(names[0], binary, "--pids: the target's executable first");
     let build_id = readelf_build_id(binary);
     assert!(!build_id.is_empty(), "gcc links a build ID by default");
     for m in &bin_maps {

@@ -907,6 +907,7 @@ fn known_profile(start_unix_ns: u64, count: u64) -> Vec<u8> {
         lost: vec![],
         subject: None,
         host: None,
+        targets: None,
     };
     lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
 }

@@ -218,6 +218,7 @@ pub(crate) mod tests {
             lost: vec![],
             subject: None,
             host: None,
+            targets: None,
         }
     }
 

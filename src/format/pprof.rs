@@ -3,7 +3,10 @@
 //! Shape of what is written: sample types `samples/count` and
 //! `cpu/nanoseconds` (count × period); period type `cpu/nanoseconds` with
 //! period = 1e9 / sampling frequency; one Mapping per profile mapping
-//! (object and load range; the kernel is `[kernel.kallsyms]`); one Location
+//! (object and load range; the kernel is `[kernel.kallsyms]`), the first
+//! the one pprof readers present as the profiled program: the executable
+//! `record`'s command or the `--pids` started in, the kernel for the whole
+//! machine (see `first_mapping`); one Location
 //! per distinct frame (mapping, address), with inlined functions as several
 //! lines, innermost first; Functions deduplicated by (name, system name,
 //! file); labels `pid`, `tid` (numeric), `comm` and `thread_name` on every
@@ -157,18 +160,39 @@ fn mappings(profile: &Profile, strings: &mut Strings) -> Vec<proto::Mapping> {
     }
     // pprof takes the first mapping for the main binary ("File:" in its
     // reports); ids stay as they are, so the locations' references hold.
-    if let Some(main) = main_mapping(profile) {
+    if let Some(main) = first_mapping(profile) {
         mappings[..=main].rotate_right(1);
     }
     mappings
 }
 
-/// The index of the mapping most samples started in: that of each sample's
-/// outermost user frame (`_start`, `main`: the program's executable),
-/// weighted by count. `None` when no sample has a user frame.
-fn main_mapping(profile: &Profile) -> Option<usize> {
+/// The index of the mapping pprof readers should present as the profiled
+/// program, by [`Profile::targets`]: for chosen processes (`record`'s
+/// command, `--pids`) the mapping most of their samples started in, that
+/// of each sample's outermost user frame (`_start`, `main`: the program's
+/// executable), weighted by count (all samples' when theirs have no user
+/// frame); for the whole machine the kernel's, as no one program is its
+/// binary (`None` without kernel frames: the order stays). `None` as well
+/// when the targets are unknown (a profile read back or merged keeps its
+/// order).
+fn first_mapping(profile: &Profile) -> Option<usize> {
+    let targets = profile.targets.as_deref()?;
+    if targets.is_empty() {
+        return profile
+            .frames
+            .iter()
+            .find(|f| f.kind == FrameKind::Kernel)
+            .and_then(|f| f.mapping);
+    }
+    started_in(profile, |pid| targets.contains(&pid)).or_else(|| started_in(profile, |_| true))
+}
+
+/// The mapping most of the samples of the processes `chosen` picks started
+/// in (their outermost user frame's), weighted by count; `None` when none of
+/// them has a user frame.
+fn started_in(profile: &Profile, chosen: impl Fn(u32) -> bool) -> Option<usize> {
     let mut weight: HashMap<usize, u64> = HashMap::new();
-    for sample in &profile.samples {
+    for sample in profile.samples.iter().filter(|s| chosen(s.pid)) {
         let outermost = sample.frames.iter().rev().find_map(|&f| {
             let frame = profile.frames.get(f)?;
             (frame.kind == FrameKind::User).then_some(frame.mapping)?
@@ -297,6 +321,7 @@ pub fn encode(profile: &Profile, compression: Compression) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use std::io::Read;
+    use std::sync::Arc;
 
     use super::*;
     use crate::format::folded::tests::sample_profile;
@@ -447,7 +472,7 @@ mod tests {
     }
 
     #[test]
-    fn the_program_the_samples_started_in_is_the_first_mapping() {
+    fn the_first_mapping_is_the_profiled_program() {
         let mut profile = sample_profile();
         let mapping = |filename: &str, start| ProfileMapping {
             start,
@@ -465,23 +490,53 @@ mod tests {
         profile.frames[1].mapping = Some(0);
         profile.frames[2].mapping = Some(1);
         profile.frames[3].mapping = Some(2);
-        // 7 samples start in main (/bin/app); the truncated one's outermost
-        // user frame is c (libc here), behind its unwind marker.
+        // Another process, sampled most, whose stacks start in libc.
+        let mut other = profile.samples[2].clone();
+        (other.pid, other.count) = (9, 100);
+        profile.samples.push(other);
+        let first = |profile: &Profile| {
+            let p = decode(&encode(profile, Compression::None).unwrap());
+            p.mapping
+                .iter()
+                .map(|m| (m.id, string(&p, m.filename).to_string()))
+                .collect::<Vec<_>>()
+        };
+        let owned = |names: &[(u64, &str)]| -> Vec<(u64, String)> {
+            names.iter().map(|&(id, n)| (id, n.to_string())).collect()
+        };
+        // pid 7's 7 samples start in main (/bin/app); its truncated one's
+        // outermost user frame is c (libc here), behind its unwind marker.
+        profile.targets = Some(Arc::from([7]));
+        let app_first = owned(&[
+            (3, "/bin/app"),
+            (1, "[kernel.kallsyms]"),
+            (2, "/lib/libc.so.6"),
+        ]);
+        assert_eq!(first(&profile), app_first);
+        // The whole machine: the kernel, not the process sampled most.
+        profile.targets = Some(Arc::from([]));
+        let kernel_first = owned(&[
+            (1, "[kernel.kallsyms]"),
+            (2, "/lib/libc.so.6"),
+            (3, "/bin/app"),
+        ]);
+        assert_eq!(first(&profile), kernel_first);
+        profile.mappings.swap(0, 2);
+        profile.frames[0].mapping = Some(2);
+        profile.frames[1].mapping = Some(2);
+        profile.frames[3].mapping = Some(0);
         let p = decode(&encode(&profile, Compression::None).unwrap());
-        let names: Vec<(u64, &str)> = p
-            .mapping
-            .iter()
-            .map(|m| (m.id, string(&p, m.filename)))
-            .collect();
-        assert_eq!(
-            names,
-            [
-                (3, "/bin/app"),
-                (1, "[kernel.kallsyms]"),
-                (2, "/lib/libc.so.6")
-            ]
-        );
-        assert_eq!(p.location[3].mapping_id, 3);
+        assert_eq!(string(&p, p.mapping[0].filename), "[kernel.kallsyms]");
+        assert_eq!(p.mapping[0].id, 3);
+        // Unknown targets (read back, merged): the order stays.
+        profile.targets = None;
+        let kept = owned(&[
+            (1, "/bin/app"),
+            (2, "/lib/libc.so.6"),
+            (3, "[kernel.kallsyms]"),
+        ]);
+        assert_eq!(first(&profile), kept);
+        assert_eq!(p.location[3].mapping_id, 1);
     }
 
     #[test]

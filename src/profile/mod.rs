@@ -39,6 +39,11 @@ pub struct Profile {
     pub subject: Option<Arc<str>>,
     /// The host the samples were taken on (`gethostname`), when known.
     pub host: Option<Arc<str>>,
+    /// The processes profiled, as [`Provenance::pids`]: `record`'s command,
+    /// the `--pids`, or none for every process (the whole machine). `None`
+    /// when unknown (profiles read back or merged). Says which mapping
+    /// pprof readers are shown as the profiled program.
+    pub targets: Option<Arc<[u32]>>,
     /// Address ranges the frames belong to (objects of processes, and the kernel).
     pub mappings: Vec<ProfileMapping>,
     /// Distinct frames (locations), referenced by index from [`Sample::frames`].
@@ -82,13 +87,17 @@ pub struct Provenance {
     pub subject: Arc<str>,
     /// The host name.
     pub host: Arc<str>,
+    /// The processes profiled: `record`'s command (its first pid), the
+    /// `--pids`, those of an on-demand request; empty for every process.
+    pub pids: Arc<[u32]>,
 }
 
 impl Provenance {
-    /// Set `profile`'s subject and host to these.
+    /// Set `profile`'s subject, host and targets to these.
     pub fn stamp(&self, profile: &mut Profile) {
         profile.subject = Some(self.subject.clone());
         profile.host = Some(self.host.clone());
+        profile.targets = Some(self.pids.clone());
     }
 }
 

@@ -385,7 +385,7 @@ fn run(rx: Receiver<Job>) {
 }
 
 /// What an on-demand profile shows (`pids 12, 34 (on demand)`, or every
-/// process the agent samples) and this host, for flame graph titles.
+/// process the agent samples), for flame graph titles, its pids and this host.
 fn on_demand_provenance(pids: &HashSet<u32>) -> Provenance {
     let mut pids: Vec<u32> = pids.iter().copied().collect();
     pids.sort_unstable();
@@ -403,6 +403,7 @@ fn on_demand_provenance(pids: &HashSet<u32>) -> Provenance {
     Provenance {
         subject: subject.into(),
         host: crate::sender::hostname().into(),
+        pids: pids.into(),
     }
 }
 

@@ -249,8 +249,9 @@ impl Symbolizer {
             ..Default::default()
         };
         // User mappings first, in the order: most sampled stacks first, each
-        // from its root. pprof readers present the first mapping as the
-        // profiled binary, and a stack's root (`_start`) is in the executable.
+        // from its root (`_start`, in the executable); which one pprof
+        // readers present as the profiled binary is the encoder's choice
+        // (`format::pprof`, by the profile's targets).
         let mut by_count: Vec<_> = aggregator.stacks().collect();
         by_count.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
         for (key, _) in by_count {
