@@ -151,7 +151,7 @@ EOF
 kvm=--disable-kvm
 [ "${KVM:-0}" = 1 ] && kvm=
 started=$(date +%s)
-timeout 280 "$VNG" -r "$vmlinuz" --user root $kvm --rw --memory 2G -- "bash $D/guest.sh" >"$D/vng.log" 2>&1
+timeout 400 "$VNG" -r "$vmlinuz" --user root $kvm --rw --memory 2G -- "bash $D/guest.sh" >"$D/vng.log" 2>&1
 [ -s "$D/uname" ] || { tail -5 "$D/vng.log" >&2; die "the VM did not boot ($pkg)"; }
 say kernel "$(cat "$D/uname") ($pkg), guest ran for $(($(date +%s) - started)) s"
 
