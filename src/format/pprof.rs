@@ -184,15 +184,32 @@ fn first_mapping(profile: &Profile) -> Option<usize> {
             .find(|f| f.kind == FrameKind::Kernel)
             .and_then(|f| f.mapping);
     }
-    started_in(profile, |pid| targets.contains(&pid)).or_else(|| started_in(profile, |_| true))
+    let target = |pid: u32| targets.contains(&pid);
+    started_in(profile, target, true)
+        .or_else(|| started_in(profile, target, false))
+        .or_else(|| started_in(profile, |_| true, false))
 }
 
 /// The mapping most of the samples of the processes `chosen` picks started
-/// in (their outermost user frame's), weighted by count; `None` when none of
-/// them has a user frame.
-fn started_in(profile: &Profile, chosen: impl Fn(u32) -> bool) -> Option<usize> {
+/// in (their outermost user frame's), weighted by count; with `whole_only`,
+/// only samples whose walk reached the outermost frame (no unwind marker:
+/// a shell's stacks cut short in `__libc_vfork` start in libc, not in the
+/// shell). `None` when none of them has a user frame.
+fn started_in(profile: &Profile, chosen: impl Fn(u32) -> bool, whole_only: bool) -> Option<usize> {
     let mut weight: HashMap<usize, u64> = HashMap::new();
-    for sample in profile.samples.iter().filter(|s| chosen(s.pid)) {
+    let whole = |frames: &[usize]| {
+        frames.iter().all(|&f| {
+            profile
+                .frames
+                .get(f)
+                .is_none_or(|frame| frame.kind != FrameKind::UnwindMarker)
+        })
+    };
+    let counted = profile
+        .samples
+        .iter()
+        .filter(|s| chosen(s.pid) && (!whole_only || whole(&s.frames)));
+    for sample in counted {
         let outermost = sample.frames.iter().rev().find_map(|&f| {
             let frame = profile.frames.get(f)?;
             (frame.kind == FrameKind::User).then_some(frame.mapping)?
@@ -513,6 +530,13 @@ mod tests {
             (2, "/lib/libc.so.6"),
         ]);
         assert_eq!(first(&profile), app_first);
+        // Most of its samples cut short in libc (a shell stopped in
+        // `__libc_vfork`): its whole stacks still decide.
+        let mut cut = profile.samples[2].clone();
+        cut.count = 50;
+        profile.samples.push(cut);
+        assert_eq!(first(&profile), app_first);
+        profile.samples.pop();
         // The whole machine: the kernel, not the process sampled most.
         profile.targets = Some(Arc::from([]));
         let kernel_first = owned(&[
