@@ -16,7 +16,9 @@
 //! [`repair`] gives each mapping its segment's range as loaded at address 0
 //! (`p_vaddr` up to `p_vaddr + p_memsz`, file offset `p_offset`), the space
 //! the locations' addresses are in, and sets each mapping's `has_*` flags
-//! from its own locations.
+//! from its own locations, and names the allocator's frames in
+//! `drop_frames` so that readers charge the bytes to the function that
+//! allocated.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -27,6 +29,17 @@ use jemalloc_pprof::Mapping;
 use prost::Message;
 
 use crate::format::pprof::proto;
+
+/// The profile's `drop_frames` (a regular expression pprof readers match
+/// against whole function names, dropping the first match from the root
+/// and every frame it called): the allocator's own frames, jemalloc's
+/// (`_rjem_*`, `prof_backtrace_impl`, which take the sample; `do_rallocx`,
+/// where `rallocx` is inlined) and Rust's
+/// global-allocator shims. Without it every sample's flat bytes went to
+/// `prof_backtrace_impl` (`go tool pprof -top`: 100%), where Go's own heap
+/// profiles name the function that allocated.
+const ALLOCATOR_FRAMES: &str =
+    "_rjem_.*|prof_backtrace_impl|do_rallocx|__rust_(alloc|alloc_zeroed|realloc|dealloc)|__rg_.*|__rdl_.*";
 
 /// `gzip`, the gzip'd pprof profile `jemalloc_pprof` encoded from a profile
 /// whose mappings are `segments` (`StackProfile::mappings`: one per loaded
@@ -52,6 +65,8 @@ pub fn repair(gzip: &[u8], segments: &[Mapping]) -> Result<Vec<u8>> {
         mapping.file_offset = segment.file_offset;
     }
     set_flags(&mut profile);
+    profile.drop_frames = profile.string_table.len() as i64;
+    profile.string_table.push(ALLOCATOR_FRAMES.to_string());
     let mut out = GzEncoder::new(Vec::new(), flate2::Compression::default());
     out.write_all(&profile.encode_to_vec())?;
     Ok(out.finish()?)

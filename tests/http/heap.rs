@@ -64,6 +64,20 @@ fn heap_profile_of_the_agent() {
         unnamed > 0 || !top.contains("[lightswitch]"),
         "go tool pprof shows unnamed lightswitch frames:\n{top}"
     );
+    // The allocator's own frames are dropped (the profile's drop_frames):
+    // the flat bytes go to the functions that allocated, as in Go's heap
+    // profiles, not all to jemalloc's sampling function.
+    let allocator = [
+        "prof_backtrace_impl",
+        "_rjem_",
+        "do_rallocx",
+        "__rust_alloc",
+    ];
+    let shown: Vec<&str> = top
+        .lines()
+        .filter(|l| allocator.iter().any(|a| l.contains(a)))
+        .collect();
+    assert!(shown.is_empty(), "allocator frames shown:\n{top}");
     let svg = get(&agent.url("/debug/pprof/heap?format=flame-graph"))
         .text()
         .unwrap();
