@@ -1086,6 +1086,31 @@ static __always_inline bool stack_fits_small_copy(struct scratch_space *sc, __u6
 	return sp < top && top + STACK_TOP_SLACK <= (sp & ~4095ULL) + STACK_COPY_SMALL_BYTES;
 }
 
+/* The body of send_with_copy for one record type (C has no generics):
+ * reserve a RECORD while the ring stays less than half full with it, copy
+ * up to BYTES of stack into it, fill it and submit it, waking user space at
+ * once (such records fill a ring fast); evaluates to false when it could
+ * not. */
+#define SEND_COPY_RECORD(RECORD, BYTES)                                              \
+	({                                                                           \
+		bool sent = false;                                                   \
+		struct RECORD *rec = NULL;                                           \
+		if (waiting + sizeof(struct RECORD) < half)                          \
+			rec = bpf_ringbuf_reserve(ring, sizeof(struct RECORD), 0);   \
+		if (rec) {                                                           \
+			__u32 len = copy_user_stack(rec->stack, sp, BYTES);          \
+			if (len == 0) {                                              \
+				bpf_ringbuf_discard(rec, 0);                         \
+			} else {                                                     \
+				fill_copy_record(sc, size, &rec->sample, &rec->copy, \
+						 len);                               \
+				bpf_ringbuf_submit(rec, BPF_RB_FORCE_WAKEUP);        \
+				sent = true;                                         \
+			}                                                            \
+		}                                                                    \
+		sent;                                                                \
+	})
+
 /* Send the finished record of `size` bytes (header and frames) with the
  * registers note_copy_start kept and the user stack from their rsp, in a
  * small record when the whole stack fits one (stack_fits_small_copy),
@@ -1100,36 +1125,9 @@ static __always_inline bool send_with_copy(struct scratch_space *sc, void *ring,
 	__u64 half = bpf_ringbuf_query(ring, BPF_RB_RING_SIZE) / 2;
 	if (size > sizeof(struct stack_sample))
 		return false;
-	if (stack_fits_small_copy(sc, sp)) {
-		if (waiting + sizeof(struct copy_record_small) >= half)
-			return false;
-		struct copy_record_small *rec =
-			bpf_ringbuf_reserve(ring, sizeof(struct copy_record_small), 0);
-		if (!rec)
-			return false;
-		__u32 len = copy_user_stack(rec->stack, sp, STACK_COPY_SMALL_BYTES);
-		if (len == 0) {
-			bpf_ringbuf_discard(rec, 0);
-			return false;
-		}
-		fill_copy_record(sc, size, &rec->sample, &rec->copy, len);
-		/* User space takes it at once: such records fill a ring fast. */
-		bpf_ringbuf_submit(rec, BPF_RB_FORCE_WAKEUP);
-		return true;
-	}
-	if (waiting + sizeof(struct copy_record) >= half)
-		return false;
-	struct copy_record *rec = bpf_ringbuf_reserve(ring, sizeof(struct copy_record), 0);
-	if (!rec)
-		return false;
-	__u32 len = copy_user_stack(rec->stack, sp, STACK_COPY_BYTES);
-	if (len == 0) {
-		bpf_ringbuf_discard(rec, 0);
-		return false;
-	}
-	fill_copy_record(sc, size, &rec->sample, &rec->copy, len);
-	bpf_ringbuf_submit(rec, BPF_RB_FORCE_WAKEUP);
-	return true;
+	if (stack_fits_small_copy(sc, sp))
+		return SEND_COPY_RECORD(copy_record_small, STACK_COPY_SMALL_BYTES);
+	return SEND_COPY_RECORD(copy_record, STACK_COPY_BYTES);
 }
 
 /* Copy the finished record out to user space. */
