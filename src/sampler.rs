@@ -49,7 +49,7 @@ pub struct SamplerConfig {
     /// Called once the BPF programs are loaded, before any perf event is
     /// attached (so before any sample can wait in a ring for it): the
     /// symbolizer notes where the programs' JIT code is
-    /// (`symbolize::kernel_code::remember_bpf_programs`, 50-200 ms).
+    /// (`symbolize::kallsyms::remember_bpf_programs`, 50-200 ms).
     pub after_load: Option<fn()>,
 }
 

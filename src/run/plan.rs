@@ -90,7 +90,7 @@ impl RunPlan {
                 // Samples taken inside the profiler's own BPF programs are
                 // named after the programs are unloaded (one-shot profiles
                 // are symbolized then).
-                after_load: Some(crate::symbolize::kernel_code::remember_bpf_programs),
+                after_load: Some(crate::symbolize::kallsyms::remember_bpf_programs),
             },
         })
     }

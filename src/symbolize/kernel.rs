@@ -4,15 +4,11 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use blazesym::symbolize::source::{Kernel as KernelSource, Source};
-use blazesym::symbolize::{Input, Symbolizer as BlazeSymbolizer};
-use blazesym::MaybeDefault;
 use object::read::elf::NoteIterator;
 use object::{elf, LittleEndian};
-use tracing::debug;
 
-use super::kernel_code::OutsideText;
-use super::lines::{line_of, lines_of, unknown_line, Lines};
+use super::kallsyms::KernelSymbols;
+use super::lines::{line_of, unknown_line, Lines};
 use super::sources::{Batch, FrameRef, Site, SymbolSource};
 use super::{MappingSource, KERNEL_MAPPING_NAME};
 
@@ -20,20 +16,21 @@ use super::{MappingSource, KERNEL_MAPPING_NAME};
 /// are `(0, address)`. Addresses it cannot name become
 /// `[kernel.kallsyms]+0xADDR`.
 pub(super) struct Kallsyms {
-    /// Holds the parsed `/proc/kallsyms` (7.5 MiB; blazesym's for the
-    /// kernel image, ours for code past it) while windows bring new kernel
-    /// addresses; dropped after a window without any.
-    inner: RefCell<Option<(BlazeSymbolizer, OutsideText)>>,
+    /// The code symbols of `/proc/kallsyms` (about 5 MiB for 120,000;
+    /// [`KernelSymbols`]), kept while windows bring new kernel addresses
+    /// and dropped after a window without any, so that a later window reads
+    /// the list again (modules and BPF programs come and go).
+    symbols: RefCell<Option<KernelSymbols>>,
     keep_parsed: bool,
 }
 
 impl Kallsyms {
-    /// A kernel source with its own blazesym symbolizer; `keep_parsed`
-    /// keeps the parsed `/proc/kallsyms` from one window to the next while
-    /// windows bring new kernel addresses (continuous mode).
+    /// A kernel source; `keep_parsed` keeps the symbols read from
+    /// `/proc/kallsyms` from one window to the next while windows bring new
+    /// kernel addresses (continuous mode).
     pub(super) fn new(keep_parsed: bool) -> Self {
         Kallsyms {
-            inner: RefCell::new(None),
+            symbols: RefCell::new(None),
             keep_parsed,
         }
     }
@@ -48,51 +45,26 @@ impl SymbolSource for Kallsyms {
     }
 
     fn symbolize(&self, _tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines> {
-        let mut inner = self.inner.borrow_mut();
+        let mut symbols = self.symbols.borrow_mut();
         if batch.is_empty() || !self.keep_parsed {
-            // Parsing it again (~100 ms) is cheaper than keeping it through
-            // windows without new kernel addresses.
-            *inner = None;
+            // Reading it again (50-100 ms, mostly the kernel formatting
+            // it) is cheaper than keeping it through windows without new
+            // kernel addresses.
+            *symbols = None;
             if batch.is_empty() {
                 return HashMap::new();
             }
         }
-        let (inner, outside) = inner.get_or_insert_with(|| {
-            let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
-            (
-                BlazeSymbolizer::builder().enable_demangling(false).build(),
-                OutsideText::parse(&kallsyms),
-            )
-        });
-        let addrs: Vec<u64> = batch.values().flatten().copied().collect();
-        let source = Source::Kernel(KernelSource {
-            kallsyms: MaybeDefault::Default,
-            vmlinux: MaybeDefault::None,
-            kaslr_offset: Some(0),
-            debug_syms: false,
-            ..Default::default()
-        });
-        let results = match inner.symbolize(&source, Input::AbsAddr(&addrs)) {
-            Ok(r) => r,
-            Err(err) => {
-                debug!("kernel symbolization failed: {err}");
-                Vec::new()
-            }
-        };
-        addrs
-            .iter()
-            .enumerate()
-            .map(|(i, &addr)| {
-                let named = if outside.covers(addr) {
-                    outside.name(addr).map(|name| vec![line_of(name, None)])
-                } else {
-                    results.get(i).and_then(lines_of)
+        let symbols = symbols.get_or_insert_with(KernelSymbols::read);
+        batch
+            .values()
+            .flatten()
+            .map(|&address| {
+                let entry = match symbols.name(address) {
+                    Some(name) => (vec![line_of(name, None)], true),
+                    None => (vec![unknown_line(kernel_placeholder(address))], false),
                 };
-                let entry = match named {
-                    Some(lines) => (lines, true),
-                    None => (vec![unknown_line(kernel_placeholder(addr))], false),
-                };
-                ((0, addr), entry)
+                ((0, address), entry)
             })
             .collect()
     }

@@ -23,10 +23,10 @@ pub mod debug_copy;
 pub mod debuginfod;
 mod elf_file;
 mod jitdump;
+pub mod kallsyms;
 #[cfg(test)]
 mod keep_tests;
 pub mod kernel;
-pub mod kernel_code;
 mod lines;
 mod objects;
 mod perf_map;
@@ -96,14 +96,14 @@ pub const PARSED_OBJECTS_BUDGET_BYTES: u64 = 16 << 20;
 
 /// Largest cost (as [`PARSED_OBJECTS_BUDGET_BYTES`] counts it) of an
 /// object whose parsed data a continuous [`Symbolizer`] keeps between
-/// windows. Costlier ones (the agent's own binary, 42 MB with line tables;
-/// libpython, 23 MB; libc with its debug file, about 30 MB; rustc's
-/// libraries, 150-200 MB) are parsed again for every window that brings
-/// new addresses in them and dropped right after, so that what stays
-/// between windows does not depend on which big programs happened to run:
-/// with all-or-nothing keeping, an agent's RssAnon between windows flipped
-/// between 15 and 40 MiB as the window's objects met the budget or not
-/// (issue 18).
+/// windows. Costlier ones (the agent's own binary, 42 MB, of which only
+/// the symbol table is read; libpython, 23 MB; libc with its debug file,
+/// about 30 MB; rustc's libraries, 150-200 MB) are parsed again for every
+/// window that brings new addresses in them and dropped right after, so
+/// that what stays between windows does not depend on which big programs
+/// happened to run: with all-or-nothing keeping, an agent's RssAnon
+/// between windows flipped between 15 and 40 MiB as the window's objects
+/// met the budget or not (issue 18).
 pub const KEPT_OBJECT_MAX_BYTES: u64 = 8 << 20;
 
 /// Windows after the latest one that brought new addresses in an object
@@ -533,6 +533,41 @@ mod tests {
         assert_eq!(unnamed(0), 1);
         // The next window (with time) names it.
         assert_eq!(unnamed(1_000_000_000), 0);
+    }
+
+    /// The profiler's own executable (here, the test binary) is named from
+    /// its symbol table: its full names, without reading its DWARF for
+    /// source lines or inlined frames.
+    #[test]
+    fn the_profilers_own_frames_are_named_without_its_dwarf() {
+        let in_exe =
+            the_profilers_own_frames_are_named_without_its_dwarf as *const () as usize as u64 + 1;
+        let mut tracker = crate::process::ProcessTracker::new();
+        let mut aggregator = Aggregator::new();
+        aggregator.add(
+            &RawSample::for_test(std::process::id(), 0, vec![in_exe]),
+            &mut tracker,
+        );
+        let window = Window {
+            start_unix_ns: 0,
+            duration_ns: 1_000_000_000,
+            sample_freq_hz: 99,
+        };
+        let profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+        let own: Vec<&Line> = profile
+            .frames
+            .iter()
+            .filter(|f| f.kind == FrameKind::User)
+            .flat_map(|f| &f.lines)
+            .collect();
+        assert_eq!(own.len(), 1, "{own:?}");
+        assert!(
+            own[0]
+                .function
+                .ends_with("::the_profilers_own_frames_are_named_without_its_dwarf"),
+            "{own:?}"
+        );
+        assert_eq!((&own[0].file, own[0].line), (&None, None), "{own:?}");
     }
 
     #[test]
