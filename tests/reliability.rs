@@ -9,49 +9,22 @@
 mod common;
 
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Child, Command};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{Lightswitch, BIN};
 
+/// How long a server started here may take to say where it listens.
+const BANNER_TIMEOUT: Duration = Duration::from_secs(60);
+
 // ---------------------------------------------------------------------------
 // Helpers
-
-/// Start `cmd` and wait (at most 60 s) for the stdout line with the
-/// `http://127.0.0.1:PORT` it listens on; returns the child, that URL and
-/// the stdout lines after it.
-fn spawn_listening(mut cmd: Command) -> (Child, String, mpsc::Receiver<String>) {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawning lightswitch");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("no 'listening on' line within 60 s");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://127.0.0.1:"))
-        .unwrap_or_else(|| panic!("unexpected banner {line:?}"))
-        .trim_end_matches(',')
-        .to_string();
-    (child, url, rx)
-}
 
 /// A `lightswitch collector` (or agent with `--listen`) subprocess; killed on drop.
 struct Collector {
@@ -65,7 +38,7 @@ impl Collector {
         cmd.args(["collector", "--listen", "127.0.0.1:0", "--storage"])
             .arg(storage)
             .args(extra);
-        let (child, url, _) = spawn_listening(cmd);
+        let (child, url, _) = common::spawn_listening(cmd, BANNER_TIMEOUT);
         Collector { child, url }
     }
 
@@ -274,7 +247,7 @@ fn agent_http_api_survives_running_out_of_descriptors() {
     let mut cmd = Command::new(BIN);
     cmd.args(["--listen", "127.0.0.1:0", "--unwind-cache-dir", "none"]);
     // The banner comes once sampling is set up (BPF loaded).
-    let (child, url, _) = spawn_listening(cmd);
+    let (child, url, _) = common::spawn_listening(cmd, BANNER_TIMEOUT);
     let mut agent = Collector { child, url };
     let url = agent.url.clone();
     // The process tracker holds a descriptor per mapped object, as many as
@@ -341,7 +314,7 @@ fn the_collector_stops_on_sigint_and_sigterm_and_says_so() {
                 Ok(())
             });
         }
-        let (mut child, url, lines) = spawn_listening(cmd);
+        let (mut child, url, lines) = common::spawn_listening(cmd, BANNER_TIMEOUT);
         // An idle keep-alive connection does not hold the stop up.
         let _idle = TcpStream::connect(authority(&url)).unwrap();
         // SAFETY: plain kill(2) on our own child.
@@ -542,7 +515,7 @@ fn profiles_and_collector_storage_are_private_under_a_lax_umask() {
             Ok(())
         });
     }
-    let (child, url, _) = spawn_listening(cmd);
+    let (child, url, _) = common::spawn_listening(cmd, BANNER_TIMEOUT);
     let collector = Collector { child, url };
     let r = http()
         .post(collector.profiles_url())
@@ -644,7 +617,7 @@ fn heap_dumps_do_not_accumulate_memory() {
         // One sampled allocation per 4 KiB (not 512 KiB): every dump has
         // stacks to symbolize, from the first on.
         .env(lightswitch::heap::MALLOC_CONF_ENV, "lg_prof_sample:12");
-    let (child, url, _) = spawn_listening(cmd);
+    let (child, url, _) = common::spawn_listening(cmd, BANNER_TIMEOUT);
     let mut agent = Collector { child, url };
     let pid = agent.child.id();
     let client = http();
@@ -737,7 +710,7 @@ fn slow_header_clients_are_dropped_and_the_servers_keep_answering() {
             "--pids",
             &sleeper.id().to_string(),
         ]);
-    let (child, url, _) = spawn_listening(cmd);
+    let (child, url, _) = common::spawn_listening(cmd, BANNER_TIMEOUT);
     let mut agent = Collector { child, url };
     let client = http();
     for (server, probe) in [(&mut collector, "/v1/profiles"), (&mut agent, "/healthz")] {

@@ -13,9 +13,9 @@ use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -58,36 +58,16 @@ struct Collector {
 impl Collector {
     /// Start a collector on `port` (0: any free one) storing in `storage`.
     fn start(port: u16, storage: &Path, extra: &[&str]) -> Collector {
-        let mut child = lightswitch_command()
-            .args([
-                "collector",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--storage",
-            ])
-            .arg(storage)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawning the collector");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("the collector did not say where it listens within 20 s");
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://127.0.0.1:"))
-            .unwrap_or_else(|| panic!("unexpected collector banner {line:?}"))
-            .trim_end_matches(',')
-            .to_string();
+        let mut cmd = lightswitch_command();
+        cmd.args([
+            "collector",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--storage",
+        ])
+        .arg(storage)
+        .args(extra);
+        let (child, url, _) = common::spawn_listening(cmd, Duration::from_secs(20));
         Collector {
             child,
             url,

@@ -10,11 +10,11 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{mpsc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -340,6 +340,42 @@ impl Summary {
             lost,
         })
     }
+}
+
+/// Start `cmd` (an agent with `--listen`, or `lightswitch collector`) with
+/// its stdout piped, and wait at most `timeout` for its first stdout line,
+/// the banner `listening on http://127.0.0.1:PORT[, ...]`. Returns the
+/// child, the `http://127.0.0.1:PORT` URL and the stdout lines after the
+/// banner (read until the child closes its stdout, whether or not anyone
+/// receives them, so that the child never writes into a closed pipe).
+/// Panics when no banner comes in time or it names no such URL.
+pub fn spawn_listening(
+    mut cmd: Command,
+    timeout: Duration,
+) -> (Child, String, mpsc::Receiver<String>) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let banner = rx
+        .recv_timeout(timeout)
+        .unwrap_or_else(|_| panic!("{cmd:?} did not say where it listens within {timeout:?}"));
+    let url = banner
+        .split_whitespace()
+        .find(|w| w.starts_with("http://127.0.0.1:"))
+        .unwrap_or_else(|| panic!("unexpected banner {banner:?}"))
+        .trim_end_matches(',')
+        .to_string();
+    (child, url, rx)
 }
 
 /// A running `lightswitch`; killed and reaped on drop.

@@ -13,8 +13,7 @@ mod heap;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -34,32 +33,11 @@ impl Agent {
     /// Start the agent with `args` and `envs`, and wait (at most 30 s) for
     /// it to say where it listens.
     fn start(args: &[&str], envs: &[(&str, &str)]) -> Agent {
-        let mut child = Command::new(BIN)
-            .args(["--listen", "127.0.0.1:0"])
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--listen", "127.0.0.1:0"])
             .args(args)
-            .envs(envs.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawning lightswitch");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let banner = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("lightswitch did not say where it listens within 30 s");
-        let url = banner
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected banner {banner:?}"))
-            .to_string();
+            .envs(envs.iter().copied());
+        let (child, url, rx) = common::spawn_listening(cmd, Duration::from_secs(30));
         Agent {
             child,
             url,
