@@ -53,6 +53,8 @@ use crate::server::ondemand::OnDemandWorker;
 use crate::server::{Server, ServerConfig};
 use crate::symbolize::Symbolizer;
 use crate::timefmt;
+use crate::unwind::deferred::DeferredStats;
+use crate::unwind::loader::UnwindLoader;
 
 fn setup_libbpf_logging(debug: bool) {
     let level = if debug {
@@ -204,6 +206,37 @@ fn subject(pids: &[u32], workload: Option<&dyn Workload>) -> String {
     }
 }
 
+/// Log what a run saw: the BPF program's counters, the tracker's and the
+/// unwind loader's statistics and the walks from stack copies (debug), the
+/// unwind tables loaded (info), objects that could not be opened (warn).
+fn log_run(
+    stats: &BpfStats,
+    tracker: &ProcessTracker,
+    loader: &UnwindLoader,
+    described: usize,
+    deferred: &DeferredStats,
+) {
+    debug!(
+        "bpf stats: {stats:?}, tracker: {:?}, unwind tables: {:?}, processes described: {described}",
+        tracker.stats(),
+        loader.stats()
+    );
+    warn_unopenable(tracker);
+    let tables = loader.stats();
+    info!(
+        "unwind tables: {} loaded, {} rows ({:.1} MiB), {} evicted, {} failed",
+        tables.tables_loaded,
+        tables.rows_loaded,
+        tables.rows_loaded as f64 * 8.0 / (1024.0 * 1024.0),
+        tables.evictions,
+        tables.build_failures
+    );
+    debug!(
+        "walks from stack copies: {deferred:?}, {} us each on average",
+        deferred.walk_ns / deferred.walks.max(1) / 1000
+    );
+}
+
 /// Everything after sampling: log what the run saw, hand the last windows
 /// over (continuous mode) or write the one profile, and say what happened.
 fn finish(
@@ -228,27 +261,9 @@ fn finish(
     } = stopped;
     deferred.not_sent = stats.stack_copies_skipped;
     let mut last = windows.finish(timefmt::monotonic_ns());
-    debug!(
-        "bpf stats: {stats:?}, tracker: {:?}, unwind tables: {:?}, processes described: {described}",
-        tracker.stats(),
-        loader.stats()
-    );
-    warn_unopenable(&tracker);
+    log_run(&stats, &tracker, &loader, described, &deferred);
     let unsupported = unsupported_counts(&stats);
-    let tables = loader.stats();
-    info!(
-        "unwind tables: {} loaded, {} rows ({:.1} MiB), {} evicted, {} failed",
-        tables.tables_loaded,
-        tables.rows_loaded,
-        tables.rows_loaded as f64 * 8.0 / (1024.0 * 1024.0),
-        tables.evictions,
-        tables.build_failures
-    );
     let lost = stats.lost + malformed;
-    debug!(
-        "walks from stack copies: {deferred:?}, {} us each on average",
-        deferred.walk_ns / deferred.walks.max(1) / 1000
-    );
 
     if let Some(mut worker) = window_worker {
         for closed in last {
