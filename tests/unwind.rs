@@ -897,6 +897,60 @@ int main(void) {{
     );
 }
 
+/// glibc's x86-64 `vfork` pops its return address into rdi around the
+/// system call (CFI `DW_CFA_register 16, 5`): samples taken while the
+/// parent is in that call (the kernel copying it into the child) walk
+/// through rdi, as the interrupted registers hold it, on to `main`.
+#[test]
+fn vfork_return_address_in_a_register() {
+    let _serial = serial();
+    let source = format!(
+        "{DIE_WITH_PARENT}{STOP_FLAG}
+#include <sys/wait.h>
+#include <unistd.h>
+__attribute__((noinline)) void spawn_one(void) {{
+    pid_t child = vfork();
+    if (child == 0)
+        _exit(0);
+    if (child > 0)
+        waitpid(child, 0, 0);
+    sink++;
+}}
+__attribute__((noinline)) void spawner(void) {{ while (!stop) spawn_one(); sink++; }}
+int main(void) {{
+    spawner();
+    return 0;
+}}
+"
+    );
+    let program = compile("lsw_uw_vfork", &source, NO_FP);
+    let target = Target::run(&program.path);
+    let p = profile(&target, "2");
+    let in_vfork = |u: &[&str]| u.last().is_some_and(|leaf| leaf.contains("vfork"));
+    let chain = ["main", "spawner", "spawn_one"];
+    let samples = tally(&p.stacks, &program.name, in_vfork);
+    let complete = tally(&p.stacks, &program.name, |u| {
+        in_vfork(u) && complete_chain(&u[..u.len() - 1], &chain)
+    });
+    let mine = of_process(&p.stacks, &program.name);
+    assert!(
+        samples.matching >= 20,
+        "only {} samples in vfork:\n{}\n{}",
+        samples.matching,
+        show(&mine),
+        p.out
+    );
+    assert!(
+        complete.matching * 100 >= samples.matching * 95,
+        "only {} of {} samples in vfork are {}; vfork:\n{}\n{}",
+        complete.matching,
+        samples.matching,
+        describe(&chain),
+        show(&mine),
+        p.out
+    );
+}
+
 /// A binary deleted after it started: its table is built from the file
 /// the process still maps, and its frames are symbolized.
 #[test]

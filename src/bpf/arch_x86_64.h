@@ -49,4 +49,31 @@ static __always_inline bool sample_in_user_mode(const struct sample_regs *regs)
 	return (regs->cs & 3) == 3;
 }
 
+/* Slot (8-byte index) in struct sample_regs of each DWARF register 0-15
+ * (System V AMD64 ABI numbering: rax, rdx, rcx, rbx, rsi, rdi, rbp, rsp,
+ * r8-r15). A read-only global (.rodata): as a static constant, clang put it
+ * in a mergeable string section the loader rejected the program over. */
+const volatile __u8 dwarf_register_slot[16] = {
+	10, 12, 11, 5, 13, 14, 4, 19, 9, 8, 7, 6, 3, 2, 1, 0,
+};
+
+/* Read DWARF register `reg` (0-15) of the interrupted user context into
+ * `out`: the user registers the kernel saved, at the top of the task's
+ * kernel stack, on the entry the sample interrupted (an interrupt taken in
+ * user mode saves them there too). `buf` receives all of them (map memory:
+ * too large for the BPF stack). 0 on success. */
+static __always_inline long read_interrupted_user_register(struct sample_regs *buf, __u32 reg,
+							   __u64 *out)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs *uregs = (struct pt_regs *)bpf_task_pt_regs(task);
+	if (bpf_probe_read_kernel(buf, sizeof(*buf), uregs) != 0)
+		return -1;
+	__u32 slot = dwarf_register_slot[reg & 15];
+	if (slot >= sizeof(*buf) / sizeof(__u64))
+		return -1;
+	*out = ((const __u64 *)buf)[slot];
+	return 0;
+}
+
 #endif

@@ -271,7 +271,9 @@ struct walk_state {
 	__u8 used_fp;       /* a frame was walked by frame pointers */
 	__u8 missing_table; /* a frame's object had no table loaded yet (walked by frame pointers) */
 	__u8 last_step_fp;  /* st->ip came from a frame-pointer step (may be garbage) */
-	__u8 signal_frame;  /* a step read registers from a signal frame: the walk is not remembered */
+	__u8 unrepeatable;  /* a step took registers from somewhere other than the stack words
+	                     * recorded (a signal frame, the interrupted frame's return-address
+	                     * register): the walk is not remembered */
 	__u8 joining;       /* the current frame matches the remembered walk's frame memo_next */
 	__u8 join_failed;   /* the remembered walk did not hold: walk every frame */
 	__u8 joined;        /* the frames from memo_next on were copied from the remembered walk */
@@ -324,6 +326,9 @@ struct scratch_space {
 	/* The stack from a joined frame's rsp up to the end of what the
 	 * remembered walk read. */
 	__u64 replay_stack[REPLAY_STACK_BYTES / 8];
+	/* The interrupted user registers, read when a CFA_RETURN_IN_REGISTER
+	 * row needs one (not cleared per sample). */
+	struct sample_regs user_regs;
 };
 
 /* Per-CPU space where a record is assembled before it is copied out. */
@@ -924,9 +929,10 @@ have_row:;
 		frame_pointer_step(st);
 		return st->done ? 1 : 0;
 	}
-	if (cfa_type != CFA_PLT) {
+	if (cfa_type != CFA_PLT && cfa_type != CFA_RETURN_IN_REGISTER) {
 		/* Every ip of this row (within this mapping) steps the same way.
-		 * A PLT row's CFA depends on the ip itself: no join there. */
+		 * A PLT row's CFA depends on the ip itself, a return address in a
+		 * register on that register: no join there. */
 		__u64 page_start = vaddr & ~((__u64)UNWIND_PAGE_SIZE - 1);
 		__u64 lo = page_start + row.pc_low + bias;
 		__u64 hi = page_start + row_end + bias;
@@ -943,6 +949,7 @@ have_row:;
 	__u64 cfa;
 	switch (cfa_type) {
 	case CFA_RSP_OFFSET:
+	case CFA_RETURN_IN_REGISTER:
 		cfa = st->sp + cfa_offset;
 		break;
 	case CFA_RBP_OFFSET:
@@ -968,7 +975,7 @@ have_row:;
 		st->ip = regs[2];
 		st->exact_ip = 1;
 		st->last_step_fp = 0;
-		st->signal_frame = 1;
+		st->unrepeatable = 1;
 		return 0;
 	}
 	case CFA_UNSUPPORTED:
@@ -983,17 +990,30 @@ have_row:;
 	}
 
 	__u64 ra;
-	if (read_stack_word(sc, cfa - 8, &ra) != 0) {
-		finish(st, UNWIND_READ_FAULT);
-		return 1;
+	struct memo_check *k;
+	if (cfa_type == CFA_RETURN_IN_REGISTER) {
+		/* Only the interrupted frame's registers are known (st->user_frames
+		 * already counts this frame). */
+		if (st->user_frames != 1 ||
+		    read_interrupted_user_register(&sc->user_regs, (__u16)row.fp_offset, &ra) != 0) {
+			count(STAT_UNSUPPORTED_BASE + UNSUPPORTED_KIND_RETURN_ADDRESS);
+			finish(st, UNWIND_UNSUPPORTED_RULE);
+			return 1;
+		}
+		st->unrepeatable = 1;
+	} else {
+		if (read_stack_word(sc, cfa - 8, &ra) != 0) {
+			finish(st, UNWIND_READ_FAULT);
+			return 1;
+		}
+		/* At most two words per frame: within MEMO_FRAMES frames, the
+		 * index stays below MEMO_CHECKS. */
+		k = &rec->checks[st->rec_checks++ & (MEMO_CHECKS - 1)];
+		k->addr = cfa - 8;
+		k->value = ra;
+		if (cfa > st->rec_end)
+			st->rec_end = cfa;
 	}
-	/* At most two words per frame: within MEMO_FRAMES frames, the index
-	 * stays below MEMO_CHECKS. */
-	struct memo_check *k = &rec->checks[st->rec_checks++ & (MEMO_CHECKS - 1)];
-	k->addr = cfa - 8;
-	k->value = ra;
-	if (cfa > st->rec_end)
-		st->rec_end = cfa;
 	if (row.fp_type == FP_AT_CFA_OFFSET) {
 		__u64 bp;
 		__u64 bp_addr = cfa + (__s64)row.fp_offset * 8;
@@ -1213,7 +1233,7 @@ static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct
 		/* Remember a walk that used CFI for every frame, read nothing
 		 * but the stack words it recorded, and saw one generation of
 		 * the process's mappings (a later program run looks it up anew). */
-		if (st->done && st->status == UNWIND_COMPLETE && !st->joined && !st->signal_frame &&
+		if (st->done && st->status == UNWIND_COMPLETE && !st->joined && !st->unrepeatable &&
 		    st->user_frames <= MEMO_FRAMES && st->generation == wc.proc->generation) {
 			struct walk_memo *recording = &wc.memos->memos[(wc.memos->current ^ 1) & 1];
 			recording->pid = sc->sample.header.pid;

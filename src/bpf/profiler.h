@@ -165,7 +165,13 @@ enum cfa_type {
 	CFA_SIGNAL_FRAME = 4,    /* signal trampoline: registers come from the ucontext at rsp */
 	CFA_OUTERMOST = 5,       /* return address undefined: this is the outermost frame */
 	CFA_UNSUPPORTED = 6,     /* a rule BPF cannot evaluate; fp_offset holds the unsupported kind */
+	CFA_RETURN_IN_REGISTER = 7, /* CFA = rsp + offset, rbp unchanged; the return address is in
+	                             * the DWARF register fp_offset (0-15): followed in the
+	                             * interrupted frame only (glibc's vfork keeps it in rdi) */
 };
+/* The unsupported kind counted when a CFA_RETURN_IN_REGISTER row is met
+ * outside the interrupted frame (Rust: UnsupportedKind::ReturnAddress). */
+#define UNSUPPORTED_KIND_RETURN_ADDRESS 4
 #define CFA_TYPE_MASK 0x07
 /* Set in unwind_row.cfa_type when the CFA offset is in units of 8 bytes;
  * bits 3-6 then hold bits 16-19 of the scaled offset (up to 8 MiB - 8). */
@@ -186,7 +192,8 @@ struct unwind_row {
 	__u8 cfa_type;    /* enum cfa_type | high offset bits << 3 | CFA_OFFSET_SCALED */
 	__u8 fp_type;     /* enum fp_type */
 	__u16 cfa_offset; /* bytes, or units of 8 bytes with CFA_OFFSET_SCALED; PLT: the threshold */
-	__s16 fp_offset;  /* units of 8 bytes (FP_AT_CFA_OFFSET); unsupported kind (CFA_UNSUPPORTED) */
+	__s16 fp_offset;  /* units of 8 bytes (FP_AT_CFA_OFFSET); unsupported kind (CFA_UNSUPPORTED);
+	                   * DWARF register (CFA_RETURN_IN_REGISTER) */
 };
 
 /* Key of the unwind_pages map: one page of one object's table. */

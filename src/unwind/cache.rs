@@ -39,8 +39,10 @@ use super::table::{CfiSource, TableStats, UnwindTable};
 /// First bytes of every cache file.
 pub const MAGIC: [u8; 8] = *b"LSUNWIND";
 /// Version of the file format; bump on any change to the layout or to the
-/// meaning of rows (files of another version are rebuilt).
-pub const FORMAT_VERSION: u32 = 2;
+/// meaning of rows (files of another version are rebuilt). 3: rows of
+/// [`super::rule::Rule::ReturnInRegister`], which version 2 stored as
+/// unsupported.
+pub const FORMAT_VERSION: u32 = 3;
 /// Longest key text stored (file names are at most 255 bytes with `.unwind`).
 const MAX_KEY_LEN: usize = 248;
 /// Size of the fixed header before the key, bytes.

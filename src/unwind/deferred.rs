@@ -232,7 +232,9 @@ fn cfi_step(copy: &StackCopy, r: &mut Regs, rule: Rule) -> Step {
             (r.sp.wrapping_add(8 + pushed), fp)
         }
         Rule::Outermost => return Step::End,
-        Rule::Unsupported(_) => return Step::Unsupported,
+        // The copy holds ip, sp and bp only: the register is not known
+        // here (the BPF walker follows the rule in the interrupted frame).
+        Rule::Unsupported(_) | Rule::ReturnInRegister { .. } => return Step::Unsupported,
         Rule::SignalFrame => {
             let word = |offset| copy.word(r.sp.wrapping_add(offset));
             let (Some(bp), Some(sp), Some(ip)) =

@@ -233,6 +233,18 @@ fn agrees<'d, S: UnwindSection<Slice<'d>>>(
             ensure(ra_normal, "return address")?;
             fp_agrees(fp)
         }
+        Rule::ReturnInRegister { cfa, register } => {
+            let expected = CfaRule::RegisterAndOffset {
+                register: RSP,
+                offset: i64::from(cfa.bytes()),
+            };
+            ensure(*row.cfa() == expected, "cfa")?;
+            ensure(
+                ra == Some(RegisterRule::Register(Register(u16::from(register)))),
+                "return address register",
+            )?;
+            fp_agrees(Fp::Unchanged)
+        }
         Rule::Plt { threshold, fp } => {
             let CfaRule::Expression(expression) = row.cfa() else {
                 return Err("plt without an expression".into());
@@ -359,6 +371,11 @@ fn libc_rows_agree_with_gimli() {
         "libc has a .plt"
     );
     assert!(rows.iter().any(|r| matches!(r, Rule::RbpOffset { .. })));
+    assert!(
+        rows.iter()
+            .any(|r| matches!(r, Rule::ReturnInRegister { register: 5, .. })),
+        "libc's vfork keeps its return address in rdi"
+    );
     assert_eq!(table.stats().source, CfiSource::EhFrame);
 }
 

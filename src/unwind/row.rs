@@ -25,6 +25,10 @@ pub enum CfaType {
     Outermost = 5,
     /// A rule the BPF program cannot evaluate.
     Unsupported = 6,
+    /// CFA = rsp + offset; the return address is in the register whose
+    /// DWARF number is in `fp_offset`, rbp unchanged (glibc's `vfork` keeps
+    /// it in rdi across the syscall). Known only for the interrupted frame.
+    ReturnInRegister = 7,
 }
 
 /// Bits of the raw `cfa_type` byte that hold the [`CfaType`].
@@ -61,7 +65,8 @@ pub struct RawRow {
     /// CFA offset in bytes (or units of 8 with [`CFA_OFFSET_SCALED`]); PLT threshold.
     pub cfa_offset: u16,
     /// Saved-rbp offset from the CFA in units of 8 bytes; unsupported kind for
-    /// [`CfaType::Unsupported`].
+    /// [`CfaType::Unsupported`]; DWARF register number for
+    /// [`CfaType::ReturnInRegister`].
     pub fp_offset: i16,
 }
 

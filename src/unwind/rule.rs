@@ -167,9 +167,25 @@ pub enum Rule {
     SignalFrame,
     /// The return address is undefined: the outermost frame.
     Outermost,
+    /// CFA = rsp + offset, rbp unchanged, and the return address is in a
+    /// register rather than on the stack: hand-written code that pops it
+    /// around a system call, such as glibc's `vfork` (in rdi), whose child
+    /// and parent both resume there. Only the interrupted frame's registers
+    /// are known, so a walk follows this rule in the leaf frame and stops
+    /// anywhere else.
+    ReturnInRegister {
+        /// Offset added to rsp.
+        cfa: CfaOffset,
+        /// DWARF number of the register (0-15: the general-purpose ones).
+        register: u8,
+    },
     /// A rule the BPF program cannot evaluate.
     Unsupported(UnsupportedKind),
 }
+
+/// Largest DWARF register number [`Rule::ReturnInRegister`] can name: the
+/// 16 general-purpose registers (x86-64: rax to r15).
+pub const MAX_RETURN_REGISTER: u8 = 15;
 
 /// A raw row whose fields do not decode to a [`Rule`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -208,6 +224,13 @@ impl Rule {
                 raw.cfa_type = CfaType::Plt as u8;
                 raw.cfa_offset = u16::from(threshold);
                 set_fp(fp, &mut raw);
+            }
+            Rule::ReturnInRegister { cfa, register } => {
+                let (offset, flags) = cfa.encode();
+                raw.cfa_type = CfaType::ReturnInRegister as u8 | flags;
+                raw.cfa_offset = offset;
+                raw.fp_type = FpType::Unchanged as u8;
+                raw.fp_offset = i16::from(register);
             }
             Rule::SignalFrame => raw.cfa_type = CfaType::SignalFrame as u8,
             Rule::Outermost => raw.cfa_type = CfaType::Outermost as u8,
@@ -253,6 +276,15 @@ impl Rule {
                 cfa: cfa(raw.cfa_offset)?,
                 fp: fp()?,
             },
+            k if k == CfaType::ReturnInRegister as u8 && raw.fp_type == FpType::Unchanged as u8 => {
+                Rule::ReturnInRegister {
+                    cfa: cfa(raw.cfa_offset)?,
+                    register: u8::try_from(raw.fp_offset)
+                        .ok()
+                        .filter(|&r| r <= MAX_RETURN_REGISTER)
+                        .ok_or_else(bad)?,
+                }
+            }
             _ if scaled => return Err(bad()),
             k if k == CfaType::Plt as u8 => Rule::Plt {
                 threshold: u8::try_from(raw.cfa_offset)
@@ -279,14 +311,15 @@ impl Rule {
             Rule::RspOffset { fp, .. } | Rule::RbpOffset { fp, .. } | Rule::Plt { fp, .. } => {
                 Some(fp)
             }
+            Rule::ReturnInRegister { .. } => Some(Fp::Unchanged),
             _ => None,
         }
     }
 }
 
 /// The CFA part of a rule as `show-unwind` prints it: `rsp+8`, `rbp+16`,
-/// `plt(11)`, `signal-frame`, `end-of-function`, `outermost`,
-/// `unsupported(kind)`.
+/// `plt(11)`, `rsp+8 ra=r5` (return address in DWARF register 5),
+/// `signal-frame`, `end-of-function`, `outermost`, `unsupported(kind)`.
 impl fmt::Display for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -294,6 +327,9 @@ impl fmt::Display for Rule {
             Rule::RspOffset { cfa, .. } => write!(f, "rsp+{}", cfa.bytes()),
             Rule::RbpOffset { cfa, .. } => write!(f, "rbp+{}", cfa.bytes()),
             Rule::Plt { threshold, .. } => write!(f, "plt({threshold})"),
+            Rule::ReturnInRegister { cfa, register } => {
+                write!(f, "rsp+{} ra=r{register}", cfa.bytes())
+            }
             Rule::SignalFrame => f.write_str("signal-frame"),
             Rule::Outermost => f.write_str("outermost"),
             Rule::Unsupported(kind) => write!(f, "unsupported({kind})"),
@@ -341,6 +377,12 @@ mod tests {
             rules.push(Rule::Plt { threshold: 11, fp });
             rules.push(Rule::Plt { threshold: 10, fp });
         }
+        for register in [0, 5, MAX_RETURN_REGISTER] {
+            for bytes in [0, 8, i64::from(MAX_CFA_OFFSET)] {
+                let cfa = CfaOffset::new(bytes).expect("representable");
+                rules.push(Rule::ReturnInRegister { cfa, register });
+            }
+        }
         rules
     }
 
@@ -381,7 +423,14 @@ mod tests {
     fn malformed_rows_do_not_decode() {
         let bad = [
             RawRow {
-                cfa_type: 7,
+                cfa_type: CfaType::ReturnInRegister as u8,
+                fp_offset: i16::from(MAX_RETURN_REGISTER) + 1,
+                ..RawRow::default()
+            },
+            RawRow {
+                cfa_type: CfaType::ReturnInRegister as u8,
+                fp_type: FpType::AtCfaOffset as u8,
+                fp_offset: 5,
                 ..RawRow::default()
             },
             RawRow {
@@ -432,6 +481,14 @@ mod tests {
         assert_eq!(
             Rule::Unsupported(UnsupportedKind::CfaRegister).to_string(),
             "unsupported(cfa-register)"
+        );
+        assert_eq!(
+            Rule::ReturnInRegister {
+                cfa: CfaOffset::new(8).expect("fits"),
+                register: 5
+            }
+            .to_string(),
+            "rsp+8 ra=r5"
         );
     }
 }

@@ -7,7 +7,7 @@
 use gimli::{CfaRule, Reader, Register, RegisterRule, UnwindSection, UnwindTableRow};
 use object::elf;
 
-use super::rule::{CfaOffset, Fp, Rule, UnsupportedKind};
+use super::rule::{CfaOffset, Fp, Rule, UnsupportedKind, MAX_RETURN_REGISTER};
 
 /// The ELF `e_machine` of the objects this file's rules describe.
 pub(super) const ELF_MACHINE: elf::Machine = elf::EM_X86_64;
@@ -46,10 +46,27 @@ pub(super) fn translate<R: Reader<Offset = usize>, S: UnwindSection<R>>(
             Err(_) => return unsupported(UnsupportedKind::InvalidCfi),
         },
     };
+    let fp_rule = row.register(RBP);
+    if let Some(RegisterRule::Register(register)) = ra {
+        return match (cfa, fp_rule) {
+            (Ok((RSP, cfa)), None | Some(RegisterRule::Undefined | RegisterRule::SameValue))
+                if register.0 <= u16::from(MAX_RETURN_REGISTER) && register != RSP =>
+            {
+                (
+                    Rule::ReturnInRegister {
+                        cfa,
+                        register: register.0 as u8,
+                    },
+                    None,
+                )
+            }
+            _ => unsupported(UnsupportedKind::ReturnAddress),
+        };
+    }
     if ra != Some(RegisterRule::Offset(-8)) {
         return unsupported(UnsupportedKind::ReturnAddress);
     }
-    let fp = match row.register(RBP) {
+    let fp = match fp_rule {
         None | Some(RegisterRule::Undefined | RegisterRule::SameValue) => Some(Fp::Unchanged),
         Some(RegisterRule::Offset(n)) if n % 8 == 0 => {
             i16::try_from(n / 8).ok().map(Fp::AtCfaOffset)
