@@ -445,6 +445,23 @@ mod tests {
         assert_eq!(fresh, names);
     }
 
+    /// The one-shot profile of one sample of this process with user stack
+    /// `stack` (leaf first), in a window of one second.
+    fn one_shot_profile(stack: Vec<u64>) -> Profile {
+        let mut tracker = crate::process::ProcessTracker::new();
+        let mut aggregator = Aggregator::new();
+        aggregator.add(
+            &RawSample::for_test(std::process::id(), 0, stack),
+            &mut tracker,
+        );
+        let window = Window {
+            start_unix_ns: 0,
+            duration_ns: 1_000_000_000,
+            sample_freq_hz: 99,
+        };
+        Symbolizer::one_shot().build_profile(&aggregator, &tracker, window)
+    }
+
     /// User frames of `profile` left unnamed.
     fn unnamed_user_frames(profile: &Profile) -> usize {
         profile
@@ -473,23 +490,7 @@ mod tests {
         let stub = plt.address() + plt.size() - 16;
         let callee = stubs.name_of(stub).unwrap().to_string();
         let in_stub = libc.start + (plt_offset + (stub - plt.address()) - libc.file_offset) + 4;
-        let pid = std::process::id();
-        let mut tracker = crate::process::ProcessTracker::new();
-        let mut aggregator = Aggregator::new();
-        aggregator.add(
-            &RawSample::for_test(
-                pid,
-                0,
-                vec![in_stub, address_in(|p| p.contains("/libc.so"), 3)],
-            ),
-            &mut tracker,
-        );
-        let window = Window {
-            start_unix_ns: 0,
-            duration_ns: 1_000_000_000,
-            sample_freq_hz: 99,
-        };
-        let profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+        let profile = one_shot_profile(vec![in_stub, address_in(|p| p.contains("/libc.so"), 3)]);
         let names: Vec<&str> = profile
             .frames
             .iter()
@@ -542,18 +543,7 @@ mod tests {
     fn the_profilers_own_frames_are_named_without_its_dwarf() {
         let in_exe =
             the_profilers_own_frames_are_named_without_its_dwarf as *const () as usize as u64 + 1;
-        let mut tracker = crate::process::ProcessTracker::new();
-        let mut aggregator = Aggregator::new();
-        aggregator.add(
-            &RawSample::for_test(std::process::id(), 0, vec![in_exe]),
-            &mut tracker,
-        );
-        let window = Window {
-            start_unix_ns: 0,
-            duration_ns: 1_000_000_000,
-            sample_freq_hz: 99,
-        };
-        let profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+        let profile = one_shot_profile(vec![in_exe]);
         let own: Vec<&Line> = profile
             .frames
             .iter()
