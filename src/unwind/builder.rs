@@ -29,7 +29,7 @@ use super::early::{Ahead, EarlySink, FdeAt, CHECK_EVERY_FDES};
 use super::eh_frame_hdr;
 use super::identity::find_debug_file;
 use super::rule::{Rule, UnsupportedKind};
-use super::table::{CfiSource, InvalidTable, UnwindTable, MAX_ADDRESS};
+use super::table::{CfiSource, InvalidTable, RuleAt, UnwindTable, MAX_ADDRESS};
 use super::x86_64;
 
 /// Largest decompressed `.debug_frame` accepted, bytes.
@@ -151,10 +151,11 @@ fn build_with(
     early: Option<&dyn EarlySink>,
 ) -> Result<UnwindTable, BuildError> {
     let file = parse_x86_64(elf_bytes)?;
+    let entry = Some(file.entry()).filter(|&e| e != 0);
     if let Some((data, bases)) = eh_frame_of(&file)? {
         let mut eh_frame = EhFrame::new(&data, LittleEndian);
         eh_frame.set_address_size(8);
-        let table = build_from_section(&eh_frame, &bases, CfiSource::EhFrame, early)?;
+        let table = build_from_section(&eh_frame, &bases, CfiSource::EhFrame, entry, early)?;
         if table.stats().fdes > 0 {
             return Ok(table);
         }
@@ -166,7 +167,8 @@ fn build_with(
                 let mut debug_frame = DebugFrame::new(&data, LittleEndian);
                 debug_frame.set_address_size(8);
                 let bases = BaseAddresses::default();
-                let table = build_from_section(&debug_frame, &bases, CfiSource::DebugFrame, early)?;
+                let table =
+                    build_from_section(&debug_frame, &bases, CfiSource::DebugFrame, entry, early)?;
                 if table.stats().fdes > 0 {
                     return Ok(table);
                 }
@@ -336,11 +338,13 @@ fn evaluate_fde<'d, S: UnwindSection<Slice<'d>>>(
 /// straight into the [`Assembly`]. With `early`, the second pass stops
 /// every [`CHECK_EVERY_FDES`] FDEs to build and send the pages it asks for,
 /// and to send the pages it has finished; the last pages are sent as soon
-/// as the table is assembled.
+/// as the table is assembled. The object's `entry` point, where no FDE
+/// covers it, is the outermost frame ([`entry_point_rules`]).
 fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     section: &S,
     bases: &BaseAddresses,
     source: CfiSource,
+    entry: Option<u64>,
     early: Option<&dyn EarlySink>,
 ) -> Result<UnwindTable, BuildError> {
     let cfi_err = |error| BuildError::Cfi {
@@ -395,7 +399,10 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
         assembly.add_fde(&spans, at.start, at.end);
     }
     drop(fdes);
-    let rules = assembly.finish();
+    let mut rules = assembly.finish();
+    if let Some(entry) = entry {
+        entry_point_rules(&mut rules, entry);
+    }
     let table = UnwindTable::from_rules(&rules, fde_count, unsupported, source)?;
     if let Some(ahead) = ahead.as_mut() {
         // The pages not sent yet, at once: the caller may store the table
@@ -403,6 +410,45 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
         ahead.send(&table);
     }
     Ok(table)
+}
+
+/// Most bytes from an object's entry point that [`entry_point_rules`]
+/// marks outermost: the dynamic loader's start-up stub (glibc's x86-64
+/// `_start` and `_dl_start_user`, 64 bytes) fits, the rest of a gap without
+/// CFI is not assumed to be start-up code.
+const ENTRY_STUB_MAX_BYTES: u64 = 128;
+
+/// Marks the object's entry point (ELF `e_entry`) as the outermost frame
+/// when no FDE covers it: there the kernel starts the process, and nothing
+/// is below it. glibc's dynamic loader has no CFI for its entry stub
+/// (`_start`, which calls `_dl_start`, and `_dl_start_user`, which calls
+/// `_dl_init`), so every stack of a process still in the loader ended
+/// there by frame pointers and was counted `frame_pointer`, not
+/// `complete`. Objects whose entry has CFI (an executable's `_start` marks
+/// its return address undefined) keep theirs. The rule reaches from the
+/// entry to the next FDE, at most [`ENTRY_STUB_MAX_BYTES`].
+fn entry_point_rules(rules: &mut Vec<RuleAt>, entry: u64) {
+    let at = rules.partition_point(|&(addr, _)| addr <= entry);
+    let in_gap = at
+        .checked_sub(1)
+        .is_none_or(|i| rules[i].1 == Rule::EndOfFunction);
+    if !in_gap {
+        return;
+    }
+    let next = rules.get(at).map(|&(addr, _)| addr);
+    let end = entry.saturating_add(ENTRY_STUB_MAX_BYTES);
+    let end = next.map_or(end, |next| next.min(end));
+    let mut added = vec![(entry, Rule::Outermost)];
+    if Some(end) != next {
+        added.push((end, Rule::EndOfFunction));
+    }
+    // A gap row starting at the entry itself is replaced.
+    let from = if at > 0 && rules[at - 1].0 == entry {
+        at - 1
+    } else {
+        at
+    };
+    rules.splice(from..at, added);
 }
 
 /// Evaluates `fde` (of `section`, whose pointers are relative to `bases`)
@@ -467,5 +513,67 @@ mod tests {
                 Err(BuildError::Unsupported(_))
             ));
         }
+    }
+
+    fn cfa8() -> Rule {
+        Rule::RspOffset {
+            cfa: super::super::rule::CfaOffset::new(8).expect("fits"),
+            fp: super::super::rule::Fp::Unchanged,
+        }
+    }
+
+    #[test]
+    fn an_entry_point_without_cfi_is_the_outermost_frame() {
+        let end = Rule::EndOfFunction;
+        // In a 64-byte gap between two FDEs: the whole gap.
+        let mut rules = vec![(0x100, cfa8()), (0x140, end), (0x180, cfa8())];
+        entry_point_rules(&mut rules, 0x140);
+        assert_eq!(
+            rules,
+            [(0x100, cfa8()), (0x140, Rule::Outermost), (0x180, cfa8())]
+        );
+        // Later in a long gap: from the entry, at most 128 bytes.
+        let mut rules = vec![(0x100, cfa8()), (0x140, end), (0x1000, cfa8())];
+        entry_point_rules(&mut rules, 0x150);
+        assert_eq!(
+            rules,
+            [
+                (0x100, cfa8()),
+                (0x140, end),
+                (0x150, Rule::Outermost),
+                (0x1d0, end),
+                (0x1000, cfa8())
+            ]
+        );
+        // Before every FDE, and after the last.
+        let mut rules = vec![(0x100, cfa8()), (0x140, end)];
+        entry_point_rules(&mut rules, 0x40);
+        assert_eq!(rules[..2], [(0x40, Rule::Outermost), (0xc0, end)]);
+        let mut rules = vec![(0x100, cfa8()), (0x140, end)];
+        entry_point_rules(&mut rules, 0x200);
+        assert_eq!(rules[2..], [(0x200, Rule::Outermost), (0x280, end)]);
+        // Covered by an FDE: left alone.
+        let mut rules = vec![(0x100, cfa8()), (0x140, end)];
+        entry_point_rules(&mut rules, 0x120);
+        assert_eq!(rules, [(0x100, cfa8()), (0x140, end)]);
+    }
+
+    /// glibc's dynamic loader has no CFI at its entry point: its table
+    /// ends a walk there as complete, not by frame pointers.
+    #[test]
+    fn the_dynamic_loaders_entry_is_outermost() {
+        let Some(bytes) = [
+            "/lib64/ld-linux-x86-64.so.2",
+            "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+        ]
+        .iter()
+        .find_map(|p| std::fs::read(p).ok()) else {
+            eprintln!("skipped: no ld-linux-x86-64.so.2");
+            return;
+        };
+        let entry = parse_x86_64(&bytes).expect("ELF").entry();
+        let table = build_table(&bytes).expect("ld.so has CFI");
+        assert_eq!(table.lookup(entry), Rule::Outermost);
+        assert_eq!(table.lookup(entry + 8), Rule::Outermost);
     }
 }

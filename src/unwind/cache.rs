@@ -41,8 +41,9 @@ pub const MAGIC: [u8; 8] = *b"LSUNWIND";
 /// Version of the file format; bump on any change to the layout or to the
 /// meaning of rows (files of another version are rebuilt). 3: rows of
 /// [`super::rule::Rule::ReturnInRegister`], which version 2 stored as
-/// unsupported.
-pub const FORMAT_VERSION: u32 = 3;
+/// unsupported; 4: an entry point without CFI is the outermost frame
+/// (the dynamic loader's), which version 3 left without a rule.
+pub const FORMAT_VERSION: u32 = 4;
 /// Longest key text stored (file names are at most 255 bytes with `.unwind`).
 const MAX_KEY_LEN: usize = 248;
 /// Size of the fixed header before the key, bytes.

@@ -152,3 +152,34 @@ impl CompleteShare {
         );
     }
 }
+
+/// Every process starts in the dynamic loader, whose entry stub (glibc's
+/// `_start`, `_dl_start_user`) has no CFI. A stack rooted there is whole,
+/// and the summary counts it `complete`; it used to be reached by frame
+/// pointers and counted `frame_pointer` (a shell running 300 `/bin/true`:
+/// complete=34 frame_pointer=123, in a new user's trial).
+#[test]
+fn record_counts_stacks_rooted_in_the_dynamic_loader_complete() {
+    let _serial = serial();
+    let dir = tempdir();
+    let command = ["sh", "-c", "for i in $(seq 300); do /bin/true; done"];
+    let out = run(&record_args(dir.path(), "997", &command), TIMEOUT);
+    assert_eq!(out.status.code(), Some(0), "{out}");
+    let counts = unwind_counts(&out.stderr).unwrap_or_else(|| panic!("no summary:\n{out}"));
+    let count = |name: &str| counts.get(name).copied().unwrap_or(0);
+    assert!(count("complete") >= 30, "{counts:?}\n{out}");
+    assert!(
+        count("frame_pointer") * 10 <= count("complete"),
+        "{counts:?}\n{out}"
+    );
+    let stacks = read_folded(&dir.path().join("folded.txt"));
+    let in_loader: u64 = stacks
+        .iter()
+        .filter(|(f, _)| comm(f) == "true" && user_frames(f).first() == Some(&"_start"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        in_loader > 0,
+        "no stack of /bin/true rooted at ld.so's _start"
+    );
+}
