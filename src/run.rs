@@ -257,6 +257,7 @@ fn finish(
         stats,
         malformed,
         mut deferred,
+        children_seen,
         ..
     } = stopped;
     deferred.not_sent = stats.stack_copies_skipped;
@@ -273,7 +274,7 @@ fn finish(
         let flush = preflight::seconds("--flush-timeout", cli.flush_timeout)
             .unwrap_or(Duration::from_secs(5));
         let report = worker.finish(flush);
-        if let Some(hint) = pids_hint(plan, &totals.pids) {
+        if let Some(hint) = pids_hint(plan, &totals.pids, &children_seen) {
             warn!("{hint}");
         }
         return Ok(RunSummary {
@@ -316,7 +317,7 @@ fn finish(
     let mut profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
     aggregator.take_timeline_into(&mut profile);
     provenance.stamp(&mut profile);
-    check_pids_sampled(plan, &aggregator, &profile)?;
+    check_pids_sampled(plan, &aggregator, &profile, &children_seen)?;
     info!(
         "{} samples, {} distinct stacks, {} frames symbolized in {:?}",
         profile.total_samples(),
@@ -424,9 +425,10 @@ fn check_pids_sampled(
     plan: &RunPlan,
     aggregator: &crate::profile::aggregate::Aggregator,
     profile: &Profile,
+    children_seen: &hints::ChildrenSeen,
 ) -> Result<()> {
     let sampled = aggregator.stacks().map(|(key, _)| key.pid).collect();
-    if let Some(hint) = pids_hint(plan, &sampled) {
+    if let Some(hint) = pids_hint(plan, &sampled, children_seen) {
         if profile.total_samples() == 0 {
             anyhow::bail!("no samples were collected, so no profile was written: {hint}");
         }
@@ -436,12 +438,16 @@ fn check_pids_sampled(
 }
 
 /// [`hints::unsampled_parents`] for a `--pids` run (not `record`, which
-/// follows children itself).
-fn pids_hint(plan: &RunPlan, sampled: &std::collections::HashSet<u32>) -> Option<String> {
+/// follows children itself), with the children seen during the run.
+fn pids_hint(
+    plan: &RunPlan,
+    sampled: &std::collections::HashSet<u32>,
+    children_seen: &hints::ChildrenSeen,
+) -> Option<String> {
     if plan.sampler.follow_children || plan.sampler.pids.is_empty() {
         return None;
     }
-    hints::unsampled_parents(&plan.sampler.pids, sampled)
+    hints::unsampled_parents(&plan.sampler.pids, sampled, children_seen)
 }
 
 /// Say once how many mapped objects could not be opened, and why that

@@ -17,6 +17,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::RingBuffer;
 use tracing::{debug, info};
 
+use super::hints::ChildrenSeen;
 use super::plan::RunPlan;
 use super::progress::Progress;
 use crate::process::walker::ProcessFollower;
@@ -105,6 +106,8 @@ pub struct Agent<'s, 'o> {
     pids: Vec<u32>,
     deadline: Option<Instant>,
     last_alive_check: Instant,
+    /// The `--pids` targets' busy children seen so far (for the advice).
+    children_seen: ChildrenSeen,
     last_metrics: Instant,
     /// The status line, when stderr is a terminal.
     progress: Option<Progress>,
@@ -140,6 +143,8 @@ pub struct Stopped {
     pub malformed: u64,
     /// How the walks held for their stack copies went.
     pub deferred: DeferredStats,
+    /// The `--pids` targets' busy children seen during the run.
+    pub children_seen: ChildrenSeen,
 }
 
 impl<'s, 'o> Agent<'s, 'o> {
@@ -209,6 +214,7 @@ impl<'s, 'o> Agent<'s, 'o> {
             },
             deadline: plan.duration.map(|d| start + d),
             last_alive_check: start,
+            children_seen: ChildrenSeen::default(),
             last_metrics: start,
             progress: Progress::on_terminal(start),
             lost_seen: (0, start_mono),
@@ -259,14 +265,20 @@ impl<'s, 'o> Agent<'s, 'o> {
 
     /// Whether the run is over: the duration has passed or, without one,
     /// every `--pids` target has exited (like `perf record -p`).
+    /// Once a [`ALIVE_CHECK_PERIOD`], the targets' busy children are noted
+    /// for the advice about targets that take no samples.
     pub fn finished(&mut self) -> bool {
+        let check = !self.pids.is_empty() && self.last_alive_check.elapsed() >= ALIVE_CHECK_PERIOD;
+        if check {
+            self.last_alive_check = Instant::now();
+            self.children_seen.look(&self.pids);
+        }
         if let Some(deadline) = self.deadline {
             return Instant::now() >= deadline;
         }
-        if self.pids.is_empty() || self.last_alive_check.elapsed() < ALIVE_CHECK_PERIOD {
+        if !check {
             return false;
         }
-        self.last_alive_check = Instant::now();
         let gone = !self
             .pids
             .iter()
@@ -557,6 +569,7 @@ impl<'s, 'o> Agent<'s, 'o> {
             stats,
             malformed,
             deferred: self.deferred.stats(),
+            children_seen: self.children_seen,
         })
     }
 }

@@ -4,7 +4,7 @@
 //! sampled (a short command: `record` profiles it from its first
 //! instruction).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// One process as `/proc/PID/stat` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,8 +48,8 @@ fn processes() -> HashMap<u32, ProcStat> {
 }
 
 /// The descendants of `root` in `table` that have used CPU time, as
-/// `PID (comm)`, in pid order.
-fn busy_descendants(root: u32, table: &HashMap<u32, ProcStat>) -> Vec<String> {
+/// `(pid, comm)`, in pid order.
+fn busy_descendants(root: u32, table: &HashMap<u32, ProcStat>) -> Vec<(u32, String)> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
     for (&pid, stat) in table {
         children.entry(stat.ppid).or_default().push(pid);
@@ -70,16 +70,59 @@ fn busy_descendants(root: u32, table: &HashMap<u32, ProcStat>) -> Vec<String> {
     found.sort_unstable();
     found
         .into_iter()
-        .map(|pid| format!("{pid} ({})", table[&pid].comm))
+        .map(|pid| (pid, table[&pid].comm.clone()))
         .collect()
 }
 
+/// Most children remembered per target by [`ChildrenSeen`].
+const CHILDREN_SEEN_MAX: usize = 16;
+
+/// The busy descendants of `--pids` targets seen while the run went on
+/// ([`ChildrenSeen::look`]): a wrapper that exits before the run ends
+/// (`sh -c 'prog; true'`, profiled without `--duration`, ends the run when
+/// it exits) has no children left in `/proc` by then, yet they are what the
+/// advice must name.
+#[derive(Debug, Default)]
+pub struct ChildrenSeen {
+    by_target: HashMap<u32, BTreeMap<u32, String>>,
+}
+
+impl ChildrenSeen {
+    /// Read `/proc/*/stat` once and remember the descendants of each of
+    /// `targets` that have used CPU time (at most [`CHILDREN_SEEN_MAX`] per
+    /// target, the first seen).
+    pub fn look(&mut self, targets: &[u32]) {
+        let table = processes();
+        for &target in targets.iter().filter(|t| table.contains_key(t)) {
+            let seen = self.by_target.entry(target).or_default();
+            for (pid, comm) in busy_descendants(target, &table) {
+                if seen.len() < CHILDREN_SEEN_MAX || seen.contains_key(&pid) {
+                    seen.insert(pid, comm);
+                }
+            }
+        }
+    }
+
+    fn of(&self, target: u32) -> impl Iterator<Item = (u32, &str)> {
+        self.by_target
+            .get(&target)
+            .into_iter()
+            .flatten()
+            .map(|(&pid, comm)| (pid, comm.as_str()))
+    }
+}
+
 /// For the `targets` (`--pids`) that took no samples (not in `sampled`)
-/// but whose children (or their children) have used CPU, or that exited
-/// (gone from `/proc`, or a zombie) before any sample: one sentence each,
-/// naming them, and the advice to name the children or use `record`.
-/// `None` when there is nothing to say.
-pub fn unsampled_parents(targets: &[u32], sampled: &HashSet<u32>) -> Option<String> {
+/// but whose children (or their children) have used CPU, now or when the
+/// run looked (`seen`), or that exited (gone from `/proc`, or a zombie)
+/// before any sample: one sentence each, naming them and their children,
+/// and the advice to name the children or use `record`. `None` when there
+/// is nothing to say.
+pub fn unsampled_parents(
+    targets: &[u32],
+    sampled: &HashSet<u32>,
+    seen: &ChildrenSeen,
+) -> Option<String> {
     let silent: Vec<u32> = targets
         .iter()
         .copied()
@@ -93,19 +136,32 @@ pub fn unsampled_parents(targets: &[u32], sampled: &HashSet<u32>) -> Option<Stri
         .into_iter()
         .filter_map(|pid| {
             let stat = table.get(&pid);
-            let comm = stat.map_or(String::new(), |s| format!(" ({})", s.comm));
-            if stat.is_none_or(|s| s.state == 'Z') {
-                return Some(format!(
-                    "pid {pid}{comm} took no samples and exited during the run"
-                ));
+            let exited = stat.is_none_or(|s| s.state == 'Z');
+            let mut busy: BTreeMap<u32, String> = seen
+                .of(pid)
+                .map(|(child, comm)| (child, comm.to_string()))
+                .collect();
+            if !exited {
+                busy.extend(busy_descendants(pid, &table));
             }
-            let busy = busy_descendants(pid, &table);
-            (!busy.is_empty()).then(|| {
-                format!(
-                    "pid {pid}{comm} took no samples, but its children ran: {}",
-                    busy.join(", ")
-                )
-            })
+            let children = busy
+                .iter()
+                .map(|(child, comm)| format!("{child} ({comm})"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let comm = stat.map_or(String::new(), |s| format!(" ({})", s.comm));
+            match (exited, busy.is_empty()) {
+                (true, true) => Some(format!(
+                    "pid {pid}{comm} took no samples and exited during the run"
+                )),
+                (true, false) => Some(format!(
+                    "pid {pid}{comm} took no samples and exited during the run; its children ran: {children}"
+                )),
+                (false, false) => Some(format!(
+                    "pid {pid}{comm} took no samples, but its children ran: {children}"
+                )),
+                (false, true) => None,
+            }
         })
         .collect();
     (!sentences.is_empty()).then(|| {
@@ -147,7 +203,7 @@ mod tests {
             (13, stat("prog", 12, 250)),
             (20, stat("other", 1, 900)),
         ]);
-        assert_eq!(busy_descendants(10, &table), ["13 (prog)"]);
+        assert_eq!(busy_descendants(10, &table), [(13, "prog".to_string())]);
         assert!(busy_descendants(13, &table).is_empty());
     }
 
@@ -166,7 +222,12 @@ mod tests {
         {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let advice = unsampled_parents(&[reaped_pid, zombie_pid], &HashSet::new()).unwrap();
+        let advice = unsampled_parents(
+            &[reaped_pid, zombie_pid],
+            &HashSet::new(),
+            &ChildrenSeen::default(),
+        )
+        .unwrap();
         zombie.wait().unwrap();
         assert!(
             advice.contains(&format!("pid {reaped_pid} took no samples and exited")),
@@ -181,9 +242,41 @@ mod tests {
         assert!(advice.contains("lightswitch record -- CMD"), "{advice}");
     }
 
+    /// A wrapper whose busy child ran, both gone by the end of the run: the
+    /// advice names the child seen while it ran.
+    #[test]
+    fn children_seen_while_running_are_named_after_the_target_exits() {
+        let mut wrapper = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "sh -c 'i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done' & wait",
+            ])
+            .spawn()
+            .unwrap();
+        let pid = wrapper.id();
+        let mut seen = ChildrenSeen::default();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while seen.of(pid).next().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            seen.look(&[pid]);
+        }
+        wrapper.wait().unwrap();
+        let advice = unsampled_parents(&[pid], &HashSet::new(), &seen).unwrap();
+        assert!(
+            advice.contains(&format!(
+                "pid {pid} took no samples and exited during the run; its children ran: "
+            )),
+            "{advice}"
+        );
+        assert!(advice.contains(" (sh)"), "{advice}");
+    }
+
     #[test]
     fn a_sampled_target_needs_no_advice() {
         let me = std::process::id();
-        assert_eq!(unsampled_parents(&[me], &HashSet::from([me])), None);
+        assert_eq!(
+            unsampled_parents(&[me], &HashSet::from([me]), &ChildrenSeen::default()),
+            None
+        );
     }
 }
