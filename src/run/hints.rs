@@ -34,6 +34,11 @@ fn parse_stat(text: &str) -> Option<ProcStat> {
     })
 }
 
+/// `/proc/PID/stat` of `pid`, when it is running.
+fn read_stat(pid: u32) -> Option<ProcStat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
 /// Every process now running, by pid.
 fn processes() -> HashMap<u32, ProcStat> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -41,10 +46,24 @@ fn processes() -> HashMap<u32, ProcStat> {
     };
     dir.filter_map(|entry| {
         let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
-        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        Some((pid, parse_stat(&text)?))
+        Some((pid, read_stat(pid)?))
     })
     .collect()
+}
+
+/// The children of every thread of `pid` (`/proc/PID/task/TID/children`);
+/// none when it is gone.
+fn children_of(pid: u32) -> impl Iterator<Item = u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten();
+    tasks.flat_map(|task| {
+        let path = task.map(|t| t.path().join("children"));
+        let text = path.and_then(std::fs::read_to_string).unwrap_or_default();
+        text.split_whitespace()
+            .filter_map(|child| child.parse().ok())
+            .collect::<Vec<u32>>()
+    })
 }
 
 /// The descendants of `root` in `table` that have used CPU time, as
@@ -88,12 +107,25 @@ pub struct ChildrenSeen {
 }
 
 impl ChildrenSeen {
-    /// Read `/proc/*/stat` once and remember the descendants of each of
-    /// `targets` that have used CPU time (at most [`CHILDREN_SEEN_MAX`] per
-    /// target, the first seen).
+    /// Note the descendants of each of `targets` still running that have
+    /// used CPU time (at most [`CHILDREN_SEEN_MAX`] per target, the first
+    /// seen). Reads only the targets' subtrees (`/proc/PID/task/TID/children`,
+    /// then each descendant's `/proc/PID/stat`), so that a run profiling a
+    /// service for days does not read every process's status once a second.
     pub fn look(&mut self, targets: &[u32]) {
-        let table = processes();
-        for &target in targets.iter().filter(|t| table.contains_key(t)) {
+        for &target in targets {
+            let mut table = HashMap::new();
+            let mut queue = vec![target];
+            while let Some(pid) = queue.pop() {
+                let Some(stat) = read_stat(pid) else {
+                    continue;
+                };
+                table.insert(pid, stat);
+                queue.extend(children_of(pid).filter(|child| !table.contains_key(child)));
+            }
+            if !table.contains_key(&target) {
+                continue;
+            }
             let seen = self.by_target.entry(target).or_default();
             for (pid, comm) in busy_descendants(target, &table) {
                 if seen.len() < CHILDREN_SEEN_MAX || seen.contains_key(&pid) {
