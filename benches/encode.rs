@@ -31,7 +31,8 @@ fn profile(n: usize) -> Profile {
                     system_name: name,
                     file: Some(Arc::from(format!("src/module_{}.rs", i % 17))),
                     line: Some(i as u32 + 1),
-                }],
+                }]
+                .into(),
                 symbolized: true,
             }
         })

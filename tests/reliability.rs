@@ -124,7 +124,8 @@ fn known_profile(start_unix_ns: u64, count: u64, stacks: usize) -> Vec<u8> {
             system_name: Arc::from(name.as_str()),
             file: None,
             line: None,
-        }],
+        }]
+        .into(),
         symbolized: true,
     };
     let mut frames = vec![frame("main".into(), 0x1000)];

@@ -368,7 +368,7 @@ fn frame_of_location(
         },
         address: l.address,
         mapping,
-        lines,
+        lines: lines.into(),
         symbolized: symbolized && !marker,
     }
 }

@@ -163,7 +163,8 @@ pub fn parse_folded(text: &str) -> Result<Profile> {
                         system_name: Arc::from(name),
                         file: None,
                         line: None,
-                    }],
+                    }]
+                    .into(),
                     symbolized: kind != FrameKind::UnwindMarker,
                 });
                 profile.frames.len() - 1

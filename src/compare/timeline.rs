@@ -397,7 +397,8 @@ impl Reader<'_> {
                 system_name: key.1.clone(),
                 file: None,
                 line: None,
-            }],
+            }]
+            .into(),
             symbolized: kind != FrameKind::UnwindMarker,
         });
         let frame = self.profile.frames.len() - 1;

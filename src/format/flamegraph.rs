@@ -106,7 +106,7 @@ pub fn frame_classes(profile: &Profile) -> HashMap<String, FrameClass> {
                 }
             }
         };
-        for line in &frame.lines {
+        for line in frame.lines.iter() {
             let mut name = folded::clean(&line.function);
             if frame.kind == FrameKind::Kernel {
                 name.push_str(folded::KERNEL_SUFFIX);

@@ -189,7 +189,7 @@ pub struct Frame {
     pub mapping: Option<usize>,
     /// Innermost first: the inlined functions, then the function that contains them.
     /// Never empty.
-    pub lines: Vec<Line>,
+    pub lines: Arc<[Line]>,
     /// Whether `lines` came from a symbol table (false: the name is `object+0xOFFSET`).
     pub symbolized: bool,
 }

@@ -307,6 +307,9 @@ fn send_window(
 ) -> Result<()> {
     let started = Instant::now();
     let mut profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
+    // The assembly's tables are gone: their pages go back now, not while
+    // the profile is encoded (heap::release_freed).
+    crate::heap::release_freed();
     closed.aggregator.take_timeline_into(&mut profile);
     provenance.stamp(&mut profile);
     debug!(
@@ -315,5 +318,8 @@ fn send_window(
         profile.total_samples(),
         started.elapsed()
     );
-    sender.send(&profile)
+    let sent = sender.send(&profile);
+    drop(profile);
+    crate::heap::release_freed();
+    sent
 }

@@ -21,7 +21,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::lines::{Lines, Site};
+use super::lines::{Lines, SharedLines, Site};
 use crate::profile::Line;
 
 /// What an entry of the cache is the lines of: a site of a symbol source
@@ -33,7 +33,7 @@ pub(super) type AddressKey = (usize, Site);
 /// 24 bytes besides the lines (48 with the key), so that a full cache
 /// stays within a few MiB.
 struct Entry {
-    lines: Box<[Line]>,
+    lines: Arc<[Line]>,
     symbolized: bool,
     /// [`LineCache::window`] (its low 32 bits) when it was last looked up
     /// or stored.
@@ -80,13 +80,13 @@ impl LineCache {
     }
 
     /// The lines stored for `key`, if any.
-    pub fn get(&mut self, key: AddressKey) -> Option<Lines> {
+    pub fn get(&mut self, key: AddressKey) -> Option<SharedLines> {
         let window = self.window;
         match self.entries.get_mut(&key) {
             Some(entry) => {
                 entry.last_used = window;
                 self.hits += 1;
-                Some((entry.lines.to_vec(), entry.symbolized))
+                Some((entry.lines.clone(), entry.symbolized))
             }
             None => {
                 self.misses += 1;
@@ -96,12 +96,12 @@ impl LineCache {
     }
 
     /// Store `lines` for `key` (their strings interned) and return them.
-    pub fn insert(&mut self, key: AddressKey, lines: Lines) -> Lines {
+    pub fn insert(&mut self, key: AddressKey, lines: Lines) -> SharedLines {
         if self.max_entries == 0 {
-            return lines;
+            return (lines.0.into(), lines.1);
         }
         let (lines, symbolized) = lines;
-        let lines: Box<[Line]> = lines
+        let lines: Arc<[Line]> = lines
             .into_iter()
             .map(|line| Line {
                 function: self.intern(line.function),
@@ -110,7 +110,7 @@ impl LineCache {
                 line: line.line,
             })
             .collect();
-        let copy = lines.to_vec();
+        let copy = lines.clone();
         let entry = Entry {
             lines,
             symbolized,

@@ -51,6 +51,15 @@ impl ObjectFile {
         PltStubs::of(&elf)
     }
 
+    /// Whether the file has DWARF debugging information of its own (a
+    /// `.debug_info` section, or a compressed `.zdebug_info`).
+    pub fn has_dwarf(&self) -> bool {
+        self.elf().is_some_and(|elf| {
+            elf.section_by_name(".debug_info").is_some()
+                || elf.section_by_name(".zdebug_info").is_some()
+        })
+    }
+
     fn elf(&self) -> Option<ElfFile64<'_, Endianness>> {
         ElfFile64::parse(&*self.map).ok()
     }

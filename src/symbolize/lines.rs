@@ -11,6 +11,12 @@ use crate::profile::Line;
 /// The lines of one frame (innermost first) and whether a source named it.
 pub(super) type Lines = (Vec<Line>, bool);
 
+/// [`Lines`] as the line cache and a window's profile hold them: shared by
+/// every location of the same site (under process churn a 10 s window has
+/// 60,000-70,000 locations, each process mapping its objects at addresses
+/// of its own, for a few thousand sites).
+pub(super) type SharedLines = (Arc<[Line]>, bool);
+
 /// Where a source looks a frame up: `(group, address)`, where the group is
 /// the source's own unit of work (an object id, a process id, or 0 when the
 /// source has one unit) and the address is what the source resolves within

@@ -11,14 +11,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blazesym::symbolize::evict::{Elf as EvictElf, Evict};
-use blazesym::symbolize::source::{Elf, Source};
-use blazesym::symbolize::{Input, Symbolizer as BlazeSymbolizer};
+use blazesym::symbolize::Symbolizer as BlazeSymbolizer;
 use tracing::debug;
 
+use super::blaze::{self, InputKind, ParsedBytes};
 use super::debug_copy;
 use super::debuginfod::Debuginfod;
 use super::elf_file::ObjectFile;
-use super::lines::{demangle, file_name, line_of, lines_of, unknown_line, Lines};
+use super::lines::{file_name, line_of, unknown_line, Lines};
 use super::sources::{Batch, FrameRef, Site, SymbolSource};
 use super::{
     MappingSource, KEEP_PARSED_WINDOWS, KEPT_OBJECT_MAX_BYTES, PARSED_OBJECTS_BUDGET_BYTES,
@@ -173,7 +173,7 @@ impl ElfObjects {
     /// windows (see [`super::Symbolizer`]).
     pub(super) fn new(debug_dirs: Vec<PathBuf>, keep_parsed_objects: bool) -> Self {
         ElfObjects {
-            inner: RefCell::new(blazesym(&debug_dirs)),
+            inner: RefCell::new(blaze::blazesym(&debug_dirs)),
             keep_parsed_objects,
             parsed: Default::default(),
             costs: Default::default(),
@@ -226,30 +226,18 @@ impl ElfObjects {
                 // An object with compressed DWARF of its own (`gcc -gz`).
                 .or_else(|| debug_copy::uncompressed_copy(path))
         };
-        let fresh;
-        let kept;
-        let inner: &BlazeSymbolizer = if keep {
+        let kept_guard;
+        let kept: Option<&BlazeSymbolizer> = if keep {
             self.note_parsed(object, path, debug_file.clone());
-            kept = self.inner.borrow();
-            &kept
+            kept_guard = self.inner.borrow();
+            Some(&kept_guard)
         } else {
-            fresh = blazesym(&self.debug_dirs);
-            &fresh
+            None
         };
-        let symbolize = |path: &Path, debug_syms: bool, input: Input<&[u64]>| {
-            let mut elf = Elf::new(path);
-            elf.debug_syms = debug_syms;
-            inner
-                .symbolize(&Source::Elf(elf), input)
-                .unwrap_or_else(|err| {
-                    debug!(
-                        "{}: symbolization (debug info: {debug_syms}) failed: {err}",
-                        path.display()
-                    );
-                    Vec::new()
-                })
-        };
-        let symbols = symbolize(path, false, Input::FileOffset(offsets));
+        let (dirs, meter) = (self.debug_dirs.as_slice(), self.heap_meter);
+        let mut parsed = ParsedBytes::default();
+        let file_offsets: (&Path, InputKind, &[u64]) = (path, InputKind::FileOffset, offsets);
+        let symbols = blaze::symbolize_symbols(kept, dirs, meter, &mut parsed, file_offsets);
         let vaddrs: Vec<Option<u64>> = offsets
             .iter()
             .map(|&o| file.as_ref()?.virtual_address(o))
@@ -258,24 +246,26 @@ impl ElfObjects {
         let known: Vec<u64> = vaddrs.iter().flatten().copied().collect();
         let mut debug: Vec<Option<Vec<Line>>> = match &debug_file {
             // The profiler's own frames: the symbol table's names suffice.
-            _ if own => symbols.iter().map(lines_of).collect(),
+            _ if own => symbols.clone(),
             Some(debug_path) => {
-                let mut results = symbolize(debug_path, true, Input::VirtOffset(&known))
-                    .into_iter()
-                    .map(|sym| lines_of(&sym));
+                let virtual_addresses = (debug_path.as_path(), InputKind::VirtOffset, &known[..]);
+                let mut results =
+                    blaze::symbolize_dwarf(kept, dirs, meter, &mut parsed, virtual_addresses)
+                        .into_iter();
                 vaddrs
                     .iter()
                     .map(|v| v.and_then(|_| results.next().flatten()))
                     .collect()
             }
-            None => symbolize(path, true, Input::FileOffset(offsets))
-                .iter()
-                .map(lines_of)
-                .collect(),
+            None => blaze::symbolize_dwarf(kept, dirs, meter, &mut parsed, file_offsets),
         };
         debug.resize(offsets.len(), None);
-        if let Some((before, after)) = heap_before.zip((self.heap_meter)()) {
-            self.note_cost(object, after.saturating_sub(before), keep);
+        if keep {
+            if let Some((before, after)) = heap_before.zip((self.heap_meter)()) {
+                self.note_cost(object, after.saturating_sub(before), true);
+            }
+        } else if heap_before.is_some() {
+            self.note_cost(object, parsed.0, false);
         }
         let dynamic = file.as_ref().and_then(ObjectFile::dynamic_symbols);
         let plt = file.as_ref().and_then(|f| f.plt_stubs_for(&known));
@@ -292,22 +282,22 @@ impl ElfObjects {
                     line.system_name = Arc::from(format!("{callee}@plt"));
                     return Some(vec![line]);
                 }
-                let symbol = symbols.get(i).and_then(|s| s.as_sym());
+                // The symbol table's line for the address, if it has one.
+                let symbol = symbols.get(i).and_then(|s| s.as_ref()?.last());
                 match (&mut lines, symbol) {
                     (Some(lines), Some(symbol)) => {
                         // Only where DWARF's name is the short form of the
                         // same function (`hot` for `unwind_test::hot`): other
                         // toolchains' symbol names carry their own decorations
                         // (Go's `.abi0`) that DWARF rightly leaves out.
-                        let full = demangle(&symbol.name);
                         if let Some(outer) = lines.last_mut() {
-                            if full.ends_with(&format!("::{}", outer.function)) {
-                                outer.function = Arc::from(full);
-                                outer.system_name = Arc::from(symbol.name.as_ref());
+                            if symbol.function.ends_with(&format!("::{}", outer.function)) {
+                                outer.function = symbol.function.clone();
+                                outer.system_name = symbol.system_name.clone();
                             }
                         }
                     }
-                    (None, Some(symbol)) => lines = Some(vec![line_of(&symbol.name, None)]),
+                    (None, Some(symbol)) => lines = Some(vec![symbol.clone()]),
                     (None, None) => {
                         let name = dynamic
                             .as_ref()
@@ -524,7 +514,7 @@ impl ElfObjects {
         let mut parsed = self.parsed.borrow_mut();
         if keep.is_empty() {
             if !parsed.is_empty() {
-                *self.inner.borrow_mut() = blazesym(&self.debug_dirs);
+                *self.inner.borrow_mut() = blaze::blazesym(&self.debug_dirs);
                 parsed.clear();
             }
             return;
@@ -556,18 +546,6 @@ fn is_own_executable(path: &Path) -> bool {
     let identity = |m: std::fs::Metadata| (m.dev(), m.ino());
     let own = OWN.get_or_init(|| std::fs::metadata("/proc/self/exe").ok().map(identity));
     own.is_some() && std::fs::metadata(path).ok().map(identity) == *own
-}
-
-/// A blazesym symbolizer with line info and inlined functions enabled
-/// (names are demangled by [`demangle`], not by blazesym), following
-/// `.gnu_debuglink` under `debug_dirs`.
-fn blazesym(debug_dirs: &[PathBuf]) -> BlazeSymbolizer {
-    BlazeSymbolizer::builder()
-        .set_debug_dirs(Some(debug_dirs))
-        .enable_code_info(true)
-        .enable_inlined_fns(true)
-        .enable_demangling(false)
-        .build()
 }
 
 #[cfg(test)]

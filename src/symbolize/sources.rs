@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::cache::LineCache;
+use super::lines::SharedLines;
 use super::{Lines, MappingSource};
 use crate::process::Mapping;
 
@@ -66,7 +67,7 @@ pub(super) trait SymbolSource {
 pub(super) struct Resolved<'s> {
     sources: &'s [&'s dyn SymbolSource],
     tracker: &'s dyn MappingSource,
-    lines: Vec<HashMap<Site, Lines>>,
+    lines: Vec<HashMap<Site, SharedLines>>,
 }
 
 impl<'s> Resolved<'s> {
@@ -111,7 +112,7 @@ impl<'s> Resolved<'s> {
                     let found = if source.cacheable() {
                         cache.insert((index, site), found)
                     } else {
-                        found
+                        (found.0.into(), found.1)
                     };
                     lines.insert(site, found);
                 }
@@ -126,7 +127,7 @@ impl<'s> Resolved<'s> {
     }
 
     /// The lines a source gave `frame`, if any located and named it.
-    pub(super) fn lines(&self, frame: FrameRef<'_>) -> Option<&Lines> {
+    pub(super) fn lines(&self, frame: FrameRef<'_>) -> Option<&SharedLines> {
         let (index, site) = locate(self.sources, self.tracker, frame)?;
         self.lines[index].get(&site)
     }
