@@ -235,13 +235,6 @@ impl Symbolizer {
             frames_of(aggregator, tracker),
             &mut cache,
         );
-        if let Some(s) = crate::heap::stats() {
-            tracing::info!(
-                "HEAPDIAG resolved: allocated {} KiB resident {} KiB",
-                s.allocated >> 10,
-                s.resident >> 10
-            );
-        }
         // Objects not kept were parsed and dropped: their pages go back
         // before the profile is assembled (heap::release_freed).
         crate::heap::release_freed();

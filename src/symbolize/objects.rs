@@ -265,7 +265,7 @@ impl ElfObjects {
                 self.note_cost(object, after.saturating_sub(before), true);
             }
         } else if heap_before.is_some() {
-            self.note_cost(object, parsed.0, false);
+            self.note_cost(object, parsed.estimate(), false);
         }
         let dynamic = file.as_ref().and_then(ObjectFile::dynamic_symbols);
         let plt = file.as_ref().and_then(|f| f.plt_stubs_for(&known));

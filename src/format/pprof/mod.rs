@@ -343,8 +343,9 @@ pub fn encode(profile: &Profile, compression: Compression) -> Result<Vec<u8>> {
 }
 
 /// Write `profile` to `out` as pprof bytes, gzip'd or not, encoding each
-/// location and sample as it is made: the message is never whole in
-/// memory. Issue 18: a 10 s window under process churn (11,000 samples,
+/// location and sample as it is made: the `proto::Profile` is never whole
+/// in memory (the bytes are, where `out` collects them: [`encode`], for
+/// the remote senders). Issue 18: a 10 s window under process churn (11,000 samples,
 /// 67,000 locations) built as one `proto::Profile` took 12 MiB more, plus
 /// its 4 MiB encoding, on top of the profile itself, at every window close.
 pub fn write(profile: &Profile, compression: Compression, out: &mut dyn Write) -> Result<()> {
