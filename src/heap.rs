@@ -167,12 +167,13 @@ pub fn thread_net_allocated() -> Option<i64> {
 
 /// Return the pages of memory freed so far to the kernel now (jemalloc's
 /// `arena.<MALLCTL_ARENAS_ALL>.purge`), rather than after `dirty_decay_ms`.
-/// The window worker calls it between the stages of a window (symbolized,
-/// assembled, sent), whose transient allocations (a big object's parsed
-/// DWARF, hash tables and buffers grown by doubling) would otherwise stay
-/// resident while the next stage allocates afresh, stacking into the
-/// agent's memory peaks (issue 18). Costs a few `madvise` calls; does
-/// nothing where jemalloc is not the allocator.
+/// Called between the stages of a window (after the symbolizer's objects,
+/// after the profile's assembly, after it is sent), whose transient
+/// allocations (a big object's parsed DWARF, hash tables and buffers grown
+/// by doubling) would otherwise stay resident while the next stage
+/// allocates afresh, stacking into the agent's memory peaks (issue 18).
+/// Costs a few `madvise` calls. Where jemalloc is not the global allocator
+/// (the library's tests), it only purges jemalloc's own empty arenas.
 pub fn release_freed() {
     // MALLCTL_ARENAS_ALL (jemalloc.h): the mallctl arena index for all arenas.
     const PURGE_ALL: &[u8] = b"arena.4096.purge\0";
