@@ -5,7 +5,7 @@
 //! keeps what it parsed for as long as its symbolizer lives: a batch of
 //! addresses spread over an object costs the functions and line tables of
 //! every unit the batch touches, at once. For an object that is dropped
-//! right after its batch anyway, [`symbolize_dwarf`] takes the batch in
+//! right after its batch anyway, [`symbolize`] takes the batch in
 //! runs of [`DWARF_CHUNK_ADDRESSES`] neighbouring addresses, each with a
 //! symbolizer of its own dropped at the end of the run, so that the peak is
 //! the units of one run, not of the whole batch. Issue 18: libpython built
@@ -27,7 +27,7 @@ use crate::profile::Line;
 
 /// Addresses (sorted, as the symbolizer's batches are) symbolized by one
 /// short-lived blazesym symbolizer when an object's parsed data is not
-/// kept ([`symbolize_dwarf`]).
+/// kept ([`symbolize`]).
 pub const DWARF_CHUNK_ADDRESSES: usize = 64;
 
 /// What a batch's addresses are to blazesym.
@@ -59,7 +59,7 @@ impl InputKind {
 pub(super) struct ParsedBytes {
     /// Sum over every symbolizer.
     total: i64,
-    /// DWARF runs counted ([`symbolize_dwarf`]).
+    /// DWARF calls counted (each run of [`symbolize`], or its one call).
     runs: i64,
     /// The smallest run's bytes: each run pays the same fixed part
     /// (ELF headers, symbol table, the DWARF units' index) again.
@@ -101,68 +101,46 @@ fn call<'s>(
         })
 }
 
-/// The symbol-table names of `addrs` in `path`, through `kept` (the
-/// continuous symbolizer's, whose parsed data stays) or else a symbolizer
-/// of its own, dropped on return.
-pub(super) fn symbolize_symbols(
+/// The lines of each of `addrs` (sorted) in `path`, in order: from its
+/// DWARF (names, inlined functions, source locations) when `debug_syms`,
+/// else from its symbol tables. Through `kept` (the continuous
+/// symbolizer's, whose parsed data stays) when given; otherwise with
+/// symbolizers of its own, dropped before returning: for DWARF, one per run
+/// of [`DWARF_CHUNK_ADDRESSES`] when `path` has DWARF of its own; else one
+/// call for all (symbol-table names, which runs would parse again for
+/// nothing; DWARF blazesym finds through `.gnu_debuglink` alone is then
+/// parsed whole).
+pub(super) fn symbolize(
     kept: Option<&BlazeSymbolizer>,
     debug_dirs: &[PathBuf],
     heap_meter: fn() -> Option<i64>,
     parsed: &mut ParsedBytes,
-    (path, kind, addrs): (&Path, InputKind, &[u64]),
-) -> Vec<Option<Vec<Line>>> {
-    match kept {
-        Some(kept) => call(kept, path, false, kind, addrs)
-            .iter()
-            .map(lines_of)
-            .collect(),
-        None => {
-            let before = heap_meter();
-            let own = blazesym(debug_dirs);
-            let lines = call(&own, path, false, kind, addrs)
-                .iter()
-                .map(lines_of)
-                .collect();
-            parsed.add(before, heap_meter(), false);
-            lines
-        }
-    }
-}
-
-/// The DWARF lines (names, inlined functions, source locations) of each of
-/// `addrs` (sorted) in `path`, in order: through `kept` when given;
-/// otherwise in runs of [`DWARF_CHUNK_ADDRESSES`], each with its own
-/// symbolizer, when `path` has DWARF of its own; else in one call (mostly
-/// symbol-table names, which runs would parse again for nothing; DWARF
-/// blazesym finds through `.gnu_debuglink` alone is then parsed whole).
-pub(super) fn symbolize_dwarf(
-    kept: Option<&BlazeSymbolizer>,
-    debug_dirs: &[PathBuf],
-    heap_meter: fn() -> Option<i64>,
-    parsed: &mut ParsedBytes,
+    debug_syms: bool,
     (path, kind, addrs): (&Path, InputKind, &[u64]),
 ) -> Vec<Option<Vec<Line>>> {
     if let Some(kept) = kept {
-        return call(kept, path, true, kind, addrs)
+        return call(kept, path, debug_syms, kind, addrs)
             .iter()
             .map(lines_of)
             .collect();
     }
-    let chunk = if ObjectFile::open(path).is_some_and(|f| f.has_dwarf()) {
+    let in_runs = debug_syms && ObjectFile::open(path).is_some_and(|f| f.has_dwarf());
+    let run_length = if in_runs {
         DWARF_CHUNK_ADDRESSES
     } else {
         addrs.len().max(1)
     };
     let mut lines = Vec::with_capacity(addrs.len());
-    for run in addrs.chunks(chunk) {
+    for run in addrs.chunks(run_length) {
         let before = heap_meter();
         let own = blazesym(debug_dirs);
-        let found = call(&own, path, true, kind, run);
-        parsed.add(before, heap_meter(), true);
+        let found = call(&own, path, debug_syms, kind, run);
+        parsed.add(before, heap_meter(), debug_syms);
         // blazesym answers every input address, in order; a failed call
         // answers none.
-        lines.extend(found.iter().map(lines_of));
-        lines.resize(lines.len() + run.len() - found.len(), None);
+        let start = lines.len();
+        lines.extend(found.iter().take(run.len()).map(lines_of));
+        lines.resize(start + run.len(), None);
     }
     lines
 }
@@ -227,11 +205,12 @@ mod tests {
             .collect();
         let mut parsed = ParsedBytes::default();
         let meter = crate::heap::thread_net_allocated;
-        let in_runs = symbolize_dwarf(
+        let in_runs = symbolize(
             None,
             &[],
             meter,
             &mut parsed,
+            true,
             (&exe, InputKind::FileOffset, &offsets),
         );
         assert_eq!(in_runs.len(), offsets.len());

@@ -10,8 +10,8 @@
 //! agent's heap (issue 18, jemalloc heap profiles).
 //!
 //! This module writes, once per build ID, a copy of such a file whose debug
-//! sections are stored uncompressed (object's ELF builder rewrites the file),
-//! under `DIR/BUILD_ID.debug` ([`configure`]: the unwind cache directory's
+//! sections are stored uncompressed, inflated as streams (so the heap never
+//! holds the file), under `DIR/BUILD_ID.debug` ([`configure`]: the unwind cache directory's
 //! [`SUBDIRECTORY`]). blazesym maps the copy, so the DWARF is read
 //! through the page cache instead of being inflated into the heap. A file
 //! that cannot be copied (no build ID, larger than [`MAX_COPY_BYTES`] once
@@ -20,15 +20,16 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Read;
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
-use object::read::elf::ElfFile64;
-use object::{CompressionFormat, Endianness, Object, ObjectSection};
+use object::elf;
+use object::read::elf::{CompressionHeader, ElfFile64, SectionHeader};
+use object::{CompressionFormat, Endianness, Object, ObjectSection, ReadRef};
 use tracing::debug;
 
 /// The subdirectory of the unwind cache directory (`--unwind-cache-dir`)
@@ -105,17 +106,14 @@ pub fn uncompressed_copy(file: &Path) -> Option<PathBuf> {
 
 /// `file`'s copy in `dir`, written now if missing; `Ok(None)` when `file`
 /// has no compressed debug section. Only the headers are read unless a
-/// copy must be written.
+/// copy must be written, and then each section is inflated as a stream
+/// ([`write_inflated`]): the heap holds buffers, not the file.
 fn copy_into(file: &Path, dir: &Path) -> Result<Option<PathBuf>> {
     let cache = object::ReadCache::new(fs::File::open(file).context("opening")?);
     let elf = ElfFile64::<Endianness, &object::ReadCache<fs::File>>::parse(&cache)
         .context("parsing ELF")?;
-    let compressed = elf.sections().any(|s| {
-        s.name().is_ok_and(|n| n.starts_with(".debug_"))
-            && s.compressed_file_range()
-                .is_ok_and(|r| r.format != CompressionFormat::None)
-    });
-    if !compressed {
+    let compressed = compressed_sections(&elf)?;
+    if compressed.is_empty() {
         return Ok(None);
     }
     let Some(build_id) = elf.build_id().ok().flatten() else {
@@ -129,83 +127,170 @@ fn copy_into(file: &Path, dir: &Path) -> Result<Option<PathBuf>> {
         }
         return Ok(Some(copy));
     }
-    let data = fs::read(file).context("reading")?;
-    let out = inflated_elf(&data)?;
+    let inflated = compressed
+        .iter()
+        .try_fold(0u64, |total, c| total.checked_add(c.size))
+        .filter(|&total| total <= MAX_COPY_BYTES)
+        .with_context(|| format!("more than {MAX_COPY_BYTES} bytes once inflated"))?;
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    make_room(dir, out.len() as u64);
-    crate::files::write_atomic(&copy, &out, 0o644)?;
+    let length = fs::metadata(file).context("stat")?.len();
+    make_room(dir, length + inflated);
+    crate::files::write_atomic_with(&copy, 0o644, |out| {
+        write_inflated(&elf, file, &compressed, out)
+    })?;
     debug!(
-        "debug copy: {} -> {} ({} bytes)",
+        "debug copy: {} -> {} ({} bytes inflated)",
         file.display(),
         copy.display(),
-        out.len()
+        inflated
     );
     Ok(Some(copy))
 }
 
-/// The ELF file `data` with its compressed `.debug_*` sections stored
-/// inflated (flag `SHF_COMPRESSED` cleared), everything else as it was.
-/// Errors: not a 64-bit ELF file, a section that does not inflate to the
-/// size its header gives, more than [`MAX_COPY_BYTES`] inflated.
-pub fn inflated_elf(data: &[u8]) -> Result<Vec<u8>> {
-    let elf = ElfFile64::<Endianness>::parse(data).context("parsing ELF")?;
-    let mut inflated: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-    let mut total = 0u64;
-    for section in elf.sections() {
-        let Ok(name) = section.name() else { continue };
-        let Ok(c) = section.compressed_data() else {
-            continue;
-        };
-        if !name.starts_with(".debug_") || c.format == CompressionFormat::None {
-            continue;
-        }
-        total += c.uncompressed_size;
-        if total > MAX_COPY_BYTES {
-            bail!("more than {MAX_COPY_BYTES} bytes once inflated");
-        }
-        inflated.push((
-            name.as_bytes().to_vec(),
-            inflate(&c).context(name.to_string())?,
-        ));
-    }
-    let mut builder = object::build::elf::Builder::read64(data).context("reading ELF")?;
-    for section in builder.sections.iter_mut() {
-        if let Some(i) = inflated
-            .iter()
-            .position(|(n, _)| section.name.as_slice() == n)
-        {
-            let (_, bytes) = inflated.swap_remove(i);
-            section.data = object::build::elf::SectionData::Data(bytes.into());
-            section.sh_flags.0 &= !object::elf::SHF_COMPRESSED.0;
-        }
-    }
-    let mut out = Vec::new();
-    builder.write(&mut out).context("writing ELF")?;
-    Ok(out)
+/// A compressed debug section (`SHF_COMPRESSED`, gABI "Section
+/// Compression") of a file to copy.
+#[derive(Debug)]
+struct Compressed {
+    /// Its index in the section header table.
+    index: usize,
+    format: CompressionFormat,
+    /// File offset (bytes) of its compressed stream, after the
+    /// compression header, and the stream's length (bytes).
+    offset: u64,
+    length: u64,
+    /// Its size inflated (`ch_size`, bytes) and its alignment inflated
+    /// (`ch_addralign`, at least 1).
+    size: u64,
+    align: u64,
 }
 
-/// The inflated bytes of a compressed section (zlib or zstd), exactly
-/// `uncompressed_size` of them.
-fn inflate(c: &object::CompressedData<'_>) -> Result<Vec<u8>> {
-    let size = c.uncompressed_size;
-    let mut out = Vec::with_capacity(usize::try_from(size)?);
-    match c.format {
-        CompressionFormat::Zlib => {
-            flate2::read::ZlibDecoder::new(c.data)
-                .take(size + 1)
-                .read_to_end(&mut out)?;
+/// Largest `ch_addralign` (bytes) of a section this module inflates: the
+/// padding before it is written out, so a hostile header must not ask for
+/// terabytes of it.
+const MAX_SECTION_ALIGN: u64 = 1 << 16;
+
+/// The `.debug_*` sections of `elf` flagged `SHF_COMPRESSED` with zlib or
+/// zstd, in section order. A section whose compression header cannot be
+/// read, or of another type, is left as it is (compressed, in the copy
+/// too). Errors: an alignment that is not a power of two up to
+/// [`MAX_SECTION_ALIGN`].
+fn compressed_sections<'data, R: ReadRef<'data>>(
+    elf: &ElfFile64<'data, Endianness, R>,
+) -> Result<Vec<Compressed>> {
+    let endian = elf.endian();
+    let mut found = Vec::new();
+    for section in elf.sections() {
+        let Ok(name) = section.name() else { continue };
+        if !name.starts_with(".debug_") {
+            continue;
         }
-        CompressionFormat::Zstandard => {
-            zstd::stream::read::Decoder::new(c.data)?
-                .take(size + 1)
-                .read_to_end(&mut out)?;
+        let header = section.elf_section_header();
+        let Ok(Some((chdr, offset, length))) = header.compression(endian, elf.data()) else {
+            continue;
+        };
+        let format = match chdr.ch_type(endian) {
+            elf::ELFCOMPRESS_ZLIB => CompressionFormat::Zlib,
+            elf::ELFCOMPRESS_ZSTD => CompressionFormat::Zstandard,
+            _ => continue,
+        };
+        let align = chdr.ch_addralign(endian).max(1);
+        if !align.is_power_of_two() || align > MAX_SECTION_ALIGN {
+            bail!("{name}: alignment {align}");
         }
+        found.push(Compressed {
+            index: section.index().0,
+            format,
+            offset,
+            length,
+            size: chdr.ch_size(endian),
+            align,
+        });
+    }
+    Ok(found)
+}
+
+/// Writes to `out` the ELF file `file` (parsed as `elf`) with its
+/// `compressed` sections stored inflated: first `file`'s bytes unchanged,
+/// so every segment and every other section keeps its offset; then each
+/// section inflated (at its `ch_addralign`); then a section header table
+/// that points those sections at their inflated bytes with `SHF_COMPRESSED`
+/// cleared. The ELF header's `e_shoff` and `e_shentsize` are the fields
+/// changed in place;
+/// the compressed bytes stay in the copy, unreferenced. Sections are
+/// inflated as streams: the heap holds buffers, not the file (a whole-file
+/// rewrite held libc's debug file three times, 23 MiB, issue 18). Errors:
+/// a section that does not inflate to its `ch_size`, I/O.
+fn write_inflated<'data, R: ReadRef<'data>>(
+    elf: &ElfFile64<'data, Endianness, R>,
+    file: &Path,
+    compressed: &[Compressed],
+    out: &mut fs::File,
+) -> Result<()> {
+    let endian = elf.endian();
+    let mut source = fs::File::open(file).context("opening")?;
+    let mut end = io::copy(&mut source, out).context("copying")?;
+    let mut headers: Vec<elf::SectionHeader64<Endianness>> =
+        elf.elf_section_table().iter().copied().collect();
+    let mut appended = io::BufWriter::with_capacity(1 << 16, &mut *out);
+    for c in compressed {
+        let start = end.next_multiple_of(c.align);
+        write_zeros(&mut appended, start - end)?;
+        source.seek(SeekFrom::Start(c.offset))?;
+        let stream = io::BufReader::new((&source).take(c.length));
+        inflate_into(c.format, stream, c.size, &mut appended)
+            .with_context(|| format!("section {}", c.index))?;
+        let header = headers.get_mut(c.index).context("section index")?;
+        header.sh_offset.set(endian, start);
+        header.sh_size.set(endian, c.size);
+        header.sh_addralign.set(endian, c.align);
+        let flags = header.sh_flags.get(endian).0 & !elf::SHF_COMPRESSED.0;
+        header.sh_flags.set(endian, elf::SectionFlags(flags));
+        end = start + c.size;
+    }
+    let table = end.next_multiple_of(8);
+    write_zeros(&mut appended, table - end)?;
+    for header in &headers {
+        appended.write_all(object::pod::bytes_of(header))?;
+    }
+    appended.flush()?;
+    drop(appended);
+    let mut file_header = *elf.elf_header();
+    file_header.e_shoff.set(endian, table);
+    file_header
+        .e_shentsize
+        .set(endian, size_of::<elf::SectionHeader64<Endianness>>() as u16);
+    out.seek(SeekFrom::Start(0))?;
+    out.write_all(object::pod::bytes_of(&file_header))?;
+    Ok(())
+}
+
+fn write_zeros(out: &mut impl Write, count: u64) -> io::Result<()> {
+    io::copy(&mut io::repeat(0).take(count), out).map(drop)
+}
+
+/// Inflates the compressed stream `compressed` (zlib or zstd) into `out`;
+/// errors unless it gives exactly `size` bytes.
+fn inflate_into(
+    format: CompressionFormat,
+    compressed: impl io::BufRead,
+    size: u64,
+    out: &mut impl Write,
+) -> Result<()> {
+    let written = match format {
+        CompressionFormat::Zlib => io::copy(
+            &mut flate2::bufread::ZlibDecoder::new(compressed).take(size + 1),
+            out,
+        )?,
+        CompressionFormat::Zstandard => io::copy(
+            &mut zstd::stream::read::Decoder::with_buffer(compressed)?.take(size + 1),
+            out,
+        )?,
         other => bail!("unsupported compression {other:?}"),
+    };
+    if written != size {
+        bail!("inflated to {written} bytes, header says {size}");
     }
-    if out.len() as u64 != size {
-        bail!("inflated to {} bytes, header says {size}", out.len());
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// Remove the least recently used copies in `dir` until `incoming` more
@@ -292,8 +377,37 @@ mod tests {
             .collect()
     }
 
+    /// `path`'s copy as [`copy_into`] writes it, read back.
+    fn inflated_copy(path: &Path, out: &Path) -> Vec<u8> {
+        let cache = object::ReadCache::new(fs::File::open(path).expect("open"));
+        let elf =
+            ElfFile64::<Endianness, &object::ReadCache<fs::File>>::parse(&cache).expect("ELF");
+        let compressed = compressed_sections(&elf).expect("compression headers");
+        assert!(!compressed.is_empty(), "{}", path.display());
+        let mut file = fs::File::create(out).expect("create");
+        write_inflated(&elf, path, &compressed, &mut file).expect("inflates");
+        fs::read(out).expect("read back")
+    }
+
+    type Layout = (Vec<(String, Option<(u64, u64)>)>, Vec<u8>);
+
+    /// Where each section and segment of `data` lies: (name, offset, size)
+    /// of the sections that are not debug sections, and the program
+    /// headers' bytes.
+    fn layout(data: &[u8]) -> Layout {
+        let elf = ElfFile64::<Endianness>::parse(data).expect("ELF");
+        let sections = elf
+            .sections()
+            .filter(|s| !s.name().is_ok_and(|n| n.starts_with(".debug_")))
+            .map(|s| (s.name().expect("name").to_string(), s.file_range()))
+            .collect();
+        let segments = object::pod::bytes_of_slice(elf.elf_program_headers()).to_vec();
+        (sections, segments)
+    }
+
     /// The copy holds the very bytes of the uncompressed original's debug
-    /// sections, none flagged compressed; its code is where it was.
+    /// sections, none flagged compressed; every other section and every
+    /// segment is where it was, and the symbols are unchanged.
     #[test]
     fn inflated_copy_has_the_original_debug_sections() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -310,15 +424,21 @@ mod tests {
                 "{} has no compressed section",
                 path.display()
             );
-            let copy = inflated_elf(&data).expect("inflates");
+            let copy = inflated_copy(path, &dir.path().join("copy"));
             let sections = debug_sections(&copy);
             assert_eq!(sections, original, "{}", path.display());
-            let address = |bytes: &[u8]| {
+            assert_eq!(layout(&copy), layout(&data), "{}", path.display());
+            let symbols = |bytes: &[u8]| {
                 let elf = ElfFile64::<Endianness>::parse(bytes).expect("ELF");
-                let sym = elf.symbols().find(|s| s.name() == Ok("triple"));
-                sym.map(|s| s.address())
+                let named = elf
+                    .symbols()
+                    .map(|s| (s.name().map(str::to_string), s.address()));
+                named.collect::<Vec<_>>()
             };
-            assert_eq!(address(&copy), address(&data));
+            assert!(symbols(&copy)
+                .iter()
+                .any(|(n, _)| n.as_deref() == Ok("triple")));
+            assert_eq!(symbols(&copy), symbols(&data));
         }
     }
 
@@ -362,11 +482,9 @@ mod tests {
     /// A section that does not inflate to its header's size is an error.
     #[test]
     fn a_truncated_section_is_an_error() {
-        let c = object::CompressedData {
-            format: CompressionFormat::Zlib,
-            data: &[0x78, 0x9c, 0x03, 0x00],
-            uncompressed_size: 16,
-        };
-        assert!(inflate(&c).is_err());
+        // zlib's stream of no bytes: header, an empty final block, Adler-32.
+        let stream = &[0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01][..];
+        assert!(inflate_into(CompressionFormat::Zlib, stream, 16, &mut Vec::new()).is_err());
+        assert!(inflate_into(CompressionFormat::Zlib, stream, 0, &mut Vec::new()).is_ok());
     }
 }

@@ -249,19 +249,7 @@ impl Symbolizer {
         );
 
         // 2. Assemble mappings, frames and samples.
-        // The first window's guess: stacks share about a fifth of their
-        // frames (a 10 s window under churn: 370,000 frames, 67,000
-        // locations).
-        let locations = match self.last_locations.get() {
-            0 => {
-                aggregator
-                    .stacks()
-                    .map(|(k, _)| k.kernel.len() + k.user.len())
-                    .sum::<usize>()
-                    / 4
-            }
-            last => last + last / 8,
-        };
+        let locations = self.expected_locations(aggregator);
         let mut builder = ProfileAssembly::with_capacity(locations);
         let mut profile = Profile {
             start_unix_ns: window.start_unix_ns,
@@ -298,19 +286,7 @@ impl Symbolizer {
         for (key, count) in aggregator.stacks() {
             let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len() + 1);
             for &addr in key.kernel.iter() {
-                let lines = || {
-                    resolved
-                        .lines(FrameRef::Kernel(addr))
-                        .cloned()
-                        .unwrap_or_else(|| {
-                            (
-                                vec![unknown_line(kernel::kernel_placeholder(addr))].into(),
-                                false,
-                            )
-                        })
-                };
-                let location = (FrameKind::Kernel, builder.kernel_mapping, addr);
-                frames.push(builder.frame(&mut profile, location, None, lines));
+                frames.push(kernel_frame(&mut builder, &mut profile, &resolved, addr));
             }
             for frame in key.user.iter() {
                 frames.push(user_frame(
@@ -341,6 +317,45 @@ impl Symbolizer {
         self.last_locations.set(profile.frames.len());
         profile
     }
+
+    /// How many locations the profile of `aggregator`'s window will hold,
+    /// to size its tables: the previous window's count and an eighth, or
+    /// for the first window a fourth of its frame references (stacks share
+    /// most of their frames: a 10 s window under churn held 370,000 frame
+    /// references and 67,000 locations).
+    fn expected_locations(&self, aggregator: &Aggregator) -> usize {
+        match self.last_locations.get() {
+            0 => {
+                aggregator
+                    .stacks()
+                    .map(|(k, _)| k.kernel.len() + k.user.len())
+                    .sum::<usize>()
+                    / 4
+            }
+            last => last + last / 8,
+        }
+    }
+}
+
+/// The index in `profile.frames` of the kernel frame at `addr`: its lines
+/// from `resolved`, else a placeholder naming the address.
+fn kernel_frame(
+    builder: &mut ProfileAssembly,
+    profile: &mut Profile,
+    resolved: &Resolved<'_>,
+    addr: u64,
+) -> usize {
+    let lines = || {
+        resolved
+            .lines(FrameRef::Kernel(addr))
+            .cloned()
+            .unwrap_or_else(|| {
+                let placeholder = unknown_line(kernel::kernel_placeholder(addr));
+                (vec![placeholder].into(), false)
+            })
+    };
+    let location = (FrameKind::Kernel, builder.kernel_mapping, addr);
+    builder.frame(profile, location, None, lines)
 }
 
 /// Every frame of `aggregator`'s stacks, kernel and user; user frames whose

@@ -237,7 +237,7 @@ impl ElfObjects {
         let (dirs, meter) = (self.debug_dirs.as_slice(), self.heap_meter);
         let mut parsed = ParsedBytes::default();
         let file_offsets: (&Path, InputKind, &[u64]) = (path, InputKind::FileOffset, offsets);
-        let symbols = blaze::symbolize_symbols(kept, dirs, meter, &mut parsed, file_offsets);
+        let symbols = blaze::symbolize(kept, dirs, meter, &mut parsed, false, file_offsets);
         let vaddrs: Vec<Option<u64>> = offsets
             .iter()
             .map(|&o| file.as_ref()?.virtual_address(o))
@@ -250,14 +250,14 @@ impl ElfObjects {
             Some(debug_path) => {
                 let virtual_addresses = (debug_path.as_path(), InputKind::VirtOffset, &known[..]);
                 let mut results =
-                    blaze::symbolize_dwarf(kept, dirs, meter, &mut parsed, virtual_addresses)
+                    blaze::symbolize(kept, dirs, meter, &mut parsed, true, virtual_addresses)
                         .into_iter();
                 vaddrs
                     .iter()
                     .map(|v| v.and_then(|_| results.next().flatten()))
                     .collect()
             }
-            None => blaze::symbolize_dwarf(kept, dirs, meter, &mut parsed, file_offsets),
+            None => blaze::symbolize(kept, dirs, meter, &mut parsed, true, file_offsets),
         };
         debug.resize(offsets.len(), None);
         if keep {
