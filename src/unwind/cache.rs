@@ -319,6 +319,8 @@ pub fn decode(key: &ObjectKey, bytes: &[u8]) -> Result<UnwindTable, CacheError> 
             row_count: f.u32(),
         })
         .collect();
+    // `encode` writes the kinds in ascending order, each once: any other
+    // order or a repeated kind is not a file we wrote.
     let mut unsupported = BTreeMap::new();
     for _ in 0..kind_count {
         let code = f.u32();
@@ -327,6 +329,11 @@ pub fn decode(key: &ObjectKey, bytes: &[u8]) -> Result<UnwindTable, CacheError> 
             .ok()
             .and_then(UnsupportedKind::from_code)
             .ok_or_else(|| CacheError::Invalid(format!("unsupported kind {code}")))?;
+        if unsupported.last_key_value().is_some_and(|(last, _)| *last >= kind) {
+            return Err(CacheError::Invalid(format!(
+                "unsupported kind {code} out of order"
+            )));
+        }
         unsupported.insert(kind, count);
     }
     UnwindTable::from_parts(rows, pages, TableStats::from_cfi(fdes, unsupported, source))
@@ -433,6 +440,33 @@ mod tests {
         // A valid entry of another object under this key's name.
         let other = encode(&ObjectKey::ContentHash(42), &sample());
         rebuilt_after(|b| *b = other, |e| matches!(e, CacheError::KeyMismatch(_)));
+    }
+
+    /// Found by the fuzz smoke in CI: an entry whose unsupported kinds are
+    /// out of order (or repeated) was accepted, and so was not the file
+    /// `encode` would write for the table it decoded to.
+    #[test]
+    fn unsupported_kinds_out_of_order_or_repeated_are_refused() {
+        let bytes = encode(&key(), &sample());
+        let kinds_at = bytes.len() - 4 - 2 * 12;
+        let reseal = |mut b: Vec<u8>| {
+            let body = b.len() - 4;
+            let crc = crc32fast::hash(&b[..body]);
+            b[body..].copy_from_slice(&crc.to_le_bytes());
+            b
+        };
+        let mut swapped = bytes.clone();
+        swapped[kinds_at..kinds_at + 24].rotate_left(12);
+        let mut repeated = bytes.clone();
+        repeated.copy_within(kinds_at..kinds_at + 12, kinds_at + 12);
+        for damaged in [swapped, repeated] {
+            let err = decode(&key(), &reseal(damaged)).expect_err("refused");
+            assert!(
+                matches!(&err, CacheError::Invalid(why) if why.contains("out of order")),
+                "{err:?}"
+            );
+        }
+        assert_eq!(decode(&key(), &bytes).expect("the original"), sample());
     }
 
     #[test]
