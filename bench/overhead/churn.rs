@@ -401,19 +401,65 @@ fn memory_summary(agent: &Agent, seconds: f64) -> String {
     });
     let first = steady[0].rss_anon_kib.max(1) as f64;
     let last = steady[steady.len() - 1].rss_anon_kib as f64;
+    let pct = |kib: f64| (kib / anon.max(1.0) - 1.0) * 100.0;
+    let drift = match drift_range(&steady) {
+        Some((lo, hi)) => format!(
+            "; its {DRIFT_SPAN_S:.0} s medians {:.1}-{:.1} MiB ({:+.0}%/{:+.0}%)",
+            lo / 1024.0,
+            hi / 1024.0,
+            pct(lo),
+            pct(hi)
+        ),
+        None => String::new(),
+    };
+    let hwm_end = agent.readings.last().map_or(0, |r| r.vm_hwm_kib);
     format!(
-        "start-up peak (VmHWM at 1 min) {:.1} MiB ({:.2}x steady VmRSS); from {steady_from:.0} s: VmRSS median {:.1} MiB, \
-         RssAnon median {:.1} MiB, range {:.1}-{:.1} MiB ({:+.0}%/{:+.0}% of the median), end/start of span {:.3}",
+        "start-up peak (VmHWM at 1 min) {:.1} MiB ({:.2}x steady VmRSS; VmHWM at the end {:.1} MiB); from {steady_from:.0} s: \
+         VmRSS median {:.1} MiB, RssAnon median {:.1} MiB, range {:.1}-{:.1} MiB ({:+.0}%/{:+.0}% of the median){drift}, \
+         end/start of span {:.3}",
         mib(peak),
         peak as f64 / rss.max(1.0),
+        mib(hwm_end),
         rss / 1024.0,
         anon / 1024.0,
         mib(lo),
         mib(hi),
-        (lo as f64 / anon.max(1.0) - 1.0) * 100.0,
-        (hi as f64 / anon.max(1.0) - 1.0) * 100.0,
+        pct(lo as f64),
+        pct(hi as f64),
         last / first
     )
+}
+
+/// Length of the spans whose RssAnon medians show drift, s.
+const DRIFT_SPAN_S: f64 = 300.0;
+
+/// The lowest and highest median RssAnon (KiB) of consecutive
+/// [`DRIFT_SPAN_S`] spans of `steady` holding at least 3 readings each;
+/// `None` with fewer than two such spans. Each reading falls anywhere in
+/// its agent's window, and a window's stacks, exited processes' mappings
+/// and close move RssAnon by a fifth within it: a span's median stands for
+/// the level, the raw range for the saw-tooth around it.
+fn drift_range(steady: &[&Reading]) -> Option<(f64, f64)> {
+    let start = steady.first()?.t_s;
+    let mut spans: Vec<Vec<f64>> = Vec::new();
+    for r in steady {
+        let span = ((r.t_s - start) / DRIFT_SPAN_S) as usize;
+        if spans.len() <= span {
+            spans.resize(span + 1, Vec::new());
+        }
+        spans[span].push(r.rss_anon_kib as f64);
+    }
+    let medians: Vec<f64> = spans
+        .into_iter()
+        .filter(|s| s.len() >= 3)
+        .filter_map(report::median)
+        .collect();
+    if medians.len() < 2 {
+        return None;
+    }
+    let lo = medians.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = medians.iter().copied().fold(0.0, f64::max);
+    Some((lo, hi))
 }
 
 fn mib(kib: u64) -> f64 {
@@ -513,4 +559,33 @@ fn render(
          windows and samples missing a mapping: the agent's own counters (`/metrics`) since its start.\n",
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reading(t_s: f64, rss_anon_mib: u64) -> Reading {
+        Reading {
+            t_s,
+            rss_anon_kib: rss_anon_mib * 1024,
+            ..Reading::default()
+        }
+    }
+
+    #[test]
+    fn drift_is_the_range_of_span_medians_not_of_readings() {
+        // A saw-tooth of 20-30 MiB whose level rises by 2 MiB in the third span.
+        let readings: Vec<Reading> = (0..45)
+            .map(|i| {
+                let level = if i >= 30 { 22 } else { 20 };
+                reading(i as f64 * 20.0, level + [0, 5, 10][i % 3])
+            })
+            .collect();
+        let steady: Vec<&Reading> = readings.iter().collect();
+        let (lo, hi) = drift_range(&steady).expect("three spans");
+        assert_eq!((lo / 1024.0, hi / 1024.0), (25.0, 27.0));
+        // One span is not a drift.
+        assert_eq!(drift_range(&steady[..10]), None);
+    }
 }

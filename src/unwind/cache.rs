@@ -329,7 +329,10 @@ pub fn decode(key: &ObjectKey, bytes: &[u8]) -> Result<UnwindTable, CacheError> 
             .ok()
             .and_then(UnsupportedKind::from_code)
             .ok_or_else(|| CacheError::Invalid(format!("unsupported kind {code}")))?;
-        if unsupported.last_key_value().is_some_and(|(last, _)| *last >= kind) {
+        if unsupported
+            .last_key_value()
+            .is_some_and(|(last, _)| *last >= kind)
+        {
             return Err(CacheError::Invalid(format!(
                 "unsupported kind {code} out of order"
             )));
