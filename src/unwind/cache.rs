@@ -17,7 +17,7 @@
 //! | 34 | K | key ([`ObjectKey`] as text) |
 //! | 34+K | 8R | rows: pc_low u16, cfa_type u8, fp_type u8, cfa_offset u16, fp_offset i16 |
 //! | .. | 12P | pages: page u32, first_row u32, row_count u32 |
-//! | .. | 12U | unsupported: kind u32, count u64 |
+//! | .. | 12U | unsupported: kind u32, count u64 (ascending kinds, each once) |
 //! | end-4 | 4 | CRC-32 (IEEE) of everything before it |
 //!
 //! A file that fails any check is reported as a [`CacheError`];
