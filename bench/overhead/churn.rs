@@ -365,9 +365,10 @@ fn log_line(agent: &Agent, r: &Reading) -> String {
 }
 
 /// What one agent's readings say about memory: start-up peak (VmHWM at the
-/// first reading after a minute), steady VmRSS (median from minute 5, or
-/// from a fifth of the run in shorter runs) and the spread of RssAnon over
-/// that span.
+/// first reading after a minute) and the VmHWM at the last reading, steady
+/// VmRSS (median from minute 5, or from a fifth of the run in shorter
+/// runs), the spread of RssAnon over that span, and its drift
+/// ([`drift_range`]).
 fn memory_summary(agent: &Agent, seconds: f64) -> String {
     let steady_from = if seconds >= 600.0 {
         300.0
@@ -434,11 +435,12 @@ fn memory_summary(agent: &Agent, seconds: f64) -> String {
 const DRIFT_SPAN_S: f64 = 300.0;
 
 /// The lowest and highest median RssAnon (KiB) of consecutive
-/// [`DRIFT_SPAN_S`] spans of `steady` holding at least 3 readings each;
-/// `None` with fewer than two such spans. Each reading falls anywhere in
-/// its agent's window, and a window's stacks, exited processes' mappings
-/// and close move RssAnon by a fifth within it: a span's median stands for
-/// the level, the raw range for the saw-tooth around it.
+/// [`DRIFT_SPAN_S`] spans of `steady` (readings in time order), counted
+/// from its first reading, of at least 3 readings each; `None` with fewer
+/// than two such spans. Each reading falls anywhere in its agent's window,
+/// and a 10 s window's stacks, exited processes' mappings and close move
+/// RssAnon by about a fifth within it: a span's median stands for the
+/// level, the raw range for the saw-tooth around it.
 fn drift_range(steady: &[&Reading]) -> Option<(f64, f64)> {
     let start = steady.first()?.t_s;
     let mut spans: Vec<Vec<f64>> = Vec::new();
