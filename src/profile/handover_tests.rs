@@ -67,7 +67,7 @@ impl Loop {
         let sample = RawSample::for_test(pid, ts, vec![pc]);
         let frames = crate::profile::aggregate::resolve(&sample, &mut self.tracker);
         self.resolved += u64::from(frames.iter().any(|f| f.mapping.is_some()));
-        self.windows.add_resolved(&sample, frames);
+        self.windows.add_resolved(&sample, &frames);
     }
 
     fn hand_over(&mut self, closed: Vec<ClosedWindow>) {

@@ -131,7 +131,7 @@ impl Windows {
     /// Add a sample to the window its timestamp falls in (resolving its user
     /// addresses through `tracker`).
     pub fn add(&mut self, sample: &RawSample, tracker: &mut ProcessTracker) {
-        self.add_resolved(sample, crate::profile::aggregate::resolve(sample, tracker));
+        self.add_resolved(sample, &crate::profile::aggregate::resolve(sample, tracker));
     }
 
     /// Note a process exec or exit in the window its timestamp falls in (as
@@ -183,7 +183,7 @@ impl Windows {
 
     /// Like [`Self::add`], with the user frames already resolved
     /// ([`crate::profile::aggregate::resolve`]).
-    pub fn add_resolved(&mut self, sample: &RawSample, user: Box<[UserFrame]>) {
+    pub fn add_resolved(&mut self, sample: &RawSample, user: &[UserFrame]) {
         let mut index = self.index_of(sample.timestamp_ns);
         if index < self.next_to_close {
             index = self.next_to_close;

@@ -419,7 +419,7 @@ impl<'s, 'o> Agent<'s, 'o> {
         }
         self.subscriptions.add(&sample, &frames);
         if !self.listen_only {
-            self.windows.add_resolved(&sample, frames);
+            self.windows.add_resolved(&sample, &frames);
         }
     }
 

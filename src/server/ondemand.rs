@@ -127,7 +127,7 @@ impl Subscriptions {
             if (s.start_mono_ns..s.end_mono_ns).contains(&sample.timestamp_ns)
                 && (s.pids.is_empty() || s.pids.contains(&sample.pid))
             {
-                s.aggregator.add_resolved(sample, frames.into());
+                s.aggregator.add_resolved(sample, frames);
             }
         }
     }

@@ -36,6 +36,8 @@ pub mod source;
 mod sources;
 mod vdso;
 
+use std::sync::Arc;
+
 use crate::profile::aggregate::Aggregator;
 use crate::profile::Window;
 use crate::profile::{unwind_marker_name, FrameKind, Profile, ProfileMapping, Sample};
@@ -255,7 +257,7 @@ impl Symbolizer {
             start_unix_ns: window.start_unix_ns,
             duration_ns: window.duration_ns,
             sample_freq_hz: window.sample_freq_hz,
-            samples: Vec::with_capacity(aggregator.stacks().count()),
+            samples: Vec::with_capacity(aggregator.stack_count()),
             frames: Vec::with_capacity(locations),
             ..Default::default()
         };
@@ -266,11 +268,11 @@ impl Symbolizer {
         let mut by_count: Vec<_> = aggregator.stacks().collect();
         by_count.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
         for (key, _) in by_count {
-            for m in key.user.iter().rev().filter_map(|f| f.mapping) {
+            for m in key.user().rev().filter_map(|f| f.mapping) {
                 let _ = builder.mapping(&mut profile, tracker, m);
             }
         }
-        let kernel_addrs = aggregator.stacks().flat_map(|(key, _)| key.kernel.iter());
+        let kernel_addrs = aggregator.kernel_stacks().flatten();
         if let Some((lo, hi)) = kernel_addrs.fold(None, |range: Option<(u64, u64)>, &a| {
             Some(range.map_or((a, a), |(lo, hi)| (lo.min(a), hi.max(a))))
         }) {
@@ -284,11 +286,11 @@ impl Symbolizer {
             });
         }
         for (key, count) in aggregator.stacks() {
-            let mut frames = Vec::with_capacity(key.kernel.len() + key.user.len() + 1);
+            let mut frames = Vec::with_capacity(key.kernel.len() + key.user().len() + 1);
             for &addr in key.kernel.iter() {
                 frames.push(kernel_frame(&mut builder, &mut profile, &resolved, addr));
             }
-            for frame in key.user.iter() {
+            for frame in key.user() {
                 frames.push(user_frame(
                     &mut builder,
                     &mut profile,
@@ -307,8 +309,8 @@ impl Symbolizer {
             profile.samples.push(Sample {
                 pid: key.pid,
                 tid: key.tid,
-                process_comm: key.process_comm.clone(),
-                thread_comm: key.thread_comm.clone(),
+                process_comm: Arc::clone(key.process_comm),
+                thread_comm: Arc::clone(key.thread_comm),
                 frames,
                 unwind_status: key.user_status,
                 count,
@@ -328,7 +330,7 @@ impl Symbolizer {
             0 => {
                 aggregator
                     .stacks()
-                    .map(|(k, _)| k.kernel.len() + k.user.len())
+                    .map(|(k, _)| k.kernel.len() + k.user().len())
                     .sum::<usize>()
                     / 4
             }
@@ -358,23 +360,25 @@ fn kernel_frame(
     builder.frame(profile, location, None, lines)
 }
 
-/// Every frame of `aggregator`'s stacks, kernel and user; user frames whose
-/// mapping `tracker` does not know are left out.
+/// Every distinct frame of `aggregator`'s stacks, kernel and user (kernel
+/// addresses once per distinct kernel stack); user frames whose mapping
+/// `tracker` does not know are left out.
 fn frames_of<'a>(
     aggregator: &'a Aggregator,
     tracker: &'a dyn MappingSource,
 ) -> impl Iterator<Item = FrameRef<'a>> {
-    aggregator.stacks().flat_map(move |(key, _)| {
-        let kernel = key.kernel.iter().map(|&a| FrameRef::Kernel(a));
-        let user = key.user.iter().filter_map(move |frame| {
-            let mapping = tracker.mapping(frame.mapping?)?;
-            Some(FrameRef::User {
-                address: frame.address,
-                mapping,
-            })
-        });
-        kernel.chain(user)
-    })
+    let kernel = aggregator
+        .kernel_stacks()
+        .flatten()
+        .map(|&a| FrameRef::Kernel(a));
+    let user = aggregator.user_frames().filter_map(move |frame| {
+        let mapping = tracker.mapping(frame.mapping?)?;
+        Some(FrameRef::User {
+            address: frame.address,
+            mapping,
+        })
+    });
+    kernel.chain(user)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! objects the window's stacks use.
 
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -100,38 +100,45 @@ impl TrackerSnapshot {
         cache: &mut ObjectCache,
     ) -> Self {
         let mut snapshot = TrackerSnapshot::default();
-        for (key, count) in aggregator.stacks() {
+        for (key, _) in aggregator.stacks() {
             if let Some(perf_map) = tracker.perf_map(key.pid) {
                 snapshot.perf_maps.insert(key.pid, perf_map.clone());
             }
             if let Some(jitdump) = tracker.jitdump(key.pid) {
                 snapshot.jitdumps.insert(key.pid, jitdump.clone());
             }
-            let mut missing = false;
-            for id in key.user.iter().filter_map(|f| f.mapping) {
-                if snapshot.mappings.contains_key(&id) {
-                    continue;
-                }
-                let Some(mapping) = tracker.mapping(id) else {
-                    missing = true;
-                    continue;
-                };
-                if let Some(object) = mapping.object {
-                    let entry = match cache.entry(object) {
-                        Entry::Occupied(e) => Some(e.get().clone()),
-                        Entry::Vacant(v) => {
-                            duplicate(tracker, object).map(|dup| v.insert(Arc::new(dup)).clone())
-                        }
-                    };
-                    if let Some(entry) = entry {
-                        snapshot.objects.insert(object, entry);
+        }
+        let mut missing = HashSet::new();
+        for id in aggregator.user_frames().filter_map(|f| f.mapping) {
+            if snapshot.mappings.contains_key(&id) || missing.contains(&id) {
+                continue;
+            }
+            let Some(mapping) = tracker.mapping(id) else {
+                missing.insert(id);
+                continue;
+            };
+            if let Some(object) = mapping.object {
+                let entry = match cache.entry(object) {
+                    Entry::Occupied(e) => Some(e.get().clone()),
+                    Entry::Vacant(v) => {
+                        duplicate(tracker, object).map(|dup| v.insert(Arc::new(dup)).clone())
                     }
+                };
+                if let Some(entry) = entry {
+                    snapshot.objects.insert(object, entry);
                 }
-                snapshot.mappings.insert(id, mapping.clone());
             }
-            if missing {
-                snapshot.missing_samples += count;
-            }
+            snapshot.mappings.insert(id, mapping.clone());
+        }
+        if !missing.is_empty() {
+            snapshot.missing_samples = aggregator
+                .stacks()
+                .filter(|(key, _)| {
+                    key.user()
+                        .any(|f| f.mapping.is_some_and(|m| missing.contains(&m)))
+                })
+                .map(|(_, count)| count)
+                .sum();
         }
         // Objects no window in flight uses go (with their descriptors), so
         // the cache does not grow with every object ever sampled.
