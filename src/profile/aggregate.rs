@@ -358,10 +358,7 @@ mod tests {
         // Non-leaf frames become call sites.
         let user: Vec<u64> = key.user().map(|f| f.address).collect();
         assert_eq!(user, vec![0x10, 0x1f]);
-        assert_eq!(
-            &key.kernel[..],
-            &[0xffff_ffff_8100_0010, 0xffff_ffff_8100_001f]
-        );
+        assert_eq!(key.kernel, &[0xffff_ffff_8100_0010, 0xffff_ffff_8100_001f]);
         assert!(agg.take_timeline().is_empty());
         // Each distinct user frame and kernel stack is held once.
         let mut frames: Vec<u64> = agg.user_frames().map(|f| f.address).collect();
@@ -381,7 +378,8 @@ mod tests {
         agg.add(&b, &mut tracker);
         a.tid = 7;
         agg.add(&a, &mut tracker);
-        let got: Vec<(u32, u32, Vec<u64>, Vec<u64>, u64)> = agg
+        type Row = (u32, u32, Vec<u64>, Vec<u64>, u64);
+        let got: Vec<Row> = agg
             .stacks()
             .map(|(k, c)| {
                 let user = k.user().map(|f| f.address).collect();
