@@ -78,6 +78,18 @@ impl<'a> Stack<'a> {
         let frames = self.frames;
         self.user.iter().map(move |&i| &frames[i as usize])
     }
+
+    /// User frames, leaf first, each with its index among the aggregator's
+    /// distinct user frames ([`Aggregator::user_frames`]): equal frames
+    /// have equal indices.
+    pub fn user_indexed(
+        &self,
+    ) -> impl DoubleEndedIterator<Item = (usize, &'a UserFrame)> + ExactSizeIterator {
+        let frames = self.frames;
+        self.user
+            .iter()
+            .map(move |&i| (i as usize, &frames[i as usize]))
+    }
 }
 
 /// Counts of exact stacks over one window, in the order of their first

@@ -4,6 +4,9 @@
 
 use std::collections::HashMap;
 
+use indexmap::IndexSet;
+use rustc_hash::FxBuildHasher;
+
 use super::lines::{file_name, unknown_line, SharedLines};
 use super::sources::{FrameRef, Resolved};
 use super::{kernel, MappingSource};
@@ -12,91 +15,156 @@ use crate::profile::aggregate::UserFrame;
 use crate::profile::{Frame, FrameKind, Profile, ProfileMapping};
 use crate::sample::UnwindStatus;
 
-/// The index in `profile.frames` of one user frame: its profile mapping
-/// and the lines the symbol sources found (`resolved`); `mapping+0xOFFSET`
-/// where none named it. Lines are copied only for a location the profile
-/// does not have yet.
+/// The index in `profile.frames` of one user frame, the aggregator's
+/// distinct frame `index` ([`crate::profile::aggregate::Stack::user_indexed`]):
+/// its profile mapping and the lines the symbol sources found
+/// (`resolved`); `mapping+0xOFFSET` where none named it. Lines are copied
+/// only for a location the profile does not have yet.
 pub(super) fn user_frame(
     builder: &mut ProfileAssembly,
     profile: &mut Profile,
     tracker: &dyn MappingSource,
     resolved: &Resolved<'_>,
-    frame: &UserFrame,
+    (index, frame): (usize, &UserFrame),
 ) -> usize {
+    if let Some(location) = builder.user_location(index) {
+        return location;
+    }
     // No mapping contains the address, or the mapping was retired before
     // this window was symbolized (counted at hand-over).
     let known = frame
         .mapping
-        .and_then(|m| Some((tracker.mapping(m)?, builder.mapping(profile, tracker, m)?)));
-    let Some((mapping, index)) = known else {
-        let unknown = || {
-            let name = format!("[unknown]+0x{:x}", frame.address);
-            (vec![unknown_line(name)].into(), false)
-        };
-        return builder.frame(
-            profile,
-            (FrameKind::User, None, frame.address),
-            None,
-            unknown,
-        );
-    };
-    let lines = || {
-        let found = resolved.lines(FrameRef::User {
-            address: frame.address,
-            mapping,
-        });
-        match found {
-            Some((lines, symbolized)) => (lines.clone(), *symbolized),
-            None => {
-                let offset = mapping.file_offset_of(frame.address);
-                let name = format!("{}+0x{offset:x}", file_name(&mapping.name));
+        .and_then(|m| Some((tracker.mapping(m)?, builder.mapping(tracker, m)?)));
+    let location = match known {
+        None => {
+            let unknown = || {
+                let name = format!("[unknown]+0x{:x}", frame.address);
                 (vec![unknown_line(name)].into(), false)
+            };
+            let key = (FrameKind::User, None, frame.address);
+            builder.frame(profile, key, None, unknown)
+        }
+        Some((mapping, mapping_index)) => {
+            let lines = || {
+                let found = resolved.lines(FrameRef::User {
+                    address: frame.address,
+                    mapping,
+                });
+                match found {
+                    Some((lines, symbolized)) => (lines.clone(), *symbolized),
+                    None => {
+                        let offset = mapping.file_offset_of(frame.address);
+                        let name = format!("{}+0x{offset:x}", file_name(&mapping.name));
+                        (vec![unknown_line(name)].into(), false)
+                    }
+                }
+            };
+            let key = (FrameKind::User, Some(mapping_index), frame.address);
+            if builder.is_shared(mapping_index) {
+                builder.frame(profile, key, None, lines)
+            } else {
+                // The only tracker mapping of its profile mapping: no other
+                // aggregator frame has this location.
+                push_frame(profile, key, lines)
             }
         }
     };
-    let key = (FrameKind::User, Some(index), frame.address);
-    builder.frame(profile, key, None, lines)
+    builder.set_user_location(index, location);
+    location
 }
 
 /// What makes two frames the same location: address, profile mapping
 /// (`u32::MAX` for none), kind, and (for unwind markers, which have no
-/// address) how the walk ended. 16 bytes: a 10 s window under process churn
-/// has 60,000-70,000 locations (each process maps its objects at addresses
-/// of its own), and this map's table was the largest of the transient
-/// allocations while a profile was assembled (issue 18).
+/// address) how the walk ended. 16 bytes.
 type FrameKey = (u64, u32, FrameKind, Option<UnwindStatus>);
 
 /// Deduplication state while a profile is assembled.
+///
+/// Issue 18: under process churn a 10 s window has 60,000-70,000 locations
+/// (each process maps its objects at addresses of its own), and a table of
+/// every location's key, with a copy of every profile mapping as the key
+/// of another, were the largest transient allocations of a window's close.
+/// User frames come distinct from the aggregator, so a user location is
+/// found by the aggregator frame's index (4 bytes a frame); only frames of
+/// a profile mapping that several tracker mappings share (processes that
+/// map an object at the same range), kernel frames and unwind markers are
+/// deduplicated by key.
 #[derive(Default)]
 pub(super) struct ProfileAssembly {
     pub(super) kernel_mapping: Option<usize>,
+    /// Profile mapping of each tracker mapping met.
     mappings: HashMap<MappingId, usize>,
-    distinct_mappings: HashMap<ProfileMapping, usize>,
+    /// The profile's mappings, each once; moved into it by [`Self::finish`].
+    distinct_mappings: IndexSet<ProfileMapping, FxBuildHasher>,
+    /// Tracker mappings met per profile mapping (by index).
+    sharers: Vec<u32>,
     frames: HashMap<FrameKey, usize>,
+    /// Location of each aggregator user frame (by its index); `u32::MAX`
+    /// until made.
+    user_locations: Vec<u32>,
+}
+
+/// Add the location `(kind, profile mapping, address)` with the lines
+/// `lines` gives; returns its index in `profile.frames`.
+fn push_frame(
+    profile: &mut Profile,
+    (kind, mapping, address): (FrameKind, Option<usize>, u64),
+    lines: impl FnOnce() -> SharedLines,
+) -> usize {
+    let (lines, symbolized) = lines();
+    profile.frames.push(Frame {
+        kind,
+        address,
+        mapping,
+        lines,
+        symbolized,
+    });
+    profile.frames.len() - 1
 }
 
 impl ProfileAssembly {
-    /// Tables sized for `locations` distinct frames (the previous window's
-    /// count): under process churn a 10 s window has 60,000-70,000, and
-    /// tables grown by doubling to that size held the old and the new
-    /// table at once, for a transient larger than what they end up holding
-    /// (issue 18). The profile's own `frames` is sized by the caller.
-    pub(super) fn with_capacity(locations: usize) -> Self {
+    /// An assembly for an aggregator of `user_frames` distinct user frames.
+    pub(super) fn new(user_frames: usize) -> Self {
         ProfileAssembly {
-            frames: HashMap::with_capacity(locations),
+            user_locations: vec![u32::MAX; user_frames],
             ..Default::default()
         }
+    }
+
+    fn user_location(&self, index: usize) -> Option<usize> {
+        let location = *self.user_locations.get(index)?;
+        (location != u32::MAX).then_some(location as usize)
+    }
+
+    fn set_user_location(&mut self, index: usize, location: usize) {
+        if let (Some(slot), Ok(location)) =
+            (self.user_locations.get_mut(index), u32::try_from(location))
+        {
+            *slot = location;
+        }
+    }
+
+    /// Whether more than one tracker mapping has profile mapping `index`
+    /// (as far as met so far: [`crate::symbolize::Symbolizer::build_profile`]
+    /// meets every stack's mappings before it makes any frame).
+    fn is_shared(&self, index: usize) -> bool {
+        self.sharers.get(index).is_some_and(|&n| n > 1)
+    }
+
+    /// Add profile mapping `mapping` (if the profile does not have it yet)
+    /// and return its index.
+    pub(super) fn add_mapping(&mut self, mapping: ProfileMapping) -> usize {
+        let (index, _) = self.distinct_mappings.insert_full(mapping);
+        if index == self.sharers.len() {
+            self.sharers.push(0);
+        }
+        index
     }
 
     /// The profile mapping for tracker mapping `id` (`None` if `tracker`
     /// does not know it). Processes that map the same object at the same
     /// range share one profile mapping.
-    pub(super) fn mapping(
-        &mut self,
-        profile: &mut Profile,
-        tracker: &dyn MappingSource,
-        id: MappingId,
-    ) -> Option<usize> {
+    pub(super) fn mapping(&mut self, tracker: &dyn MappingSource, id: MappingId) -> Option<usize> {
         if let Some(&index) = self.mappings.get(&id) {
             return Some(index);
         }
@@ -110,13 +178,8 @@ impl ProfileAssembly {
                 .object
                 .and_then(|o| tracker.object_build_id(o).map(kernel::hex)),
         };
-        let index = *self
-            .distinct_mappings
-            .entry(mapping.clone())
-            .or_insert_with(|| {
-                profile.mappings.push(mapping);
-                profile.mappings.len() - 1
-            });
+        let index = self.add_mapping(mapping);
+        self.sharers[index] += 1;
         self.mappings.insert(id, index);
         Some(index)
     }
@@ -128,24 +191,129 @@ impl ProfileAssembly {
     pub(super) fn frame(
         &mut self,
         profile: &mut Profile,
-        (kind, mapping, address): (FrameKind, Option<usize>, u64),
+        location: (FrameKind, Option<usize>, u64),
         marker: Option<UnwindStatus>,
         lines: impl FnOnce() -> SharedLines,
     ) -> usize {
+        let (kind, mapping, address) = location;
         let mapping_key = mapping.map_or(u32::MAX, |m| u32::try_from(m).unwrap_or(u32::MAX - 1));
         *self
             .frames
             .entry((address, mapping_key, kind, marker))
-            .or_insert_with(|| {
-                let (lines, symbolized) = lines();
-                profile.frames.push(Frame {
-                    kind,
-                    address,
-                    mapping,
-                    lines,
-                    symbolized,
-                });
-                profile.frames.len() - 1
-            })
+            .or_insert_with(|| push_frame(profile, location, lines))
+    }
+
+    /// Move the profile mappings made into `profile` (the indices frames
+    /// hold are theirs).
+    pub(super) fn finish(self, profile: &mut Profile) {
+        profile.mappings = self.distinct_mappings.into_iter().collect();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::process::{Mapping, ObjectId};
+    use crate::profile::aggregate::Aggregator;
+    use crate::profile::Window;
+    use crate::sample::RawSample;
+    use crate::symbolize::Symbolizer;
+
+    /// Mappings by id, without objects (their frames stay `name+0xOFFSET`).
+    struct Maps(HashMap<MappingId, Mapping>);
+
+    impl MappingSource for Maps {
+        fn mapping(&self, id: MappingId) -> Option<&Mapping> {
+            self.0.get(&id)
+        }
+        fn object_path(&self, _: ObjectId) -> Option<&str> {
+            None
+        }
+        fn object_open_path(&self, _: ObjectId) -> Option<&Path> {
+            None
+        }
+        fn object_build_id(&self, _: ObjectId) -> Option<&[u8]> {
+            None
+        }
+        fn perf_map(&self, _: u32) -> Option<&Path> {
+            None
+        }
+        fn jitdump(&self, _: u32) -> Option<&Path> {
+            None
+        }
+    }
+
+    #[test]
+    fn a_location_is_shared_by_processes_mapping_an_object_at_the_same_range() {
+        let mapping = |pid, start| Mapping {
+            pid,
+            start,
+            end: start + 0x1000,
+            file_offset: 0,
+            name: "/x/libx.so".to_string(),
+            object: None,
+        };
+        let maps = Maps(HashMap::from([
+            (MappingId(1), mapping(10, 0x1000)),
+            (MappingId(2), mapping(11, 0x1000)),
+            (MappingId(3), mapping(12, 0x5000)),
+        ]));
+        let mut aggregator = Aggregator::new();
+        let frame = |id, address| UserFrame {
+            mapping: Some(MappingId(id)),
+            address,
+        };
+        let stacks = [
+            (10, 10, frame(1, 0x1010)),
+            (11, 11, frame(2, 0x1010)),
+            (12, 12, frame(3, 0x5010)),
+            (10, 2, frame(1, 0x1010)),
+        ];
+        for (pid, tid, user) in stacks {
+            let mut sample = RawSample::for_test(pid, 0, vec![user.address]);
+            sample.tid = tid;
+            aggregator.add_resolved(&sample, &[user]);
+        }
+        let window = Window {
+            start_unix_ns: 0,
+            duration_ns: 1_000_000_000,
+            sample_freq_hz: 99,
+        };
+        let profile = Symbolizer::one_shot().build_profile(&aggregator, &maps, window);
+        let user_location = |i: usize| *profile.samples[i].frames.last().unwrap();
+        let (a, b, c, d) = (
+            user_location(0),
+            user_location(1),
+            user_location(2),
+            user_location(3),
+        );
+        assert_eq!(
+            (a, b, d),
+            (a, a, a),
+            "one range of the object: one location"
+        );
+        assert_ne!(a, c, "another range: a location of its own");
+        let mappings: Vec<(u64, &str)> = profile
+            .mappings
+            .iter()
+            .map(|m| (m.start, m.filename.as_str()))
+            .collect();
+        assert_eq!(
+            mappings,
+            vec![
+                (0x1000, "/x/libx.so"),
+                (0x5000, "/x/libx.so"),
+                (0xffff_ffff_8100_0010, crate::symbolize::KERNEL_MAPPING_NAME)
+            ]
+        );
+        for (location, mapping) in [(a, 0), (c, 1)] {
+            let frame = &profile.frames[location];
+            assert_eq!(frame.mapping, Some(mapping));
+            assert_eq!(&*frame.lines[0].function, "libx.so+0x10");
+        }
+        let user = profile.frames.iter().filter(|f| f.kind == FrameKind::User);
+        assert_eq!(user.count(), 2);
     }
 }

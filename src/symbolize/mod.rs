@@ -84,8 +84,8 @@ pub struct Symbolizer {
     continuous: bool,
     /// Windows waiting behind the one being symbolized ([`Self::set_backlog`]).
     backlog: std::cell::Cell<usize>,
-    /// Locations in the latest profile built: the next one's tables are
-    /// sized for about as many ([`ProfileAssembly::with_capacity`]).
+    /// Locations in the latest profile built: the next one's `frames` is
+    /// sized for about as many ([`Self::expected_locations`]).
     last_locations: std::cell::Cell<usize>,
     kernel_build_id: Option<String>,
 }
@@ -252,7 +252,7 @@ impl Symbolizer {
 
         // 2. Assemble mappings, frames and samples.
         let locations = self.expected_locations(aggregator);
-        let mut builder = ProfileAssembly::with_capacity(locations);
+        let mut builder = ProfileAssembly::new(aggregator.user_frames().len());
         let mut profile = Profile {
             start_unix_ns: window.start_unix_ns,
             duration_ns: window.duration_ns,
@@ -269,28 +269,27 @@ impl Symbolizer {
         by_count.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
         for (key, _) in by_count {
             for m in key.user().rev().filter_map(|f| f.mapping) {
-                let _ = builder.mapping(&mut profile, tracker, m);
+                let _ = builder.mapping(tracker, m);
             }
         }
         let kernel_addrs = aggregator.kernel_stacks().flatten();
         if let Some((lo, hi)) = kernel_addrs.fold(None, |range: Option<(u64, u64)>, &a| {
             Some(range.map_or((a, a), |(lo, hi)| (lo.min(a), hi.max(a))))
         }) {
-            builder.kernel_mapping = Some(profile.mappings.len());
-            profile.mappings.push(ProfileMapping {
+            builder.kernel_mapping = Some(builder.add_mapping(ProfileMapping {
                 start: lo,
                 limit: hi + 1,
                 file_offset: 0,
                 filename: KERNEL_MAPPING_NAME.to_string(),
                 build_id: self.kernel_build_id.clone(),
-            });
+            }));
         }
         for (key, count) in aggregator.stacks() {
             let mut frames = Vec::with_capacity(key.kernel.len() + key.user().len() + 1);
             for &addr in key.kernel.iter() {
                 frames.push(kernel_frame(&mut builder, &mut profile, &resolved, addr));
             }
-            for frame in key.user() {
+            for frame in key.user_indexed() {
                 frames.push(user_frame(
                     &mut builder,
                     &mut profile,
@@ -317,6 +316,7 @@ impl Symbolizer {
             });
         }
         self.last_locations.set(profile.frames.len());
+        builder.finish(&mut profile);
         profile
     }
 
