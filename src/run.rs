@@ -15,7 +15,6 @@
 //! recorded and perf events are open only while a request is in progress.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -47,6 +46,7 @@ use crate::process::ProcessTracker;
 use crate::profile::window::ClosedWindow;
 use crate::profile::{Profile, Provenance};
 use crate::sampler::{BpfStats, Sampler};
+use crate::sender::disk::write_profile;
 use crate::sender::worker::WindowWorker;
 use crate::server::metrics::Metrics;
 use crate::server::ondemand::OnDemandWorker;
@@ -369,24 +369,16 @@ fn write_outputs(
         let mut written: Vec<&Path> = Vec::new();
         for (format, output) in outputs {
             let started = Instant::now();
-            let mut bytes = 0;
-            let result = files::write_atomic_with(output, mode, |file| {
-                let mut counted = CountingWriter {
-                    inner: std::io::BufWriter::with_capacity(1 << 16, file),
-                    bytes: 0,
-                };
-                format::encode_to(profile, *format, compression, &mut counted)?;
-                counted.inner.flush()?;
-                bytes = counted.bytes;
-                Ok(())
-            });
-            if let Err(err) = result {
-                // Only files this call created: a device written into stays.
-                for path in written.iter().filter(|p| files::is_regular_file(p)) {
-                    let _ = std::fs::remove_file(path);
+            let bytes = match write_profile(profile, *format, compression, output, mode) {
+                Ok(bytes) => bytes,
+                Err(err) => {
+                    // Only files this call created: a device written into stays.
+                    for path in written.iter().filter(|p| files::is_regular_file(p)) {
+                        let _ = std::fs::remove_file(path);
+                    }
+                    return Err(err);
                 }
-                return Err(err);
-            }
+            };
             info!(
                 "{}: {bytes} bytes encoded and written to {} in {:?}",
                 format.name(),
@@ -398,24 +390,6 @@ fn write_outputs(
         Ok(())
     };
     write_all().context("no profile was written")
-}
-
-/// A writer that counts the bytes written through it (for the log).
-struct CountingWriter<W> {
-    inner: W,
-    bytes: u64,
-}
-
-impl<W: std::io::Write> std::io::Write for CountingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.bytes += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
 }
 
 /// A `--pids` target without samples whose children ran, or that exited

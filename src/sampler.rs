@@ -498,14 +498,17 @@ impl<'obj> Sampler<'obj> {
 /// a wake-up; callers poll at least every 100 ms.
 /// A signal arriving during the wait (e.g. the SIGINT that stops the run)
 /// is not an error: the caller checks its stop flag after every poll.
-pub fn poll(ring: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
+/// Returns when the rings were consumed (CLOCK_MONOTONIC ns, read just
+/// before): every record written before it has been taken.
+pub fn poll(ring: &RingBuffer<'_>, timeout: Duration) -> Result<u64> {
     match ring.poll(timeout) {
         Err(err) if err.kind() == libbpf_rs::ErrorKind::Interrupted => {}
         other => other.context("polling the samples ring buffers")?,
     }
+    let consumed_at = crate::timefmt::monotonic_ns();
     ring.consume()
         .context("draining the samples ring buffers")?;
-    Ok(())
+    Ok(consumed_at)
 }
 
 #[cfg(test)]

@@ -10,7 +10,9 @@ use std::fmt;
 
 use tracing::debug;
 
-use super::{maps, MappingId, ObjectId, ProcessMaps, ProcessTracker};
+use super::{
+    maps, MappingId, ObjectId, ProcessMaps, ProcessTracker, MIN_REREAD_INTERVAL, REFRESH_INTERVAL,
+};
 
 /// Earlier images kept per process (besides those no open window can need,
 /// which go at every retirement): a process that execs every 0.6 ms makes
@@ -98,6 +100,118 @@ pub(super) fn lookup_ranges(
 }
 
 impl ProcessTracker {
+    /// The mapping of `pid` containing `addr`, for a sample taken at
+    /// `timestamp_ns` (CLOCK_MONOTONIC). See [`Self::find_mappings`].
+    pub fn find_mapping(&mut self, pid: u32, timestamp_ns: u64, addr: u64) -> Option<MappingId> {
+        let mut mapping = None;
+        self.find_mappings(pid, timestamp_ns, 1, |_| addr, |_, m| mapping = m);
+        mapping
+    }
+
+    /// The mappings of `count` addresses of one sample of `pid` taken at
+    /// `timestamp_ns` (CLOCK_MONOTONIC ns): `addr(i)` is the i-th address,
+    /// `found(i, mapping)` receives its mapping. One process lookup for all
+    /// of them, the previous address's mapping tried first (consecutive
+    /// frames are often in the same object). The process's maps are read on
+    /// first use, and again (at most once per [`REFRESH_INTERVAL`]) when an
+    /// address is in no known mapping. A sample taken after the exit of the
+    /// process the tracker knows under `pid` (more than [`EXIT_GRACE_NS`]
+    /// after it was noticed: the kernel's exit path runs on after the exit
+    /// event) belongs to a later process with the same pid: the exited
+    /// one's mappings are never used for it.
+    /// Every mapping found is noted as sampled: once its process is gone
+    /// and every sample of it drained, only the sampled ones are kept for
+    /// the windows ([`Self::trim_departed`]).
+    pub fn find_mappings(
+        &mut self,
+        pid: u32,
+        timestamp_ns: u64,
+        count: usize,
+        addr: impl Fn(usize) -> u64,
+        mut found: impl FnMut(usize, Option<MappingId>),
+    ) {
+        let mut hits = std::mem::take(&mut self.sampled_scratch);
+        self.resolve_in_image(pid, timestamp_ns, count, addr, |i, mapping| {
+            if let Some(id) = mapping.filter(|&id| hits.last() != Some(&id)) {
+                hits.push(id);
+            }
+            found(i, mapping);
+        });
+        self.sampled.extend(hits.drain(..));
+        self.sampled_scratch = hits;
+    }
+
+    /// [`Self::find_mappings`] without noting what was found.
+    fn resolve_in_image(
+        &mut self,
+        pid: u32,
+        timestamp_ns: u64,
+        count: usize,
+        addr: impl Fn(usize) -> u64,
+        mut found: impl FnMut(usize, Option<MappingId>),
+    ) {
+        if self.find_in_earlier_image(pid, timestamp_ns, count, &addr, &mut found) {
+            return;
+        }
+        let now = crate::timefmt::monotonic_ns();
+        let (due, stale) = match self.processes.get(&pid) {
+            None => (true, false),
+            Some(p) => (
+                p.last_read_ns.is_none_or(|t| {
+                    let since = now.saturating_sub(t);
+                    since >= REFRESH_INTERVAL.as_nanos() as u64
+                        || (t < timestamp_ns && since >= MIN_REREAD_INTERVAL.as_nanos() as u64)
+                }),
+                p.gone_after_ns().is_some_and(|gone| timestamp_ns > gone),
+            ),
+        };
+        if stale {
+            // Read the new process's maps (the old one's go to the orphans).
+            if due {
+                self.read_process(pid);
+            }
+            if self.is_exited_before(pid, timestamp_ns) {
+                (0..count).for_each(|i| found(i, None));
+                return;
+            }
+        }
+        let complete = self.lookup_all(pid, count, &addr, &mut found);
+        if !complete && due && !stale {
+            self.read_process(pid);
+            // The read may have found that an exec came before this sample.
+            if !self.find_in_earlier_image(pid, timestamp_ns, count, &addr, &mut found) {
+                self.lookup_all(pid, count, &addr, &mut found);
+            }
+        }
+        if let Some(p) = self.processes.get_mut(&pid) {
+            p.last_sample_ns = p.last_sample_ns.max(timestamp_ns);
+        }
+    }
+
+    /// Whether the process known under `pid` was gone (its exit noticed,
+    /// and the grace after it over) before `timestamp_ns`.
+    fn is_exited_before(&self, pid: u32, timestamp_ns: u64) -> bool {
+        self.processes
+            .get(&pid)
+            .and_then(ProcessMaps::gone_after_ns)
+            .is_some_and(|gone| timestamp_ns > gone)
+    }
+
+    /// Whether every address was found.
+    fn lookup_all(
+        &self,
+        pid: u32,
+        count: usize,
+        addr: &impl Fn(usize) -> u64,
+        found: &mut impl FnMut(usize, Option<MappingId>),
+    ) -> bool {
+        let Some(process) = self.processes.get(&pid) else {
+            (0..count).for_each(|i| found(i, None));
+            return count == 0;
+        };
+        lookup_ranges(&process.ranges, &process.mappings, count, addr, found)
+    }
+
     /// Learn the time of each process's latest exec from `clock` (the BPF
     /// exec program's record), so that a read of `/proc/PID/maps` is
     /// applied to the image it describes.

@@ -91,16 +91,81 @@ impl ProcessTracker {
             }
             keep
         });
-        // A mapping interned again for a live process (an exec of the same
-        // image, a reused pid), or given up again later, stays.
-        let kept: HashSet<MappingId> = self
+        self.drop_mappings(dropped);
+        self.retire_unused_objects(before_mono_ns);
+        gone.len()
+    }
+
+    /// Forget now what no window can refer to of processes gone (their exit
+    /// noticed, and the grace after it over) before `drained_before_ns`,
+    /// and of mappings given up by an exec or a pid reuse before it: every
+    /// sample taken before that time (CLOCK_MONOTONIC ns) has been drained
+    /// and resolved, the caller promises (the time the ring buffers were
+    /// last consumed, less a slack, and no earlier than any sample still
+    /// held back). The process's description goes, and so do the mappings
+    /// no sample was resolved through; the sampled ones become orphans and
+    /// retire with the windows holding them ([`Self::retire_exited`]).
+    /// Processes with a JIT perf map or jitdump file wait for that:
+    /// symbolizing their window reads the file by pid. Issue 18: under
+    /// churn, a 10 s window's close freed thousands of exited processes'
+    /// descriptions and unsampled mappings, a third of the window's
+    /// memory. Returns how many processes were forgotten.
+    pub fn trim_departed(&mut self, drained_before_ns: u64) -> usize {
+        let gone: Vec<u32> = self
             .processes
-            .values()
-            .flat_map(|p| p.all.iter().copied())
-            .chain(self.orphans.iter().map(|&(_, id)| id))
+            .iter()
+            .filter(|(_, p)| {
+                p.gone_after_ns().is_some_and(|t| t < drained_before_ns)
+                    && p.perf_map.is_none()
+                    && p.jitdump.is_none()
+            })
+            .map(|(&pid, _)| pid)
             .collect();
-        dropped.retain(|id| !kept.contains(id));
+        let mut dropped = Vec::new();
+        for pid in &gone {
+            let Some(process) = self.processes.remove(pid) else {
+                continue;
+            };
+            let at = process
+                .exited_at_ns
+                .unwrap_or(0)
+                .max(process.last_sample_ns);
+            for id in process.all {
+                if self.sampled.contains(&id) {
+                    self.orphans.push((at, id));
+                } else {
+                    dropped.push(id);
+                }
+            }
+        }
+        let sampled = &self.sampled;
+        self.orphans.retain(|&(at, id)| {
+            let keep = at >= drained_before_ns || sampled.contains(&id);
+            if !keep {
+                dropped.push(id);
+            }
+            keep
+        });
+        self.drop_mappings(dropped);
+        gone.len()
+    }
+
+    /// Remove `dropped` from the mapping tables, except those a held
+    /// process or orphan still has: a mapping interned again for a live
+    /// process (an exec of the same image, a reused pid), or given up again
+    /// later, stays.
+    fn drop_mappings(&mut self, mut dropped: Vec<MappingId>) {
+        if !dropped.is_empty() {
+            let kept: HashSet<MappingId> = self
+                .processes
+                .values()
+                .flat_map(|p| p.all.iter().copied())
+                .chain(self.orphans.iter().map(|&(_, id)| id))
+                .collect();
+            dropped.retain(|id| !kept.contains(id));
+        }
         for id in dropped {
+            self.sampled.remove(&id);
             if let Some(m) = self.mappings.remove(&id) {
                 let key = (m.pid, m.start, m.end, m.file_offset);
                 if self.mapping_index.get(&key) == Some(&id) {
@@ -108,16 +173,15 @@ impl ProcessTracker {
                 }
             }
         }
-        self.retire_unused_objects(before_mono_ns);
         shrink_after_burst(&mut self.mappings);
         shrink_after_burst(&mut self.mapping_index);
         shrink_after_burst(&mut self.processes);
+        shrink_after_burst(&mut self.sampled);
         if self.orphans.capacity() > SHRINK_MIN_CAPACITY
             && self.orphans.len() < self.orphans.capacity() / 4
         {
             self.orphans.shrink_to(self.orphans.len() * 2);
         }
-        gone.len()
     }
 
     /// The objects the latest [`Self::retire_exited`] retired, still open:
@@ -185,8 +249,39 @@ const SHRINK_MIN_CAPACITY: usize = 4096;
 /// [`SHRINK_MIN_CAPACITY`] slots are used, it shrinks to twice its entries.
 /// Issue 18: under churn from Rust builds, the tracker's two mapping tables
 /// held 16.6 MB of slots (heap profile) for a fraction as many mappings.
-fn shrink_after_burst<K: Eq + Hash, V, S: BuildHasher>(table: &mut HashMap<K, V, S>) {
+fn shrink_after_burst(table: &mut impl Shrink) {
     if table.capacity() > SHRINK_MIN_CAPACITY && table.len() < table.capacity() / 4 {
         table.shrink_to(table.len() * 2);
+    }
+}
+
+/// The hash tables [`shrink_after_burst`] shrinks: maps and sets.
+trait Shrink {
+    fn len(&self) -> usize;
+    fn capacity(&self) -> usize;
+    fn shrink_to(&mut self, min_capacity: usize);
+}
+
+impl<K: Eq + Hash, V, S: BuildHasher> Shrink for HashMap<K, V, S> {
+    fn len(&self) -> usize {
+        HashMap::len(self)
+    }
+    fn capacity(&self) -> usize {
+        HashMap::capacity(self)
+    }
+    fn shrink_to(&mut self, min_capacity: usize) {
+        HashMap::shrink_to(self, min_capacity);
+    }
+}
+
+impl<K: Eq + Hash, S: BuildHasher> Shrink for HashSet<K, S> {
+    fn len(&self) -> usize {
+        HashSet::len(self)
+    }
+    fn capacity(&self) -> usize {
+        HashSet::capacity(self)
+    }
+    fn shrink_to(&mut self, min_capacity: usize) {
+        HashSet::shrink_to(self, min_capacity);
     }
 }

@@ -22,7 +22,7 @@ pub mod maps;
 mod tests;
 pub mod walker;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
@@ -259,6 +259,11 @@ pub struct ProcessTracker {
     /// Mappings of processes that exec'd, with when (CLOCK_MONOTONIC ns):
     /// retired like an exited process's.
     orphans: Vec<(u64, MappingId)>,
+    /// Mappings some sample was resolved through: those a window can refer
+    /// to ([`Self::trim_departed`] keeps only these of a gone process).
+    sampled: FxHashSet<MappingId>,
+    /// Reused buffer of one sample's mappings, for `sampled`.
+    sampled_scratch: Vec<MappingId>,
     mapping_index: FxHashMap<(u32, u64, u64, u64), MappingId>,
     objects: FxHashMap<ObjectId, ObjectFile>,
     next_object: u32,
@@ -310,95 +315,6 @@ impl ProcessTracker {
     /// Number of distinct processes seen.
     pub fn process_count(&self) -> usize {
         self.processes.len()
-    }
-
-    /// The mapping of `pid` containing `addr`, for a sample taken at
-    /// `timestamp_ns` (CLOCK_MONOTONIC). See [`Self::find_mappings`].
-    pub fn find_mapping(&mut self, pid: u32, timestamp_ns: u64, addr: u64) -> Option<MappingId> {
-        let mut mapping = None;
-        self.find_mappings(pid, timestamp_ns, 1, |_| addr, |_, m| mapping = m);
-        mapping
-    }
-
-    /// The mappings of `count` addresses of one sample of `pid` taken at
-    /// `timestamp_ns` (CLOCK_MONOTONIC ns): `addr(i)` is the i-th address,
-    /// `found(i, mapping)` receives its mapping. One process lookup for all
-    /// of them, the previous address's mapping tried first (consecutive
-    /// frames are often in the same object). The process's maps are read on
-    /// first use, and again (at most once per [`REFRESH_INTERVAL`]) when an
-    /// address is in no known mapping. A sample taken after the exit of the
-    /// process the tracker knows under `pid` (more than [`EXIT_GRACE_NS`]
-    /// after it was noticed: the kernel's exit path runs on after the exit
-    /// event) belongs to a later process with the same pid: the exited
-    /// one's mappings are never used for it.
-    pub fn find_mappings(
-        &mut self,
-        pid: u32,
-        timestamp_ns: u64,
-        count: usize,
-        addr: impl Fn(usize) -> u64,
-        mut found: impl FnMut(usize, Option<MappingId>),
-    ) {
-        if self.find_in_earlier_image(pid, timestamp_ns, count, &addr, &mut found) {
-            return;
-        }
-        let now = crate::timefmt::monotonic_ns();
-        let (due, stale) = match self.processes.get(&pid) {
-            None => (true, false),
-            Some(p) => (
-                p.last_read_ns.is_none_or(|t| {
-                    let since = now.saturating_sub(t);
-                    since >= REFRESH_INTERVAL.as_nanos() as u64
-                        || (t < timestamp_ns && since >= MIN_REREAD_INTERVAL.as_nanos() as u64)
-                }),
-                p.gone_after_ns().is_some_and(|gone| timestamp_ns > gone),
-            ),
-        };
-        if stale {
-            // Read the new process's maps (the old one's go to the orphans).
-            if due {
-                self.read_process(pid);
-            }
-            if self.is_exited_before(pid, timestamp_ns) {
-                (0..count).for_each(|i| found(i, None));
-                return;
-            }
-        }
-        let complete = self.lookup_all(pid, count, &addr, &mut found);
-        if !complete && due && !stale {
-            self.read_process(pid);
-            // The read may have found that an exec came before this sample.
-            if !self.find_in_earlier_image(pid, timestamp_ns, count, &addr, &mut found) {
-                self.lookup_all(pid, count, &addr, &mut found);
-            }
-        }
-        if let Some(p) = self.processes.get_mut(&pid) {
-            p.last_sample_ns = p.last_sample_ns.max(timestamp_ns);
-        }
-    }
-
-    /// Whether the process known under `pid` was gone (its exit noticed,
-    /// and the grace after it over) before `timestamp_ns`.
-    fn is_exited_before(&self, pid: u32, timestamp_ns: u64) -> bool {
-        self.processes
-            .get(&pid)
-            .and_then(ProcessMaps::gone_after_ns)
-            .is_some_and(|gone| timestamp_ns > gone)
-    }
-
-    /// Whether every address was found.
-    fn lookup_all(
-        &self,
-        pid: u32,
-        count: usize,
-        addr: &impl Fn(usize) -> u64,
-        found: &mut impl FnMut(usize, Option<MappingId>),
-    ) -> bool {
-        let Some(process) = self.processes.get(&pid) else {
-            (0..count).for_each(|i| found(i, None));
-            return count == 0;
-        };
-        images::lookup_ranges(&process.ranges, &process.mappings, count, addr, found)
     }
 
     /// Make sure `pid`'s maps have been read once for its current image (a

@@ -5,7 +5,10 @@
 //! drained, a pid reused while the old process is still held, and an image
 //! exec'd twice. Each case runs the run loop's steps in a fixed order on the
 //! real tracker and windows, and checks that every window is captured with
-//! all its mappings ([`TrackerSnapshot::missing_samples`] is 0).
+//! all its mappings ([`TrackerSnapshot::missing_samples`] is 0). The last
+//! cases add [`ProcessTracker::trim_departed`], which forgets gone
+//! processes' unsampled mappings as soon as every sample before a time has
+//! been drained, ahead of the windows.
 //!
 //! The processes are fictitious pids with maps given by the test
 //! ([`ProcessTracker::apply_maps`]), so nothing depends on timing or on
@@ -242,4 +245,99 @@ fn a_retired_mapping_is_an_unsymbolized_frame_and_a_count_not_a_panic() {
     assert_eq!(frame.address, TEXT_A + 0x10);
     assert_eq!(frame.mapping, None);
     assert!(frame.lines[0].function.starts_with("[unknown]"));
+}
+
+impl Loop {
+    /// Forget what no window can refer to of processes gone before
+    /// `drained_before` (every sample taken before it has been drained).
+    fn trim(&mut self, drained_before: u64) -> usize {
+        self.tracker.trim_departed(drained_before)
+    }
+}
+
+/// Two executable ranges: `TEXT_A` (sampled in these tests) and `TEXT_B`.
+fn two_texts() -> [MapsEntry; 2] {
+    [text(TEXT_A, "/t/a"), text(TEXT_B, "/t/b")]
+}
+
+#[test]
+fn a_gone_process_keeps_only_its_sampled_mappings_until_its_window_is_handed_over() {
+    use crate::process::EXIT_GRACE_NS;
+    let mut l = Loop::new();
+    l.tracker.apply_maps(PID, &two_texts());
+    l.drain_sample(PID, S / 10, TEXT_A + 0x10);
+    l.tracker.process_exited(PID, S / 5);
+    // Not before the samples of its exit path are all drained.
+    assert_eq!(l.trim(S / 5 + EXIT_GRACE_NS), 0);
+    assert_eq!(l.tracker.process_count(), 1);
+    assert_eq!(l.trim(S / 5 + EXIT_GRACE_NS + 1), 1);
+    assert_eq!(l.tracker.process_count(), 0);
+    assert_eq!(l.tracker.mapping_count(), 1, "the unsampled TEXT_B goes");
+    // The sampled one stays for window 0, then retires with it.
+    assert_eq!(l.retire(), 0);
+    assert_eq!(l.tracker.mapping_count(), 1);
+    l.close_and_retire(S + CLOSE_SLACK_NS);
+    assert_eq!(l.tracker.mapping_count(), 0);
+    l.finish(2 * S);
+    assert_eq!((l.captured, l.missing), (1, 0));
+}
+
+#[test]
+fn a_mapping_first_sampled_on_the_exit_path_is_kept() {
+    use crate::process::EXIT_GRACE_NS;
+    let mut l = Loop::new();
+    l.tracker.apply_maps(PID, &two_texts());
+    l.drain_sample(PID, S / 10, TEXT_A + 0x10);
+    l.tracker.process_exited(PID, S / 5);
+    // Taken within the grace, drained before the trim that follows it.
+    l.drain_sample(PID, S / 5 + EXIT_GRACE_NS / 2, TEXT_B + 0x10);
+    assert_eq!(l.trim(S / 5 + EXIT_GRACE_NS + 1), 1);
+    assert_eq!(l.tracker.mapping_count(), 2);
+    l.close_and_retire(S + CLOSE_SLACK_NS);
+    assert_eq!(l.tracker.mapping_count(), 0);
+    l.finish(2 * S);
+    assert_eq!((l.captured, l.missing), (2, 0));
+}
+
+#[test]
+fn an_execd_image_unsampled_mappings_go_once_drained_past_the_exec() {
+    let mut l = Loop::new();
+    l.tracker.apply_maps(PID, &two_texts());
+    l.drain_sample(PID, S / 10, TEXT_B + 0x10);
+    l.tracker.process_exec(PID, S / 5);
+    l.tracker
+        .apply_maps(PID, &[text(TEXT_A + 0x100_0000, "/t/c")]);
+    l.drain_sample(PID, S / 4, TEXT_A + 0x100_0010);
+    assert_eq!(l.tracker.mapping_count(), 3);
+    // A live process is not trimmed; the old image's unsampled TEXT_A goes
+    // once every sample taken before the exec has been drained.
+    assert_eq!(l.trim(S / 5), 0);
+    assert_eq!(l.tracker.mapping_count(), 3);
+    assert_eq!(l.trim(S / 5 + 1), 0);
+    assert_eq!(l.tracker.mapping_count(), 2);
+    assert_eq!(l.tracker.process_count(), 1);
+    l.close_and_retire(S + CLOSE_SLACK_NS);
+    assert_eq!(l.tracker.mapping_count(), 1, "the live image stays");
+    l.finish(2 * S);
+    assert_eq!((l.captured, l.missing), (2, 0));
+}
+
+#[test]
+fn a_forked_child_trimmed_leaves_its_parent_mappings() {
+    use crate::process::EXIT_GRACE_NS;
+    let child = PID - 1;
+    let mut l = Loop::new();
+    l.tracker.apply_maps(PID, &two_texts());
+    l.tracker.process_forked(child, PID, S / 10);
+    l.drain_sample(child, S / 5, TEXT_A + 0x10);
+    l.tracker.process_exited(child, S / 4);
+    assert_eq!(l.trim(S / 4 + EXIT_GRACE_NS + 1), 1);
+    assert_eq!(l.tracker.mapping_count(), 2, "the parent maps both");
+    // The parent is sampled later through the same, unretired mappings.
+    l.drain_sample(PID, S / 2, TEXT_B + 0x10);
+    l.close_and_retire(S + CLOSE_SLACK_NS);
+    assert_eq!(l.tracker.mapping_count(), 2);
+    l.finish(2 * S);
+    assert_eq!((l.captured, l.missing), (2, 0));
+    assert_eq!(l.resolved, 2);
 }

@@ -117,6 +117,9 @@ pub struct Agent<'s, 'o> {
     /// and when that was (CLOCK_MONOTONIC ns): a timeline's lost-samples
     /// spans run from one check to the next.
     lost_seen: (u64, u64),
+    /// When the ring buffers were last consumed (CLOCK_MONOTONIC ns): every
+    /// sample taken before it, less [`CLOSE_SLACK_NS`], has been drained.
+    consumed_ns: u64,
 }
 
 /// What the run leaves when the perf events are detached.
@@ -218,6 +221,7 @@ impl<'s, 'o> Agent<'s, 'o> {
             last_metrics: start,
             progress: Progress::on_terminal(start),
             lost_seen: (0, start_mono),
+            consumed_ns: 0,
             deferred: DeferredWalks::default(),
         })
     }
@@ -311,7 +315,7 @@ impl<'s, 'o> Agent<'s, 'o> {
         let poll = self.next_close_ns().map_or(period, |due| {
             Duration::from_nanos(due.saturating_sub(timefmt::monotonic_ns())).min(period)
         });
-        sampler::poll(&self.ring, poll)?;
+        self.consumed_ns = sampler::poll(&self.ring, poll)?;
         self.drain();
         if self
             .next_close_ns()
@@ -448,6 +452,7 @@ impl<'s, 'o> Agent<'s, 'o> {
         self.ring
             .consume()
             .context("draining the samples ring buffers")?;
+        self.consumed_ns = now;
         self.drain();
         // What windows closing now hold: samples taken before their end.
         self.release_deferred(now, now.saturating_sub(CLOSE_SLACK_NS));
@@ -523,6 +528,16 @@ impl<'s, 'o> Agent<'s, 'o> {
         let swept = self.follower.sweep_descriptions(self.sampler);
         if swept > 0 {
             debug!("removed {swept} descriptions of processes gone from /proc");
+        }
+        // Every sample taken before this has been drained and resolved.
+        let drained_before = self
+            .deferred
+            .earliest_ns()
+            .into_iter()
+            .fold(self.consumed_ns.saturating_sub(CLOSE_SLACK_NS), u64::min);
+        let trimmed = self.tracker.trim_departed(drained_before);
+        if trimmed > 0 {
+            debug!("kept only the sampled mappings of {trimmed} exited processes");
         }
         let retired = self.tracker.retire_exited(since);
         if retired > 0 {

@@ -23,6 +23,50 @@ use crate::profile::Profile;
 /// Bytes of encoded profile gathered before each write to a window's file.
 const WRITE_BUFFER_BYTES: usize = 1 << 16;
 
+/// Encode `profile` as `format` straight into the file at `path`, through
+/// a buffer of [`WRITE_BUFFER_BYTES`], atomically
+/// ([`write_atomic_with`]: nothing appears at `path` when encoding or
+/// writing fails), with permission bits `mode`. Returns the bytes written.
+/// Errors: the encoder's and the file system's, naming the path.
+pub fn write_profile(
+    profile: &Profile,
+    format: ProfileFormat,
+    compression: Compression,
+    path: &Path,
+    mode: u32,
+) -> Result<u64> {
+    let mut bytes = 0;
+    write_atomic_with(path, mode, |file| {
+        let mut out = CountingWriter {
+            inner: BufWriter::with_capacity(WRITE_BUFFER_BYTES, file),
+            bytes: 0,
+        };
+        format::encode_to(profile, format, compression, &mut out)?;
+        out.flush()?;
+        bytes = out.bytes;
+        Ok(())
+    })?;
+    Ok(bytes)
+}
+
+/// A writer that counts the bytes written through it.
+struct CountingWriter<W> {
+    inner: W,
+    bytes: u64,
+}
+
+impl<W: Write> Write for CountingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// The file a window starting at `start_unix_ns` is written to, for the
 /// single-profile path `base`: the window's UTC start is inserted before the
 /// extension (`dir/profile.pb` -> `dir/profile-20240501T120000.000Z.pb`).
@@ -145,11 +189,7 @@ impl Sender for WindowFiles {
             // churn is 3.5 MB of gzip'd pprof, which collected in a growing
             // `Vec` took about 10 MiB of resident pages at every close
             // (issue 18, docs/performance.md).
-            write_atomic_with(&path, self.mode, |file| {
-                let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
-                format::encode_to(profile, *format, self.compression, &mut out)?;
-                Ok(out.flush()?)
-            })?;
+            write_profile(profile, *format, self.compression, &path, self.mode)?;
             debug!("profile written to {}", path.display());
             self.count += 1;
             written += 1;
