@@ -23,8 +23,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use indexmap::{IndexMap, IndexSet};
+
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
+use super::frames::FrameTable;
 use crate::process::{MappingId, ProcessTracker};
 use crate::profile::{LostSamples, ProcessMarker, ProcessMarkerKind, TimedSample};
 use crate::sample::{RawSample, UnwindStatus};
@@ -69,7 +71,7 @@ pub struct Stack<'a> {
     /// How the user-stack walk ended.
     pub user_status: UnwindStatus,
     user: &'a [u32],
-    frames: &'a IndexSet<UserFrame, FxBuildHasher>,
+    frames: &'a [UserFrame],
 }
 
 impl<'a> Stack<'a> {
@@ -97,7 +99,7 @@ impl<'a> Stack<'a> {
 pub struct Aggregator {
     counts: IndexMap<StackKey, u64, FxBuildHasher>,
     /// Distinct user frames of the window's stacks.
-    user_frames: IndexSet<UserFrame, FxBuildHasher>,
+    user_frames: FrameTable,
     /// Distinct kernel stacks (call sites, leaf first) of the window's stacks.
     kernel_stacks: IndexSet<Box<[u64]>, FxBuildHasher>,
     /// Reused buffer for one sample's kernel call sites.
@@ -268,7 +270,7 @@ impl Aggregator {
         self.kernel_scratch = kernel;
         let user = user
             .iter()
-            .map(|&frame| self.user_frames.insert_full(frame).0 as u32)
+            .map(|&frame| self.user_frames.insert(frame))
             .collect();
         let key = StackKey {
             pid: sample.pid,
@@ -314,7 +316,7 @@ impl Aggregator {
                 kernel: &self.kernel_stacks[k.kernel as usize],
                 user_status: k.user_status,
                 user: &k.user,
-                frames: &self.user_frames,
+                frames: self.user_frames.as_slice(),
             };
             (stack, count)
         })
@@ -327,7 +329,7 @@ impl Aggregator {
 
     /// The distinct user frames of all stacks, each once.
     pub fn user_frames(&self) -> impl ExactSizeIterator<Item = &UserFrame> {
-        self.user_frames.iter()
+        self.user_frames.as_slice().iter()
     }
 
     /// The distinct kernel stacks of all stacks (call sites, leaf first), each once.

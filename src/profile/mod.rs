@@ -4,6 +4,7 @@
 //! function of a [`Profile`], so they all agree on every count.
 
 pub mod aggregate;
+mod frames;
 #[cfg(test)]
 mod handover_tests;
 pub mod window;
