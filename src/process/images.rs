@@ -137,7 +137,11 @@ impl ProcessTracker {
             }
             found(i, mapping);
         });
-        self.sampled.extend(hits.drain(..));
+        for id in hits.drain(..) {
+            if let Some(held) = self.mappings.get_mut(&id) {
+                held.sampled = true;
+            }
+        }
         self.sampled_scratch = hits;
     }
 

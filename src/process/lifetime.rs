@@ -131,16 +131,16 @@ impl ProcessTracker {
                 .unwrap_or(0)
                 .max(process.last_sample_ns);
             for id in process.all {
-                if self.sampled.contains(&id) {
+                if self.mappings.get(&id).is_some_and(|h| h.sampled) {
                     self.orphans.push((at, id));
                 } else {
                     dropped.push(id);
                 }
             }
         }
-        let sampled = &self.sampled;
+        let mappings = &self.mappings;
         self.orphans.retain(|&(at, id)| {
-            let keep = at >= drained_before_ns || sampled.contains(&id);
+            let keep = at >= drained_before_ns || mappings.get(&id).is_some_and(|h| h.sampled);
             if !keep {
                 dropped.push(id);
             }
@@ -165,8 +165,7 @@ impl ProcessTracker {
             dropped.retain(|id| !kept.contains(id));
         }
         for id in dropped {
-            self.sampled.remove(&id);
-            if let Some(m) = self.mappings.remove(&id) {
+            if let Some(m) = self.mappings.remove(&id).map(|h| h.mapping) {
                 let key = (m.pid, m.start, m.end, m.file_offset);
                 if self.mapping_index.get(&key) == Some(&id) {
                     self.mapping_index.remove(&key);
@@ -176,7 +175,6 @@ impl ProcessTracker {
         shrink_after_burst(&mut self.mappings);
         shrink_after_burst(&mut self.mapping_index);
         shrink_after_burst(&mut self.processes);
-        shrink_after_burst(&mut self.sampled);
         if self.orphans.capacity() > SHRINK_MIN_CAPACITY
             && self.orphans.len() < self.orphans.capacity() / 4
         {
@@ -204,7 +202,11 @@ impl ProcessTracker {
     /// loop) under one id, so that its unwind table and parsed symbols
     /// are not built again for a new one.
     fn retire_unused_objects(&mut self, now_mono_ns: u64) {
-        let used: HashSet<ObjectId> = self.mappings.values().filter_map(|m| m.object).collect();
+        let used: HashSet<ObjectId> = self
+            .mappings
+            .values()
+            .filter_map(|h| h.mapping.object)
+            .collect();
         let unused = &mut self.unused_objects;
         unused.retain(|id, _| !used.contains(id));
         let mut gone = Vec::new();
@@ -249,39 +251,8 @@ const SHRINK_MIN_CAPACITY: usize = 4096;
 /// [`SHRINK_MIN_CAPACITY`] slots are used, it shrinks to twice its entries.
 /// Issue 18: under churn from Rust builds, the tracker's two mapping tables
 /// held 16.6 MB of slots (heap profile) for a fraction as many mappings.
-fn shrink_after_burst(table: &mut impl Shrink) {
+fn shrink_after_burst<K: Eq + Hash, V, S: BuildHasher>(table: &mut HashMap<K, V, S>) {
     if table.capacity() > SHRINK_MIN_CAPACITY && table.len() < table.capacity() / 4 {
         table.shrink_to(table.len() * 2);
-    }
-}
-
-/// The hash tables [`shrink_after_burst`] shrinks: maps and sets.
-trait Shrink {
-    fn len(&self) -> usize;
-    fn capacity(&self) -> usize;
-    fn shrink_to(&mut self, min_capacity: usize);
-}
-
-impl<K: Eq + Hash, V, S: BuildHasher> Shrink for HashMap<K, V, S> {
-    fn len(&self) -> usize {
-        HashMap::len(self)
-    }
-    fn capacity(&self) -> usize {
-        HashMap::capacity(self)
-    }
-    fn shrink_to(&mut self, min_capacity: usize) {
-        HashMap::shrink_to(self, min_capacity);
-    }
-}
-
-impl<K: Eq + Hash, S: BuildHasher> Shrink for HashSet<K, S> {
-    fn len(&self) -> usize {
-        HashSet::len(self)
-    }
-    fn capacity(&self) -> usize {
-        HashSet::capacity(self)
-    }
-    fn shrink_to(&mut self, min_capacity: usize) {
-        HashSet::shrink_to(self, min_capacity);
     }
 }

@@ -22,7 +22,7 @@ pub mod maps;
 mod tests;
 pub mod walker;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
@@ -202,6 +202,15 @@ impl ProcessTracker {
     }
 }
 
+/// A mapping the tracker holds, and whether a sample was resolved through
+/// it: the mappings a window can refer to ([`ProcessTracker::trim_departed`]
+/// keeps only these of a gone process).
+#[derive(Debug)]
+struct Held {
+    mapping: Mapping,
+    sampled: bool,
+}
+
 #[derive(Debug, Default)]
 struct ProcessMaps {
     /// Sorted by start address.
@@ -254,15 +263,12 @@ pub struct TrackerStats {
 #[derive(Debug, Default)]
 pub struct ProcessTracker {
     processes: FxHashMap<u32, ProcessMaps>,
-    mappings: FxHashMap<MappingId, Mapping>,
+    mappings: FxHashMap<MappingId, Held>,
     next_mapping: u32,
     /// Mappings of processes that exec'd, with when (CLOCK_MONOTONIC ns):
     /// retired like an exited process's.
     orphans: Vec<(u64, MappingId)>,
-    /// Mappings some sample was resolved through: those a window can refer
-    /// to ([`Self::trim_departed`] keeps only these of a gone process).
-    sampled: FxHashSet<MappingId>,
-    /// Reused buffer of one sample's mappings, for `sampled`.
+    /// Reused buffer of one sample's mappings, to be marked sampled.
     sampled_scratch: Vec<MappingId>,
     mapping_index: FxHashMap<(u32, u64, u64, u64), MappingId>,
     objects: FxHashMap<ObjectId, ObjectFile>,
@@ -299,7 +305,7 @@ impl ProcessTracker {
     /// One mapping; `None` once `id` has been retired
     /// ([`Self::retire_exited`]).
     pub fn mapping(&self, id: MappingId) -> Option<&Mapping> {
-        self.mappings.get(&id)
+        self.mappings.get(&id).map(|held| &held.mapping)
     }
 
     /// Mappings currently held (for memory accounting).
@@ -375,7 +381,11 @@ impl ProcessTracker {
     fn intern_mapping(&mut self, pid: u32, entry: &MapsEntry) -> MappingId {
         let key = (pid, entry.start, entry.end, entry.file_offset);
         if let Some(&id) = self.mapping_index.get(&key) {
-            if self.mappings.get(&id).is_some_and(|m| m.name == entry.path) {
+            if self
+                .mappings
+                .get(&id)
+                .is_some_and(|h| h.mapping.name == entry.path)
+            {
                 return id;
             }
         }
@@ -409,7 +419,11 @@ impl ProcessTracker {
         }
         let key = (pid, start, end, file_offset);
         if let Some(&id) = self.mapping_index.get(&key) {
-            if self.mappings.get(&id).is_some_and(|m| m.name == name) {
+            if self
+                .mappings
+                .get(&id)
+                .is_some_and(|h| h.mapping.name == name)
+            {
                 return id;
             }
         }
@@ -417,13 +431,16 @@ impl ProcessTracker {
         self.next_mapping = self.next_mapping.wrapping_add(1);
         self.mappings.insert(
             id,
-            Mapping {
-                pid,
-                start,
-                end,
-                file_offset,
-                name,
-                object,
+            Held {
+                mapping: Mapping {
+                    pid,
+                    start,
+                    end,
+                    file_offset,
+                    name,
+                    object,
+                },
+                sampled: false,
             },
         );
         self.mapping_index.insert(key, id);
