@@ -24,6 +24,12 @@ const MAX_EARLIER_IMAGES: usize = 4096;
 /// mappings the BPF programs reported for the new image, ns.
 const FRESH_IMAGE_NS: u64 = 50_000_000;
 
+/// How long before an exec's recorded time (CLOCK_MONOTONIC ns) a sample
+/// may already be of the new image ([`ProcessTracker::find_in_earlier_image`]):
+/// the kernel installs the new image, then runs the exec tracepoint, within
+/// microseconds.
+pub(super) const EXEC_SWITCH_NS: u64 = 1_000_000;
+
 /// Reads of a process's maps tried while execs keep coming.
 const READ_ATTEMPTS: usize = 3;
 
@@ -344,7 +350,13 @@ impl ProcessTracker {
 
     /// If a sample of `pid` at `timestamp_ns` predates its current image,
     /// resolve its addresses through the image it had then (none: not
-    /// found) and return true.
+    /// found) and return true. An address that image lacks, in a sample
+    /// taken within [`EXEC_SWITCH_NS`] before the exec that ended it, is
+    /// looked up in the image that followed: the kernel switches the
+    /// process to its new image (address space, registers at the new entry
+    /// point) before the exec tracepoint where the BPF program takes the
+    /// exec's time, so a sample in between has the new image's pc but a
+    /// time of the old one.
     pub(super) fn find_in_earlier_image(
         &self,
         pid: u32,
@@ -359,12 +371,40 @@ impl ProcessTracker {
         if timestamp_ns >= process.since_ns {
             return false;
         }
-        match process.earlier.iter().find(|i| timestamp_ns < i.until_ns) {
-            Some(image) => {
-                lookup_ranges(&image.ranges, &image.mappings, count, addr, found);
-            }
-            None => (0..count).for_each(|i| found(i, None)),
+        let Some(k) = process
+            .earlier
+            .iter()
+            .position(|i| timestamp_ns < i.until_ns)
+        else {
+            (0..count).for_each(|i| found(i, None));
+            return true;
+        };
+        let image = &process.earlier[k];
+        if image.until_ns - timestamp_ns > EXEC_SWITCH_NS {
+            lookup_ranges(&image.ranges, &image.mappings, count, addr, found);
+            return true;
         }
+        let mut missed = Vec::new();
+        lookup_ranges(
+            &image.ranges,
+            &image.mappings,
+            count,
+            addr,
+            &mut |i, m| match m {
+                Some(_) => found(i, m),
+                None => missed.push(i),
+            },
+        );
+        let (ranges, mappings) = process
+            .earlier
+            .get(k + 1)
+            .map_or((&process.ranges, &process.mappings), |next| {
+                (&next.ranges, &next.mappings)
+            });
+        let addr_missed = |j: usize| addr(missed[j]);
+        lookup_ranges(ranges, mappings, missed.len(), &addr_missed, &mut |j, m| {
+            found(missed[j], m)
+        });
         true
     }
 

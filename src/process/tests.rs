@@ -102,7 +102,8 @@ fn samples_resolve_through_the_image_of_their_time() {
     let in_b = tracker.find_mapping(PID, 150, b + 1).expect("image 2");
     // A sample taken before the exec, drained after it: image 1.
     assert_eq!(tracker.find_mapping(PID, 99, a + 1), Some(in_a));
-    assert_eq!(tracker.find_mapping(PID, 99, b + 1), None);
+    // Or, this close to the exec's time, one of the new image.
+    assert_eq!(tracker.find_mapping(PID, 99, b + 1), Some(in_b));
     // After it, image 1's mappings are gone.
     assert_eq!(tracker.find_mapping(PID, 150, a + 1), None);
     // An older exec than the image's start changes nothing.
@@ -125,6 +126,29 @@ fn samples_resolve_through_the_image_of_their_time() {
     tracker.retire_exited(301);
     assert_eq!(tracker.find_mapping(PID, 99, a + 1), None);
     assert_eq!(tracker.find_mapping(CHILD, 350, c + 1), Some(in_c));
+}
+
+/// The kernel installs a new image before the exec tracepoint that times
+/// the exec: a sample in between has the new image's pc (its entry point)
+/// and a time before the exec's. Only then is a pc the old image lacks
+/// looked up in the new one.
+#[test]
+fn a_sample_just_before_the_exec_time_may_have_the_new_image_pc() {
+    use super::images::EXEC_SWITCH_NS;
+    const PID: u32 = u32::MAX - 9;
+    let (a, b) = (0x10_0000, 0x20_0000);
+    let exec = 10 * EXEC_SWITCH_NS;
+    let mut tracker = ProcessTracker::new();
+    tracker.apply_maps(PID, &[anon_text(a)]);
+    let in_a = tracker.find_mapping(PID, 1, a + 1).expect("image 1");
+    tracker.process_exec(PID, exec);
+    tracker.apply_maps(PID, &[anon_text(b)]);
+    let in_b = tracker.find_mapping(PID, exec, b + 1).expect("image 2");
+    let switching = exec - EXEC_SWITCH_NS;
+    assert_eq!(tracker.find_mapping(PID, switching, a + 1), Some(in_a));
+    assert_eq!(tracker.find_mapping(PID, switching, b + 1), Some(in_b));
+    assert_eq!(tracker.find_mapping(PID, switching - 1, b + 1), None);
+    assert_eq!(tracker.find_mapping(PID, switching - 1, a + 1), Some(in_a));
 }
 
 #[test]

@@ -23,7 +23,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use indexmap::{IndexMap, IndexSet};
-
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use super::frames::FrameTable;

@@ -26,7 +26,8 @@ pub struct FrameTable {
 }
 
 impl FrameTable {
-    /// The index of `frame`, added at the end if it is new.
+    /// The index of `frame`, added at the end if it is new. Panics past
+    /// 2^32 distinct frames (64 GiB of them: no window comes near).
     pub fn insert(&mut self, frame: UserFrame) -> u32 {
         let hash = FxBuildHasher.hash_one(frame);
         let frames = &self.frames;
