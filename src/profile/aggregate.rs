@@ -98,7 +98,7 @@ impl<'a> Stack<'a> {
 pub struct Aggregator {
     counts: IndexMap<StackKey, u64, FxBuildHasher>,
     /// Distinct user frames of the window's stacks.
-    user_frames: FrameTable,
+    user_frames: FrameTable<UserFrame>,
     /// Distinct kernel stacks (call sites, leaf first) of the window's stacks.
     kernel_stacks: IndexSet<Box<[u64]>, FxBuildHasher>,
     /// Reused buffer for one sample's kernel call sites.

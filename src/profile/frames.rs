@@ -11,24 +11,32 @@
 //! entry and 9 bytes a slot, each table grown to the next power of two),
 //! the largest part of what a window frees when it closes.
 
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash};
 
 use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 
-use super::aggregate::UserFrame;
-
-/// Distinct user frames, each with a stable index (its position).
-#[derive(Debug, Default)]
-pub struct FrameTable {
-    frames: Vec<UserFrame>,
+/// Distinct values (the aggregator's user frames), each with a stable
+/// index: its position.
+#[derive(Debug)]
+pub struct FrameTable<T> {
+    frames: Vec<T>,
     index: HashTable<u32>,
 }
 
-impl FrameTable {
+impl<T> Default for FrameTable<T> {
+    fn default() -> Self {
+        FrameTable {
+            frames: Vec::new(),
+            index: HashTable::new(),
+        }
+    }
+}
+
+impl<T: Copy + Eq + Hash> FrameTable<T> {
     /// The index of `frame`, added at the end if it is new. Panics past
     /// 2^32 distinct frames (64 GiB of them: no window comes near).
-    pub fn insert(&mut self, frame: UserFrame) -> u32 {
+    pub fn insert(&mut self, frame: T) -> u32 {
         let hash = FxBuildHasher.hash_one(frame);
         let frames = &self.frames;
         if let Some(&i) = self.index.find(hash, |&i| frames[i as usize] == frame) {
@@ -42,7 +50,7 @@ impl FrameTable {
     }
 
     /// Every frame, in index order.
-    pub fn as_slice(&self) -> &[UserFrame] {
+    pub fn as_slice(&self) -> &[T] {
         &self.frames
     }
 }
@@ -50,14 +58,6 @@ impl FrameTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::process::MappingId;
-
-    fn frame(mapping: Option<u32>, address: u64) -> UserFrame {
-        UserFrame {
-            mapping: mapping.map(MappingId),
-            address,
-        }
-    }
 
     #[test]
     fn equal_frames_share_an_index_through_growth() {
@@ -65,16 +65,12 @@ mod tests {
         // Enough to make the index table grow several times.
         for round in 0..2 {
             for a in 0..5_000u64 {
-                let i = table.insert(frame(Some((a % 7) as u32), 0x1000 + a));
+                let i = table.insert((Some((a % 7) as u32), 0x1000 + a));
                 assert_eq!(i as u64, a, "round {round}");
             }
         }
-        assert_eq!(
-            table.insert(frame(None, 0x1000)),
-            5_000,
-            "no mapping: another frame"
-        );
+        assert_eq!(table.insert((None, 0x1000)), 5_000, "another frame");
         assert_eq!(table.as_slice().len(), 5_001);
-        assert_eq!(table.as_slice()[42], frame(Some(0), 0x1000 + 42));
+        assert_eq!(table.as_slice()[42], (Some(0), 0x1000 + 42));
     }
 }
