@@ -67,8 +67,12 @@ pub struct ChurnConfig {
 struct Reading {
     /// Seconds since the agents started.
     t_s: f64,
-    /// Peak VmRSS since the agent started (`VmHWM`), KiB.
-    vm_hwm_kib: u64,
+    /// Peak VmRSS since the previous reading (since the start for the
+    /// first): `VmHWM`, reset after each reading
+    /// ([`measure::reset_peak_rss`]), KiB. A window's close is over in well
+    /// under a second, so readings alone (every `every_s`) rarely see its
+    /// transient; this does, at every close.
+    peak_kib: u64,
     vm_rss_kib: u64,
     rss_anon_kib: u64,
     /// CPU used since the previous reading, % of one CPU.
@@ -218,9 +222,13 @@ impl Agent {
             _ => None,
         };
         self.cpu = cpu;
+        let peak_kib = measure::status_kib(pid, "VmHWM").unwrap_or(0);
+        if let Err(err) = measure::reset_peak_rss(pid) {
+            eprintln!("churn: {err:#}");
+        }
         self.readings.push(Reading {
             t_s,
-            vm_hwm_kib: measure::status_kib(pid, "VmHWM").unwrap_or(0),
+            peak_kib,
             vm_rss_kib: measure::status_kib(pid, "VmRSS").unwrap_or(0),
             rss_anon_kib: measure::status_kib(pid, "RssAnon").unwrap_or(0),
             cpu_pct,
@@ -352,7 +360,7 @@ fn log_line(agent: &Agent, r: &Reading) -> String {
         "{}\t{:.0}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
         agent.window_s,
         r.t_s,
-        r.vm_hwm_kib,
+        r.peak_kib,
         r.vm_rss_kib,
         r.rss_anon_kib,
         num(r.cpu_pct, 1),
@@ -364,10 +372,11 @@ fn log_line(agent: &Agent, r: &Reading) -> String {
     )
 }
 
-/// What one agent's readings say about memory: start-up peak (VmHWM at the
-/// first reading after a minute) and the VmHWM at the last reading, steady
+/// What one agent's readings say about memory: start-up peak (the highest
+/// peak VmRSS of the readings up to the first one after a minute), steady
 /// VmRSS (median from minute 5, or from a fifth of the run in shorter
-/// runs), the spread of RssAnon over that span, and its drift
+/// runs), the peaks of that span between readings (median and highest: the
+/// windows' closes), the spread of RssAnon over it, and its drift
 /// ([`drift_range`]).
 fn memory_summary(agent: &Agent, seconds: f64) -> String {
     let steady_from = if seconds >= 600.0 {
@@ -375,12 +384,16 @@ fn memory_summary(agent: &Agent, seconds: f64) -> String {
     } else {
         seconds / 5.0
     };
-    let peak = agent
+    let start_up = agent
         .readings
         .iter()
-        .find(|r| r.t_s >= 60.0)
-        .or(agent.readings.last())
-        .map_or(0, |r| r.vm_hwm_kib);
+        .position(|r| r.t_s >= 60.0)
+        .map_or(agent.readings.len(), |i| i + 1);
+    let peak = agent.readings[..start_up]
+        .iter()
+        .map(|r| r.peak_kib)
+        .max()
+        .unwrap_or(0);
     let steady: Vec<&Reading> = agent
         .readings
         .iter()
@@ -388,7 +401,7 @@ fn memory_summary(agent: &Agent, seconds: f64) -> String {
         .collect();
     if steady.is_empty() {
         return format!(
-            "start-up peak (VmHWM) {:.1} MiB; not yet at the steady span (from {steady_from:.0} s)",
+            "start-up peak {:.1} MiB; not yet at the steady span (from {steady_from:.0} s)",
             mib(peak)
         );
     }
@@ -413,14 +426,16 @@ fn memory_summary(agent: &Agent, seconds: f64) -> String {
         ),
         None => String::new(),
     };
-    let hwm_end = agent.readings.last().map_or(0, |r| r.vm_hwm_kib);
+    let steady_peak = median_of(&|r| r.peak_kib);
+    let highest_peak = steady.iter().map(|r| r.peak_kib).max().unwrap_or(0);
     format!(
-        "start-up peak (VmHWM at 1 min) {:.1} MiB ({:.2}x steady VmRSS; VmHWM at the end {:.1} MiB); from {steady_from:.0} s: \
-         VmRSS median {:.1} MiB, RssAnon median {:.1} MiB, range {:.1}-{:.1} MiB ({:+.0}%/{:+.0}% of the median){drift}, \
+        "start-up peak (first minute) {:.1} MiB ({:.2}x steady VmRSS); from {steady_from:.0} s: \
+         peak VmRSS between readings median {:.1} MiB, highest {:.1} MiB; VmRSS median {:.1} MiB, RssAnon median {:.1} MiB, range {:.1}-{:.1} MiB ({:+.0}%/{:+.0}% of the median){drift}, \
          end/start of span {:.3}",
         mib(peak),
         peak as f64 / rss.max(1.0),
-        mib(hwm_end),
+        steady_peak / 1024.0,
+        mib(highest_peak),
         rss / 1024.0,
         anon / 1024.0,
         mib(lo),
@@ -513,7 +528,7 @@ fn render(
     let header = [
         "s",
         "window",
-        "VmHWM MiB",
+        "peak VmRSS MiB",
         "VmRSS MiB",
         "RssAnon MiB",
         "CPU %",
@@ -542,7 +557,7 @@ fn render(
             rows.push(vec![
                 format!("{:.0}", r.t_s),
                 agent.label(),
-                format!("{:.1}", mib(r.vm_hwm_kib)),
+                format!("{:.1}", mib(r.peak_kib)),
                 format!("{:.1}", mib(r.vm_rss_kib)),
                 format!("{:.1}", mib(r.rss_anon_kib)),
                 num(r.cpu_pct, 1),
@@ -558,7 +573,8 @@ fn render(
     out.push_str(&report::table(&header, &rows));
     out.push_str(
         "\nCPU %: the agent's user + system time between two readings, % of one CPU. samples, lost, \
-         windows and samples missing a mapping: the agent's own counters (`/metrics`) since its start.\n",
+         windows and samples missing a mapping: the agent's own counters (`/metrics`) since its start. \
+         peak VmRSS: the highest VmRSS since the previous reading (`VmHWM`, reset after each reading).\n",
     );
     out
 }

@@ -115,7 +115,7 @@ struct Args {
     #[arg(long)]
     churn_every: Option<f64>,
     /// Churn: append one tab-separated line per agent and reading to this file
-    /// (window s, t s, VmHWM KiB, VmRSS KiB, RssAnon KiB, CPU %, samples, lost, windows
+    /// (window s, t s, peak VmRSS since the previous reading KiB, VmRSS KiB, RssAnon KiB, CPU %, samples, lost, windows
     /// written, windows panicked, samples missing a mapping).
     #[arg(long)]
     churn_log: Option<PathBuf>,

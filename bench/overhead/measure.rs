@@ -80,6 +80,14 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
+/// Reset the peak RSS of `pid` (its `VmHWM`) to its current RSS, so that
+/// the next `VmHWM` read is the peak since now: writing `5` to
+/// `/proc/PID/clear_refs` (Linux 4.0 and later; `Documentation/filesystems/proc.rst`).
+pub fn reset_peak_rss(pid: u32) -> Result<()> {
+    fs::write(format!("/proc/{pid}/clear_refs"), "5")
+        .with_context(|| format!("resetting the peak RSS of {pid} (/proc/{pid}/clear_refs)"))
+}
+
 /// Run-time totals of a process's BPF programs of type `perf_event`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BpfRunStats {

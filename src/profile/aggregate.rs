@@ -22,10 +22,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use indexmap::{IndexMap, IndexSet};
-use rustc_hash::{FxBuildHasher, FxHashMap};
+use hashbrown::Equivalent;
 
-use super::frames::FrameTable;
+use super::interner::Interner;
 use crate::process::{MappingId, ProcessTracker};
 use crate::profile::{LostSamples, ProcessMarker, ProcessMarkerKind, TimedSample};
 use crate::sample::{RawSample, UnwindStatus};
@@ -39,19 +38,64 @@ pub struct UserFrame {
     pub address: u64,
 }
 
-/// The identity of one aggregated stack, with its frames as indices into
-/// the aggregator's tables of distinct user frames and kernel stacks.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// The identity of one aggregated stack, with its names and frames as
+/// indices into the aggregator's tables of distinct names, user frames and
+/// kernel stacks: 40 bytes and its user indices (64 with names as
+/// `Arc<str>`, stored with its hash in an `IndexMap` before issue 18).
+#[derive(Debug, PartialEq, Eq, Hash)]
 struct StackKey {
     pid: u32,
     tid: u32,
-    process_comm: Arc<str>,
-    thread_comm: Arc<str>,
+    /// Indices in [`Aggregator::comms`].
+    process_comm: u32,
+    thread_comm: u32,
     /// Index in [`Aggregator::kernel_stacks`].
     kernel: u32,
+    user_status: UnwindStatus,
     /// Indices in [`Aggregator::user_frames`], leaf first.
     user: Box<[u32]>,
+}
+
+const _: () = assert!(std::mem::size_of::<StackKey>() == 40);
+
+/// A sample's [`StackKey`] before it is known to be new: the same fields in
+/// the same order, with the user indices borrowed, so that it hashes as the
+/// key does (`&[u32]` and `Box<[u32]>` both hash as `[u32]`).
+#[derive(Hash)]
+struct StackQuery<'a> {
+    pid: u32,
+    tid: u32,
+    process_comm: u32,
+    thread_comm: u32,
+    kernel: u32,
     user_status: UnwindStatus,
+    user: &'a [u32],
+}
+
+impl Equivalent<StackKey> for StackQuery<'_> {
+    fn equivalent(&self, key: &StackKey) -> bool {
+        self.pid == key.pid
+            && self.tid == key.tid
+            && self.process_comm == key.process_comm
+            && self.thread_comm == key.thread_comm
+            && self.kernel == key.kernel
+            && self.user_status == key.user_status
+            && *self.user == *key.user
+    }
+}
+
+impl StackQuery<'_> {
+    fn to_key(&self) -> StackKey {
+        StackKey {
+            pid: self.pid,
+            tid: self.tid,
+            process_comm: self.process_comm,
+            thread_comm: self.thread_comm,
+            kernel: self.kernel,
+            user_status: self.user_status,
+            user: self.user.into(),
+        }
+    }
 }
 
 /// One aggregated stack, as [`Aggregator::stacks`] gives it.
@@ -96,14 +140,19 @@ impl<'a> Stack<'a> {
 /// sample; optionally every sample's time too.
 #[derive(Debug, Default)]
 pub struct Aggregator {
-    counts: IndexMap<StackKey, u64, FxBuildHasher>,
+    /// Distinct stacks, in the order of their first sample.
+    stacks: Interner<StackKey>,
+    /// Samples of each stack, by its index in `stacks`.
+    counts: Vec<u64>,
     /// Distinct user frames of the window's stacks.
-    user_frames: FrameTable<UserFrame>,
+    user_frames: Interner<UserFrame>,
     /// Distinct kernel stacks (call sites, leaf first) of the window's stacks.
-    kernel_stacks: IndexSet<Box<[u64]>, FxBuildHasher>,
-    /// Reused buffer for one sample's kernel call sites.
+    kernel_stacks: Interner<Box<[u64]>>,
+    /// Reused buffers for one sample's kernel call sites and user frame indices.
     kernel_scratch: Vec<u64>,
-    comms: FxHashMap<String, Arc<str>>,
+    user_scratch: Vec<u32>,
+    /// Distinct process and thread names.
+    comms: Interner<Arc<str>>,
     total: u64,
     status_counts: HashMap<UnwindStatus, u64>,
     timeline: Option<Timeline>,
@@ -242,13 +291,8 @@ impl Aggregator {
         profile.lost = self.take_lost();
     }
 
-    fn intern(&mut self, comm: &str) -> Arc<str> {
-        if let Some(c) = self.comms.get(comm) {
-            return c.clone();
-        }
-        let c: Arc<str> = Arc::from(comm);
-        self.comms.insert(comm.to_string(), c.clone());
-        c
+    fn intern(&mut self, comm: &str) -> u32 {
+        self.comms.insert_as(comm, |c| Arc::from(c))
     }
 
     /// Add one sample, resolving its user addresses to mappings through `tracker`.
@@ -262,31 +306,30 @@ impl Aggregator {
         let mut kernel = std::mem::take(&mut self.kernel_scratch);
         kernel.clear();
         kernel.extend(call_sites(&sample.kernel_stack));
-        let kernel_index = match self.kernel_stacks.get_index_of(&kernel[..]) {
-            Some(i) => i,
-            None => self.kernel_stacks.insert_full(kernel[..].into()).0,
-        };
+        let kernel_index = self.kernel_stacks.insert_as(&kernel[..], |k| k.into());
         self.kernel_scratch = kernel;
-        let user = user
-            .iter()
-            .map(|&frame| self.user_frames.insert(frame))
-            .collect();
-        let key = StackKey {
+        let mut user_indices = std::mem::take(&mut self.user_scratch);
+        user_indices.clear();
+        user_indices.extend(user.iter().map(|&frame| self.user_frames.insert(frame)));
+        let query = StackQuery {
             pid: sample.pid,
             tid: sample.tid,
             process_comm: self.intern(&sample.process_comm),
             thread_comm: self.intern(&sample.thread_comm),
-            kernel: kernel_index as u32,
-            user,
+            kernel: kernel_index,
             user_status: sample.user_status,
+            user: &user_indices,
         };
-        let entry = self.counts.entry(key);
-        let index = entry.index();
-        *entry.or_default() += 1;
+        let index = self.stacks.insert_as(&query, StackQuery::to_key);
+        self.user_scratch = user_indices;
+        if index as usize == self.counts.len() {
+            self.counts.push(0);
+        }
+        self.counts[index as usize] += 1;
         if let Some(timeline) = self.timeline.as_mut() {
             timeline.samples.push(TimedSample {
                 offset_ns: sample.timestamp_ns.wrapping_sub(timeline.origin_mono_ns) as i64,
-                sample: index as u32,
+                sample: index,
             });
         }
         *self.status_counts.entry(sample.user_status).or_default() += 1;
@@ -306,13 +349,14 @@ impl Aggregator {
     /// The distinct stacks and their sample counts, in the order of their
     /// first sample (the n-th item is the stack of index n).
     pub fn stacks(&self) -> impl Iterator<Item = (Stack<'_>, u64)> {
-        self.counts.iter().map(|(k, &count)| {
+        let keys = self.stacks.as_slice().iter();
+        keys.zip(&self.counts).map(|(k, &count)| {
             let stack = Stack {
                 pid: k.pid,
                 tid: k.tid,
-                process_comm: &k.process_comm,
-                thread_comm: &k.thread_comm,
-                kernel: &self.kernel_stacks[k.kernel as usize],
+                process_comm: &self.comms[k.process_comm],
+                thread_comm: &self.comms[k.thread_comm],
+                kernel: &self.kernel_stacks[k.kernel],
                 user_status: k.user_status,
                 user: &k.user,
                 frames: self.user_frames.as_slice(),
@@ -333,12 +377,12 @@ impl Aggregator {
 
     /// The distinct kernel stacks of all stacks (call sites, leaf first), each once.
     pub fn kernel_stacks(&self) -> impl ExactSizeIterator<Item = &[u64]> {
-        self.kernel_stacks.iter().map(|k| &k[..])
+        self.kernel_stacks.as_slice().iter().map(|k| &k[..])
     }
 
     /// Number of distinct processes with samples.
     pub fn process_count(&self) -> usize {
-        let mut pids: Vec<u32> = self.counts.keys().map(|k| k.pid).collect();
+        let mut pids: Vec<u32> = self.stacks.as_slice().iter().map(|k| k.pid).collect();
         pids.sort_unstable();
         pids.dedup();
         pids.len()

@@ -4,9 +4,9 @@
 //! function of a [`Profile`], so they all agree on every count.
 
 pub mod aggregate;
-mod frames;
 #[cfg(test)]
 mod handover_tests;
+mod interner;
 pub mod window;
 
 use std::sync::Arc;

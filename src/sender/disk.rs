@@ -20,7 +20,8 @@ use crate::files::write_atomic_with;
 use crate::format::{self, Compression, EmptyProfile, ProfileFormat};
 use crate::profile::Profile;
 
-/// Bytes of encoded profile gathered before each write to a window's file.
+/// Bytes of encoded profile gathered before each write to a profile's file
+/// (a window's, or a one-shot run's output).
 const WRITE_BUFFER_BYTES: usize = 1 << 16;
 
 /// Encode `profile` as `format` straight into the file at `path`, through
