@@ -19,6 +19,7 @@
 mod churn;
 mod measure;
 mod profiler;
+mod readings;
 mod report;
 mod startup;
 mod timeline;
