@@ -310,7 +310,10 @@ impl Aggregator {
         self.kernel_scratch = kernel;
         let mut user_indices = std::mem::take(&mut self.user_scratch);
         user_indices.clear();
-        user_indices.extend(user.iter().map(|&frame| self.user_frames.insert(frame)));
+        user_indices.extend(
+            user.iter()
+                .map(|&frame| self.user_frames.insert_as(&frame, |f| *f)),
+        );
         let query = StackQuery {
             pid: sample.pid,
             tid: sample.tid,

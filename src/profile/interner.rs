@@ -39,20 +39,10 @@ impl<T> Default for Interner<T> {
 }
 
 impl<T: Eq + Hash> Interner<T> {
-    /// The index of `value`, added at the end if it is new. Panics past
-    /// 2^32 distinct values (no window comes near).
-    pub fn insert(&mut self, value: T) -> u32 {
-        let hash = FxBuildHasher.hash_one(&value);
-        let values = &self.values;
-        if let Some(&i) = self.index.find(hash, |&i| values[i as usize] == value) {
-            return i;
-        }
-        self.push(hash, value)
-    }
-
-    /// The index of the value `query` stands for, made by `make` and added
-    /// at the end if it is new. `query` must hash as the value it stands
-    /// for ([`Equivalent`]'s contract).
+    /// The index of the value `query` stands for (the value itself, or a
+    /// borrowed form of it), made by `make` and added at the end if it is
+    /// new. `query` must hash as the value it stands for ([`Equivalent`]'s
+    /// contract). Panics past 2^32 distinct values (no window comes near).
     pub fn insert_as<Q>(&mut self, query: &Q, make: impl FnOnce(&Q) -> T) -> u32
     where
         Q: Hash + Equivalent<T> + ?Sized,
@@ -103,11 +93,15 @@ mod tests {
         // Enough to make the index table grow several times.
         for round in 0..2 {
             for a in 0..5_000u64 {
-                let i = table.insert((Some((a % 7) as u32), 0x1000 + a));
+                let i = table.insert_as(&(Some((a % 7) as u32), 0x1000 + a), |v| *v);
                 assert_eq!(i as u64, a, "round {round}");
             }
         }
-        assert_eq!(table.insert((None, 0x1000)), 5_000, "another value");
+        assert_eq!(
+            table.insert_as(&(None, 0x1000), |v| *v),
+            5_000,
+            "another value"
+        );
         assert_eq!(table.as_slice().len(), 5_001);
         assert_eq!(table[42], (Some(0), 0x1000 + 42));
     }
@@ -127,6 +121,7 @@ mod tests {
         let mut stacks: Interner<Box<[u64]>> = Interner::default();
         assert_eq!(stacks.insert_as(&[1, 2, 3][..], |s| s.into()), 0);
         assert_eq!(stacks.insert_as(&[1, 2][..], |s| s.into()), 1);
-        assert_eq!(stacks.insert(vec![1, 2, 3].into()), 0);
+        let owned: Box<[u64]> = vec![1, 2, 3].into();
+        assert_eq!(stacks.insert_as(&owned, Clone::clone), 0);
     }
 }
