@@ -66,7 +66,7 @@ pub(super) struct BuildRequest {
     pub(super) wanted: Arc<WantedPages>,
 }
 
-/// Objects up to this size (bytes) also go to a third build thread, which
+/// Objects up to this size (bytes) also go to a fourth build thread, which
 /// builds nothing bigger: a small program sampled at start does not wait
 /// behind large shared objects (librustc_driver, 153 MB, and libLLVM take
 /// hundreds of milliseconds each).
