@@ -8,8 +8,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub mod generate;
 mod values;
-use values::parse_label;
-pub use values::{parse_count, parse_interval, parse_seconds};
+pub use values::{parse_count, parse_interval, parse_seconds, MAX_UNWIND_INFO_MB};
+use values::{parse_label, parse_unwind_budget_mb};
 
 use crate::format::{Compression, ProfileFormat};
 use crate::sender::{remote::HttpSettings, SenderConfig};
@@ -119,7 +119,8 @@ pub struct ProfileArgs {
 
     /// Memory budget for unwind tables in BPF maps, MiB (8-byte rows). When
     /// full, the least recently sampled objects' tables are evicted.
-    #[arg(long, default_value_t = 64)]
+    /// 1 to 32767.
+    #[arg(long, value_parser = parse_unwind_budget_mb, default_value_t = 64)]
     pub max_unwind_info_mb: u32,
 
     /// Directory where built unwind tables are cached between runs, and

@@ -98,9 +98,10 @@ fn duration_out_of_range() {
 fn counts_and_intervals_below_their_least_value_are_usage_errors() {
     let dir = tempdir();
     let storage = dir.path().join("storage");
-    let cases: [&[&str]; 5] = [
+    let cases: [&[&str]; 6] = [
         &["--profile-interval", "0.05"],
         &["--profile-interval", "1", "--max-profiles", "0"],
+        &["--max-unwind-info-mb", "0"],
         &["--listen", "127.0.0.1:0", "--listen-max-connections", "0"],
         &["--sender", "remote", "--send-queue-bytes", "0"],
         &[

@@ -50,6 +50,20 @@ pub fn parse_count<T: TryFrom<u64>>(text: &str) -> Result<T, String> {
     T::try_from(value).map_err(|_| format!("{value} is too large"))
 }
 
+/// Largest `--max-unwind-info-mb`, MiB: the `unwind_rows` map holds 8-byte
+/// rows indexed by a u32, so at most 2^32 rows (32,767 MiB and a bit).
+pub const MAX_UNWIND_INFO_MB: u32 = 32_767;
+
+/// Parse `--max-unwind-info-mb`: [`parse_count`], at most
+/// [`MAX_UNWIND_INFO_MB`]; a usage error (exit status 2) otherwise.
+pub fn parse_unwind_budget_mb(text: &str) -> Result<u32, String> {
+    let mb: u32 = parse_count(text)?;
+    if mb > MAX_UNWIND_INFO_MB {
+        return Err(format!("must be at most {MAX_UNWIND_INFO_MB} (MiB)"));
+    }
+    Ok(mb)
+}
+
 /// `--profile-format` values come from the format registry
 /// ([`ProfileFormat::spec`]): canonical names, aliases and help lines.
 impl ValueEnum for ProfileFormat {

@@ -144,7 +144,10 @@ pub fn check_flags(cli: &ProfileArgs, record: bool) -> Result<()> {
 fn unwind_rows_for_budget(mb: u32) -> Result<u32> {
     let rows = u64::from(mb) * 1024 * 1024 / 8;
     if rows == 0 || rows > u64::from(u32::MAX) {
-        anyhow::bail!("--max-unwind-info-mb must be between 1 and 32767 MiB");
+        anyhow::bail!(
+            "--max-unwind-info-mb must be between 1 and {} MiB",
+            crate::cli::MAX_UNWIND_INFO_MB
+        );
     }
     Ok(rows as u32)
 }
