@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub mod generate;
 mod values;
-pub use values::{parse_count, parse_interval, parse_seconds, MAX_UNWIND_INFO_MB};
+pub use values::{parse_count, parse_interval, parse_seconds};
 use values::{parse_label, parse_unwind_budget_mb};
 
 use crate::format::{Compression, ProfileFormat};

@@ -52,7 +52,7 @@ pub fn parse_count<T: TryFrom<u64>>(text: &str) -> Result<T, String> {
 
 /// Largest `--max-unwind-info-mb`, MiB: the `unwind_rows` map holds 8-byte
 /// rows indexed by a u32, so at most 2^32 rows (32,767 MiB and a bit).
-pub const MAX_UNWIND_INFO_MB: u32 = 32_767;
+const MAX_UNWIND_INFO_MB: u32 = 32_767;
 
 /// Parse `--max-unwind-info-mb`: [`parse_count`], at most
 /// [`MAX_UNWIND_INFO_MB`]; a usage error (exit status 2) otherwise.

@@ -85,7 +85,7 @@ impl RunPlan {
                 pids,
                 exclude_pid: cli.exclude_self.then(std::process::id),
                 libbpf_debug: cli.libbpf_debug,
-                max_unwind_rows: unwind_rows_for_budget(cli.max_unwind_info_mb)?,
+                max_unwind_rows: unwind_rows_for_budget(cli.max_unwind_info_mb),
                 follow_children: workload.is_some(),
                 // Samples taken inside the profiler's own BPF programs are
                 // named after the programs are unloaded (one-shot profiles
@@ -140,14 +140,9 @@ pub fn check_flags(cli: &ProfileArgs, record: bool) -> Result<()> {
     Ok(())
 }
 
-/// Rows of the `unwind_rows` map that fit in `mb` MiB (8 bytes a row).
-fn unwind_rows_for_budget(mb: u32) -> Result<u32> {
-    let rows = u64::from(mb) * 1024 * 1024 / 8;
-    if rows == 0 || rows > u64::from(u32::MAX) {
-        anyhow::bail!(
-            "--max-unwind-info-mb must be between 1 and {} MiB",
-            crate::cli::MAX_UNWIND_INFO_MB
-        );
-    }
-    Ok(rows as u32)
+/// Rows of the `unwind_rows` map that fit in `mb` MiB (8 bytes a row). The
+/// flag's parser (`cli/values.rs`) holds `mb` to 1..=32767, whose rows fit
+/// in a u32; a larger value would be held to `u32::MAX` rows.
+fn unwind_rows_for_budget(mb: u32) -> u32 {
+    u32::try_from(u64::from(mb) * 1024 * 1024 / 8).unwrap_or(u32::MAX)
 }
