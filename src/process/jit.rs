@@ -19,50 +19,90 @@
 //! u64 and a body.
 
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use super::maps::MapsEntry;
+use super::untrusted::{self, read_span, Count, READ_CHUNK};
 
-/// An open JIT symbol file (perf map or jitdump) and a path that reads it
-/// from the profiler (`/proc/self/fd/N`, valid while this value lives).
+/// An open JIT symbol file (perf map or jitdump) of a process, opened by
+/// [`untrusted::open`]: a regular file owned by the process's user or root.
 #[derive(Debug)]
 pub struct JitFile {
     /// The file as opened (`/proc/PID/root/tmp/perf-NSPID.map`,
     /// `/proc/PID/root/DIR/jit-NSPID.dump`).
     pub path: PathBuf,
-    /// `/proc/self/fd/N` of [`Self::file`].
-    pub open_path: PathBuf,
-    /// The open map.
+    /// The open file; read with `pread` ([`FileExt::read_at`]), so that
+    /// several readers of one file never share an offset.
     pub file: File,
 }
 
 impl JitFile {
-    /// Opens process `pid`'s perf map; `None` when it has none (or is gone).
+    /// Opens process `pid`'s perf map; `None` when it has none (or is gone)
+    /// or it was refused ([`untrusted::open`]). May block (a file on FUSE):
+    /// call it on a reader thread ([`JitSlot::open_later`]).
     pub fn perf_map(pid: u32) -> Option<JitFile> {
-        Self::open(perf_map_path(pid)?)
+        Self::open(perf_map_path(pid)?, pid)
     }
 
-    /// Opens the jitdump file process `pid` (with maps `entries`) mapped;
-    /// `None` when it mapped none.
-    pub fn jitdump(pid: u32, entries: &[MapsEntry]) -> Option<JitFile> {
-        let entry = entries
-            .iter()
-            .find(|e| e.executable && e.is_file_backed() && is_jitdump_name(&e.path))?;
-        Self::open(PathBuf::from(format!("/proc/{pid}/root{}", entry.path)))
+    /// Opens the file at `path` (from [`jitdump_path`]) as process `pid`'s;
+    /// `None` when missing or refused. May block, as [`Self::perf_map`].
+    pub fn open(path: PathBuf, pid: u32) -> Option<JitFile> {
+        match untrusted::open(&path, pid) {
+            Ok(file) => Some(JitFile { path, file }),
+            Err(err) => {
+                if err.kind() != std::io::ErrorKind::NotFound {
+                    tracing::debug!("pid {pid}: {err}");
+                }
+                None
+            }
+        }
+    }
+}
+
+/// Where a process's JIT file of one kind is, once a reader thread opened
+/// it: the tracker asks for it without waiting ([`Self::open_later`]) and
+/// readers take it when it is there ([`Self::get`]).
+#[derive(Debug, Default)]
+pub struct JitSlot {
+    file: OnceLock<JitFile>,
+    opening: AtomicBool,
+}
+
+impl JitSlot {
+    /// The file, once opened.
+    pub fn get(&self) -> Option<&JitFile> {
+        self.file.get()
     }
 
-    fn open(path: PathBuf) -> Option<JitFile> {
-        let file = File::open(&path).ok()?;
-        let open_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        Some(JitFile {
-            path,
-            open_path,
-            file,
-        })
+    /// Runs `open` on a reader thread ([`untrusted::spawn`]) and keeps what
+    /// it opens, unless the file is open or being opened. A call while
+    /// `open` hangs (a file on a FUSE filesystem) does nothing.
+    pub fn open_later(self: &Arc<Self>, open: impl FnOnce() -> Option<JitFile> + Send + 'static) {
+        if self.get().is_some() || self.opening.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let slot = self.clone();
+        let started = untrusted::spawn(move || {
+            if let Some(file) = open() {
+                let _ = slot.file.set(file);
+            }
+            slot.opening.store(false, Ordering::Release);
+        });
+        if started.is_none() {
+            self.opening.store(false, Ordering::Release);
+        }
     }
+}
+
+/// The path of the jitdump file process `pid` (with maps `entries`) mapped
+/// executable, under its root; `None` when it mapped none.
+pub fn jitdump_path(pid: u32, entries: &[MapsEntry]) -> Option<PathBuf> {
+    let entry = entries
+        .iter()
+        .find(|e| e.executable && e.is_file_backed() && is_jitdump_name(&e.path))?;
+    Some(PathBuf::from(format!("/proc/{pid}/root{}", entry.path)))
 }
 
 /// "JiTD" read as a native-endian u32.
@@ -80,75 +120,132 @@ pub const JIT_CODE_MOVE: u32 = 1;
 pub const JIT_CODE_UNWINDING_INFO: u32 = 4;
 /// Most bytes of one jitdump file read (code bytes included).
 const MAX_JITDUMP_BYTES: u64 = 1 << 30;
+/// Largest record kept, bytes (header included); a larger one is skipped
+/// without being read ([`untrusted::Counts::records_skipped`]).
+pub const MAX_RECORD_BYTES: u64 = 4 << 20;
 
 /// How far a reader got in one jitdump file: records are read as the file
-/// grows, each once.
+/// grows, each byte once. A record the file ends inside waits, its bytes so
+/// far held, for the rest; a record over [`MAX_RECORD_BYTES`] is skipped.
 #[derive(Debug, Default)]
 pub struct JitdumpCursor {
-    /// `(device, inode)` of the file read.
-    identity: (u64, u64),
-    /// Bytes consumed: the header and every complete record.
-    consumed: u64,
+    /// Bytes of the file read so far (into records handed out, `partial`,
+    /// or skipped).
+    offset: u64,
+    /// The start of a record the file ended inside, read so far.
+    partial: Vec<u8>,
+    /// Bytes of an oversized record still to skip.
+    skip: u64,
+    /// The file is not a jitdump file, or a record header is malformed:
+    /// nothing more is read from it.
+    broken: bool,
+    /// Bytes past [`MAX_JITDUMP_BYTES`] already counted as unread.
+    unread_counted: u64,
+    /// The file header was read.
+    header_read: bool,
 }
 
 impl JitdumpCursor {
-    /// Bytes of the file consumed so far (header and complete records).
+    /// Bytes of the file consumed so far: the header, every complete
+    /// record, and skipped ones.
     pub fn consumed(&self) -> u64 {
-        self.consumed
+        self.offset - self.partial.len() as u64
     }
 
-    /// Reads the records added to the jitdump file at `path` since the last
-    /// call, handing each to `apply` as [`JitdumpRecord::Record`] in file
-    /// order. When the file was replaced (another inode) or shrank,
-    /// `apply` gets [`JitdumpRecord::Restart`] first and the whole file is
-    /// read again. A record still being written (the
-    /// file ends inside it) is left for the next call. At most the first
-    /// 1 GiB of a file is read. Errors: the file cannot be read, or does
-    /// not start with a jitdump header.
+    /// Bytes of the file read or skipped so far (complete records and the
+    /// start of an incomplete one): grows whenever a read found more.
+    pub fn bytes_read(&self) -> u64 {
+        self.offset
+    }
+
+    /// Reads the records added to the jitdump `file` since the last call,
+    /// at most [`READ_CHUNK`] bytes of it, handing each to `apply` as
+    /// [`JitdumpRecord::Record`] in file order. When the file shrank,
+    /// `apply` gets [`JitdumpRecord::Restart`] first and the file is read
+    /// again from its start. At most the first 1 GiB of a file is read.
+    /// Errors: the file cannot be read, does not start with a jitdump
+    /// header, or has a record shorter than its own header (then every later
+    /// call fails too).
     pub fn read_new(
         &mut self,
-        path: &Path,
+        file: &File,
         mut apply: impl FnMut(JitdumpRecord<'_>),
     ) -> std::io::Result<()> {
-        let mut file = File::open(path)?;
-        let meta = file.metadata()?;
-        let identity = (meta.dev(), meta.ino());
-        if identity != self.identity || meta.len() < self.consumed {
-            if self.consumed > 0 {
+        let invalid = |what| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+        let len = file.metadata()?.len();
+        if len < self.offset {
+            if self.consumed() > 0 {
                 apply(JitdumpRecord::Restart);
             }
-            *self = JitdumpCursor {
-                identity,
-                consumed: 0,
-            };
+            *self = JitdumpCursor::default();
         }
-        let limit = meta.len().min(MAX_JITDUMP_BYTES);
-        if limit <= self.consumed {
+        if self.broken {
+            return Err(invalid("not a jitdump file, or a malformed record"));
+        }
+        if len > MAX_JITDUMP_BYTES && len - MAX_JITDUMP_BYTES > self.unread_counted {
+            untrusted::add(
+                Count::BytesUnread,
+                len - MAX_JITDUMP_BYTES - self.unread_counted,
+            );
+            self.unread_counted = len - MAX_JITDUMP_BYTES;
+        }
+        let limit = len.min(MAX_JITDUMP_BYTES);
+        self.skip_ahead(limit);
+        if self.skip > 0 || limit <= self.offset {
             return Ok(());
         }
-        file.seek(SeekFrom::Start(self.consumed))?;
-        let mut data = Vec::new();
-        file.take(limit - self.consumed).read_to_end(&mut data)?;
+        let fresh = read_span(file, self.offset, (limit - self.offset).min(READ_CHUNK))?;
+        self.offset += fresh.len() as u64;
+        let mut data = std::mem::take(&mut self.partial);
+        data.extend_from_slice(&fresh);
+        drop(fresh);
         let mut pos = 0;
-        if self.consumed == 0 {
+        if !self.header_read {
+            if data.len() < FILE_HEADER_SIZE {
+                self.partial = data;
+                return Ok(());
+            }
             pos = header_size(&data).ok_or_else(|| {
-                std::io::Error::new(std::io::ErrorKind::InvalidData, "not a jitdump file")
+                self.broken = true;
+                invalid("not a jitdump file")
             })?;
+            if pos > data.len() {
+                self.partial = data;
+                return Ok(());
+            }
+            self.header_read = true;
         }
         while let Some(record) = data.get(pos..pos + RECORD_HEADER_SIZE) {
             let id = ne_u32(record, 0);
-            let size = ne_u32(record, 4) as usize;
-            let Some(body) = (size >= RECORD_HEADER_SIZE)
-                .then(|| data.get(pos + RECORD_HEADER_SIZE..pos + size))
-                .flatten()
-            else {
-                break; // incomplete (being written) or malformed
+            let size = u64::from(ne_u32(record, 4));
+            if size < RECORD_HEADER_SIZE as u64 {
+                self.broken = true;
+                return Err(invalid("a record shorter than its header"));
+            }
+            let available = (data.len() - pos) as u64;
+            if size > MAX_RECORD_BYTES {
+                untrusted::add(Count::RecordSkipped, 1);
+                self.skip = size.saturating_sub(available);
+                pos += size.min(available) as usize;
+                continue;
+            }
+            let Some(body) = data.get(pos + RECORD_HEADER_SIZE..pos + size as usize) else {
+                break; // the rest is still being written
             };
             apply(JitdumpRecord::Record { id, body });
-            pos += size;
+            pos += size as usize;
         }
-        self.consumed += pos as u64;
+        data.drain(..pos);
+        self.partial = data;
+        self.skip_ahead(limit);
         Ok(())
+    }
+
+    /// Skips what is left of an oversized record, up to byte `limit`.
+    fn skip_ahead(&mut self, limit: u64) {
+        let skipped = self.skip.min(limit.saturating_sub(self.offset));
+        self.skip -= skipped;
+        self.offset += skipped;
     }
 }
 
@@ -168,14 +265,15 @@ pub enum JitdumpRecord<'a> {
 }
 
 /// The size of the file header at the start of `data` (its `total_size`),
-/// if `data` starts with a jitdump header.
+/// if `data` starts with a jitdump header of a sane size (that may be
+/// longer than `data`).
 fn header_size(data: &[u8]) -> Option<usize> {
     let header = data.get(..FILE_HEADER_SIZE)?;
     if ne_u32(header, 0) != MAGIC {
         return None;
     }
     let size = ne_u32(header, 8) as usize;
-    (size >= FILE_HEADER_SIZE && size <= data.len()).then_some(size)
+    (size >= FILE_HEADER_SIZE && size as u64 <= MAX_RECORD_BYTES).then_some(size)
 }
 
 /// The native-endian u32 at byte `at` of `bytes`. Panics when `bytes` is
@@ -304,39 +402,101 @@ mod tests {
         );
     }
 
+    /// Reads `file` with `cursor`: whether it restarted, and the records.
+    fn read(cursor: &mut JitdumpCursor, file: &File) -> (bool, Vec<(u32, Vec<u8>)>) {
+        let (mut restarted, mut seen) = (false, Vec::new());
+        cursor
+            .read_new(file, |r| match r {
+                JitdumpRecord::Restart => restarted = true,
+                JitdumpRecord::Record { id, body } => seen.push((id, body.to_vec())),
+            })
+            .expect("read");
+        (restarted, seen)
+    }
+
     #[test]
-    fn the_cursor_reads_each_complete_record_once_and_restarts_on_a_new_file() {
+    fn the_cursor_reads_each_complete_record_once_and_restarts_when_the_file_shrinks() {
         use std::io::Write;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("jit-1.dump");
         let mut file = File::create(&path).expect("create");
-        file.write_all(&header()).unwrap();
+        let reader = File::open(&path).expect("open");
+        let mut cursor = JitdumpCursor::default();
+        file.write_all(&header()[..30]).unwrap();
+        assert_eq!(read(&mut cursor, &reader), (false, vec![]), "half a header");
+        file.write_all(&header()[30..]).unwrap();
         file.write_all(&record(0, b"one")).unwrap();
         let two = record(4, b"second");
         file.write_all(&two[..20]).unwrap();
-        let mut cursor = JitdumpCursor::default();
-        let mut seen = Vec::new();
-        let read = |cursor: &mut JitdumpCursor, seen: &mut Vec<(u32, Vec<u8>)>| {
-            let mut restarted = false;
-            cursor
-                .read_new(&path, |r| match r {
-                    JitdumpRecord::Restart => restarted = true,
-                    JitdumpRecord::Record { id, body } => seen.push((id, body.to_vec())),
-                })
-                .expect("read");
-            restarted
-        };
-        assert!(!read(&mut cursor, &mut seen));
-        assert_eq!(seen, vec![(0, b"one".to_vec())]);
+        assert_eq!(read(&mut cursor, &reader).1, vec![(0, b"one".to_vec())]);
+        assert_eq!(cursor.consumed(), (header().len() + 19) as u64);
+        assert_eq!(
+            cursor.offset,
+            (header().len() + 19 + 20) as u64,
+            "read once"
+        );
         file.write_all(&two[20..]).unwrap();
-        assert!(!read(&mut cursor, &mut seen));
-        assert_eq!(seen[1], (4, b"second".to_vec()));
+        assert_eq!(read(&mut cursor, &reader).1, vec![(4, b"second".to_vec())]);
         assert_eq!(cursor.consumed(), (header().len() + 19 + two.len()) as u64);
-        std::fs::remove_file(&path).unwrap();
-        std::fs::write(&path, [header(), record(1, b"new")].concat()).unwrap();
-        assert!(read(&mut cursor, &mut seen), "a new file restarts");
-        assert_eq!(seen[2], (1, b"new".to_vec()));
+        file.set_len(header().len() as u64).unwrap();
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        file.write_all(&record(1, b"new")).unwrap();
+        assert_eq!(
+            read(&mut cursor, &reader),
+            (true, vec![(1, b"new".to_vec())])
+        );
         std::fs::write(&path, b"JUNK but long enough to hold a whole header ...").unwrap();
-        assert!(JitdumpCursor::default().read_new(&path, |_| {}).is_err());
+        let junk = File::open(&path).unwrap();
+        let mut fresh = JitdumpCursor::default();
+        assert!(fresh.read_new(&junk, |_| {}).is_err());
+        assert!(fresh.read_new(&junk, |_| {}).is_err(), "stays broken");
+    }
+
+    #[test]
+    fn an_oversized_record_is_skipped_unread_and_growth_is_read_a_chunk_at_a_time() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("jit-2.dump");
+        let mut file = File::create(&path).expect("create");
+        let reader = File::open(&path).expect("open");
+        // A record that claims 0xfffffff0 bytes, in a sparse 1 GiB file.
+        let mut huge = record(0, b"x");
+        huge[4..8].copy_from_slice(&0xffff_fff0u32.to_ne_bytes());
+        file.write_all(&[header(), huge].concat()).unwrap();
+        file.set_len(1 << 30).unwrap();
+        let skipped = untrusted::counters().records_skipped;
+        let mut cursor = JitdumpCursor::default();
+        assert_eq!(read(&mut cursor, &reader).1, vec![]);
+        assert!(untrusted::counters().records_skipped > skipped);
+        assert_eq!(
+            cursor.offset,
+            1 << 30,
+            "the rest of the file skipped, not read"
+        );
+        assert!(cursor.partial.is_empty());
+        assert_eq!(read(&mut cursor, &reader).1, vec![], "nothing read again");
+        // Growth: 3 chunks' worth of records are read over 3 calls.
+        let dir2 = tempfile::tempdir().expect("tempdir");
+        let path = dir2.path().join("jit-3.dump");
+        let body = vec![7u8; 1 << 20];
+        let mut bytes = header();
+        for _ in 0..(3 * READ_CHUNK >> 20) {
+            bytes.extend_from_slice(&record(2, &body));
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let reader = File::open(&path).unwrap();
+        let mut cursor = JitdumpCursor::default();
+        let mut total = 0;
+        for _ in 0..3 {
+            let got = read(&mut cursor, &reader).1.len();
+            assert!(got as u64 <= READ_CHUNK >> 20, "{got} records in one read");
+            total += got;
+        }
+        total += read(&mut cursor, &reader).1.len();
+        assert_eq!(total as u64, 3 * READ_CHUNK >> 20);
+        assert_eq!(cursor.consumed(), bytes.len() as u64);
     }
 }

@@ -116,8 +116,8 @@ impl ProcessTracker {
             .iter()
             .filter(|(_, p)| {
                 p.gone_after_ns().is_some_and(|t| t < drained_before_ns)
-                    && p.perf_map.is_none()
-                    && p.jitdump.is_none()
+                    && p.perf_map.get().is_none()
+                    && p.jitdump.get().is_none()
             })
             .map(|(&pid, _)| pid)
             .collect();

@@ -20,6 +20,7 @@ mod lifetime;
 pub mod maps;
 #[cfg(test)]
 mod tests;
+pub mod untrusted;
 pub mod walker;
 
 use rustc_hash::FxHashMap;
@@ -176,15 +177,17 @@ impl ProcessTracker {
         self.processes.get(&pid).map_or(&[], |p| &p.mappings)
     }
 
-    /// The JIT perf map of `pid`, if it had one when its maps were read.
-    pub fn perf_map(&self, pid: u32) -> Option<&Arc<jit::JitFile>> {
-        self.processes.get(&pid)?.perf_map.as_ref()
+    /// Where the JIT perf map of `pid` is once opened (it had one when its
+    /// maps were read; the open happens on a reader thread, so it may not be
+    /// there yet, or ever).
+    pub fn perf_map(&self, pid: u32) -> Option<&Arc<jit::JitSlot>> {
+        Some(&self.processes.get(&pid)?.perf_map)
     }
 
-    /// The jitdump file of `pid`, if it had mapped one when its maps were
-    /// read.
-    pub fn jitdump(&self, pid: u32) -> Option<&Arc<jit::JitFile>> {
-        self.processes.get(&pid)?.jitdump.as_ref()
+    /// Where the jitdump file of `pid` is once opened (it had mapped one
+    /// when its maps were read), as [`Self::perf_map`].
+    pub fn jitdump(&self, pid: u32) -> Option<&Arc<jit::JitSlot>> {
+        Some(&self.processes.get(&pid)?.jitdump)
     }
 
     /// Re-read `pid`'s maps now (a new mapping was reported), unless they
@@ -235,11 +238,11 @@ struct ProcessMaps {
     /// sample resolved through these mappings: no window holding a sample
     /// taken after it refers to them.
     last_sample_ns: u64,
-    /// Its JIT perf map, opened when its maps first showed executable
-    /// anonymous memory and the map existed.
-    perf_map: Option<Arc<jit::JitFile>>,
-    /// Its jitdump file, opened when its maps first showed it.
-    jitdump: Option<Arc<jit::JitFile>>,
+    /// Its JIT perf map, opened on a reader thread when its maps showed
+    /// executable anonymous memory and the map existed.
+    perf_map: Arc<jit::JitSlot>,
+    /// Its jitdump file, opened on a reader thread when its maps showed it.
+    jitdump: Arc<jit::JitSlot>,
 }
 
 impl ProcessMaps {
@@ -357,15 +360,18 @@ impl ProcessTracker {
                     .map(|id| (at, id)),
             );
             process.last_sample_ns = 0;
-            process.perf_map = None;
-            process.jitdump = None;
+            process.perf_map = Arc::default();
+            process.jitdump = Arc::default();
         }
         if jit::has_anonymous_code(entries) {
-            if process.perf_map.is_none() {
-                process.perf_map = jit::JitFile::perf_map(pid).map(Arc::new);
-            }
-            if process.jitdump.is_none() {
-                process.jitdump = jit::JitFile::jitdump(pid, entries).map(Arc::new);
+            // On a reader thread: a FIFO or a file on FUSE never stalls this one.
+            process
+                .perf_map
+                .open_later(move || jit::JitFile::perf_map(pid));
+            if let Some(path) = jit::jitdump_path(pid, entries) {
+                process
+                    .jitdump
+                    .open_later(move || jit::JitFile::open(path, pid));
             }
         }
         for &(_, _, id) in &found {

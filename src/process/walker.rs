@@ -86,18 +86,18 @@ pub trait TableSupply {
     fn startup_scanned(&mut self, scan: StartupScan);
 
     /// Process `pid` has the anonymous executable mapping `range` (start,
-    /// end) and the jitdump file `jitdump` (a path that reads it): the
-    /// object id of a table of the mapping's JIT code built from the
-    /// unwinding information in that file, or `None` when it holds none
-    /// for that code (the walker then uses frame pointers there).
-    fn jit_mapped(&mut self, pid: u32, range: (u64, u64), jitdump: &std::path::Path)
-        -> Option<u32>;
+    /// end) and the open jitdump file `jitdump`: the object id of a table
+    /// of the mapping's JIT code built from the unwinding information read
+    /// from that file so far, or `None` when it holds none for that code
+    /// (the walker then uses frame pointers there). Never waits for the
+    /// file (it is read on a reader thread).
+    fn jit_mapped(&mut self, pid: u32, range: (u64, u64), jitdump: &std::fs::File) -> Option<u32>;
 
     /// Whether the jitdump file `jitdump` of process `pid`, described
     /// before, gained unwinding information since: the process is then
     /// described again, so that its mappings get the new tables. Called
     /// for each of its samples; cheap when nothing changed.
-    fn jit_grew(&mut self, pid: u32, jitdump: &std::path::Path) -> bool;
+    fn jit_grew(&mut self, pid: u32, jitdump: &std::fs::File) -> bool;
 
     /// Process `pid` exited: the tables of its JIT code can go.
     fn process_exited(&mut self, pid: u32);
@@ -274,8 +274,8 @@ impl ProcessFollower {
         }
         if !self.described.contains(&sample.pid) {
             self.describe(sample.pid, tracker, walker, tables);
-        } else if let Some(dump) = tracker.jitdump(sample.pid) {
-            if tables.jit_grew(sample.pid, &dump.open_path) {
+        } else if let Some(dump) = tracker.jitdump(sample.pid).and_then(|s| s.get()) {
+            if tables.jit_grew(sample.pid, &dump.file) {
                 self.describe(sample.pid, tracker, walker, tables);
             }
         }
@@ -447,8 +447,8 @@ impl ProcessFollower {
                 }
                 Err(err) => debug!("pid {pid}: cannot read the vDSO: {err:#}"),
             }
-        } else if let Some(dump) = tracker.jitdump(pid) {
-            if let Some(object_id) = tables.jit_mapped(pid, (m.start, m.end), &dump.open_path) {
+        } else if let Some(dump) = tracker.jitdump(pid).and_then(|s| s.get()) {
+            if let Some(object_id) = tables.jit_mapped(pid, (m.start, m.end), &dump.file) {
                 return Some(ExecMapping {
                     object_id,
                     frame_pointers: false,

@@ -237,10 +237,10 @@ mod tests {
         fn object_build_id(&self, _: ObjectId) -> Option<&[u8]> {
             None
         }
-        fn perf_map(&self, _: u32) -> Option<&Path> {
+        fn perf_map(&self, _: u32) -> Option<&crate::process::jit::JitFile> {
             None
         }
-        fn jitdump(&self, _: u32) -> Option<&Path> {
+        fn jitdump(&self, _: u32) -> Option<&crate::process::jit::JitFile> {
             None
         }
     }

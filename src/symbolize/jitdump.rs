@@ -13,9 +13,8 @@
 //! unwinding info: [`crate::unwind::jit`]).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::path::Path;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
 
 use tracing::debug;
 
@@ -27,12 +26,20 @@ use super::MappingSource;
 use crate::process::jit::{
     ne_u64 as u64_at, JitdumpCursor, JitdumpRecord, JIT_CODE_LOAD, JIT_CODE_MOVE,
 };
+use crate::process::untrusted::{self, READ_DEADLINE};
+
+/// Most [`crate::process::untrusted::READ_CHUNK`]s of one jitdump read for
+/// one window: a dump that grows faster is read on in the next windows.
+const MAX_CHUNKS_PER_WINDOW: usize = 16;
 
 /// Names frames in memory no object file backs from the process's jitdump
-/// file, for processes that mapped one; sites are `(pid, address)`.
+/// file, for processes that mapped one; sites are `(pid, address)`. Each
+/// dump is read on a reader thread within [`READ_DEADLINE`]
+/// ([`untrusted::run`]); a process whose read passed it is read no more.
 #[derive(Default)]
 pub(super) struct JitDumps {
     dumps: RefCell<HashMap<u32, JitDump>>,
+    stalled: RefCell<HashSet<u32>>,
 }
 
 impl SymbolSource for JitDumps {
@@ -56,18 +63,31 @@ impl SymbolSource for JitDumps {
 
     fn symbolize(&self, tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines> {
         let mut dumps = self.dumps.borrow_mut();
+        let mut stalled = self.stalled.borrow_mut();
         dumps.retain(|&pid, _| batch.contains_key(&u64::from(pid)));
         let mut lines = HashMap::new();
         for (&group, addresses) in batch {
             let Ok(pid) = u32::try_from(group) else {
                 continue;
             };
-            let Some(path) = tracker.jitdump(pid) else {
+            let Some(file) = tracker.jitdump(pid).and_then(|f| f.file.try_clone().ok()) else {
                 continue;
             };
+            if stalled.contains(&pid) {
+                continue;
+            }
             let mut dump = dumps.remove(&pid).unwrap_or_default();
-            if let Err(err) = dump.read_from(path) {
-                debug!("{}: {err}", path.display());
+            let read = untrusted::run(READ_DEADLINE, move || {
+                let read = dump.read_from(&file);
+                (dump, read)
+            });
+            let Some((dump, read)) = read else {
+                debug!("pid {pid}'s jitdump: no answer within {READ_DEADLINE:?}");
+                stalled.insert(pid);
+                continue;
+            };
+            if let Err(err) = read {
+                debug!("pid {pid}'s jitdump: {err}");
                 continue;
             }
             for &address in addresses {
@@ -89,15 +109,23 @@ struct JitDump {
 }
 
 impl JitDump {
-    /// Brings this dump up to date with the file at `path`: the records
-    /// added since the last read, or the whole file again if it was
-    /// replaced or shrank.
-    fn read_from(&mut self, path: &Path) -> std::io::Result<()> {
+    /// Brings this dump up to date with `file`: the records added since
+    /// the last read (at most [`MAX_CHUNKS_PER_WINDOW`] chunks of them), or
+    /// the whole file again if it shrank. Errors: as
+    /// [`JitdumpCursor::read_new`].
+    fn read_from(&mut self, file: &File) -> std::io::Result<()> {
         let JitDump { cursor, ranges } = self;
-        cursor.read_new(path, |record| match record {
-            JitdumpRecord::Restart => *ranges = CodeRanges::default(),
-            JitdumpRecord::Record { id, body } => apply(ranges, id, body),
-        })
+        for _ in 0..MAX_CHUNKS_PER_WINDOW {
+            let before = cursor.bytes_read();
+            cursor.read_new(file, |record| match record {
+                JitdumpRecord::Restart => ranges.clear(),
+                JitdumpRecord::Record { id, body } => apply(ranges, id, body),
+            })?;
+            if cursor.bytes_read() == before {
+                break;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -109,13 +137,11 @@ fn apply(ranges: &mut CodeRanges, id: u32, body: &[u8]) {
             let name = &body[40..];
             let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
             let name = String::from_utf8_lossy(name);
-            ranges.insert(addr, addr.saturating_add(size), Arc::from(name.as_ref()));
+            ranges.insert(addr, addr.saturating_add(size), &name);
         }
         JIT_CODE_MOVE if body.len() >= 48 => {
             let (old, new, size) = (u64_at(body, 16), u64_at(body, 24), u64_at(body, 32));
-            if let Some((_, name)) = ranges.take(old) {
-                ranges.insert(new, new.saturating_add(size), name);
-            }
+            ranges.relocate(old, new, size);
         }
         _ => {}
     }
@@ -145,14 +171,15 @@ mod tests {
         file.write_all(&record(3, &[])).unwrap(); // a close record: skipped
         let second = load(0x2000, 0x10, "second");
         file.write_all(&second[..second.len() - 4]).unwrap(); // not complete yet
+        let reader = File::open(&path).expect("open");
         let mut dump = JitDump::default();
-        dump.read_from(&path).expect("read");
+        dump.read_from(&reader).expect("read");
         assert_eq!(dump.ranges.name_of(0x101f), Some("first"));
         assert_eq!(dump.ranges.name_of(0x1020), None);
         assert_eq!(dump.ranges.name_of(0x2000), None, "incomplete record");
         file.write_all(&second[second.len() - 4..]).unwrap();
         file.write_all(&moved(0x1000, 0x3000, 0x20)).unwrap();
-        dump.read_from(&path).expect("read again");
+        dump.read_from(&reader).expect("read again");
         assert_eq!(dump.ranges.name_of(0x2008), Some("second"));
         assert_eq!(dump.ranges.name_of(0x1000), None, "moved away");
         assert_eq!(dump.ranges.name_of(0x3010), Some("first"));
@@ -165,6 +192,7 @@ mod tests {
         let mut bytes = header();
         bytes[0] ^= 0xff;
         std::fs::write(&path, bytes).unwrap();
-        assert!(JitDump::default().read_from(&path).is_err());
+        let reader = File::open(&path).expect("open");
+        assert!(JitDump::default().read_from(&reader).is_err());
     }
 }

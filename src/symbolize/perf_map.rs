@@ -17,30 +17,42 @@
 //! last map is still right for its samples).
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::sync::Arc;
-
-use tracing::debug;
+use std::time::{Duration, Instant};
 
 use super::lines::{line_of, Lines};
 use super::sources::{Batch, FrameRef, Site, SymbolSource};
 use super::vdso::VDSO_MAPPING_NAME;
 use super::MappingSource;
-use crate::process::jit::perf_map_path;
+use crate::process::jit::JitFile;
+use crate::process::untrusted::{
+    self, bounded_name, read_span, Count, Held, ENTRY_OVERHEAD, MAX_NAME_BYTES, READ_CHUNK,
+    READ_DEADLINE,
+};
 
 /// Most bytes of one perf map read (a long-running node process writes a
 /// few MB; this bounds what a runaway map costs).
 const MAX_PERF_MAP_BYTES: u64 = 256 << 20;
+/// Most bytes of one perf map read for one window: a map that grows faster
+/// is read on in the next windows.
+const MAX_READ_PER_WINDOW: u64 = 64 << 20;
+/// Longest a read of one map goes on for one window before it stops with
+/// what it has (half the reader's deadline, so that it is never cut).
+const READ_TIME: Duration = Duration::from_millis(500);
+/// Longest line parsed whole: a longer one is parsed from its first this
+/// many bytes (its name cut) and the rest skipped.
+const MAX_LINE_BYTES: usize = MAX_NAME_BYTES + 64;
 
 /// Names frames in memory no object file backs (anonymous executable
 /// mappings) from the process's perf map; sites are `(pid, address)`.
+/// Each map is read on a reader thread within [`READ_DEADLINE`]
+/// ([`untrusted::run`]); a process whose read passed it is read no more.
 #[derive(Default)]
 pub(super) struct PerfMaps {
     maps: RefCell<HashMap<u32, PerfMap>>,
+    stalled: RefCell<HashSet<u32>>,
 }
 
 impl SymbolSource for PerfMaps {
@@ -62,22 +74,38 @@ impl SymbolSource for PerfMaps {
 
     fn symbolize(&self, tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines> {
         let mut maps = self.maps.borrow_mut();
+        let mut stalled = self.stalled.borrow_mut();
         maps.retain(|&pid, _| batch.contains_key(&u64::from(pid)));
         let mut lines = HashMap::new();
         for (&group, addresses) in batch {
             let Ok(pid) = u32::try_from(group) else {
                 continue;
             };
-            let path = tracker.perf_map(pid).map(Path::to_path_buf);
-            let path = path.or_else(|| perf_map_path(pid));
-            let map = match (maps.remove(&pid), path) {
-                (Some(map), Some(path)) => map.refreshed(&path),
-                (Some(map), None) => Some(map),
-                (None, Some(path)) => PerfMap::open(&path),
-                (None, None) => None,
-            };
-            let Some(map) = map else {
+            if stalled.contains(&pid) {
                 continue;
+            }
+            // The tracker's file, else (it had none when the maps were
+            // read) the process's map opened now, on the reader.
+            let file = tracker.perf_map(pid).and_then(|f| f.file.try_clone().ok());
+            let mut map = maps.remove(&pid).unwrap_or_default();
+            let read = untrusted::run(READ_DEADLINE, move || {
+                let file = match file {
+                    Some(file) => file,
+                    None => JitFile::perf_map(pid)?.file,
+                };
+                map.read_more(&file, Instant::now() + READ_TIME)
+                    .inspect_err(|err| tracing::debug!("pid {pid}'s perf map: {err}"))
+                    .ok()?;
+                Some(map)
+            });
+            let map = match read {
+                Some(Some(map)) => map,
+                Some(None) => continue,
+                None => {
+                    tracing::debug!("pid {pid}'s perf map: no answer within {READ_DEADLINE:?}");
+                    stalled.insert(pid);
+                    continue;
+                }
             };
             for &address in addresses {
                 if let Some(name) = map.name_of(address) {
@@ -92,16 +120,23 @@ impl SymbolSource for PerfMaps {
 
 /// Named ranges of generated code, none overlapping: a range added later
 /// replaces the earlier ones it overlaps (code generated again where other
-/// code was).
+/// code was). What it holds is within the budgets of [`Held`].
 #[derive(Debug, Default)]
 pub(super) struct CodeRanges {
     /// By start: `(end, name)`.
     entries: BTreeMap<u64, (u64, Arc<str>)>,
+    held: Held,
 }
 
 impl CodeRanges {
-    /// Adds `[start, end)`, dropping the earlier ranges it overlaps.
-    pub(super) fn insert(&mut self, start: u64, end: u64, name: Arc<str>) {
+    /// Adds `[start, end)` named `name` (cut to [`MAX_NAME_BYTES`]),
+    /// dropping the earlier ranges it overlaps; not kept when the budget is
+    /// full.
+    pub(super) fn insert(&mut self, start: u64, end: u64, name: &str) {
+        self.insert_arc(start, end, || Arc::from(bounded_name(name).as_ref()));
+    }
+
+    fn insert_arc(&mut self, start: u64, end: u64, name: impl FnOnce() -> Arc<str>) {
         if end <= start {
             return;
         }
@@ -113,14 +148,27 @@ impl CodeRanges {
             .map(|(&s, _)| s)
             .collect();
         for s in overlapped {
-            self.entries.remove(&s);
+            self.take(s);
         }
-        self.entries.insert(start, (end, name));
+        let name = name();
+        if self.held.take(name.len() + ENTRY_OVERHEAD) {
+            self.entries.insert(start, (end, name));
+        }
+    }
+
+    /// Moves the range starting at `old` to start at `new`, `size` bytes
+    /// long (code moved); nothing when there is none at `old`.
+    pub(super) fn relocate(&mut self, old: u64, new: u64, size: u64) {
+        if let Some((_, name)) = self.take(old) {
+            self.insert_arc(new, new.saturating_add(size), || name);
+        }
     }
 
     /// The range starting at `start`, removed: `(end, name)`.
-    pub(super) fn take(&mut self, start: u64) -> Option<(u64, Arc<str>)> {
-        self.entries.remove(&start)
+    fn take(&mut self, start: u64) -> Option<(u64, Arc<str>)> {
+        let (end, name) = self.entries.remove(&start)?;
+        self.held.give_back(name.len() + ENTRY_OVERHEAD);
+        Some((end, name))
     }
 
     /// The name of the code holding `address`.
@@ -132,71 +180,89 @@ impl CodeRanges {
     /// Forget every range.
     pub(super) fn clear(&mut self) {
         self.entries.clear();
+        let held = self.held.bytes();
+        self.held.give_back(held);
     }
 }
 
 /// One process's perf map as read so far.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct PerfMap {
-    /// `(device, inode)` of the file read.
-    identity: (u64, u64),
-    /// Bytes consumed: up to the end of the last complete line.
+    /// Bytes consumed: up to the end of the last complete line, or into an
+    /// over-long line being skipped.
     consumed: u64,
+    /// Inside a line longer than [`MAX_LINE_BYTES`], whose rest is skipped.
+    skipping: bool,
+    /// Bytes past [`MAX_PERF_MAP_BYTES`] already counted as unread.
+    unread_counted: u64,
     ranges: CodeRanges,
 }
 
 impl PerfMap {
-    /// Reads the perf map at `path`; `None` when there is none.
-    fn open(path: &Path) -> Option<PerfMap> {
-        let mut map = PerfMap {
-            identity: (0, 0),
-            consumed: 0,
-            ranges: CodeRanges::default(),
-        };
-        map.read_from(path).ok()?;
-        Some(map)
-    }
-
-    /// This map brought up to date with the file: the lines added since
-    /// the last read, or the whole file again if it was replaced or
-    /// shrank (`path`: where it is read now). `None` when it cannot be
-    /// read any more.
-    fn refreshed(mut self, path: &Path) -> Option<PerfMap> {
-        match self.read_from(path) {
-            Ok(()) => Some(self),
-            Err(err) => {
-                debug!("{}: {err}", path.display());
-                None
+    /// Brings this map up to date with `file`: the lines added since the
+    /// last read, or the whole file again if it shrank; at most
+    /// [`MAX_READ_PER_WINDOW`] bytes, read a [`READ_CHUNK`] at a time until
+    /// `until`. Errors: the file cannot be read.
+    fn read_more(&mut self, file: &File, until: Instant) -> std::io::Result<()> {
+        let len = file.metadata()?.len();
+        if len < self.consumed {
+            *self = PerfMap::default();
+        }
+        if len > MAX_PERF_MAP_BYTES && len - MAX_PERF_MAP_BYTES > self.unread_counted {
+            untrusted::add(
+                Count::BytesUnread,
+                len - MAX_PERF_MAP_BYTES - self.unread_counted,
+            );
+            self.unread_counted = len - MAX_PERF_MAP_BYTES;
+        }
+        let limit = len
+            .min(MAX_PERF_MAP_BYTES)
+            .min(self.consumed + MAX_READ_PER_WINDOW);
+        while self.consumed < limit && Instant::now() < until {
+            let chunk = read_span(file, self.consumed, (limit - self.consumed).min(READ_CHUNK))?;
+            let used = self.take_lines(&chunk);
+            if used == 0 {
+                break; // one incomplete line: wait for its end
             }
+            self.consumed += used as u64;
         }
-    }
-
-    fn read_from(&mut self, path: &Path) -> std::io::Result<()> {
-        let mut file = File::open(path)?;
-        let meta = file.metadata()?;
-        let identity = (meta.dev(), meta.ino());
-        if identity != self.identity || meta.len() < self.consumed {
-            self.identity = identity;
-            self.consumed = 0;
-            self.ranges.clear();
-        }
-        let limit = meta.len().min(MAX_PERF_MAP_BYTES);
-        if limit <= self.consumed {
-            return Ok(());
-        }
-        file.seek(SeekFrom::Start(self.consumed))?;
-        let mut text = Vec::new();
-        file.take(limit - self.consumed).read_to_end(&mut text)?;
-        // Only complete lines: the writer may be in the middle of one.
-        let complete = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        for line in text[..complete].split(|&b| b == b'\n') {
-            if let Some((start, size, name)) = parse_line(line) {
-                self.ranges
-                    .insert(start, start.saturating_add(size), Arc::from(name));
-            }
-        }
-        self.consumed += complete as u64;
         Ok(())
+    }
+
+    /// Parses the complete lines at the start of `chunk` (and the start of
+    /// an over-long one); returns how many bytes were used.
+    fn take_lines(&mut self, chunk: &[u8]) -> usize {
+        let mut pos = 0;
+        if self.skipping {
+            match memchr(chunk) {
+                Some(i) => {
+                    pos = i + 1;
+                    self.skipping = false;
+                }
+                None => return chunk.len(),
+            }
+        }
+        loop {
+            let rest = &chunk[pos..];
+            match memchr(rest) {
+                Some(i) => {
+                    self.add_line(&rest[..i]);
+                    pos += i + 1;
+                }
+                None if rest.len() > MAX_LINE_BYTES => {
+                    self.add_line(&rest[..MAX_LINE_BYTES]);
+                    self.skipping = true;
+                    return chunk.len();
+                }
+                None => return pos,
+            }
+        }
+    }
+
+    fn add_line(&mut self, line: &[u8]) {
+        if let Some((start, size, name)) = parse_line(line) {
+            self.ranges.insert(start, start.saturating_add(size), name);
+        }
     }
 
     /// The name of the code holding `address`.
@@ -205,10 +271,23 @@ impl PerfMap {
     }
 }
 
+/// The index of the first newline in `bytes`.
+fn memchr(bytes: &[u8]) -> Option<usize> {
+    bytes.iter().position(|&b| b == b'\n')
+}
+
 /// `START SIZE name` (hex numbers, optional `0x`) -> its parts; `None` for
-/// a malformed line.
+/// a malformed line. A line cut inside a UTF-8 character keeps what is
+/// before it.
 fn parse_line(line: &[u8]) -> Option<(u64, u64, &str)> {
-    let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
+    let line = match std::str::from_utf8(line) {
+        Ok(line) => line,
+        Err(err) if err.error_len().is_none() => {
+            std::str::from_utf8(&line[..err.valid_up_to()]).ok()?
+        }
+        Err(_) => return None,
+    };
+    let line = line.trim_end_matches('\r');
     let mut parts = line.splitn(3, ' ');
     let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
     let start = hex(parts.next()?)?;
@@ -220,7 +299,6 @@ fn parse_line(line: &[u8]) -> Option<(u64, u64, &str)> {
 #[cfg(test)]
 mod tests {
     use std::io::Write;
-    use std::path::PathBuf;
 
     use super::*;
 
@@ -242,49 +320,96 @@ mod tests {
     #[test]
     fn later_ranges_replace_the_ones_they_overlap() {
         let mut map = CodeRanges::default();
-        map.insert(0x100, 0x200, Arc::from("a"));
-        map.insert(0x200, 0x300, Arc::from("b"));
-        map.insert(0x400, 0x500, Arc::from("c"));
+        map.insert(0x100, 0x200, "a");
+        map.insert(0x200, 0x300, "b");
+        map.insert(0x400, 0x500, "c");
         assert_eq!(map.name_of(0x1ff), Some("a"));
         assert_eq!(map.name_of(0x300), None);
-        map.insert(0x180, 0x280, Arc::from("d"));
+        map.insert(0x180, 0x280, "d");
         assert_eq!(map.name_of(0x100), None, "a was replaced");
         assert_eq!(map.name_of(0x250), Some("d"));
         assert_eq!(map.name_of(0x2ff), None, "b was replaced");
         assert_eq!(map.name_of(0x450), Some("c"));
+        map.relocate(0x400, 0x1000, 0x10);
+        assert_eq!(map.name_of(0x450), None);
+        assert_eq!(map.name_of(0x100f), Some("c"));
+        let held = map.held.bytes();
+        assert_eq!(held, 2 + 2 * ENTRY_OVERHEAD, "d and c");
+        map.clear();
+        assert_eq!(map.held.bytes(), 0);
+    }
+
+    /// Reads `map` on from `path` now (no deadline of its own).
+    fn read(map: &mut PerfMap, path: &std::path::Path) {
+        let file = File::open(path).expect("open");
+        map.read_more(&file, Instant::now() + Duration::from_secs(60))
+            .expect("read");
     }
 
     #[test]
-    fn reads_this_processs_map_and_what_is_appended_to_it() {
-        // A map for this test process, where `perf_map_path` looks.
-        let pid = std::process::id();
-        let path = perf_map_path(pid).expect("own path");
+    fn reads_a_map_and_what_is_appended_to_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("perf-1.map");
         let mut file = File::create(&path).expect("create perf map");
-        let _remove = RemoveOnDrop(path.clone());
         writeln!(file, "1000 100 first").unwrap();
         write!(file, "2000 100 second").unwrap(); // no newline yet
-        let map = PerfMap::open(&path).expect("read");
+        let mut map = PerfMap::default();
+        read(&mut map, &path);
         assert_eq!(map.name_of(0x1080), Some("first"));
         assert_eq!(map.name_of(0x2000), None, "incomplete line");
         writeln!(file, "\n3000 10 third").unwrap();
-        let map = map.refreshed(&path).expect("still there");
+        read(&mut map, &path);
         assert_eq!(map.name_of(0x20ff), Some("second"));
         assert_eq!(map.name_of(0x3000), Some("third"));
         assert_eq!(map.name_of(0x1080), Some("first"));
         // Replaced by a shorter file: read again from the start.
         std::fs::write(&path, "4000 10 fourth\n").unwrap();
-        let map = map.refreshed(&path).expect("replaced");
+        read(&mut map, &path);
         assert_eq!(map.name_of(0x1080), None);
         assert_eq!(map.name_of(0x4000), Some("fourth"));
-        std::fs::remove_file(&path).unwrap();
-        assert!(map.refreshed(&path).is_none(), "gone from a live process");
     }
 
-    struct RemoveOnDrop(PathBuf);
+    #[test]
+    fn an_over_long_name_is_cut_and_the_rest_of_its_line_skipped_chunk_by_chunk() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("perf-2.map");
+        let mut file = File::create(&path).expect("create perf map");
+        // A name of 2.5 chunks, then a good line.
+        write!(file, "1000 100 ").unwrap();
+        let long = vec![b'A'; (READ_CHUNK * 5 / 2) as usize];
+        file.write_all(&long).unwrap();
+        writeln!(file, "\n5000 10 after").unwrap();
+        let cut = untrusted::counters().names_cut;
+        let mut map = PerfMap::default();
+        read(&mut map, &path);
+        let name = map.name_of(0x1000).expect("named");
+        assert!(
+            name.ends_with(untrusted::CUT_MARKER),
+            "{}",
+            &name[name.len() - 20..]
+        );
+        assert!(name.len() <= MAX_NAME_BYTES + untrusted::CUT_MARKER.len());
+        assert_eq!(map.name_of(0x5000), Some("after"));
+        assert!(untrusted::counters().names_cut > cut);
+        assert_eq!(map.consumed, std::fs::metadata(&path).unwrap().len());
+    }
 
-    impl Drop for RemoveOnDrop {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
+    #[test]
+    fn a_map_of_tiny_lines_stops_at_the_files_budget() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("perf-3.map");
+        let mut text = String::new();
+        // More entries than one file's budget holds.
+        let entries = untrusted::MAX_HELD_PER_FILE / ENTRY_OVERHEAD + 1000;
+        for i in 0..entries {
+            text.push_str(&format!("{:x} 1 f\n", i * 2));
         }
+        std::fs::write(&path, &text).unwrap();
+        let dropped = untrusted::counters().entries_dropped;
+        let mut map = PerfMap::default();
+        read(&mut map, &path);
+        assert!(map.ranges.held.bytes() <= untrusted::MAX_HELD_PER_FILE);
+        assert!(untrusted::counters().entries_dropped >= dropped + 1000);
+        assert_eq!(map.name_of(0), Some("f"));
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use tracing::debug;
 
-use crate::process::jit::JitFile;
+use crate::process::jit::{JitFile, JitSlot};
 use crate::process::{Mapping, MappingId, ObjectId, ProcessTracker};
 use crate::profile::aggregate::Aggregator;
 
@@ -29,12 +29,12 @@ pub trait MappingSource {
     fn object_open_path(&self, id: ObjectId) -> Option<&Path>;
     /// GNU build ID of object `id`, if it has one.
     fn object_build_id(&self, id: ObjectId) -> Option<&[u8]>;
-    /// A path that reads process `pid`'s JIT perf map from the profiler
-    /// (`/proc/self/fd/N`), if the tracker opened one.
-    fn perf_map(&self, pid: u32) -> Option<&Path>;
-    /// A path that reads process `pid`'s jitdump file from the profiler
-    /// (`/proc/self/fd/N`), if the tracker opened one.
-    fn jitdump(&self, pid: u32) -> Option<&Path>;
+    /// Process `pid`'s JIT perf map, if the tracker opened one (a regular
+    /// file the process controls: read it with [`crate::process::untrusted`]).
+    fn perf_map(&self, pid: u32) -> Option<&JitFile>;
+    /// Process `pid`'s jitdump file, if the tracker opened one (as
+    /// [`Self::perf_map`]).
+    fn jitdump(&self, pid: u32) -> Option<&JitFile>;
 }
 
 impl MappingSource for ProcessTracker {
@@ -50,11 +50,11 @@ impl MappingSource for ProcessTracker {
     fn object_build_id(&self, id: ObjectId) -> Option<&[u8]> {
         self.object(id)?.build_id.as_deref()
     }
-    fn perf_map(&self, pid: u32) -> Option<&Path> {
-        Some(&ProcessTracker::perf_map(self, pid)?.open_path)
+    fn perf_map(&self, pid: u32) -> Option<&JitFile> {
+        ProcessTracker::perf_map(self, pid)?.get()
     }
-    fn jitdump(&self, pid: u32) -> Option<&Path> {
-        Some(&ProcessTracker::jitdump(self, pid)?.open_path)
+    fn jitdump(&self, pid: u32) -> Option<&JitFile> {
+        ProcessTracker::jitdump(self, pid)?.get()
     }
 }
 
@@ -82,9 +82,9 @@ pub struct TrackerSnapshot {
     objects: HashMap<ObjectId, Arc<SnapshotObject>>,
     /// The open perf maps of the window's processes (shared with the
     /// tracker: each stays open, at the same path, while either holds it).
-    perf_maps: HashMap<u32, Arc<JitFile>>,
+    perf_maps: HashMap<u32, Arc<JitSlot>>,
     /// The open jitdump files of the window's processes (shared likewise).
-    jitdumps: HashMap<u32, Arc<JitFile>>,
+    jitdumps: HashMap<u32, Arc<JitSlot>>,
     missing_samples: u64,
 }
 
@@ -101,11 +101,12 @@ impl TrackerSnapshot {
     ) -> Self {
         let mut snapshot = TrackerSnapshot::default();
         for (key, _) in aggregator.stacks() {
-            if let Some(perf_map) = tracker.perf_map(key.pid) {
-                snapshot.perf_maps.insert(key.pid, perf_map.clone());
+            let opened = |slot: Option<&Arc<JitSlot>>| slot.filter(|s| s.get().is_some()).cloned();
+            if let Some(perf_map) = opened(tracker.perf_map(key.pid)) {
+                snapshot.perf_maps.insert(key.pid, perf_map);
             }
-            if let Some(jitdump) = tracker.jitdump(key.pid) {
-                snapshot.jitdumps.insert(key.pid, jitdump.clone());
+            if let Some(jitdump) = opened(tracker.jitdump(key.pid)) {
+                snapshot.jitdumps.insert(key.pid, jitdump);
             }
         }
         let mut missing = HashSet::new();
@@ -189,10 +190,10 @@ impl MappingSource for TrackerSnapshot {
     fn object_build_id(&self, id: ObjectId) -> Option<&[u8]> {
         self.objects.get(&id)?.build_id.as_deref()
     }
-    fn perf_map(&self, pid: u32) -> Option<&Path> {
-        Some(&self.perf_maps.get(&pid)?.open_path)
+    fn perf_map(&self, pid: u32) -> Option<&JitFile> {
+        self.perf_maps.get(&pid)?.get()
     }
-    fn jitdump(&self, pid: u32) -> Option<&Path> {
-        Some(&self.jitdumps.get(&pid)?.open_path)
+    fn jitdump(&self, pid: u32) -> Option<&JitFile> {
+        self.jitdumps.get(&pid)?.get()
     }
 }

@@ -22,7 +22,7 @@
 //! retired.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::fs::File;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,7 @@ use super::table::{CfiSource, UnwindTable};
 use crate::process::jit::{
     ne_u64, JitdumpCursor, JitdumpRecord, JIT_CODE_LOAD, JIT_CODE_MOVE, JIT_CODE_UNWINDING_INFO,
 };
+use crate::process::untrusted::{self, Held, Pending, Poll, ENTRY_OVERHEAD, READ_DEADLINE};
 use crate::process::walker::VDSO_OBJECT_ID;
 
 /// First object id of JIT tables; they count up to [`VDSO_OBJECT_ID`]
@@ -56,6 +57,8 @@ struct Code {
     size: u64,
     /// Its `.eh_frame` (identical ones are shared).
     eh_frame: Arc<[u8]>,
+    /// Bytes taken from the process's [`Held`] budget for it.
+    cost: usize,
 }
 
 /// The table of one mapping, as last built.
@@ -66,27 +69,49 @@ struct MappingTable {
     digest: (usize, u64),
 }
 
+/// A record the unwind tables use, as a reader thread hands it over: only
+/// the bytes [`apply`] reads (a code load without its name and code).
+#[derive(Debug)]
+enum Owned {
+    Restart,
+    Record(u32, Vec<u8>),
+}
+
+/// What one read of a jitdump on a reader thread gives back: the cursor,
+/// and the records it found.
+type ReadDone = (JitdumpCursor, Vec<Owned>);
+
 /// What is known of one process's jitdump.
 #[derive(Debug, Default)]
 struct ProcessJit {
+    /// The cursor (a default one while a read is out with it).
     cursor: JitdumpCursor,
+    /// A read on a reader thread ([`untrusted::spawn`]), not yet collected.
+    reading: Option<Pending<ReadDone>>,
+    /// A read passed [`READ_DEADLINE`]: the file is read no more.
+    stalled: bool,
     /// The `.eh_frame` of the latest unwinding-info record, for the next
     /// code load.
     pending: Option<Arc<[u8]>>,
     /// Code with unwinding information, by address.
     codes: BTreeMap<u64, Code>,
+    /// What `codes` holds, within the budgets of files processes control.
+    held: Held,
     /// Tables by mapping start.
     tables: FxHashMap<u64, MappingTable>,
-    /// When the file was last read.
+    /// When a read was last started.
     last_read: Option<Instant>,
+    /// When [`JitTables::grew`] last looked for evicted tables.
+    last_checked: Option<Instant>,
 }
 
 /// Applies one record to what is known of a process's code: `pending`,
 /// the latest unwinding information not yet used by a code load, and
-/// `codes`. Returns whether `codes` changed.
+/// `codes` (within `held`). Returns whether `codes` changed.
 fn apply(
     pending: &mut Option<Arc<[u8]>>,
     codes: &mut BTreeMap<u64, Code>,
+    held: &mut Held,
     id: u32,
     body: &[u8],
 ) -> bool {
@@ -109,44 +134,143 @@ fn apply(
         }
         JIT_CODE_LOAD if body.len() >= 40 => {
             let (addr, size) = (ne_u64(body, 16), ne_u64(body, 24));
-            match pending.take() {
-                Some(eh_frame) if codes.len() < MAX_CODES => {
-                    codes.insert(addr, Code { size, eh_frame });
-                    true
+            let mut changed = codes
+                .remove(&addr)
+                .inspect(|old| held.give_back(old.cost))
+                .is_some();
+            if let Some(eh_frame) = pending.take() {
+                // Shared bytes are paid for once.
+                let own = if Arc::strong_count(&eh_frame) == 1 {
+                    eh_frame.len()
+                } else {
+                    0
+                };
+                let cost = ENTRY_OVERHEAD + own;
+                if codes.len() < MAX_CODES && held.take(cost) {
+                    codes.insert(
+                        addr,
+                        Code {
+                            size,
+                            eh_frame,
+                            cost,
+                        },
+                    );
+                    changed = true;
                 }
-                _ => codes.remove(&addr).is_some(),
             }
+            changed
         }
         JIT_CODE_MOVE if body.len() >= 48 => {
             let (old, new) = (ne_u64(body, 16), ne_u64(body, 24));
             let moved = codes.remove(&old);
-            moved.map(|code| codes.insert(new, code)).is_some()
+            moved
+                .map(|code| {
+                    if let Some(replaced) = codes.insert(new, code) {
+                        held.give_back(replaced.cost);
+                    }
+                })
+                .is_some()
         }
         _ => false,
     }
 }
 
+/// The part of a record [`apply`] reads, copied for the trip back from the
+/// reader thread: unwinding information whole, loads and moves by their
+/// fixed fields; `None` for records the tables do not use.
+fn owned(id: u32, body: &[u8]) -> Option<Owned> {
+    let keep = match id {
+        JIT_CODE_UNWINDING_INFO => body.len(),
+        JIT_CODE_LOAD => body.len().min(40),
+        JIT_CODE_MOVE => body.len().min(48),
+        _ => return None,
+    };
+    Some(Owned::Record(id, body[..keep].to_vec()))
+}
+
+/// Reads what was added to `file` with `cursor` (one chunk at most), on a
+/// reader thread.
+fn read_on(mut cursor: JitdumpCursor, file: &File) -> ReadDone {
+    let mut records = Vec::new();
+    let read = cursor.read_new(file, |record| match record {
+        JitdumpRecord::Restart => records.push(Owned::Restart),
+        JitdumpRecord::Record { id, body } => records.extend(owned(id, body)),
+    });
+    if let Err(err) = read {
+        debug!("jitdump: {err}");
+    }
+    (cursor, records)
+}
+
 impl ProcessJit {
-    /// Reads what was added to the jitdump at `path`; returns whether the
-    /// code with unwinding information changed.
-    fn read(&mut self, path: &Path) -> std::io::Result<bool> {
-        self.last_read = Some(Instant::now());
-        let ProcessJit {
-            cursor,
-            pending,
-            codes,
-            ..
-        } = self;
+    /// Collects a finished read (applying its records) and, when none is
+    /// out and the last started `interval` ago or more, starts the next on
+    /// a reader thread, with its own descriptor of `file`. Never waits.
+    /// Returns whether the code with unwinding information changed.
+    fn poll(&mut self, file: &File, interval: Duration) -> bool {
         let mut changed = false;
-        cursor.read_new(path, |record| match record {
-            JitdumpRecord::Restart => {
-                *pending = None;
-                changed |= !codes.is_empty();
-                codes.clear();
+        if let Some(reading) = &self.reading {
+            match reading.poll(READ_DEADLINE) {
+                Poll::Waiting => return false,
+                Poll::Lost => {
+                    self.reading = None;
+                    self.stalled = true;
+                    debug!("a jitdump read passed {READ_DEADLINE:?}: read no more");
+                    return false;
+                }
+                Poll::Ready((cursor, records)) => {
+                    self.reading = None;
+                    self.cursor = cursor;
+                    changed = self.apply_all(records);
+                }
             }
-            JitdumpRecord::Record { id, body } => changed |= apply(pending, codes, id, body),
-        })?;
-        Ok(changed)
+        }
+        let due = self.last_read.is_none_or(|t| t.elapsed() >= interval);
+        if self.stalled || !due {
+            return changed;
+        }
+        let Ok(file) = file.try_clone() else {
+            return changed;
+        };
+        self.last_read = Some(Instant::now());
+        let cursor = std::mem::take(&mut self.cursor);
+        self.reading = untrusted::spawn(move || read_on(cursor, &file));
+        if self.reading.is_none() && !self.codes.is_empty() {
+            // No reader free, and the cursor went with the job: the file is
+            // read again from its start next time.
+            self.forget_codes();
+            changed = true;
+        }
+        changed
+    }
+
+    fn apply_all(&mut self, records: Vec<Owned>) -> bool {
+        let mut changed = false;
+        for record in records {
+            match record {
+                Owned::Restart => {
+                    self.pending = None;
+                    changed |= !self.codes.is_empty();
+                    self.forget_codes();
+                }
+                Owned::Record(id, body) => {
+                    let ProcessJit {
+                        pending,
+                        codes,
+                        held,
+                        ..
+                    } = self;
+                    changed |= apply(pending, codes, held, id, &body);
+                }
+            }
+        }
+        changed
+    }
+
+    fn forget_codes(&mut self) {
+        self.codes.clear();
+        let held = self.held.bytes();
+        self.held.give_back(held);
     }
 
     /// `(count, sum of addresses)` of the code in `[start, end)`: differs
@@ -183,27 +307,21 @@ impl Default for JitTables {
 
 impl JitTables {
     /// The object id of the table of process `pid`'s anonymous executable
-    /// mapping `[start, end)`, from the jitdump file at `path` (read up to
-    /// date first); `None` when no code with unwinding information lies in
-    /// it. A table built anew is pushed onto `built` (to be loaded), and the
+    /// mapping `[start, end)`, from its jitdump `file` as read so far (a
+    /// read of what it added is started on a reader thread, and seen by a
+    /// later call or [`Self::grew`]); `None` when no code with unwinding
+    /// information lies in it (yet). Never waits for the file. A table built anew is pushed onto `built` (to be loaded), and the
     /// id it replaces onto `retired` (to be unloaded).
     pub fn mapping_table(
         &mut self,
         pid: u32,
         (start, end): (u64, u64),
-        path: &Path,
+        file: &File,
         built: &mut Vec<BuiltTable>,
         retired: &mut Vec<u32>,
     ) -> Option<u32> {
         let process = self.processes.entry(pid).or_default();
-        if process
-            .last_read
-            .is_none_or(|t| t.elapsed() >= CHECK_INTERVAL / 2)
-        {
-            if let Err(err) = process.read(path) {
-                debug!("{}: {err}", path.display());
-            }
-        }
+        process.poll(file, CHECK_INTERVAL / 2);
         let digest = process.digest(start, end);
         if let Some(table) = process.tables.get(&start) {
             if table.digest == digest {
@@ -239,27 +357,30 @@ impl JitTables {
         Some(object_id)
     }
 
-    /// Whether process `pid` should be described again, looked at most
-    /// every 50 ms per process: its jitdump (at `path`) changed the code
-    /// with unwinding information since it was last read, or one of its
-    /// tables was `evicted` (that table is then forgotten, so that it is
-    /// built again, and its id pushed onto `retired`).
+    /// Whether process `pid` should be described again: a read of its
+    /// jitdump `file` (started every 50 ms at most, on a reader thread)
+    /// changed the code with unwinding information, or one of its tables
+    /// was `evicted` (looked at every 50 ms at most; that table is then
+    /// forgotten, so that it is built again, and its id pushed onto
+    /// `retired`). Never waits for the file.
     pub fn grew(
         &mut self,
         pid: u32,
-        path: &Path,
+        file: &File,
         evicted: impl Fn(u32) -> bool,
         retired: &mut Vec<u32>,
     ) -> bool {
         let Some(process) = self.processes.get_mut(&pid) else {
             return false;
         };
+        let changed = process.poll(file, CHECK_INTERVAL);
         if process
-            .last_read
+            .last_checked
             .is_some_and(|t| t.elapsed() < CHECK_INTERVAL)
         {
-            return false;
+            return changed;
         }
+        process.last_checked = Some(Instant::now());
         let before = process.tables.len();
         process.tables.retain(|_, t| {
             let keep = !evicted(t.object_id);
@@ -267,10 +388,6 @@ impl JitTables {
                 retired.push(t.object_id);
             }
             keep
-        });
-        let changed = process.read(path).unwrap_or_else(|err| {
-            debug!("{}: {err}", path.display());
-            false
         });
         changed || process.tables.len() != before
     }
@@ -424,10 +541,24 @@ mod tests {
             moved(BASE + 0x110, BASE + 0x330),
         ];
         file.write_all(&first.concat()).unwrap();
+        let reader = std::fs::File::open(&path).expect("open");
         let mut jit = JitTables::default();
         let (mut built, mut retired) = (Vec::new(), Vec::new());
         let mapping = (BASE, BASE + 0x1_0000);
-        let id = jit.mapping_table(1, mapping, &path, &mut built, &mut retired);
+        assert_eq!(
+            jit.mapping_table(1, mapping, &reader, &mut built, &mut retired),
+            None,
+            "read on a reader thread: nothing known yet"
+        );
+        let settled = |jit: &mut JitTables, retired: &mut Vec<u32>| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !jit.grew(1, &reader, |_| false, retired) {
+                assert!(Instant::now() < deadline, "the read never came back");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        settled(&mut jit, &mut retired);
+        let id = jit.mapping_table(1, mapping, &reader, &mut built, &mut retired);
         assert_eq!(id, Some(JIT_OBJECT_ID_BASE));
         assert_eq!(jit.object_of(1, BASE), id);
         let (_, name, table) = &built[0];
@@ -443,12 +574,12 @@ mod tests {
         );
         // Nothing new: the same table; a mapping without such code: none.
         assert_eq!(
-            jit.mapping_table(1, mapping, &path, &mut built, &mut retired),
+            jit.mapping_table(1, mapping, &reader, &mut built, &mut retired),
             id
         );
         let elsewhere = (BASE + 0x10_0000, BASE + 0x11_0000);
         assert_eq!(
-            jit.mapping_table(1, elsewhere, &path, &mut built, &mut retired),
+            jit.mapping_table(1, elsewhere, &reader, &mut built, &mut retired),
             None
         );
         assert_eq!((built.len(), retired.len()), (1, 0));
@@ -458,25 +589,25 @@ mod tests {
         file.write_all(&[info, load(BASE + 0x440, "py::c")].concat())
             .unwrap();
         std::thread::sleep(CHECK_INTERVAL);
-        assert!(jit.grew(1, &path, |_| false, &mut retired));
+        settled(&mut jit, &mut retired);
         assert!(
-            !jit.grew(1, &path, |_| false, &mut retired),
+            !jit.grew(1, &reader, |_| false, &mut retired),
             "checked just now"
         );
-        let new = jit.mapping_table(1, mapping, &path, &mut built, &mut retired);
+        let new = jit.mapping_table(1, mapping, &reader, &mut built, &mut retired);
         assert_eq!(new, Some(JIT_OBJECT_ID_BASE + 1));
         assert_eq!(retired, vec![JIT_OBJECT_ID_BASE]);
         assert_trampoline(&built[1].2, 0x440);
         assert_trampoline(&built[1].2, 0);
         // An evicted table: described again, built again.
         std::thread::sleep(CHECK_INTERVAL);
-        assert!(jit.grew(1, &path, |id| id == JIT_OBJECT_ID_BASE + 1, &mut retired));
-        let again = jit.mapping_table(1, mapping, &path, &mut built, &mut retired);
+        assert!(jit.grew(1, &reader, |id| id == JIT_OBJECT_ID_BASE + 1, &mut retired));
+        let again = jit.mapping_table(1, mapping, &reader, &mut built, &mut retired);
         assert_eq!(again, Some(JIT_OBJECT_ID_BASE + 2));
         jit.process_exited(1, &mut retired);
         let ids = |n: &[u32]| n.iter().map(|i| JIT_OBJECT_ID_BASE + i).collect::<Vec<_>>();
         assert_eq!(retired, ids(&[0, 1, 2]));
-        assert!(!jit.grew(1, &path, |_| true, &mut retired), "forgotten");
+        assert!(!jit.grew(1, &reader, |_| true, &mut retired), "forgotten");
     }
 
     #[test]
@@ -484,10 +615,12 @@ mod tests {
         let mut info = hex(CPYTHON_313_UNWINDING_INFO);
         let mut pending = None;
         let mut codes = BTreeMap::new();
+        let mut held = Held::default();
         for cut in 0..info.len() {
             apply(
                 &mut pending,
                 &mut codes,
+                &mut held,
                 JIT_CODE_UNWINDING_INFO,
                 &info[..cut],
             );
@@ -496,11 +629,23 @@ mod tests {
         let mut hdr_only = vec![0; 24 + 20];
         hdr_only[0] = 20;
         hdr_only[8] = 20;
-        apply(&mut pending, &mut codes, JIT_CODE_UNWINDING_INFO, &hdr_only);
+        apply(
+            &mut pending,
+            &mut codes,
+            &mut held,
+            JIT_CODE_UNWINDING_INFO,
+            &hdr_only,
+        );
         assert!(pending.is_none());
         // Sizes beyond the record: ignored.
         info[0] = 0xff;
-        apply(&mut pending, &mut codes, JIT_CODE_UNWINDING_INFO, &info);
+        apply(
+            &mut pending,
+            &mut codes,
+            &mut held,
+            JIT_CODE_UNWINDING_INFO,
+            &info,
+        );
         assert!(pending.is_none());
         // Garbage CFI for real code: a table without rows.
         let garbage: Arc<[u8]> = Arc::from(&[0x10, 0, 0, 0, 0xff, 0xff, 0xff, 0xff][..]);
@@ -509,6 +654,7 @@ mod tests {
             Code {
                 size: 11,
                 eh_frame: garbage,
+                cost: 0,
             },
         );
         let table = build(codes.iter(), BASE).expect("table");
@@ -558,7 +704,9 @@ mod tests {
         let pid = String::from_utf8_lossy(&run.stdout).trim().to_string();
         let path = std::path::PathBuf::from(format!("/tmp/jit-{pid}.dump"));
         let mut process = ProcessJit::default();
-        process.read(&path).expect("read");
+        let file = std::fs::File::open(&path).expect("open");
+        let (_, records) = read_on(JitdumpCursor::default(), &file);
+        process.apply_all(records);
         let _ = std::fs::remove_file(&path);
         assert!(
             process.codes.len() >= 10,

@@ -14,7 +14,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::borrow::Cow;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::Instant;
@@ -556,7 +556,7 @@ impl TableSupply for UnwindLoader {
         self.report_startup();
     }
 
-    fn jit_mapped(&mut self, pid: u32, range: (u64, u64), jitdump: &Path) -> Option<u32> {
+    fn jit_mapped(&mut self, pid: u32, range: (u64, u64), jitdump: &std::fs::File) -> Option<u32> {
         let built = self.jit_built.len();
         let id = self.jit.mapping_table(
             pid,
@@ -577,7 +577,7 @@ impl TableSupply for UnwindLoader {
         Some(id)
     }
 
-    fn jit_grew(&mut self, pid: u32, jitdump: &Path) -> bool {
+    fn jit_grew(&mut self, pid: u32, jitdump: &std::fs::File) -> bool {
         let tables = &self.tables;
         let evicted = |id| {
             tables

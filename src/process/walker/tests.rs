@@ -62,10 +62,10 @@ impl TableSupply for Asked {
     fn vdso_mapped(&mut self, image: Vec<u8>) {
         self.vdso.push(image);
     }
-    fn jit_mapped(&mut self, _: u32, _: (u64, u64), _: &std::path::Path) -> Option<u32> {
+    fn jit_mapped(&mut self, _: u32, _: (u64, u64), _: &std::fs::File) -> Option<u32> {
         None
     }
-    fn jit_grew(&mut self, _: u32, _: &std::path::Path) -> bool {
+    fn jit_grew(&mut self, _: u32, _: &std::fs::File) -> bool {
         false
     }
     fn process_exited(&mut self, pid: u32) {
