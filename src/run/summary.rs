@@ -152,6 +152,21 @@ impl std::fmt::Display for RunSummary {
                 d.fetched, d.cached, d.failed
             )?;
         }
+        let j = crate::process::untrusted::counters();
+        if j != Default::default() {
+            write!(
+                f,
+                "\njit files: refused={} reads_timed_out={} reads_refused={} names_cut={} \
+                 entries_dropped={} records_skipped={} bytes_unread={}",
+                j.files_refused,
+                j.reads_timed_out,
+                j.reads_refused,
+                j.names_cut,
+                j.entries_dropped,
+                j.records_skipped,
+                j.bytes_unread
+            )?;
+        }
         Ok(())
     }
 }

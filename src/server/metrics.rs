@@ -38,6 +38,36 @@ pub struct Metrics {
     connections: Arc<ConnectionStats>,
 }
 
+/// What was refused or cut reading files profiled processes control
+/// ([`crate::process::untrusted::counters`]).
+fn render_jit_files(out: &mut String) {
+    let c = crate::process::untrusted::counters();
+    family(
+        out,
+        "lightswitch_jit_files_total",
+        "counter",
+        "Perf maps and jitdump files, which profiled processes control: files refused (not a regular \
+         file, a symlink, another user's), reads past their deadline or not started (every reader \
+         busy), names cut to 4 KiB, entries dropped for a full budget, oversized jitdump records \
+         skipped.",
+        &[
+            ("kind=\"files_refused\"", c.files_refused),
+            ("kind=\"reads_timed_out\"", c.reads_timed_out),
+            ("kind=\"reads_refused\"", c.reads_refused),
+            ("kind=\"names_cut\"", c.names_cut),
+            ("kind=\"entries_dropped\"", c.entries_dropped),
+            ("kind=\"records_skipped\"", c.records_skipped),
+        ],
+    );
+    family(
+        out,
+        "lightswitch_jit_file_bytes_unread_total",
+        "counter",
+        "Bytes of perf maps and jitdump files past their per-file read budget, left unread.",
+        &[("", c.bytes_unread)],
+    );
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Counters stay consistent even if a holder panicked.
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -152,6 +182,7 @@ impl Metrics {
         self.render_sampling(&mut out);
         self.render_windows(&mut out);
         self.render_serving(&mut out);
+        render_jit_files(&mut out);
         if let Some(rss) = rss_bytes {
             family(
                 &mut out,
@@ -456,6 +487,9 @@ mod tests {
         assert!(text.contains("lightswitch_stack_copy_walks_total{outcome=\"walked_on\"} 2\n"));
         assert!(text.contains("lightswitch_stack_copy_walks_total{outcome=\"not_held\"} 1\n"));
         assert!(text.contains("process_resident_memory_bytes 4096\n"));
+        assert!(text.contains("# TYPE lightswitch_jit_files_total counter\n"));
+        assert!(text.contains("lightswitch_jit_files_total{kind=\"records_skipped\"} "));
+        assert!(text.contains("lightswitch_jit_file_bytes_unread_total "));
         assert!(!text.contains("lightswitch_sender_"));
         assert!(resident_memory_bytes().is_some_and(|b| b > 0));
     }

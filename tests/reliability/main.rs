@@ -1,4 +1,5 @@
-//! Hostile input and bad days, on loopback only: the collector and the
+//! Hostile input and bad days, on loopback only: unprivileged processes'
+//! perf maps and jitdumps (hostile.rs); the collector and the
 //! agent's `--listen` server out of file descriptors, under idle and
 //! surplus connections, fed decompression bombs and impossible times, asked
 //! to merge many windows; profiles' file modes; the exit status of a run
@@ -10,6 +11,7 @@
 mod common;
 mod files;
 mod heap;
+mod hostile;
 
 use std::fs;
 use std::io::{Read, Write};
