@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 seconds=""
 runs=""
-targets=(pprof_body unwind_builder unwind_cache)
+targets=(pprof_body unwind_builder unwind_cache perf_map jitdump)
 while [ $# -gt 0 ]; do
     case "$1" in
         --seconds) seconds="$2"; shift 2 ;;

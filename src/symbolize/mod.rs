@@ -30,7 +30,7 @@ mod keep_tests;
 pub mod kernel;
 mod lines;
 mod objects;
-mod perf_map;
+pub mod perf_map;
 mod plt;
 pub mod source;
 mod sources;

@@ -10,11 +10,17 @@
 //! (`/proc/PID/root/tmp/...`), named by its pid in its own PID namespace
 //! (the last `NSpid` of `/proc/PID/status`), so that containers' maps are
 //! found; the process tracker opens it while the process lives
-//! ([`crate::process::jit`]), which keeps it readable after the
-//! process and its mount namespace are gone. Maps are re-read from where the last read stopped when they grew,
-//! from the start when they were replaced or shrank; a process's map is
-//! kept while the windows name frames of it (after its exit too, since its
-//! last map is still right for its samples).
+//! ([`crate::process::jit`]: without following a symlink or blocking on a
+//! FIFO, only a regular file of the process's user or root), which keeps
+//! it readable after the process and its mount namespace are gone.
+//!
+//! A local user writes this file and the profiler runs as root, so it is
+//! read on a reader thread within a deadline, a bounded number of bytes a
+//! window, into bounded memory ([`crate::process::untrusted`]). Maps are
+//! read on from where the last read stopped when they grew, from the start
+//! when they shrank; a process's map is kept while the windows name frames
+//! of it (after its exit too, since its last map is still right for its
+//! samples).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -185,9 +191,10 @@ impl CodeRanges {
     }
 }
 
-/// One process's perf map as read so far.
+/// One process's perf map as read so far: named code ranges, within the
+/// budgets of [`crate::process::untrusted`].
 #[derive(Debug, Default)]
-struct PerfMap {
+pub struct PerfMap {
     /// Bytes consumed: up to the end of the last complete line, or into an
     /// over-long line being skipped.
     consumed: u64,
@@ -202,8 +209,11 @@ impl PerfMap {
     /// Brings this map up to date with `file`: the lines added since the
     /// last read, or the whole file again if it shrank; at most
     /// [`MAX_READ_PER_WINDOW`] bytes, read a [`READ_CHUNK`] at a time until
-    /// `until`. Errors: the file cannot be read.
-    fn read_more(&mut self, file: &File, until: Instant) -> std::io::Result<()> {
+    /// `until`. Lines are `START SIZE name` (hex, optional `0x`); a name
+    /// is cut to [`MAX_NAME_BYTES`]; malformed lines are skipped; a line
+    /// the file ends inside waits for its end. Errors: the file cannot be
+    /// read.
+    pub fn read_more(&mut self, file: &File, until: Instant) -> std::io::Result<()> {
         let len = file.metadata()?.len();
         if len < self.consumed {
             *self = PerfMap::default();
@@ -266,8 +276,14 @@ impl PerfMap {
     }
 
     /// The name of the code holding `address`.
-    fn name_of(&self, address: u64) -> Option<&str> {
+    pub fn name_of(&self, address: u64) -> Option<&str> {
         self.ranges.name_of(address)
+    }
+
+    /// Bytes of the file consumed so far (complete lines, and what was
+    /// skipped of an over-long one).
+    pub fn consumed(&self) -> u64 {
+        self.consumed
     }
 }
 
