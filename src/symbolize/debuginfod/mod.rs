@@ -231,8 +231,10 @@ impl Debuginfod {
             self.cached.fetch_add(1, Ordering::Relaxed);
             return Some(path);
         }
-        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        if failures
+        // Not held during requests: another symbolizer (an on-demand
+        // profile beside the window worker) never waits for this one's.
+        if self
+            .failures()
             .get(&id)
             .is_some_and(|t| t.elapsed() < NEGATIVE_TTL)
         {
@@ -254,7 +256,7 @@ impl Debuginfod {
             };
             match self.fetch(url, &id, build_id, &path, limits) {
                 Ok(()) => {
-                    failures.remove(&id);
+                    self.failures().remove(&id);
                     self.fetched.fetch_add(1, Ordering::Relaxed);
                     debug!("debuginfod: {id} from {url}");
                     return Some(path);
@@ -277,12 +279,16 @@ impl Debuginfod {
         if cut_by_window {
             return None;
         }
-        if failures.insert(id.clone(), Instant::now()).is_none()
-            && self.failed.fetch_add(1, Ordering::Relaxed) == 0
-        {
+        let first = self.failures().insert(id.clone(), Instant::now()).is_none();
+        if first && self.failed.fetch_add(1, Ordering::Relaxed) == 0 {
             warn!("debuginfod: no server had the debug file of build ID {id} (further misses are counted)");
         }
         None
+    }
+
+    /// The negative cache, locked (a poisoned lock still holds times).
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn http(&self) -> Result<&reqwest::blocking::Client, FetchError> {
