@@ -240,8 +240,11 @@ impl Debuginfod {
         {
             return None;
         }
-        // A request the window's deadline cut shorter than its own timeout
-        // may succeed in a later window: not a failure to remember.
+        // A request that had less than half its own timeout (the window's
+        // budget was mostly spent) may succeed in a later window: its
+        // timeout is not a failure to remember. (The first request of a
+        // window gets a little less than the whole timeout, the window's
+        // deadline having started with the window: that one counts.)
         let mut cut_by_window = false;
         for url in &self.urls {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -266,7 +269,7 @@ impl Debuginfod {
                     match err {
                         FetchError::TimedOut => {
                             self.timed_out.fetch_add(1, Ordering::Relaxed);
-                            cut_by_window |= limits.timeout < self.timeout;
+                            cut_by_window |= limits.timeout < self.timeout / 2;
                         }
                         FetchError::TooLarge => {
                             self.too_large.fetch_add(1, Ordering::Relaxed);
