@@ -4,13 +4,16 @@
 //! is nowhere on this machine is profiled by pid, every frame of its chain
 //! named, the inlined function included, and the file lands in the cache
 //! directory. With the server stopped, the run still succeeds and the
-//! frames fall back to `object+0xOFFSET`.
+//! frames fall back to `object+0xOFFSET`. A server that trickles a byte a
+//! second (a std::net listener of the test's own) costs a run no more than
+//! `DEBUGINFOD_TIMEOUT` and leaves nothing in the cache.
 //!
 //! Needs root (BPF), gcc, binutils and the `debuginfod` package
 //! (scripts/setup.sh installs it).
 
 mod common;
 
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -182,7 +185,88 @@ fn stripped_binary_named_from_a_debuginfod_server() {
     assert!(!empty.path().join(&id).join("debuginfo").exists());
 }
 
-/// The counts of the summary line `debuginfod: fetched=N cached=N failed=N`.
+/// A server on 127.0.0.1 that answers every request with 200, a
+/// `Content-Length` of 100 MB, and then one byte a second until the client
+/// goes away; its URL.
+fn trickling_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                    line.clear();
+                }
+                let head = "HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\n";
+                let mut sent = stream.write_all(head.as_bytes());
+                while sent.is_ok() {
+                    sent = stream.write_all(b"\x7f").and_then(|()| stream.flush());
+                    thread::sleep(Duration::from_secs(1));
+                }
+            });
+        }
+    });
+    url
+}
+
+#[test]
+fn a_trickling_server_costs_a_run_no_more_than_its_timeout() {
+    let _serial = serial();
+    let flags = [NO_FP_FLAGS, &["-Wl,--build-id=sha1"]].concat();
+    let program = compile("lsw_dtrickle", &chain_source(), &flags);
+    tool("strip", &["-s", s(&program.path)]);
+    let workload = Workload::spawn(&program);
+    let url = trickling_server();
+    let (dir, cache) = (tempdir(), tempdir());
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--pids", &workload.pid_arg(), "--duration", "3"])
+        .args(["--sample-freq", "499", "--profile-format", "folded"])
+        .args(["--profile-path", s(dir.path())])
+        .args(["--unwind-cache-dir", "none"])
+        .args(["--debug-dirs", "/nonexistent"])
+        .args(["--debuginfod", &url, "--debuginfod-cache", s(cache.path())])
+        .env("DEBUGINFOD_TIMEOUT", "3");
+    let started = Instant::now();
+    let out = run_command(cmd, TIMEOUT);
+    let took = started.elapsed();
+    out.assert_success();
+    // Its duration, at most DEBUGINFOD_TIMEOUT on debuginfod, and start-up
+    // and symbolization within the rest.
+    assert!(took < Duration::from_secs(3 + 10), "took {took:?}:\n{out}");
+    let counts = debuginfod_counts(&out.to_string());
+    assert!(counts.get("timed_out").is_some_and(|&n| n >= 1), "{out}");
+    assert_eq!(counts.get("fetched"), Some(&0), "{out}");
+    let stacks = read_folded(&dir.path().join("folded.txt"));
+    let mine: u64 = of_process(&stacks, &program.name)
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        mine >= 100,
+        "only {mine} samples of {}:\n{out}",
+        program.name
+    );
+    let left: Vec<_> = walk(cache.path());
+    assert!(left.is_empty(), "left in the cache: {left:?}");
+}
+
+/// Every file under `dir`, at any depth.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(walk(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// The counts of the summary line `debuginfod: fetched=N cached=N failed=N ...`.
 fn debuginfod_counts(out: &str) -> std::collections::BTreeMap<String, u64> {
     out.lines()
         .find_map(|l| l.strip_prefix("debuginfod:"))

@@ -148,8 +148,8 @@ impl std::fmt::Display for RunSummary {
         if let Some(d) = crate::symbolize::debuginfod::stats() {
             write!(
                 f,
-                "\ndebuginfod: fetched={} cached={} failed={}",
-                d.fetched, d.cached, d.failed
+                "\ndebuginfod: fetched={} cached={} failed={} timed_out={} too_large={} skipped={}",
+                d.fetched, d.cached, d.failed, d.timed_out, d.too_large, d.skipped
             )?;
         }
         let j = crate::process::untrusted::counters();

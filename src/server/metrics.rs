@@ -12,6 +12,7 @@ use crate::httpd::serve::ConnectionStats;
 use crate::sample::UnwindStatus;
 use crate::sender::queue::Queue;
 use crate::sender::worker::WindowCounters;
+use crate::symbolize::debuginfod::DebuginfodStats;
 use crate::unwind::deferred::DeferredStats;
 
 /// The agent's metrics, shared between the sampling loop and the server.
@@ -183,6 +184,7 @@ impl Metrics {
         self.render_windows(&mut out);
         self.render_serving(&mut out);
         render_jit_files(&mut out);
+        render_debuginfod(&mut out, crate::symbolize::debuginfod::stats());
         if let Some(rss) = rss_bytes {
             family(
                 &mut out,
@@ -418,6 +420,32 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str, series: &[(&str,
     }
 }
 
+/// The debuginfod client's counts (`stats`: none when no server is set,
+/// and then no family): what it fetched, found cached, could not get, and
+/// what its limits cut (`DEBUGINFOD_TIMEOUT`, `DEBUGINFOD_MAXSIZE`, the
+/// window's debuginfod budget).
+fn render_debuginfod(out: &mut String, stats: Option<DebuginfodStats>) {
+    let Some(d) = stats else {
+        return;
+    };
+    family(
+        out,
+        "lightswitch_debuginfod_total",
+        "counter",
+        "Debuginfod: debug files fetched, found in the cache, build IDs no server could serve, \
+         requests ended by their deadline, requests refused or cut over the size cap, build IDs \
+         left for a later window because the window's debuginfod budget was spent.",
+        &[
+            ("outcome=\"fetched\"", d.fetched),
+            ("outcome=\"cached\"", d.cached),
+            ("outcome=\"failed\"", d.failed),
+            ("outcome=\"timed_out\"", d.timed_out),
+            ("outcome=\"too_large\"", d.too_large),
+            ("outcome=\"skipped\"", d.skipped),
+        ],
+    );
+}
+
 /// The window worker counts into `/metrics`.
 impl WindowCounters for Metrics {
     fn window_written(&self) {
@@ -492,5 +520,26 @@ mod tests {
         assert!(text.contains("lightswitch_jit_file_bytes_unread_total "));
         assert!(!text.contains("lightswitch_sender_"));
         assert!(resident_memory_bytes().is_some_and(|b| b > 0));
+    }
+
+    #[test]
+    fn renders_debuginfod_counts_only_when_a_server_is_set() {
+        let mut text = String::new();
+        render_debuginfod(&mut text, None);
+        assert_eq!(text, "");
+        let stats = DebuginfodStats {
+            fetched: 1,
+            timed_out: 2,
+            too_large: 3,
+            skipped: 4,
+            ..DebuginfodStats::default()
+        };
+        render_debuginfod(&mut text, Some(stats));
+        assert!(text.contains("# TYPE lightswitch_debuginfod_total counter\n"));
+        assert!(text.contains("lightswitch_debuginfod_total{outcome=\"fetched\"} 1\n"));
+        assert!(text.contains("lightswitch_debuginfod_total{outcome=\"timed_out\"} 2\n"));
+        assert!(text.contains("lightswitch_debuginfod_total{outcome=\"too_large\"} 3\n"));
+        assert!(text.contains("lightswitch_debuginfod_total{outcome=\"skipped\"} 4\n"));
+        assert!(text.contains("lightswitch_debuginfod_total{outcome=\"failed\"} 0\n"));
     }
 }

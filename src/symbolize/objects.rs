@@ -63,6 +63,9 @@ pub(super) struct ElfObjects {
     debug_dirs: Vec<PathBuf>,
     /// Where debug files found nowhere on this machine are fetched from.
     debuginfod: Option<Arc<Debuginfod>>,
+    /// When the window being symbolized stops asking debuginfod: its start
+    /// plus [`Debuginfod::window_budget`] (set by `symbolize`).
+    debuginfod_deadline: Cell<Instant>,
     /// Reads the calling thread's net allocated bytes, around each
     /// object's symbolization ([`crate::heap::thread_net_allocated`]; the
     /// tests give their own).
@@ -89,9 +92,15 @@ impl SymbolSource for ElfObjects {
     /// mapping's build ID), so that a loaded machine costs names, not whole
     /// windows (issue 18: with 1 s windows on a 2-CPU machine at a load
     /// average of 15, parsing one big object took longer than a window).
+    /// Debuginfod is asked until [`Debuginfod::window_budget`] after this
+    /// call began, whatever the object budget.
     fn symbolize(&self, tracker: &dyn MappingSource, batch: &Batch) -> HashMap<Site, Lines> {
         let started = Instant::now();
         let budget = self.budget.get();
+        if let Some(debuginfod) = &self.debuginfod {
+            self.debuginfod_deadline
+                .set(started + debuginfod.window_budget());
+        }
         let new: HashMap<ObjectId, &BTreeSet<u64>> = batch
             .iter()
             .filter_map(|(&group, offsets)| Some((ObjectId(u32::try_from(group).ok()?), offsets)))
@@ -181,6 +190,7 @@ impl ElfObjects {
             budget: Default::default(),
             debug_dirs,
             debuginfod: super::debuginfod::client(),
+            debuginfod_deadline: Cell::new(Instant::now()),
             heap_meter: crate::heap::thread_net_allocated,
         }
     }
@@ -314,7 +324,7 @@ impl ElfObjects {
 
     /// The debug file of `object` (opened as `file`) from debuginfod, when
     /// a server is set and the object's debug information is nowhere on
-    /// this machine.
+    /// this machine, asked for only until the window's debuginfod deadline.
     fn remote_debug_file(
         &self,
         tracker: &dyn MappingSource,
@@ -324,7 +334,7 @@ impl ElfObjects {
         let debuginfod = self.debuginfod.as_ref()?;
         let real_path = Path::new(tracker.object_path(object)?);
         let id = file.build_id_without_local_debug_info(real_path, &self.debug_dirs)?;
-        debuginfod.debuginfo(&id)
+        debuginfod.debuginfo(&id, self.debuginfod_deadline.get())
     }
 
     /// After symbolizing `object`, one of the `kept`: its cost is now
