@@ -483,7 +483,7 @@ mod tests {
         let path = dir2.path().join("jit-3.dump");
         let body = vec![7u8; 1 << 20];
         let mut bytes = header();
-        for _ in 0..(3 * READ_CHUNK >> 20) {
+        for _ in 0..((3 * READ_CHUNK) >> 20) {
             bytes.extend_from_slice(&record(2, &body));
         }
         std::fs::write(&path, &bytes).unwrap();
@@ -496,7 +496,7 @@ mod tests {
             total += got;
         }
         total += read(&mut cursor, &reader).1.len();
-        assert_eq!(total as u64, 3 * READ_CHUNK >> 20);
+        assert_eq!(total as u64, (3 * READ_CHUNK) >> 20);
         assert_eq!(cursor.consumed(), bytes.len() as u64);
     }
 }
