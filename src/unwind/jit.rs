@@ -370,9 +370,9 @@ impl JitTables {
         evicted: impl Fn(u32) -> bool,
         retired: &mut Vec<u32>,
     ) -> bool {
-        let Some(process) = self.processes.get_mut(&pid) else {
-            return false;
-        };
+        // A process described before its jitdump was open is first seen
+        // here: its first read starts now.
+        let process = self.processes.entry(pid).or_default();
         let changed = process.poll(file, CHECK_INTERVAL);
         if process
             .last_checked
@@ -608,6 +608,7 @@ mod tests {
         let ids = |n: &[u32]| n.iter().map(|i| JIT_OBJECT_ID_BASE + i).collect::<Vec<_>>();
         assert_eq!(retired, ids(&[0, 1, 2]));
         assert!(!jit.grew(1, &reader, |_| true, &mut retired), "forgotten");
+        assert!(retired.len() == 3, "nothing to retire of a process seen anew");
     }
 
     #[test]
