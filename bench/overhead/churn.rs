@@ -274,10 +274,11 @@ impl Agent {
             sleep(Duration::from_millis(100));
         }
         if running.alive() {
+            let waiting = measure::waiting_in(running.pid());
             // Dropping it kills it (SIGKILL) and reaps it.
             drop(running);
             self.exit = Some(format!(
-                "no exit within {} s of SIGINT: killed (SIGKILL)",
+                "no exit within {} s of SIGINT: killed (SIGKILL); its threads were waiting in {waiting}",
                 STOP_DEADLINE.as_secs()
             ));
             return;

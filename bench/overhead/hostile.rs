@@ -122,10 +122,22 @@ fn left() -> std::sync::MutexGuard<'static, Left> {
 /// Safe to call more than once and from a signal handler thread.
 pub fn cleanup() {
     let left = std::mem::take(&mut *left());
-    for group in left.groups {
+    for &group in &left.groups {
         // SAFETY: kill has no memory-safety preconditions; the group is one
         // this harness started.
         unsafe { libc::kill(-group, libc::SIGKILL) };
+    }
+    // A killed loop's children are reaped by init: wait (5 s at most) until
+    // no process of the groups is left, so that none outlives the harness.
+    let until = Instant::now() + Duration::from_secs(5);
+    // SAFETY: as above; signal 0 only checks that the group has a process.
+    while left
+        .groups
+        .iter()
+        .any(|&g| unsafe { libc::kill(-g, 0) } == 0)
+        && Instant::now() < until
+    {
+        std::thread::sleep(Duration::from_millis(50));
     }
     for path in left.paths {
         let removed = match fs::symlink_metadata(&path) {
@@ -278,13 +290,14 @@ impl Neighbours {
 
 impl Drop for Neighbours {
     fn drop(&mut self) {
+        // Reaped first: cleanup waits until no process of their groups is
+        // left, zombies included.
+        let bystander = self.bystander.as_mut();
+        for child in self.children.iter_mut().map(|(_, c)| c).chain(bystander) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         cleanup();
-        for (_, child) in &mut self.children {
-            let _ = child.wait();
-        }
-        if let Some(child) = self.bystander.as_mut() {
-            let _ = child.wait();
-        }
     }
 }
 
