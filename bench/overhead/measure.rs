@@ -81,8 +81,8 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
 }
 
 /// Where `pid`'s threads wait in the kernel (`/proc/PID/task/TID/wchan`),
-/// as `comm: function` for each distinct pair with its count, e.g.
-/// `lightswitch: fifo_open x1, tokio-rt: ep_poll x2`.
+/// as `comm: function` for each distinct pair with its count, leaving out
+/// threads idle in a futex or epoll wait, e.g. `lightswitch: wait_for_partner x1`.
 pub fn waiting_in(pid: u32) -> String {
     let mut seen: std::collections::BTreeMap<String, usize> = Default::default();
     let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -91,7 +91,8 @@ pub fn waiting_in(pid: u32) -> String {
     for task in tasks.flatten() {
         let read = |f: &str| fs::read_to_string(task.path().join(f)).unwrap_or_default();
         let wchan = read("wchan");
-        if !wchan.is_empty() && wchan != "0" {
+        let idle = ["", "0", "futex_do_wait", "do_epoll_wait"].contains(&wchan.as_str());
+        if !idle {
             *seen
                 .entry(format!("{}: {wchan}", read("comm").trim()))
                 .or_default() += 1;
