@@ -274,7 +274,10 @@ impl Agent {
             sleep(Duration::from_millis(100));
         }
         if running.alive() {
-            let waiting = measure::waiting_in(running.pid());
+            let mut waiting = measure::waiting_in(running.pid());
+            if waiting.is_empty() {
+                waiting = "nothing but futex and epoll waits (busy, not blocked)".to_string();
+            }
             // Dropping it kills it (SIGKILL) and reaps it.
             drop(running);
             self.exit = Some(format!(
