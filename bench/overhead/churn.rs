@@ -11,6 +11,12 @@
 //! The report block is rewritten after every tick, so a soak stopped early
 //! (or still running) leaves its numbers so far; `--churn-log` also appends
 //! one tab-separated line per agent and tick.
+//!
+//! With `--hostile N` ([`crate::hostile`]), hostile neighbours and a root
+//! bystander run beside the churn, and the run ends with their verdict.
+//! Agents are stopped with SIGINT and get [`STOP_DEADLINE`] to exit; one
+//! still running then is killed (SIGKILL) and counted as failed, so the
+//! harness itself never waits for a hung agent.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -25,10 +31,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::ValueEnum;
 
+use crate::hostile::{self, HostileConfig, Neighbours, Tally};
 use crate::measure::{self, CpuTime};
 use crate::profiler::{self, Kind, Running, Tools};
 use crate::readings::{memory_summary, mib, Reading};
 use crate::report::{self, num};
+use crate::verdict::{self, AgentOutcome};
 
 /// Which processes the churn loops start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -61,7 +69,15 @@ pub struct ChurnConfig {
     pub doc: PathBuf,
     /// CPUs of the machine (for the report's first line).
     pub cpus: usize,
+    /// Hostile neighbours beside the churn (`--hostile N`).
+    pub hostile: Option<HostileConfig>,
 }
+
+/// How long an agent has to exit after SIGINT before it is killed.
+const STOP_DEADLINE: Duration = Duration::from_secs(60);
+/// VmRSS above which a hostile soak's agent is killed, KiB (the machine is
+/// shared: an agent growing without bound is stopped well before it hurts).
+const RSS_KILL_KIB: u64 = 1 << 20;
 
 /// One agent under test.
 struct Agent {
@@ -74,6 +90,12 @@ struct Agent {
     crash: Option<String>,
     /// Its exit at the end: `exit 0`, or what went wrong.
     exit: Option<String>,
+    /// Its `windows: closed=...` summary line, once it exited 0.
+    summary: Option<String>,
+    /// Where it writes its windows.
+    out_dir: PathBuf,
+    /// Hostile soaks: the bystander's samples in its folded files.
+    tally: Option<Tally>,
 }
 
 fn free_port() -> Result<u16> {
@@ -150,13 +172,22 @@ impl Drop for Churn {
 impl Agent {
     fn start(tools: &Tools, config: &ChurnConfig, window_s: f64) -> Result<Self> {
         let port = free_port()?;
+        // Hostile soaks also write folded stacks (the bystander is counted
+        // in them), and keep every file for 3 readings (at least 30 s).
+        let (formats, keep) = match config.hostile {
+            None => ("pprof", 3),
+            Some(_) => (
+                "pprof,folded",
+                (3.0 * config.every_s.max(10.0) / window_s).ceil() as usize + 3,
+            ),
+        };
         let extra: Vec<String> = [
             "--profile-interval",
             &window_s.to_string(),
             "--max-profiles",
-            "3",
+            &keep.to_string(),
             "--profile-format",
-            "pprof",
+            formats,
             "--listen",
             &format!("127.0.0.1:{port}"),
         ]
@@ -172,6 +203,9 @@ impl Agent {
             readings: Vec::new(),
             crash: None,
             exit: None,
+            summary: None,
+            out_dir: tools.scratch.join(&name),
+            tally: config.hostile.as_ref().map(|_| Tally::default()),
         })
     }
 
@@ -202,24 +236,98 @@ impl Agent {
         if let Err(err) = measure::reset_peak_rss(pid) {
             eprintln!("churn: {err:#}");
         }
+        let vm_rss_kib = measure::status_kib(pid, "VmRSS").unwrap_or(0);
         self.readings.push(Reading {
             t_s,
             peak_kib,
-            vm_rss_kib: measure::status_kib(pid, "VmRSS").unwrap_or(0),
+            vm_rss_kib,
             rss_anon_kib: measure::status_kib(pid, "RssAnon").unwrap_or(0),
             cpu_pct,
             metrics: scrape(client, self.port),
         });
+        if let Some(tally) = self.tally.as_mut() {
+            tally.scan(&self.out_dir);
+            if vm_rss_kib > RSS_KILL_KIB {
+                // Dropping it kills it (SIGKILL).
+                self.running = None;
+                self.crash = Some(format!(
+                    "at {t_s:.0} s: killed by the harness, VmRSS {:.0} MiB > {:.0} MiB",
+                    mib(vm_rss_kib),
+                    mib(RSS_KILL_KIB)
+                ));
+                eprintln!(
+                    "churn: agent with {} s windows {}",
+                    self.window_s,
+                    self.crash.as_deref().unwrap_or("")
+                );
+            }
+        }
     }
 
-    /// Stop it with SIGINT and record how it exited.
-    fn stop(&mut self, tools: &Tools) {
-        if let Some(running) = self.running.take() {
-            self.exit = Some(match running.stop(tools.perf.as_deref()) {
-                Ok(_) => "exit 0".to_string(),
-                Err(err) => format!("failed: {}", first_line(&format!("{err:#}"), "")),
-            });
+    /// Wait until `deadline` for it to exit (after SIGINT), kill it
+    /// (SIGKILL) if it has not, and record how it ended.
+    fn finish(&mut self, tools: &Tools, deadline: Instant) {
+        let Some(running) = self.running.take() else {
+            return;
+        };
+        while running.alive() && Instant::now() < deadline {
+            sleep(Duration::from_millis(100));
         }
+        if running.alive() {
+            let mut waiting = measure::waiting_in(running.pid());
+            if waiting.is_empty() {
+                waiting = "nothing but futex and epoll waits (busy, not blocked)".to_string();
+            }
+            // Dropping it kills it (SIGKILL) and reaps it.
+            drop(running);
+            self.exit = Some(format!(
+                "no exit within {} s of SIGINT: killed (SIGKILL); its threads were waiting in {waiting}",
+                STOP_DEADLINE.as_secs()
+            ));
+            return;
+        }
+        self.exit = Some(match running.wait(tools.perf.as_deref()) {
+            Ok(finished) => {
+                self.summary = finished
+                    .stdout
+                    .lines()
+                    .find(|l| l.starts_with("windows: "))
+                    .map(str::to_string);
+                "exit 0".to_string()
+            }
+            Err(err) => format!("failed: {}", first_line(&format!("{err:#}"), "")),
+        });
+        if let Some(tally) = self.tally.as_mut() {
+            tally.scan(&self.out_dir);
+        }
+    }
+
+    /// What the hostile verdict needs of it; `expected` bystander samples.
+    fn outcome(&self, every_s: f64, expected: f64) -> Option<AgentOutcome<'_>> {
+        Some(AgentOutcome {
+            label: self.label(),
+            window_s: self.window_s,
+            exit: self
+                .crash
+                .as_deref()
+                .or(self.exit.as_deref())
+                .unwrap_or("running"),
+            summary: self.summary.as_deref(),
+            written: self
+                .readings
+                .iter()
+                .map(|r| (r.t_s, r.metric(WRITTEN)))
+                .collect(),
+            every_s,
+            max_vm_rss_kib: self
+                .readings
+                .iter()
+                .map(|r| r.vm_rss_kib)
+                .max()
+                .unwrap_or(0),
+            tally: self.tally.as_ref()?,
+            expected,
+        })
     }
 
     fn label(&self) -> String {
@@ -252,6 +360,17 @@ pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()>
         .collect::<Result<Vec<_>>>()?;
     // The time and load average of the start, not of each rewrite.
     let machine = report::machine_line(config.cpus, "{conditions}");
+    let mut neighbours = match &config.hostile {
+        Some(h) => {
+            let ports: Vec<u16> = agents.iter().map(|a| a.port).collect();
+            Some(hostile::start(h, || {
+                ports
+                    .iter()
+                    .all(|&p| scrape(&client, p).get(SAMPLES).is_some_and(|&n| n > 0.0))
+            })?)
+        }
+        None => None,
+    };
     let churn = Churn::start(config, workload)?;
     let forks_before = measure::forks()?;
     let started = Instant::now();
@@ -284,20 +403,46 @@ pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()>
         }
     }
     drop(churn);
-    for agent in &mut agents {
-        agent.stop(tools);
+    // Stopped first, so that every sample of it is in a window the agents
+    // write when they stop.
+    let bystander_cpu_s = neighbours
+        .as_mut()
+        .map(Neighbours::stop_bystander)
+        .transpose()?;
+    for agent in &agents {
+        if let Some(running) = &agent.running {
+            running.interrupt();
+        }
     }
+    let deadline = Instant::now() + STOP_DEADLINE;
+    for agent in &mut agents {
+        agent.finish(tools, deadline);
+    }
+    // The agents first: a hung one meets the neighbours until it is killed.
+    drop(neighbours);
     let forks = measure::forks()?.saturating_sub(forks_before);
-    let body = render(
+    let mut body = render(
         config,
         &machine,
         &agents,
         forks,
         started.elapsed().as_secs_f64(),
     );
+    let mut verdict_failed = false;
+    if let Some(cpu_s) = bystander_cpu_s {
+        let expected = cpu_s * config.freq as f64;
+        let outcomes: Vec<AgentOutcome> = agents
+            .iter()
+            .filter_map(|a| a.outcome(config.every_s, expected))
+            .collect();
+        let (text, ok) = verdict::verdict(&outcomes);
+        body.push('\n');
+        body.push_str(&text);
+        verdict_failed = !ok;
+    }
     println!("{body}");
     report::write_block(&config.doc, "churn", &body)?;
-    let failed: Vec<String> = agents
+    let mut failed: Vec<String> = agents
         .iter()
         .filter_map(|a| {
             let exit = a.exit.as_deref().unwrap_or("");
@@ -310,6 +455,9 @@ pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()>
             })
         })
         .collect();
+    if verdict_failed {
+        failed.push("the hostile-neighbour verdict failed (see above)".to_string());
+    }
     if !failed.is_empty() {
         anyhow::bail!("churn soak failed: {}", failed.join("; "));
     }
@@ -375,6 +523,15 @@ fn render(
         forks,
         forks as f64 / elapsed_s.max(1.0)
     );
+    let mut conditions = conditions;
+    if let Some(h) = &config.hostile {
+        let _ = write!(
+            conditions,
+            "; hostile neighbours (user nobody): {}; a root bystander ({}) spinning from the agents' first samples to their stop",
+            h.describe(),
+            hostile::BYSTANDER_CHAIN
+        );
+    }
     let mut out = machine.replace("{conditions}", &conditions);
     out.push_str("\n\n");
     for agent in agents {

@@ -17,12 +17,14 @@
 //! `kernel.perf_event_max_sample_rate` (restored after each run).
 
 mod churn;
+mod hostile;
 mod measure;
 mod profiler;
 mod readings;
 mod report;
 mod startup;
 mod timeline;
+mod verdict;
 mod workload;
 
 use std::path::{Path, PathBuf};
@@ -120,6 +122,20 @@ struct Args {
     /// written, windows panicked, samples missing a mapping).
     #[arg(long)]
     churn_log: Option<PathBuf>,
+    /// Churn: a hostile-neighbour soak (issue 40): N unprivileged processes
+    /// of each `--hostile-kinds` beside the churn, and a root bystander. Fails
+    /// unless every agent hands over every window (none dropped), stays under
+    /// 128 MiB of VmRSS, gives the bystander at least 90% of its CPU time x
+    /// the frequency in samples, and exits 0 within 60 s of SIGINT.
+    /// 0: the bystander alone.
+    #[arg(long, value_name = "N")]
+    hostile: Option<usize>,
+    /// Churn with --hostile: the kinds of neighbour (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    hostile_kinds: Vec<hostile::HostileKind>,
+    /// The hostile neighbours' program (built by run.sh from hostile.c).
+    #[arg(long)]
+    hostile_program: Option<PathBuf>,
     /// The workload binary (built by run.sh from workload.c).
     #[arg(long)]
     workload: PathBuf,
@@ -478,7 +494,7 @@ fn run(args: &Args) -> Result<()> {
             );
         }
     }
-    let perf = which("perf");
+    let perf = profiler::which("perf");
     let scratch = tempfile::Builder::new()
         .prefix("lightswitch-overhead-")
         .tempdir()
@@ -514,6 +530,11 @@ fn run(args: &Args) -> Result<()> {
             log: args.churn_log.clone(),
             doc: args.doc.clone(),
             cpus,
+            hostile: hostile::config(
+                args.hostile,
+                &args.hostile_kinds,
+                args.hostile_program.as_deref(),
+            )?,
         },
         doc: args.doc.clone(),
     };
@@ -559,27 +580,16 @@ fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// The first `name` on `PATH`.
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .map(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join(name))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default()
-        .into_iter()
-        .find(|p| p.is_file())
-}
-
 fn main() {
     let args = Args::parse();
     // Ctrl-C: put the sysctls back before leaving (the children get the signal too).
     let _ = ctrlc::set_handler(|| {
+        hostile::cleanup();
         measure::restore_sysctls();
         std::process::exit(130);
     });
     let result = run(&args);
+    hostile::cleanup();
     measure::restore_sysctls();
     if let Err(err) = result {
         eprintln!("error: {err:#}");

@@ -80,6 +80,30 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
+/// Where `pid`'s threads wait in the kernel (`/proc/PID/task/TID/wchan`),
+/// as `comm: function` for each distinct pair with its count, leaving out
+/// threads idle in a futex or epoll wait, e.g. `lightswitch: wait_for_partner x1`.
+pub fn waiting_in(pid: u32) -> String {
+    let mut seen: std::collections::BTreeMap<String, usize> = Default::default();
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return String::new();
+    };
+    for task in tasks.flatten() {
+        let read = |f: &str| fs::read_to_string(task.path().join(f)).unwrap_or_default();
+        let wchan = read("wchan");
+        let idle = ["", "0", "futex_do_wait", "do_epoll_wait"].contains(&wchan.as_str());
+        if !idle {
+            *seen
+                .entry(format!("{}: {wchan}", read("comm").trim()))
+                .or_default() += 1;
+        }
+    }
+    seen.iter()
+        .map(|(k, n)| format!("{k} x{n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Reset the peak RSS of `pid` (its `VmHWM`) to its current RSS, so that
 /// the next `VmHWM` read is the peak since now: writing `5` to
 /// `/proc/PID/clear_refs` (Linux 4.0 and later; `Documentation/filesystems/proc.rst`).

@@ -72,6 +72,8 @@ pub struct Finished {
     pub max_rss_kib: u64,
     /// Everything it wrote to stderr.
     pub stderr: String,
+    /// Everything it wrote to stdout (lightswitch: its summary).
+    pub stdout: String,
 }
 
 fn capture(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
@@ -232,6 +234,7 @@ impl Running {
         };
         finished.max_rss_kib = usage.ru_maxrss.max(0) as u64;
         finished.stderr = stderr;
+        finished.stdout = stdout;
         if let Some(data) = &self.perf_data {
             // perf.data files of DWARF runs are large; only the counts are kept.
             let _ = std::fs::remove_file(data);
@@ -247,6 +250,19 @@ impl Drop for Running {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The first `name` on `PATH`.
+pub fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(name))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+        .into_iter()
+        .find(|p| p.is_file())
 }
 
 /// Parse lightswitch's summary: `... N samples, P processes, L samples lost`

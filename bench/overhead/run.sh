@@ -18,6 +18,9 @@ target="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$target/overhead"
 gcc -O2 -g -fomit-frame-pointer -fno-optimize-sibling-calls -fasynchronous-unwind-tables \
     -o "$target/overhead/workload" bench/overhead/workload.c
+# The hostile neighbours and the bystander of `churn --hostile N` (issue 40).
+gcc -O1 -fno-omit-frame-pointer -o "$target/overhead/hostile" bench/overhead/hostile.c
 cargo build --release --quiet --bin lightswitch --example overhead
 exec "$target/release/examples/overhead" --workload "$target/overhead/workload" \
-    --lightswitch "$target/release/lightswitch" "$@"
+    --lightswitch "$target/release/lightswitch" \
+    --hostile-program "$target/overhead/hostile" "$@"
