@@ -36,7 +36,13 @@ pub const READ_DEADLINE: Duration = Duration::from_secs(1);
 /// Most bytes read from one file by one read: a file that grew by more is
 /// read on over the following reads (the growth a process can make the
 /// profiler read is bounded by this per read, and reads are spaced).
-pub const READ_CHUNK: u64 = 4 << 20;
+pub const READ_CHUNK: u64 = 1 << 20;
+/// Bytes of one file its [`Allowance`] lets be read per second, once its
+/// first [`ALLOWANCE_BURST`] is spent.
+pub const READ_RATE: u64 = 4 << 20;
+/// Bytes of one file an [`Allowance`] lets be read at once (the first read
+/// of a map a runtime wrote before the profiler started, say).
+pub const ALLOWANCE_BURST: u64 = 64 << 20;
 /// Longest name kept from a perf map line or jitdump record, bytes; a
 /// longer one is cut to this and ends in [`CUT_MARKER`].
 pub const MAX_NAME_BYTES: usize = 4096;
@@ -256,9 +262,9 @@ pub fn read_span(file: &File, offset: u64, len: u64) -> std::io::Result<Vec<u8>>
 /// Most bytes held of what was read from one file (named code ranges,
 /// pieces of code): each entry costs its name or data plus
 /// [`ENTRY_OVERHEAD`].
-pub const MAX_HELD_PER_FILE: usize = 16 << 20;
+pub const MAX_HELD_PER_FILE: usize = 12 << 20;
 /// Most bytes held of what was read from all such files together.
-pub const MAX_HELD_TOTAL: usize = 48 << 20;
+pub const MAX_HELD_TOTAL: usize = 24 << 20;
 /// What one held entry costs besides its bytes (tree node, pointers).
 pub const ENTRY_OVERHEAD: usize = 64;
 
@@ -306,6 +312,40 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         HELD_TOTAL.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// How much more of one file may be read: a bucket of [`ALLOWANCE_BURST`]
+/// bytes, full at first, that fills at [`READ_RATE`] bytes a second. A file
+/// that grows faster is read behind, not faster.
+#[derive(Debug, Clone)]
+pub struct Allowance {
+    bytes: u64,
+    at: Instant,
+}
+
+impl Default for Allowance {
+    fn default() -> Self {
+        Allowance {
+            bytes: ALLOWANCE_BURST,
+            at: Instant::now(),
+        }
+    }
+}
+
+impl Allowance {
+    /// Bytes that may be read now.
+    pub fn available(&mut self) -> u64 {
+        let now = Instant::now();
+        let earned = (now - self.at).as_secs_f64() * READ_RATE as f64;
+        self.bytes = (self.bytes + earned as u64).min(ALLOWANCE_BURST);
+        self.at = now;
+        self.bytes
+    }
+
+    /// `bytes` were read.
+    pub fn spend(&mut self, bytes: u64) {
+        self.bytes = self.bytes.saturating_sub(bytes);
     }
 }
 
@@ -385,6 +425,17 @@ mod tests {
         assert_eq!(a.bytes(), 0);
         assert!(a.take(100));
         drop(a);
+    }
+
+    #[test]
+    fn an_allowance_starts_full_and_fills_at_its_rate() {
+        let mut a = Allowance::default();
+        assert_eq!(a.available(), ALLOWANCE_BURST);
+        a.spend(ALLOWANCE_BURST);
+        assert!(a.available() < READ_RATE / 10);
+        std::thread::sleep(Duration::from_millis(250));
+        let later = a.available();
+        assert!(later >= READ_RATE / 5 && later <= READ_RATE / 2, "{later}");
     }
 
     #[test]

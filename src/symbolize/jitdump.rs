@@ -15,22 +15,19 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
+use std::time::Instant;
 
 use tracing::debug;
 
 use super::lines::{line_of, Lines};
-use super::perf_map::CodeRanges;
+use super::perf_map::{CodeRanges, READ_TIME, WINDOW_READ_TIME};
 use super::sources::{Batch, FrameRef, Site, SymbolSource};
 use super::vdso::VDSO_MAPPING_NAME;
 use super::MappingSource;
 use crate::process::jit::{
     ne_u64 as u64_at, JitdumpCursor, JitdumpRecord, JIT_CODE_LOAD, JIT_CODE_MOVE,
 };
-use crate::process::untrusted::{self, READ_DEADLINE};
-
-/// Most [`crate::process::untrusted::READ_CHUNK`]s of one jitdump read for
-/// one window: a dump that grows faster is read on in the next windows.
-const MAX_CHUNKS_PER_WINDOW: usize = 16;
+use crate::process::untrusted::{self, Allowance, READ_DEADLINE};
 
 /// Names frames in memory no object file backs from the process's jitdump
 /// file, for processes that mapped one; sites are `(pid, address)`. Each
@@ -66,6 +63,7 @@ impl SymbolSource for JitDumps {
         let mut stalled = self.stalled.borrow_mut();
         dumps.retain(|&pid, _| batch.contains_key(&u64::from(pid)));
         let mut lines = HashMap::new();
+        let window_until = Instant::now() + WINDOW_READ_TIME;
         for (&group, addresses) in batch {
             let Ok(pid) = u32::try_from(group) else {
                 continue;
@@ -73,12 +71,13 @@ impl SymbolSource for JitDumps {
             let Some(file) = tracker.jitdump(pid).and_then(|f| f.file.try_clone().ok()) else {
                 continue;
             };
-            if stalled.contains(&pid) {
+            if stalled.contains(&pid) || Instant::now() >= window_until {
                 continue;
             }
             let mut dump = dumps.remove(&pid).unwrap_or_default();
+            let until = window_until.min(Instant::now() + READ_TIME);
             let read = untrusted::run(READ_DEADLINE, move || {
-                let read = dump.read_from(&file);
+                let read = dump.read_from(&file, until);
                 (dump, read)
             });
             let Some((dump, read)) = read else {
@@ -105,25 +104,33 @@ impl SymbolSource for JitDumps {
 #[derive(Debug, Default)]
 struct JitDump {
     cursor: JitdumpCursor,
+    /// How much more may be read now.
+    allowance: Allowance,
     ranges: CodeRanges,
 }
 
 impl JitDump {
     /// Brings this dump up to date with `file`: the records added since
-    /// the last read (at most [`MAX_CHUNKS_PER_WINDOW`] chunks of them), or
-    /// the whole file again if it shrank. Errors: as
-    /// [`JitdumpCursor::read_new`].
-    fn read_from(&mut self, file: &File) -> std::io::Result<()> {
-        let JitDump { cursor, ranges } = self;
-        for _ in 0..MAX_CHUNKS_PER_WINDOW {
+    /// the last read (as many chunks of them as its [`Allowance`] lets be
+    /// read, until `until`), or the whole file again if it shrank. Errors:
+    /// as [`JitdumpCursor::read_new`].
+    fn read_from(&mut self, file: &File, until: Instant) -> std::io::Result<()> {
+        let JitDump {
+            cursor,
+            allowance,
+            ranges,
+        } = self;
+        while allowance.available() > 0 && Instant::now() < until {
             let before = cursor.bytes_read();
             cursor.read_new(file, |record| match record {
                 JitdumpRecord::Restart => ranges.clear(),
                 JitdumpRecord::Record { id, body } => apply(ranges, id, body),
             })?;
-            if cursor.bytes_read() == before {
+            let read = cursor.bytes_read().saturating_sub(before);
+            if read == 0 {
                 break;
             }
+            allowance.spend(read);
         }
         Ok(())
     }
@@ -156,6 +163,11 @@ mod tests {
 
     use crate::process::jit::test_dumps::{header, moved, record};
 
+    /// A time no test reaches.
+    fn far() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(60)
+    }
+
     /// A load of `size` bytes of nops.
     fn load(addr: u64, size: u64, name: &str) -> Vec<u8> {
         crate::process::jit::test_dumps::load(addr, name, &vec![0x90; size as usize])
@@ -173,13 +185,13 @@ mod tests {
         file.write_all(&second[..second.len() - 4]).unwrap(); // not complete yet
         let reader = File::open(&path).expect("open");
         let mut dump = JitDump::default();
-        dump.read_from(&reader).expect("read");
+        dump.read_from(&reader, far()).expect("read");
         assert_eq!(dump.ranges.name_of(0x101f), Some("first"));
         assert_eq!(dump.ranges.name_of(0x1020), None);
         assert_eq!(dump.ranges.name_of(0x2000), None, "incomplete record");
         file.write_all(&second[second.len() - 4..]).unwrap();
         file.write_all(&moved(0x1000, 0x3000, 0x20)).unwrap();
-        dump.read_from(&reader).expect("read again");
+        dump.read_from(&reader, far()).expect("read again");
         assert_eq!(dump.ranges.name_of(0x2008), Some("second"));
         assert_eq!(dump.ranges.name_of(0x1000), None, "moved away");
         assert_eq!(dump.ranges.name_of(0x3010), Some("first"));
@@ -193,6 +205,6 @@ mod tests {
         bytes[0] ^= 0xff;
         std::fs::write(&path, bytes).unwrap();
         let reader = File::open(&path).expect("open");
-        assert!(JitDump::default().read_from(&reader).is_err());
+        assert!(JitDump::default().read_from(&reader, far()).is_err());
     }
 }

@@ -34,19 +34,19 @@ use super::vdso::VDSO_MAPPING_NAME;
 use super::MappingSource;
 use crate::process::jit::JitFile;
 use crate::process::untrusted::{
-    self, bounded_name, read_span, Count, Held, ENTRY_OVERHEAD, MAX_NAME_BYTES, READ_CHUNK,
-    READ_DEADLINE,
+    self, bounded_name, read_span, Allowance, Count, Held, ENTRY_OVERHEAD, MAX_NAME_BYTES,
+    READ_CHUNK, READ_DEADLINE,
 };
 
 /// Most bytes of one perf map read (a long-running node process writes a
 /// few MB; this bounds what a runaway map costs).
 const MAX_PERF_MAP_BYTES: u64 = 256 << 20;
-/// Most bytes of one perf map read for one window: a map that grows faster
-/// is read on in the next windows.
-const MAX_READ_PER_WINDOW: u64 = 64 << 20;
 /// Longest a read of one map goes on for one window before it stops with
 /// what it has (half the reader's deadline, so that it is never cut).
-const READ_TIME: Duration = Duration::from_millis(500);
+pub(super) const READ_TIME: Duration = Duration::from_millis(500);
+/// Longest the perf maps (and, apart, the jitdumps) of all processes are
+/// read for one window: the maps not reached by then wait for the next.
+pub(super) const WINDOW_READ_TIME: Duration = Duration::from_secs(1);
 /// Longest line parsed whole: a longer one is parsed from its first this
 /// many bytes (its name cut) and the rest skipped.
 const MAX_LINE_BYTES: usize = MAX_NAME_BYTES + 64;
@@ -83,11 +83,12 @@ impl SymbolSource for PerfMaps {
         let mut stalled = self.stalled.borrow_mut();
         maps.retain(|&pid, _| batch.contains_key(&u64::from(pid)));
         let mut lines = HashMap::new();
+        let window_until = Instant::now() + WINDOW_READ_TIME;
         for (&group, addresses) in batch {
             let Ok(pid) = u32::try_from(group) else {
                 continue;
             };
-            if stalled.contains(&pid) {
+            if stalled.contains(&pid) || Instant::now() >= window_until {
                 continue;
             }
             // The tracker's file, else (it had none when the maps were
@@ -99,7 +100,7 @@ impl SymbolSource for PerfMaps {
                     Some(file) => file,
                     None => JitFile::perf_map(pid)?.file,
                 };
-                map.read_more(&file, Instant::now() + READ_TIME)
+                map.read_more(&file, window_until.min(Instant::now() + READ_TIME))
                     .inspect_err(|err| tracing::debug!("pid {pid}'s perf map: {err}"))
                     .ok()?;
                 Some(map)
@@ -202,13 +203,15 @@ pub struct PerfMap {
     skipping: bool,
     /// Bytes past [`MAX_PERF_MAP_BYTES`] already counted as unread.
     unread_counted: u64,
+    /// How much more may be read now.
+    allowance: Allowance,
     ranges: CodeRanges,
 }
 
 impl PerfMap {
     /// Brings this map up to date with `file`: the lines added since the
-    /// last read, or the whole file again if it shrank; at most
-    /// [`MAX_READ_PER_WINDOW`] bytes, read a [`READ_CHUNK`] at a time until
+    /// last read, or the whole file again if it shrank; at most what its
+    /// [`Allowance`] lets be read, a [`READ_CHUNK`] at a time, until
     /// `until`. Lines are `START SIZE name` (hex, optional `0x`); a name
     /// is cut to [`MAX_NAME_BYTES`]; malformed lines are skipped; a line
     /// the file ends inside waits for its end. Errors: the file cannot be
@@ -216,7 +219,9 @@ impl PerfMap {
     pub fn read_more(&mut self, file: &File, until: Instant) -> std::io::Result<()> {
         let len = file.metadata()?.len();
         if len < self.consumed {
+            let allowance = self.allowance.clone();
             *self = PerfMap::default();
+            self.allowance = allowance;
         }
         if len > MAX_PERF_MAP_BYTES && len - MAX_PERF_MAP_BYTES > self.unread_counted {
             untrusted::add(
@@ -227,9 +232,10 @@ impl PerfMap {
         }
         let limit = len
             .min(MAX_PERF_MAP_BYTES)
-            .min(self.consumed + MAX_READ_PER_WINDOW);
+            .min(self.consumed + self.allowance.available());
         while self.consumed < limit && Instant::now() < until {
             let chunk = read_span(file, self.consumed, (limit - self.consumed).min(READ_CHUNK))?;
+            self.allowance.spend(chunk.len() as u64);
             let used = self.take_lines(&chunk);
             if used == 0 {
                 break; // one incomplete line: wait for its end
