@@ -1,7 +1,8 @@
 //! Build script: compiles the BPF program with clang and generates its libbpf-rs
-//! skeleton (libbpf-cargo), and generates the pprof message types from
-//! `proto/profile.proto` and Pyroscope's push API types from
-//! `proto/pyroscope/` with prost.
+//! skeleton (libbpf-cargo), and generates with prost the pprof message
+//! types from `proto/profile.proto`, Pyroscope's push API types from
+//! `proto/pyroscope/` and the OpenTelemetry profiles types from
+//! `proto/otlp/` (module tree in `otlp.rs`, see `src/format/otlp/mod.rs`).
 
 use std::env;
 use std::path::PathBuf;
@@ -33,5 +34,14 @@ fn main() {
             &["proto", "proto/pyroscope"],
         )
         .expect("generating the protobuf types (is protoc installed? see scripts/setup.sh)");
+    // OpenTelemetry profiles: the export request and what it imports; one
+    // file nests the generated packages as modules (`opentelemetry::proto::…`).
+    prost_build::Config::new()
+        .include_file("otlp.rs")
+        .compile_protos(
+            &["proto/otlp/opentelemetry/proto/collector/profiles/v1development/profiles_service.proto"],
+            &["proto/otlp"],
+        )
+        .expect("generating the OTLP protobuf types (is protoc installed? see scripts/setup.sh)");
     println!("cargo:rerun-if-changed=proto");
 }

@@ -6,23 +6,38 @@
 # (setpriv/unshare in the tests), linux-perf (the overhead harness compares
 # against `perf record`), nodejs (JIT perf-map tests: `node --perf-basic-prof`),
 # debuginfod (a real debuginfod server for the debug-file fetching test),
-# man-db (tests/cli.rs renders the generated man page with `man -l`).
+# man-db (tests/cli.rs renders the generated man page with `man -l`),
+# python3-venv (tests/otlp decodes OTLP files with the `opentelemetry-proto`
+# Python package, installed by pip into a virtualenv: Debian 12's Python is
+# "externally managed", so neither a system-wide nor a `--user` pip install
+# is allowed; the virtualenv is `otlp-venv` in the cargo target directory,
+# $CARGO_TARGET_DIR or ./target, where the test looks for it).
 # Idempotent: installs only what is missing.
 set -euo pipefail
 
-packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf nodejs debuginfod man-db)
+packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf nodejs debuginfod man-db python3-venv)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-    exit 0
+if [ ${#missing[@]} -ne 0 ]; then
+    echo "setup: installing ${missing[*]}" >&2
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then
+        SUDO="sudo"
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-echo "setup: installing ${missing[*]}" >&2
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-    SUDO="sudo"
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+target=${CARGO_TARGET_DIR:-$repo/target}
+venv=$target/otlp-venv
+check='import opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2'
+if ! "$venv/bin/python3" -c "$check" 2>/dev/null; then
+    echo "setup: installing opentelemetry-proto into $venv" >&2
+    mkdir -p "$target"
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/pip" install -q 'opentelemetry-proto>=1.43'
 fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -113,7 +113,7 @@ pub struct ProfileArgs {
     #[arg(long, value_parser = crate::files::parse_mode, default_value = "600")]
     pub profile_mode: u32,
 
-    /// Compression of pprof output: `none` (raw protobuf) or `gzip`.
+    /// Compression of pprof and OTLP output: `none` (raw protobuf) or `gzip`.
     #[arg(long, value_enum, default_value_t = Compression::None)]
     pub pprof_compression: Compression,
 
@@ -442,7 +442,7 @@ pub struct ReportArgs {
     /// file name in the current directory; `-` writes to stdout).
     #[arg(long, short = 'o', requires = "format")]
     pub output: Option<PathBuf>,
-    /// With --format pprof: `none` (raw protobuf) or `gzip`.
+    /// With --format pprof or otlp: `none` (raw protobuf) or `gzip`.
     #[arg(long, value_enum, default_value_t = Compression::None)]
     pub pprof_compression: Compression,
 }

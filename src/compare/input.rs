@@ -2,8 +2,10 @@
 //! decoded and checked by the collector's decoder,
 //! [`crate::collector::merge::decode_body`], and converted back into a
 //! [`Profile`]), folded stacks (`comm;root;...;leaf COUNT` lines, as
-//! lightswitch, inferno and Brendan Gregg's scripts write them), or a
-//! timeline (Firefox Profiler JSON, raw or gzip'd: [`super::timeline`]).
+//! lightswitch, inferno and Brendan Gregg's scripts write them), a
+//! timeline (Firefox Profiler JSON, raw or gzip'd: [`super::timeline`]), or
+//! OpenTelemetry profiles (an OTLP export request, raw or gzip'd:
+//! [`crate::format::otlp::read`]).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -33,6 +35,9 @@ pub enum InputFormat {
     /// Firefox Profiler JSON, raw or gzip'd: every sample has its time
     /// ([`Profile::timeline`] is filled).
     Timeline,
+    /// An OTLP profiles export request, raw or gzip'd: [`Profile::timeline`]
+    /// is filled when its samples have their timestamps.
+    Otlp,
 }
 
 /// Read and decode the profile in `path`. Errors name the file and say why
@@ -50,7 +55,9 @@ pub fn read_input(path: &Path) -> Result<(Profile, InputFormat)> {
 
 /// Decode `bytes`: JSON (raw or gzip'd) is read as a timeline, other
 /// text as folded stacks (its error names the first bad line), anything
-/// else as pprof (raw or gzip'd).
+/// else as pprof (raw or gzip'd), or when it is not pprof as OTLP (the two
+/// cannot be mistaken for each other: field 1 of a pprof profile holds
+/// varints where an OTLP request's holds a message, and the reverse).
 pub fn parse_profile(bytes: &[u8]) -> Result<Profile> {
     parse_input(bytes).map(|(profile, _)| profile)
 }
@@ -76,9 +83,11 @@ pub fn parse_input(bytes: &[u8]) -> Result<(Profile, InputFormat)> {
     }
     match merge::decode_body(&raw, MAX_DECODED_BYTES) {
         Ok((proto, _)) => Ok((merge::profile_from_pprof(&proto), InputFormat::Pprof)),
-        Err(BodyError::Malformed(why) | BodyError::TooLarge(why)) => {
-            bail!("it is binary, but not a pprof profile: {why}")
-        }
+        Err(BodyError::Malformed(why)) => match crate::format::otlp::read::decode(&raw) {
+            Ok(profile) => Ok((profile, InputFormat::Otlp)),
+            Err(otlp) => bail!("it is binary, but not a pprof profile: {why} (nor OTLP: {otlp:#})"),
+        },
+        Err(BodyError::TooLarge(why)) => bail!("it is binary, but not a pprof profile: {why}"),
     }
 }
 

@@ -92,13 +92,16 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     let span = span(args)?;
     let (mut profile, input) = read_input(&args.file)?;
     if let Some((from, to)) = span {
-        if input != InputFormat::Timeline {
+        let timed = input == InputFormat::Timeline
+            || (input == InputFormat::Otlp && !profile.timeline.is_empty());
+        if !timed {
             bail!(
-                "--from/--to need a timeline (a Firefox profile, e.g. written with \
-                 --profile-format firefox), but {} is {}",
+                "--from/--to need a timeline (a Firefox or OTLP profile, e.g. written with \
+                 --profile-format firefox or otlp), but {} is {}",
                 args.file.display(),
                 match input {
                     InputFormat::Pprof => "a pprof profile",
+                    InputFormat::Otlp => "an OTLP profile without timestamps",
                     _ => "folded stacks",
                 }
             );

@@ -11,6 +11,7 @@
 pub mod firefox;
 pub mod flamegraph;
 pub mod folded;
+pub mod otlp;
 pub mod pprof;
 
 use std::io::Write;
@@ -32,6 +33,8 @@ pub enum ProfileFormat {
     Pprof,
     /// Firefox Profiler timeline ([`firefox`]).
     Firefox,
+    /// OpenTelemetry profiles protobuf, every sample's time kept ([`otlp`]).
+    Otlp,
 }
 
 /// What one output format is: names, file name, MIME type, encoder.
@@ -60,17 +63,18 @@ pub struct FormatSpec {
     /// The encoder: writes the encoded profile into the writer (a file
     /// for one-shot runs, so that no encoded output is held in memory;
     /// [`encode`] passes a `Vec`). The [`Compression`] applies where the
-    /// format has a choice (pprof); formats with a fixed encoding ignore it.
+    /// format has a choice (pprof, OTLP); formats with a fixed encoding ignore it.
     pub encode: fn(&Profile, Compression, &mut dyn Write) -> Result<()>,
 }
 
 impl ProfileFormat {
     /// Every format, in the order `--help` lists them.
-    pub const ALL: [ProfileFormat; 4] = [
+    pub const ALL: [ProfileFormat; 5] = [
         ProfileFormat::Pprof,
         ProfileFormat::FlameGraph,
         ProfileFormat::Folded,
         ProfileFormat::Firefox,
+        ProfileFormat::Otlp,
     ];
 
     /// The registry: this format's [`FormatSpec`].
@@ -80,6 +84,7 @@ impl ProfileFormat {
             ProfileFormat::Folded => &folded::SPEC,
             ProfileFormat::Pprof => &pprof::SPEC,
             ProfileFormat::Firefox => &firefox::SPEC,
+            ProfileFormat::Otlp => &otlp::SPEC,
         }
     }
 
@@ -135,7 +140,7 @@ pub fn canonical_names() -> String {
 pub struct EmptyProfile(pub &'static str);
 
 /// Encode `profile` as `format`. `compression` applies to formats with a
-/// choice (pprof). Errors with [`EmptyProfile`] for a profile without
+/// choice (pprof, OTLP). Errors with [`EmptyProfile`] for a profile without
 /// samples in a format that cannot encode one, or with the encoder's error.
 pub fn encode(
     profile: &Profile,
@@ -189,7 +194,7 @@ mod tests {
         }
         let err = ProfileFormat::from_name("png").unwrap_err().to_string();
         assert!(
-            err.contains("png") && err.contains("pprof, flame-graph, folded, firefox"),
+            err.contains("png") && err.contains("pprof, flame-graph, folded, firefox, otlp"),
             "{err}"
         );
     }

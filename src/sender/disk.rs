@@ -78,15 +78,19 @@ pub fn window_path(base: &Path, start_unix_ns: u64) -> PathBuf {
 }
 
 /// `profile.pb` -> (`profile`, `.pb`), `profile.json.gz` -> (`profile`,
-/// `.json.gz`); a name without extension has `""`.
+/// `.json.gz`), `profile.otlp.pb` -> (`profile`, `.otlp.pb`) (the default
+/// names' double extensions stay whole); a name without extension has `""`.
 fn split_name(base: &Path) -> (String, String) {
     let name = base
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let ext_start = match name.strip_suffix(".json.gz") {
-        Some(stem) if !stem.is_empty() => Some(stem.len()),
-        _ => name.rfind('.'),
+    let stem = [".json.gz", ".otlp.pb"]
+        .iter()
+        .find_map(|ext| name.strip_suffix(ext).filter(|stem| !stem.is_empty()));
+    let ext_start = match stem {
+        Some(stem) => Some(stem.len()),
+        None => name.rfind('.'),
     };
     match ext_start {
         Some(dot) if dot > 0 => (name[..dot].to_string(), name[dot..].to_string()),
@@ -242,6 +246,12 @@ mod tests {
                 .file_name()
                 .unwrap(),
             "profile-20240501T120000.000Z.json.gz"
+        );
+        assert_eq!(
+            window_path(&dir.path().join("profile.otlp.pb"), t)
+                .file_name()
+                .unwrap(),
+            "profile-20240501T120000.000Z.otlp.pb"
         );
         for i in 0..5 {
             write_atomic(&window_path(&base, t + i * second), b"x", PROFILE_MODE).unwrap();
