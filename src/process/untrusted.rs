@@ -42,7 +42,7 @@ pub const READ_CHUNK: u64 = 1 << 20;
 pub const READ_RATE: u64 = 4 << 20;
 /// Bytes of one file an [`Allowance`] lets be read at once (the first read
 /// of a map a runtime wrote before the profiler started, say).
-pub const ALLOWANCE_BURST: u64 = 64 << 20;
+pub const ALLOWANCE_BURST: u64 = 16 << 20;
 /// Longest name kept from a perf map line or jitdump record, bytes; a
 /// longer one is cut to this and ends in [`CUT_MARKER`].
 pub const MAX_NAME_BYTES: usize = 4096;

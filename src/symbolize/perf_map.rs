@@ -42,11 +42,13 @@ use crate::process::untrusted::{
 /// few MB; this bounds what a runaway map costs).
 const MAX_PERF_MAP_BYTES: u64 = 256 << 20;
 /// Longest a read of one map goes on for one window before it stops with
-/// what it has (half the reader's deadline, so that it is never cut).
-pub(super) const READ_TIME: Duration = Duration::from_millis(500);
+/// what it has (well within the reader's deadline, so that it is never cut).
+pub(super) const READ_TIME: Duration = Duration::from_millis(100);
 /// Longest the perf maps (and, apart, the jitdumps) of all processes are
-/// read for one window: the maps not reached by then wait for the next.
-pub(super) const WINDOW_READ_TIME: Duration = Duration::from_secs(1);
+/// read for one window: the maps not reached by then wait for the next (a
+/// 1 s window must not spend most of its second on them: the 3-minute
+/// hostile soak fell 4 windows behind with 1 s here).
+pub(super) const WINDOW_READ_TIME: Duration = Duration::from_millis(150);
 /// Longest line parsed whole: a longer one is parsed from its first this
 /// many bytes (its name cut) and the rest skipped.
 const MAX_LINE_BYTES: usize = MAX_NAME_BYTES + 64;
