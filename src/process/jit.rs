@@ -22,6 +22,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use super::maps::MapsEntry;
 use super::untrusted::{self, read_span, Count, READ_CHUNK};
@@ -61,6 +62,10 @@ impl JitFile {
     }
 }
 
+/// Longest the tracker (on the sampling thread) waits for a JIT file's
+/// open, once per process and file.
+pub const OPEN_WAIT: Duration = Duration::from_millis(5);
+
 /// Where a process's JIT file of one kind is, once a reader thread opened
 /// it: the tracker asks for it without waiting ([`Self::open_later`]) and
 /// readers take it when it is there ([`Self::get`]).
@@ -77,8 +82,10 @@ impl JitSlot {
     }
 
     /// Runs `open` on a reader thread ([`untrusted::spawn`]) and keeps what
-    /// it opens, unless the file is open or being opened. A call while
-    /// `open` hangs (a file on a FUSE filesystem) does nothing.
+    /// it opens, unless the file is open or being opened; waits at most
+    /// [`OPEN_WAIT`] for it (an open takes well under that; one that hangs,
+    /// on a FUSE filesystem say, is left to finish on its own). A call
+    /// while `open` hangs does nothing.
     pub fn open_later(self: &Arc<Self>, open: impl FnOnce() -> Option<JitFile> + Send + 'static) {
         if self.get().is_some() || self.opening.swap(true, Ordering::AcqRel) {
             return;
@@ -90,8 +97,11 @@ impl JitSlot {
             }
             slot.opening.store(false, Ordering::Release);
         });
-        if started.is_none() {
-            self.opening.store(false, Ordering::Release);
+        match started {
+            Some(pending) => {
+                let _ = pending.wait(OPEN_WAIT, Duration::MAX);
+            }
+            None => self.opening.store(false, Ordering::Release),
         }
     }
 }

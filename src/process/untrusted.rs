@@ -228,14 +228,29 @@ impl<T> Pending<T> {
     /// The job's result if it is there, without waiting; [`Poll::Lost`]
     /// once `deadline` has passed since it started.
     pub fn poll(&self, deadline: Duration) -> Poll<T> {
-        match self.rx.try_recv() {
+        self.wait(Duration::ZERO, deadline)
+    }
+
+    /// [`Self::poll`], after waiting at most `wait` for the result (the
+    /// sampling thread waits a few ms, once per process, for a first read).
+    pub fn wait(&self, wait: Duration, deadline: Duration) -> Poll<T> {
+        let got = if wait.is_zero() {
+            self.rx
+                .try_recv()
+                .map_err(|e| e == TryRecvError::Disconnected)
+        } else {
+            self.rx
+                .recv_timeout(wait)
+                .map_err(|e| e == RecvTimeoutError::Disconnected)
+        };
+        match got {
             Ok(value) => Poll::Ready(value),
-            Err(TryRecvError::Disconnected) => Poll::Lost,
-            Err(TryRecvError::Empty) if self.started.elapsed() >= deadline => {
+            Err(true) => Poll::Lost,
+            Err(false) if self.started.elapsed() >= deadline => {
                 add(Count::ReadTimedOut, 1);
                 Poll::Lost
             }
-            Err(TryRecvError::Empty) => Poll::Waiting,
+            Err(false) => Poll::Waiting,
         }
     }
 }

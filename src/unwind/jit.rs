@@ -47,6 +47,9 @@ pub const JIT_OBJECT_ID_BASE: u32 = 0x8000_0000;
 const MAX_CODES: usize = 1 << 18;
 /// Most JIT tables per process (the walker knows 256 mappings).
 const MAX_TABLES: usize = 256;
+/// Longest the sampling thread waits for a process's first jitdump read
+/// (once per process; later reads are only polled).
+const FIRST_READ_WAIT: Duration = Duration::from_millis(5);
 /// Shortest time between two looks at whether a process's jitdump grew.
 const CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -208,30 +211,15 @@ impl ProcessJit {
     /// a reader thread, with its own descriptor of `file`. Never waits.
     /// Returns whether the code with unwinding information changed.
     fn poll(&mut self, file: &File, interval: Duration) -> bool {
-        let mut changed = false;
-        if let Some(reading) = &self.reading {
-            match reading.poll(READ_DEADLINE) {
-                Poll::Waiting => return false,
-                Poll::Lost => {
-                    self.reading = None;
-                    self.stalled = true;
-                    debug!("a jitdump read passed {READ_DEADLINE:?}: read no more");
-                    return false;
-                }
-                Poll::Ready((cursor, records)) => {
-                    self.reading = None;
-                    self.cursor = cursor;
-                    changed = self.apply_all(records);
-                }
-            }
-        }
+        let mut changed = self.collect(Duration::ZERO);
         let due = self.last_read.is_none_or(|t| t.elapsed() >= interval);
-        if self.stalled || !due {
+        if self.stalled || self.reading.is_some() || !due {
             return changed;
         }
         let Ok(file) = file.try_clone() else {
             return changed;
         };
+        let first = self.last_read.is_none();
         self.last_read = Some(Instant::now());
         let cursor = std::mem::take(&mut self.cursor);
         self.reading = untrusted::spawn(move || read_on(cursor, &file));
@@ -241,7 +229,36 @@ impl ProcessJit {
             self.forget_codes();
             changed = true;
         }
+        if first {
+            // A process's first read is waited for a little, so that its
+            // first description has its tables (one drain of the rings
+            // later would leave its first samples without them).
+            changed |= self.collect(FIRST_READ_WAIT);
+        }
         changed
+    }
+
+    /// Applies the read out, if it finished (waiting at most `wait` for
+    /// it); marks the file stalled when it passed [`READ_DEADLINE`].
+    /// Returns whether the code with unwinding information changed.
+    fn collect(&mut self, wait: Duration) -> bool {
+        let Some(reading) = &self.reading else {
+            return false;
+        };
+        match reading.wait(wait, READ_DEADLINE) {
+            Poll::Waiting => false,
+            Poll::Lost => {
+                self.reading = None;
+                self.stalled = true;
+                debug!("a jitdump read passed {READ_DEADLINE:?}: read no more");
+                false
+            }
+            Poll::Ready((cursor, records)) => {
+                self.reading = None;
+                self.cursor = cursor;
+                self.apply_all(records)
+            }
+        }
     }
 
     fn apply_all(&mut self, records: Vec<Owned>) -> bool {

@@ -77,11 +77,6 @@ fn unwinding_info_becomes_rows_at_mapping_offsets_and_follows_moves() {
     let mut jit = JitTables::default();
     let (mut built, mut retired) = (Vec::new(), Vec::new());
     let mapping = (BASE, BASE + 0x1_0000);
-    assert_eq!(
-        jit.mapping_table(1, mapping, &reader, &mut built, &mut retired),
-        None,
-        "read on a reader thread: nothing known yet"
-    );
     let settled = |jit: &mut JitTables, retired: &mut Vec<u32>| {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !jit.grew(1, &reader, |_| false, retired) {
@@ -89,8 +84,15 @@ fn unwinding_info_becomes_rows_at_mapping_offsets_and_follows_moves() {
             std::thread::sleep(Duration::from_millis(5));
         }
     };
-    settled(&mut jit, &mut retired);
-    let id = jit.mapping_table(1, mapping, &reader, &mut built, &mut retired);
+    // The first read is waited for a few ms; on a loaded machine it may
+    // come back later, through grew().
+    let id = match jit.mapping_table(1, mapping, &reader, &mut built, &mut retired) {
+        Some(id) => Some(id),
+        None => {
+            settled(&mut jit, &mut retired);
+            jit.mapping_table(1, mapping, &reader, &mut built, &mut retired)
+        }
+    };
     assert_eq!(id, Some(JIT_OBJECT_ID_BASE));
     assert_eq!(jit.object_of(1, BASE), id);
     let (_, name, table) = &built[0];
@@ -139,11 +141,7 @@ fn unwinding_info_becomes_rows_at_mapping_offsets_and_follows_moves() {
     jit.process_exited(1, &mut retired);
     let ids = |n: &[u32]| n.iter().map(|i| JIT_OBJECT_ID_BASE + i).collect::<Vec<_>>();
     assert_eq!(retired, ids(&[0, 1, 2]));
-    assert!(!jit.grew(1, &reader, |_| true, &mut retired), "forgotten");
-    assert!(
-        retired.len() == 3,
-        "nothing to retire of a process seen anew"
-    );
+    assert_eq!(jit.object_of(1, BASE), None, "forgotten");
 }
 
 #[test]
