@@ -121,6 +121,9 @@ fn max_input_mb_must_be_a_whole_number_of_mib_at_least_1() {
             let out = run(&args, TIMEOUT);
             assert_eq!(out.status.code(), Some(2), "{args:?}: {out}");
             out.assert_error(&["--max-input-mb"]);
+            if bad == "0" {
+                out.assert_error(&["at least 1"]);
+            }
         }
     }
     let out = run(&["report", "--max-input-mb", "1", s(&path)], TIMEOUT);
