@@ -1,13 +1,12 @@
 //! The folded-stacks reader of `report` and `diff`
 //! (`compare::input::parse_folded`): any text a user hands them must give
 //! a profile or an error, never a panic or a wrong total. An accepted
-//! profile's counts add up without overflow, per function too, its folded
-//! form reads back to the same folded form, and a diff against itself
-//! changes nothing.
+//! profile's counts add up without overflow, per function too, and its
+//! folded form reads back to the same folded form.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use lightswitch::compare::{diff, function_table, input, report};
+use lightswitch::compare::{function_table, input, report};
 use lightswitch::format::folded;
 
 fuzz_target!(|data: &[u8]| {
@@ -34,9 +33,4 @@ fuzz_target!(|data: &[u8]| {
         let again = again.expect("the encoder's output reads back");
         assert_eq!(folded::encode(&again), encoded, "folded form changed");
     }
-    let changes = diff::diff(&profile, &profile).expect("the same counts as above");
-    assert!(
-        changes.functions.is_empty(),
-        "a profile differs from itself"
-    );
 });
