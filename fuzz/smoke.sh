@@ -18,6 +18,7 @@ cd "$(dirname "$0")/.."
 seconds=""
 runs=""
 targets=(pprof_body unwind_builder unwind_cache perf_map jitdump)
+targets+=(compare_folded compare_timeline eh_frame_hdr)
 while [ $# -gt 0 ]; do
     case "$1" in
         --seconds) seconds="$2"; shift 2 ;;

@@ -416,6 +416,11 @@ pub struct DiffArgs {
     /// many percentage points (exit 0 otherwise; 2 on bad input).
     #[arg(long, value_name = "PCT")]
     pub fail_above: Option<f64>,
+    /// Largest size of each input once decoded (decompressed, when gzip'd),
+    /// MiB. Reading stops there and the input is refused (exit 2), so a
+    /// larger file or a gzip bomb costs at most about this much memory.
+    #[arg(long, value_name = "MIB", value_parser = parse_count::<u32>, default_value_t = crate::compare::input::DEFAULT_MAX_INPUT_MB)]
+    pub max_input_mb: u32,
 }
 
 /// `lightswitch report FILE`.
@@ -445,6 +450,11 @@ pub struct ReportArgs {
     /// With --format pprof or otlp: `none` (raw protobuf) or `gzip`.
     #[arg(long, value_enum, default_value_t = Compression::None)]
     pub pprof_compression: Compression,
+    /// Largest size of the input once decoded (decompressed, when gzip'd),
+    /// MiB. Reading stops there and the input is refused (exit 2), so a
+    /// larger file or a gzip bomb costs at most about this much memory.
+    #[arg(long, value_name = "MIB", value_parser = parse_count::<u32>, default_value_t = crate::compare::input::DEFAULT_MAX_INPUT_MB)]
+    pub max_input_mb: u32,
 }
 
 impl Cli {

@@ -80,11 +80,13 @@ pub struct Diff {
 }
 
 /// Compare `base` and `new` function by function (by name, and by object
-/// when both have objects).
-pub fn diff(base: &Profile, new: &Profile) -> Diff {
+/// when both have objects). Errors when either profile's counts add up
+/// past `u64::MAX` ([`function_table`]); shares and their changes are
+/// `f64`s, which do not overflow.
+pub fn diff(base: &Profile, new: &Profile) -> Result<Diff> {
     let with_objects = has_objects(base) && has_objects(new);
-    let before = function_table(base, with_objects);
-    let after = function_table(new, with_objects);
+    let before = function_table(base, with_objects).context("counting BASE's samples")?;
+    let after = function_table(new, with_objects).context("counting NEW's samples")?;
     let keys: BTreeSet<&FunctionKey> = before
         .functions
         .keys()
@@ -118,11 +120,11 @@ pub fn diff(base: &Profile, new: &Profile) -> Diff {
             .total_cmp(&a.magnitude())
             .then_with(|| a.function.cmp(&b.function))
     });
-    Diff {
+    Ok(Diff {
         base_samples: before.total,
         new_samples: after.total,
         functions,
-    }
+    })
 }
 
 impl Diff {
@@ -217,9 +219,10 @@ pub fn run(args: &DiffArgs) -> Result<i32> {
             bail!("--fail-above must be a number of percentage points, at least 0, got {points}");
         }
     }
-    let base = read_profile(&args.base)?;
-    let new = read_profile(&args.new)?;
-    let diff = diff(&base, &new);
+    let max_bytes = u64::from(args.max_input_mb) << 20;
+    let base = read_profile(&args.base, max_bytes)?;
+    let new = read_profile(&args.new, max_bytes)?;
+    let diff = diff(&base, &new)?;
     if let Some(path) = &args.flame_graph {
         let svg = differential_flame_graph(
             &base,
@@ -282,7 +285,7 @@ mod tests {
     #[test]
     fn a_profile_against_itself_changes_nothing() {
         let p = profile("app;main;a 30\napp;main;b 70\n");
-        let d = diff(&p, &p);
+        let d = diff(&p, &p).unwrap();
         assert!(d.functions.is_empty());
         assert!(d.grown_above(0.0).is_empty());
     }
@@ -292,7 +295,7 @@ mod tests {
         let base = profile("app;main;a 25\napp;main;b 75\n");
         // Twice the samples, and a's share doubles: 25% -> 50%.
         let new = profile("app;main;a 100\napp;main;b 100\n");
-        let d = diff(&base, &new);
+        let d = diff(&base, &new).unwrap();
         let first = &d.functions[0];
         assert_eq!(first.inclusive_change, 25.0);
         assert!(["a", "b"].contains(&first.function.as_str()));
@@ -311,7 +314,7 @@ mod tests {
 
     #[test]
     fn functions_only_in_one_profile_count_from_zero() {
-        let d = diff(&profile("app;main;old 10\n"), &profile("app;main;new 10\n"));
+        let d = diff(&profile("app;main;old 10\n"), &profile("app;main;new 10\n")).unwrap();
         let new = d.functions.iter().find(|c| c.function == "new").unwrap();
         assert_eq!((new.base.inclusive, new.new.inclusive), (0.0, 100.0));
         let old = d.functions.iter().find(|c| c.function == "old").unwrap();

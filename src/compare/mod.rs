@@ -13,6 +13,8 @@ pub mod timeline;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use anyhow::{Context, Result};
+
 use crate::profile::Profile;
 
 /// A function as profiles are compared: its name, and the file name (no
@@ -75,8 +77,9 @@ pub fn has_objects(profile: &Profile) -> bool {
 /// Count every function of `profile`: each line of each frame (inlined
 /// functions included) is a function; process names are not. With
 /// `with_objects`, functions of the same name in different objects are
-/// kept apart.
-pub fn function_table(profile: &Profile, with_objects: bool) -> FunctionTable {
+/// kept apart. Errors when a count adds up past `u64::MAX` (the total
+/// first: the readers of [`input`] refuse such a profile already).
+pub fn function_table(profile: &Profile, with_objects: bool) -> Result<FunctionTable> {
     let objects: Vec<Arc<str>> = profile
         .mappings
         .iter()
@@ -94,23 +97,38 @@ pub fn function_table(profile: &Profile, with_objects: bool) -> FunctionTable {
     };
     let mut table = FunctionTable::default();
     let mut seen = HashSet::new();
-    for sample in &profile.samples {
-        table.total += sample.count;
+    for (number, sample) in profile.samples.iter().enumerate() {
+        table.total = add(table.total, sample.count, || {
+            format!("the counts of samples 0 to {number}")
+        })?;
         if let Some(&leaf) = sample.frames.first() {
             let key = key_of(leaf, 0);
-            table.functions.entry(key).or_default().self_samples += sample.count;
+            let counts = table.functions.entry(key).or_default();
+            counts.self_samples = add(counts.self_samples, sample.count, || {
+                format!("the self counts of {}", key_of(leaf, 0))
+            })?;
         }
         seen.clear();
         for &frame in &sample.frames {
             for line in 0..profile.frames[frame].lines.len() {
                 let key = key_of(frame, line);
                 if seen.insert(key.clone()) {
-                    table.functions.entry(key).or_default().inclusive += sample.count;
+                    let counts = table.functions.entry(key.clone()).or_default();
+                    counts.inclusive = add(counts.inclusive, sample.count, || {
+                        format!("the inclusive counts of {key}")
+                    })?;
                 }
             }
         }
     }
-    table
+    Ok(table)
+}
+
+/// `sum + count`, or an error saying that `what` (a closure, called on
+/// error only) adds up past `u64::MAX`.
+fn add(sum: u64, count: u64, what: impl FnOnce() -> String) -> Result<u64> {
+    sum.checked_add(count)
+        .with_context(|| format!("{} add up past {} samples", what(), u64::MAX))
 }
 
 #[cfg(test)]
@@ -129,7 +147,7 @@ mod tests {
     fn inclusive_and_self_counts() {
         // Stacks (leaf first): vfs_read, do_syscall_64, [inner_inlined, c], main: 7
         // and [inner_inlined, c], [unwind: truncated]: 1.
-        let table = function_table(&sample_profile(), true);
+        let table = function_table(&sample_profile(), true).unwrap();
         assert_eq!(table.total, 8);
         let counts = |n| table.functions[&named(n)];
         assert_eq!(counts("vfs_read").self_samples, 7);
@@ -148,7 +166,28 @@ mod tests {
         let mut profile = sample_profile();
         // main -> main -> c: main still counts once per sample.
         profile.samples[0].frames = vec![2, 3, 3];
-        let table = function_table(&profile, false);
+        let table = function_table(&profile, false).unwrap();
         assert_eq!(table.functions[&named("main")].inclusive, 7);
+    }
+
+    #[test]
+    fn counts_past_u64_are_an_error_not_a_wrong_total() {
+        let mut profile = sample_profile();
+        for sample in &mut profile.samples {
+            sample.count = u64::MAX;
+        }
+        let err = function_table(&profile, false).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("the counts of samples 0 to 1 add up past"),
+            "{err:#}"
+        );
+        // One saturated sample is fine: its function has 100%.
+        profile.samples.truncate(1);
+        let table = function_table(&profile, false).unwrap();
+        assert_eq!(table.total, u64::MAX);
+        assert_eq!(
+            table.share(table.functions[&named("main")].inclusive),
+            100.0
+        );
     }
 }

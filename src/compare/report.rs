@@ -90,7 +90,7 @@ fn span(args: &ReportArgs) -> Result<Option<(i64, i64)>> {
 /// needs a timeline.
 pub fn run(args: &ReportArgs) -> Result<()> {
     let span = span(args)?;
-    let (mut profile, input) = read_input(&args.file)?;
+    let (mut profile, input) = read_input(&args.file, u64::from(args.max_input_mb) << 20)?;
     if let Some((from, to)) = span {
         let timed = input == InputFormat::Timeline
             || (input == InputFormat::Otlp && !profile.timeline.is_empty());
@@ -109,7 +109,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         profile = super::timeline::slice(&profile, from, to);
     }
     let Some(format) = args.format else {
-        let table = function_table(&profile, false);
+        let table = function_table(&profile, false)?;
         let text = render_top(&profile, &table, args.top);
         // A closed pipe (`| head`) is not an error worth reporting.
         let _ = std::io::stdout().lock().write_all(text.as_bytes());
@@ -138,7 +138,7 @@ mod tests {
     #[test]
     fn top_table_sorts_by_flat_and_sums() {
         let profile = parse_folded("app;main;a 30\napp;main;b 60\napp;main 10\n").unwrap();
-        let table = function_table(&profile, false);
+        let table = function_table(&profile, false).unwrap();
         let text = render_top(&profile, &table, 2);
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("100 samples"), "{text}");
@@ -158,7 +158,7 @@ mod tests {
     #[test]
     fn one_sample_is_singular() {
         let mut profile = parse_folded("app;main 1\n").unwrap();
-        let table = function_table(&profile, false);
+        let table = function_table(&profile, false).unwrap();
         let text = render_top(&profile, &table, 0);
         assert!(
             text.starts_with("1 sample; showing 1 of 1 function\n"),

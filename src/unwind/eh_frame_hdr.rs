@@ -18,9 +18,10 @@ use object::elf;
 use object::read::elf::{ElfFile64, ProgramHeader};
 use object::Endianness;
 
-/// `.eh_frame` located through the program headers.
+/// `.eh_frame` located through the program headers: slices of the ELF
+/// file's bytes and virtual addresses from its program headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct SegmentEhFrame<'d> {
+pub struct SegmentEhFrame<'d> {
     /// The `.eh_frame` bytes (from its start to the bound described in the
     /// module documentation).
     pub data: &'d [u8],
@@ -43,8 +44,10 @@ impl SegmentEhFrame<'_> {
 
 /// The `.eh_frame` of `file` through its `PT_GNU_EH_FRAME` segment, or
 /// `None` when it has no such segment (or an empty one). The error says
-/// what is malformed about the segment.
-pub(super) fn eh_frame_from_segments<'d>(
+/// what is malformed about the segment (or the `.eh_frame_hdr` in it, as
+/// gimli reports it). Public for the fuzz target `eh_frame_hdr`; the table
+/// builder calls it for objects without section headers.
+pub fn eh_frame_from_segments<'d>(
     file: &ElfFile64<'d, Endianness>,
 ) -> Result<Option<SegmentEhFrame<'d>>, String> {
     let endian = file.endian();
@@ -122,10 +125,10 @@ fn last_fde_end(
         last = last.max(Some(fde));
     }
     let offset = usize::try_from(last?.checked_sub(eh_frame)?).ok()?;
-    let word = |at: usize| Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
-    match word(offset)? {
+    let at = |start: usize, len: usize| bytes.get(start..start.checked_add(len)?);
+    match u32::from_le_bytes(at(offset, 4)?.try_into().ok()?) {
         0xffff_ffff => {
-            let long = u64::from_le_bytes(bytes.get(offset + 4..offset + 12)?.try_into().ok()?);
+            let long = u64::from_le_bytes(at(offset.checked_add(4)?, 8)?.try_into().ok()?);
             offset
                 .checked_add(12)?
                 .checked_add(usize::try_from(long).ok()?)
@@ -214,5 +217,24 @@ mod tests {
             err.to_string().contains("outside every PT_LOAD segment"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn fde_address_far_past_eh_frame_is_no_bound() {
+        // Version 1, pointers as absolute udata8 (0x04): .eh_frame at
+        // 0x100, one table entry whose FDE is 2^64-2, past every offset.
+        let mut hdr = vec![1, 0x04, 0x04, 0x04];
+        for word in [0x100u64, 1, 0x1000, u64::MAX - 1] {
+            hdr.extend_from_slice(&word.to_le_bytes());
+        }
+        let bases = BaseAddresses::default();
+        let parsed = EhFrameHdr::new(&hdr, LittleEndian)
+            .parse(&bases, 8)
+            .expect("parses");
+        let table = parsed.table().expect("a table");
+        // Was an overflow (a panic where overflow is checked) computing the
+        // FDE's length field range.
+        assert_eq!(last_fde_end(&table, &bases, 0x100, &[0xff; 64]), None);
+        assert_eq!(last_fde_end(&table, &bases, 1, &[0xff; 64]), None);
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! [`loader`] keeps the BPF walker supplied with process descriptions and tables.
 //! [`builder`] evaluates the CFI with gimli into [`rule::Rule`]s (for
-//! objects without section headers, `eh_frame_hdr` finds `.eh_frame`
+//! objects without section headers, [`eh_frame_hdr`] finds `.eh_frame`
 //! through `PT_GNU_EH_FRAME`), which
 //! [`table`] splits into pages ([`UnwindTable`]; [`early`] builds the pages
 //! samples wait on ahead of the rest); [`jit`] builds tables of
@@ -24,7 +24,7 @@ mod builds;
 pub mod cache;
 pub mod deferred;
 pub mod early;
-pub(crate) mod eh_frame_hdr;
+pub mod eh_frame_hdr;
 pub mod identity;
 pub mod jit;
 pub mod loader;
