@@ -196,15 +196,7 @@ fn a_content_length_over_the_cap_is_refused_without_reading_the_body() {
             until_closed(stream);
         }
     });
-    let cache = tempfile::tempdir().expect("tempdir");
-    let client = client(&url, cache.path(), Duration::from_secs(20), 1 << 20);
-    let started = Instant::now();
-    assert_eq!(client.debuginfo(&[9, 10], far()), None);
-    let took = started.elapsed();
-    assert!(took < Duration::from_secs(5), "took {took:?}");
-    let counts = client.stats();
-    assert_eq!((counts.too_large, counts.timed_out), (1, 0), "{counts:?}");
-    assert_eq!(files_under(cache.path()), Vec::<PathBuf>::new());
+    refused_as_too_large(&url, &[9, 10]);
 }
 
 #[test]
@@ -217,10 +209,16 @@ fn a_body_growing_past_the_cap_is_cut() {
         let chunk = vec![b'A'; 64 << 10];
         while stream.write_all(&chunk).is_ok() {}
     });
+    refused_as_too_large(&url, &[11, 12]);
+}
+
+/// Asks the server at `url` (1 MiB cap, 20 s timeout) for `build_id`: it
+/// must be refused as too large within 5 s, leaving nothing in the cache.
+fn refused_as_too_large(url: &str, build_id: &[u8]) {
     let cache = tempfile::tempdir().expect("tempdir");
-    let client = client(&url, cache.path(), Duration::from_secs(20), 1 << 20);
+    let client = client(url, cache.path(), Duration::from_secs(20), 1 << 20);
     let started = Instant::now();
-    assert_eq!(client.debuginfo(&[11, 12], far()), None);
+    assert_eq!(client.debuginfo(build_id, far()), None);
     let took = started.elapsed();
     assert!(took < Duration::from_secs(5), "took {took:?}");
     let counts = client.stats();
