@@ -361,6 +361,7 @@ impl Metrics {
                     ("outcome=\"sent\"", d.sent),
                     ("outcome=\"dropped\"", d.dropped),
                     ("outcome=\"rejected\"", d.rejected),
+                    ("outcome=\"partial\"", d.partial),
                 ],
             );
             family(
