@@ -17,7 +17,10 @@ Every request it took (2xx) is written decompressed to OUT/request-N.pb,
 and OUT/log.json lists every request: its path, status answered, time
 (monotonic seconds) and headers. Prints `listening on PORT` once bound.
 
-Usage: receiver.py OUT_DIR
+Usage: receiver.py OUT_DIR [--accept-all]
+
+`--accept-all` answers every request with 200 and keeps nothing (for the
+sender benchmark, bench/otlp_sender.sh).
 """
 
 import gzip
@@ -31,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2
 
 OUT = sys.argv[1]
+ACCEPT_ALL = "--accept-all" in sys.argv[2:]
 LOCK = threading.Lock()
 LOG = []
 
@@ -55,6 +59,9 @@ class Handler(BaseHTTPRequestHandler):
             body = gzip.decompress(body)
         request = profiles_service_pb2.ExportProfilesServiceRequest()
         request.ParseFromString(body)
+        if ACCEPT_ALL:
+            self.answer(200, b"")
+            return
         with LOCK:
             n = len(LOG)
             entry = {
