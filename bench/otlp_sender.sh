@@ -36,9 +36,13 @@ collector=$(grep -oE "127\.0\.0\.1:[0-9]+" "$scratch/collector.out" | head -1)
 
 run() { # name, args...
     local name=$1; shift
+    local status=0
     /usr/bin/time -f "%U %S" -o "$scratch/time" "$bin" --duration "$seconds" --sample-freq 10000 \
-        --profile-interval 1 "$@" > "$scratch/$name.out" 2>&1
-    read -r user sys < "$scratch/time"
+        --profile-interval 1 "$@" > "$scratch/$name.out" 2>&1 || status=$?
+    read -r user sys < <(tail -1 "$scratch/time")
+    if [ "$status" != 0 ]; then
+        echo "$name: exit status $status: $(grep -m1 '^error' "$scratch/$name.out")"
+    fi
     local delivery
     delivery=$(grep "^delivery:" "$scratch/$name.out" || true)
     printf '%-7s cpu %6.2f s (user %s, sys %s)  %s\n' "$name" "$(echo "$user + $sys" | bc)" "$user" "$sys" "$delivery"
