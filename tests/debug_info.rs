@@ -11,7 +11,9 @@
 //!   function included;
 //! - a program and a shared library stripped the Fedora way, with
 //!   MiniDebugInfo (`.gnu_debugdata`): static functions named from it, and
-//!   the debug files, when found by build ID, read first.
+//!   the debug files, when found by build ID, read first;
+//! - a program whose text was moved to anonymous memory at the same
+//!   addresses (`hugectl --text`, hugify): unwound and named as its file.
 //!
 //! Needs root (BPF), gcc, binutils (`objcopy`, `strip`, `nm`) and xz-utils; the first test
 //! needs `llvm-objcopy` (scripts/setup.sh installs llvm).
@@ -37,7 +39,11 @@ const SHARE: f64 = 0.9;
 /// `extra`) and require `chain` (root to leaf, after libc's start-up
 /// frames) on at least [`SHARE`] of its samples.
 fn assert_profiled_chain(program: &Program, extra: &[&str], chain: &[&str]) {
-    let workload = Workload::spawn(program);
+    assert_chain_of(&Workload::spawn(program), program, extra, chain);
+}
+
+/// [`assert_profiled_chain`] for `workload`, a running `program`.
+fn assert_chain_of(workload: &Workload, program: &Program, extra: &[&str], chain: &[&str]) {
     let dir = tempdir();
     let pid = workload.pid_arg();
     let mut args = vec![
@@ -249,4 +255,114 @@ fn minidebuginfo_names_static_functions() {
     let dirs = format!("{},/usr/lib/debug", s(debug_root.path()));
     let with_inlined = [&chain[..], &["lib_mix"]].concat();
     assert_profiled_chain(&program, &["--debug-dirs", &dirs], &with_inlined);
+}
+
+/// A library that moves the caller's text to anonymous memory at the same
+/// addresses, as `hugectl --text` and hugify do: in place (anonymous memory
+/// mapped over it with `MAP_FIXED`, huge pages asked for, the text copied
+/// back and made executable), or built elsewhere and `mremap`ped into
+/// place. Its own code stays where it is while the program's is away.
+const MOVE_TEXT_LIBRARY: &str = r#"
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+static void text_of(unsigned long pc, unsigned long *start, unsigned long *end) {
+    FILE *maps = fopen("/proc/self/maps", "r");
+    char line[512], perms[8];
+    unsigned long s, e;
+    while (maps && fgets(line, sizeof line, maps)) {
+        if (sscanf(line, "%lx-%lx %7s", &s, &e, perms) == 3 && perms[2] == 'x' && s <= pc && pc < e) {
+            *start = s;
+            *end = e;
+            fclose(maps);
+            return;
+        }
+    }
+    abort();
+}
+void move_text(void *pc, int by_mremap) {
+    unsigned long start, end;
+    text_of((unsigned long)pc, &start, &end);
+    size_t len = end - start;
+    char *copy = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (copy == MAP_FAILED) abort();
+    memcpy(copy, (void *)start, len);
+    if (by_mremap) {
+        if (mprotect(copy, len, PROT_READ | PROT_EXEC) != 0) abort();
+        if (mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)start) != (void *)start)
+            abort();
+        return;
+    }
+    void *at = mmap((void *)start, len, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (at != (void *)start) abort();
+    madvise(at, len, MADV_HUGEPAGE);
+    memcpy(at, copy, len);
+    if (mprotect(at, len, PROT_READ | PROT_EXEC) != 0) abort();
+    munmap(copy, len);
+}
+"#;
+
+/// A program that moves its text (`BY_MREMAP` chooses how) and then runs a
+/// chain of static functions.
+fn moved_text_source() -> String {
+    format!(
+        "{DIE_WITH_PARENT}
+extern void move_text(void *pc, int by_mremap);
+volatile unsigned long sink;
+static __attribute__((noipa)) void text_hot(unsigned long n) {{
+    for (unsigned long i = 0; i < n; i++) sink += i * 2654435761u;
+}}
+static __attribute__((noipa)) void text_d(unsigned long n) {{ text_hot(n); sink++; }}
+static __attribute__((noipa)) void text_c(unsigned long n) {{ text_d(n); sink++; }}
+static __attribute__((noipa)) void text_b(unsigned long n) {{ text_c(n); sink++; }}
+static __attribute__((noipa)) void text_a(unsigned long n) {{ text_b(n); sink++; }}
+int main(void) {{ move_text((void *)main, BY_MREMAP); for (;;) {{ text_a(200000); sink++; }} }}
+"
+    )
+}
+
+/// Whether process `pid`'s maps show `path` executable (its text still
+/// file-backed).
+fn text_file_backed(pid: u32, path: &std::path::Path) -> bool {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    maps.lines()
+        .any(|l| l.ends_with(s(path)) && l.split(' ').nth(1).is_some_and(|p| p.contains('x')))
+}
+
+/// Text moved to anonymous memory, in place or by `mremap`, is unwound
+/// with its file's table and named from its file: every sample has the
+/// whole chain.
+#[test]
+fn text_moved_to_anonymous_memory() {
+    let _serial = serial();
+    let lib_dir = tempdir();
+    let library = lib_dir.path().join("libmovetext.so");
+    let lib_source = lib_dir.path().join("movetext.c");
+    fs::write(&lib_source, MOVE_TEXT_LIBRARY).expect("write");
+    tool(
+        "gcc",
+        &["-O2", "-fPIC", "-shared", "-o", s(&library), s(&lib_source)],
+    );
+    let chain = ["main", "text_a", "text_b", "text_c", "text_d", "text_hot"];
+    for (name, by_mremap) in [("lsw_anon_fixed", "0"), ("lsw_anon_mremap", "1")] {
+        let mut flags = FLAGS.to_vec();
+        let define = format!("-DBY_MREMAP={by_mremap}");
+        let rpath = format!("-Wl,-rpath,{}", s(lib_dir.path()));
+        let link = format!("-L{}", s(lib_dir.path()));
+        flags.extend([&define, "-Wl,--no-as-needed", &link, "-lmovetext", &rpath]);
+        let program = compile(name, &moved_text_source(), &flags);
+        let workload = Workload::spawn(&program);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while text_file_backed(workload.pid(), &program.path) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}: text not moved"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_chain_of(&workload, &program, &[], &chain);
+    }
 }
