@@ -13,6 +13,7 @@ use crate::sample::UnwindStatus;
 use crate::sender::queue::Queue;
 use crate::sender::worker::WindowCounters;
 use crate::symbolize::debuginfod::DebuginfodStats;
+use crate::symbolize::minidebuginfo::MiniDebugInfoStats;
 use crate::unwind::deferred::DeferredStats;
 
 /// The agent's metrics, shared between the sampling loop and the server.
@@ -185,6 +186,7 @@ impl Metrics {
         self.render_serving(&mut out);
         render_jit_files(&mut out);
         render_debuginfod(&mut out, crate::symbolize::debuginfod::stats());
+        render_minidebuginfo(&mut out, crate::symbolize::minidebuginfo::stats());
         if let Some(rss) = rss_bytes {
             family(
                 &mut out,
@@ -443,6 +445,23 @@ fn render_debuginfod(out: &mut String, stats: Option<DebuginfodStats>) {
             ("outcome=\"timed_out\"", d.timed_out),
             ("outcome=\"too_large\"", d.too_large),
             ("outcome=\"skipped\"", d.skipped),
+        ],
+    );
+}
+
+/// MiniDebugInfo sections (`.gnu_debugdata`) read, and skipped as corrupt
+/// or too large.
+fn render_minidebuginfo(out: &mut String, m: MiniDebugInfoStats) {
+    family(
+        out,
+        "lightswitch_minidebuginfo_total",
+        "counter",
+        "MiniDebugInfo (.gnu_debugdata) sections decompressed and read, skipped as corrupt, \
+         skipped because their index announced more than the size read.",
+        &[
+            ("outcome=\"read\"", m.read),
+            ("outcome=\"corrupt\"", m.corrupt),
+            ("outcome=\"too_large\"", m.too_large),
         ],
     );
 }
