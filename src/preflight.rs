@@ -12,6 +12,9 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::libbpf_sys;
 use libbpf_rs::{MapType, ProgramType};
 
+mod verifier_probe;
+pub use verifier_probe::perf_event_allows_unpreallocated_hash;
+
 /// Where the kernel exports its own BTF (needed for CO-RE relocations).
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// The kernel's highest allowed perf sampling frequency, Hz.

@@ -330,6 +330,7 @@ impl<'obj> Sampler<'obj> {
         builder.obj_builder.debug(config.libbpf_debug);
         let mut open = builder.open(object).context("opening the BPF object")?;
         variant.select(&mut open.progs);
+        ProgramVariant::shape_maps(&mut open.maps)?;
         {
             let rodata = open
                 .maps

@@ -17,11 +17,16 @@
 //! [`FORCE_VARIANT_ENV`] forces one, so that tests run the compat variant
 //! on a kernel that has everything.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use libbpf_rs::{OpenProgramMut, ProgramMut};
 
 use crate::preflight::{self, KernelFeature};
-use crate::skel::{OpenProfilerProgs, ProfilerProgs};
+use crate::skel::{OpenProfilerMaps, OpenProfilerProgs, ProfilerProgs};
+
+/// Process descriptions (`process_mappings`) a kernel before 6.1 holds:
+/// there the map is preallocated (about 8.3 KiB per entry: 34 MiB of kernel
+/// memory), where newer kernels hold 8192 allocated as they are written.
+pub const PREALLOCATED_PROCESS_DESCRIPTIONS: u32 = 4096;
 
 /// The environment variable that forces a variant: `compat` or `bpf_loop`
 /// (for tests; not a user option).
@@ -60,6 +65,27 @@ impl ProgramVariant {
         ] {
             prog.set_autoload(load);
         }
+    }
+
+    /// Preallocate, before load, the two hash maps the walker reads
+    /// (`process_mappings`, then with [`PREALLOCATED_PROCESS_DESCRIPTIONS`]
+    /// entries, and `unwind_pages`) if this kernel lets `perf_event`
+    /// programs use only preallocated hash maps (before Linux 6.1:
+    /// [`preflight::perf_event_allows_unpreallocated_hash`]).
+    pub(super) fn shape_maps(maps: &mut OpenProfilerMaps<'_>) -> Result<()> {
+        if preflight::perf_event_allows_unpreallocated_hash()? {
+            return Ok(());
+        }
+        maps.process_mappings
+            .set_map_flags(0)
+            .and_then(|()| {
+                maps.process_mappings
+                    .set_max_entries(PREALLOCATED_PROCESS_DESCRIPTIONS)
+            })
+            .context("preallocating the process_mappings map")?;
+        maps.unwind_pages
+            .set_map_flags(0)
+            .context("preallocating the unwind_pages map")
     }
 
     /// This variant's sampling and walker programs before load (to set
