@@ -90,25 +90,28 @@ if [ -z "$pkg" ]; then
     [ -n "$pkg" ] || die "no Debian package matches kernel $KERNEL"
 fi
 need=()
-for p in "$pkg" qemu-system-x86 busybox-static; do
+for p in "$pkg" qemu-system-x86 busybox-static curl xz-utils; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
     [ $apt_updated = 1 ] || apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null || die "apt-get install ${need[*]} failed"
 fi
-# virtme-ng's `vng`, on PATH or in the scripts directory of the python3 it
-# was installed for.
+# virtme-ng's `vng`: on PATH, in the scripts directory of the python3 it
+# was installed for, or in the virtualenv scripts/setup.sh makes (where it is
+# installed if missing: Debian 12's own Python refuses a system-wide pip).
+vng_venv=${CARGO_TARGET_DIR:-$ROOT/target}/vng-venv
 find_vng() {
     command -v vng && return
+    [ -x "$vng_venv/bin/vng" ] && echo "$vng_venv/bin/vng" && return
     local dir
     dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null) &&
         [ -x "$dir/vng" ] && echo "$dir/vng"
 }
 VNG=$(find_vng)
 if [ -z "$VNG" ]; then
-    python3 -m pip install -q virtme-ng >/dev/null 2>&1 || die "pip install virtme-ng failed"
-    hash -r
+    { /usr/bin/python3 -m venv "$vng_venv" && "$vng_venv/bin/pip" install -q virtme-ng; } >/dev/null 2>&1 ||
+        die "installing virtme-ng into $vng_venv failed (python3-venv missing? bash scripts/setup.sh)"
     VNG=$(find_vng) || die "virtme-ng installed, but no vng command found"
 fi
 vmlinuz=/boot/vmlinuz-${pkg#linux-image-}
