@@ -26,6 +26,7 @@ pub struct Metrics {
     unwind_tables_loaded: AtomicU64,
     unwind_tables_evicted: AtomicU64,
     sampling_freq_hz: AtomicU64,
+    bpf_variant: OnceLock<&'static str>,
     tracker: [AtomicU64; 3],
     windows_closed: AtomicU64,
     windows_dropped: AtomicU64,
@@ -127,6 +128,12 @@ impl Metrics {
         self.sampling_freq_hz.store(hz, Ordering::Relaxed);
     }
 
+    /// The build of the BPF programs loaded (`bpf_loop`, `compat`:
+    /// [`crate::sampler::variant`]); set once.
+    pub fn set_bpf_variant(&self, name: &'static str) {
+        let _ = self.bpf_variant.set(name);
+    }
+
     /// Continuous mode: windows closed and dropped so far.
     pub fn set_windows(&self, closed: u64, dropped: u64) {
         self.windows_closed.store(closed, Ordering::Relaxed);
@@ -215,8 +222,19 @@ impl Metrics {
         out
     }
 
-    /// Samples, lost samples, unwind results and tables, sampling frequency.
+    /// Samples, lost samples, unwind results and tables, sampling
+    /// frequency, the BPF programs' variant.
     fn render_sampling(&self, out: &mut String) {
+        if let Some(variant) = self.bpf_variant.get() {
+            family(
+                out,
+                "lightswitch_bpf_program_variant",
+                "gauge",
+                "The build of the BPF programs loaded (1 for the one chosen from the kernel's \
+                 features: bpf_loop, or compat for kernels before 5.17).",
+                &[(&format!("variant=\"{variant}\""), 1)],
+            );
+        }
         family(
             out,
             "lightswitch_samples_total",
@@ -507,6 +525,7 @@ mod tests {
         m.sample(UnwindStatus::NoTable);
         m.set_lost(4);
         m.set_tracker(3, 40, 7);
+        m.set_bpf_variant("compat");
         m.profile_request("served");
         m.set_deferred(DeferredStats {
             held: 3,
@@ -527,6 +546,7 @@ mod tests {
         assert!(text
             .contains("# TYPE lightswitch_samples_total counter\nlightswitch_samples_total 3\n"));
         assert!(text.contains("lightswitch_samples_lost_total 4\n"));
+        assert!(text.contains("lightswitch_bpf_program_variant{variant=\"compat\"} 1\n"));
         assert!(text.contains("lightswitch_tracker_entries{kind=\"mappings\"} 40\n"));
         assert!(text.contains("lightswitch_tracker_entries{kind=\"objects\"} 7\n"));
         assert!(text.contains("lightswitch_unwind_results_total{result=\"complete\"} 2\n"));
