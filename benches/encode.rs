@@ -53,6 +53,7 @@ fn profile(n: usize) -> Profile {
                 })
                 .collect(),
             unwind_status: UnwindStatus::Complete,
+            off_cpu_ns: 0,
             count: 1 + (s % 10) as u64,
         })
         .collect();

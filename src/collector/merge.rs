@@ -406,6 +406,7 @@ fn sample_of(
         frames,
         unwind_status: status,
         count,
+        off_cpu_ns: 0,
     }
 }
 

@@ -83,6 +83,7 @@ pub const SPEC: FormatSpec = FormatSpec {
     mime_type: "application/gzip",
     encodes_empty: true,
     timeline: true,
+    off_cpu: false,
     encode: |profile, _, out| write(profile, out),
 };
 

@@ -103,6 +103,7 @@ pub const SPEC: FormatSpec = FormatSpec {
     mime_type: "application/x-protobuf",
     encodes_empty: true,
     timeline: true,
+    off_cpu: false,
     encode: write,
 };
 

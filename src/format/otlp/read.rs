@@ -293,5 +293,6 @@ fn sample(names: &Names<'_>, frames: &[Frame], s: &otlp::Sample, period: i64) ->
         frames: stack,
         unwind_status: status,
         count,
+        off_cpu_ns: 0,
     })
 }
