@@ -76,6 +76,7 @@ fn profile(n: usize) -> Profile {
         subject: None,
         host: None,
         targets: None,
+        ..Default::default()
     }
 }
 

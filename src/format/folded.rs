@@ -222,6 +222,7 @@ pub(crate) mod tests {
             subject: None,
             host: None,
             targets: None,
+            ..Profile::default()
         }
     }
 

@@ -469,6 +469,7 @@ mod tests {
                 pids: vec![7, 8],
                 format: ProfileFormat::FlameGraph,
                 sample_freq_hz: Some(49),
+                off_cpu: false,
             }
         );
         for bad in [
