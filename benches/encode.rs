@@ -53,6 +53,7 @@ fn profile(n: usize) -> Profile {
                 })
                 .collect(),
             unwind_status: UnwindStatus::Complete,
+            off_cpu_ns: 0,
             count: 1 + (s % 10) as u64,
         })
         .collect();
@@ -75,6 +76,7 @@ fn profile(n: usize) -> Profile {
         subject: None,
         host: None,
         targets: None,
+        ..Default::default()
     }
 }
 

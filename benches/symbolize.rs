@@ -40,6 +40,7 @@ const WINDOW: Window = Window {
     start_unix_ns: 0,
     duration_ns: 1_000_000_000,
     sample_freq_hz: 99,
+    off_cpu: false,
 };
 
 fn symbolize(c: &mut Criterion) {

@@ -92,6 +92,19 @@ pub struct ProfileArgs {
     #[arg(long)]
     pub exclude_self: bool,
 
+    /// Also record where threads wait: each time a profiled thread leaves
+    /// its CPU (it blocks, or is preempted) for at least --off-cpu-min, its
+    /// stacks at that moment, weighted by the time until it runs again
+    /// (ns). pprof gets a second sample type, off_cpu/nanoseconds; folded
+    /// and flame graph files of their own (docs/off-cpu.md).
+    #[arg(long)]
+    pub off_cpu: bool,
+
+    /// Shortest wait --off-cpu records: seconds or with a unit (`50us`,
+    /// `1ms`). Shorter ones are counted (summary, /metrics), not recorded.
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds, default_value = "50us")]
+    pub off_cpu_min: f64,
+
     /// Output format(s): several (comma-separated or repeated) write one
     /// file each, from the same samples. Default: flame-graph, or the
     /// format the --sender sends (remote and pyroscope: pprof; otlp: otlp).
@@ -517,9 +530,9 @@ impl ProfileArgs {
         if formats.len() > 1 && self.profile_name.is_some() {
             anyhow::bail!("--profile-name names one file: with several --profile-format values each gets its default name");
         }
-        Ok(formats
-            .into_iter()
-            .map(|f| {
+        let mut outputs: Vec<(ProfileFormat, PathBuf)> = formats
+            .iter()
+            .map(|&f| {
                 let path = match self.profile_name.as_deref() {
                     Some("-") => PathBuf::from("/dev/stdout"),
                     Some(name) => self.profile_path.join(name),
@@ -527,7 +540,20 @@ impl ProfileArgs {
                 };
                 (f, path)
             })
-            .collect())
+            .collect();
+        // --off-cpu: each one-value-per-stack format gets its off-CPU twin,
+        // under the twin's own name.
+        if self.off_cpu {
+            for twin in formats
+                .iter()
+                .filter_map(|&f| crate::format::off_cpu::twin(f))
+            {
+                if !formats.contains(&twin) {
+                    outputs.push((twin, self.profile_path.join(twin.default_file_name())));
+                }
+            }
+        }
+        Ok(outputs)
     }
 
     /// The formats asked for (duplicates removed, in the given order), or

@@ -126,6 +126,7 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
                 max_connections: cli.listen_max_connections,
                 pids: plan.sampler.pids.clone(),
                 max_sample_freq_hz: plan.max_sample_rate_hz,
+                off_cpu: plan.sampler.off_cpu_min_ns.is_some(),
             },
             request_tx,
             metrics.clone(),
@@ -265,6 +266,10 @@ fn finish(
     log_run(&stats, &tracker, &loader, described, &deferred);
     let unsupported = unsupported_counts(&stats);
     let lost = stats.lost + malformed;
+    let off_cpu = plan
+        .sampler
+        .off_cpu_min_ns
+        .map(|_| crate::sampler::off_cpu::OffCpuCounts::from_stats(&stats));
 
     if let Some(mut worker) = window_worker {
         for closed in last {
@@ -291,6 +296,7 @@ fn finish(
                 report,
             }),
             served: None,
+            off_cpu,
         });
     }
     if plan.listen_only {
@@ -304,6 +310,7 @@ fn finish(
             deferred,
             continuous: None,
             served: Some(served),
+            off_cpu,
         });
     }
 
@@ -345,6 +352,7 @@ fn finish(
         deferred,
         continuous: None,
         served: None,
+        off_cpu,
     })
 }
 

@@ -21,6 +21,10 @@ const SAMPLE_FLAG_KERNEL_THREAD: u8 = 1;
 /// `SAMPLE_FLAG_STACK_COPY`: a `struct stack_copy` follows the whole
 /// `struct stack_sample`.
 const SAMPLE_FLAG_STACK_COPY: u8 = 2;
+/// `SAMPLE_FLAG_OFF_CPU`: the record is a wait, not a cpu-clock sample.
+const SAMPLE_FLAG_OFF_CPU: u8 = 4;
+/// `SAMPLE_FLAG_RUNNABLE`: the wait was for a CPU (preempted), not a block.
+const SAMPLE_FLAG_RUNNABLE: u8 = 8;
 /// `enum event_type`.
 const EVENT_EXEC: u32 = 1;
 const EVENT_EXIT: u32 = 2;
@@ -57,6 +61,10 @@ pub enum UnwindStatus {
     /// exec or fork could be followed, or was described before its latest
     /// exec): the frames are what frame pointers gave.
     MappingsUnknown,
+    /// An off-CPU wait that did not end in a system call's return (a
+    /// preemption, a page fault): its user stack could not be read in the
+    /// thread's own context before it ran on; only its user pc is known.
+    NotWalked,
     /// Set in user space, never by the BPF program: a walk the BPF program
     /// could not finish went on from its copy of the stack
     /// ([`crate::unwind::deferred`]) until the copy ended, short of the
@@ -78,6 +86,7 @@ impl UnwindStatus {
             6 => Self::NoTable,
             7 => Self::UnsupportedRule,
             8 => Self::MappingsUnknown,
+            10 => Self::NotWalked,
             other => Self::Unknown(other),
         }
     }
@@ -103,6 +112,7 @@ impl UnwindStatus {
             Self::NoTable => "no_table".into(),
             Self::UnsupportedRule => "unsupported_rule".into(),
             Self::MappingsUnknown => "mappings_unknown".into(),
+            Self::NotWalked => "not_walked".into(),
             Self::StackCopyEnded => "stack_copy_ended".into(),
             Self::Unknown(raw) => format!("unknown_{raw}"),
         }
@@ -136,6 +146,20 @@ pub struct RawSample {
     /// registers of the frame it could not go past and the stack above
     /// them, for user space to walk on from ([`crate::unwind::deferred`]).
     pub stack_copy: Option<Box<StackCopy>>,
+    /// `Some` for an off-CPU record (`--off-cpu`): the thread was off its
+    /// CPU for this wait, which ended at `timestamp_ns`; the stacks are
+    /// where it left the CPU. `None` for a cpu-clock sample.
+    pub wait: Option<Wait>,
+}
+
+/// A time a thread spent off its CPU (`SAMPLE_FLAG_OFF_CPU` records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    /// From leaving the CPU to running again, ns.
+    pub ns: u64,
+    /// The thread was preempted (or yielded) and waited for a CPU, rather
+    /// than blocked.
+    pub runnable: bool,
 }
 
 /// The registers of one frame of a sample and a copy of the user stack
@@ -248,6 +272,10 @@ impl RawSample {
             kernel_stack,
             user_stack: addresses.collect(),
             stack_copy,
+            wait: (header.flags & SAMPLE_FLAG_OFF_CPU != 0).then_some(Wait {
+                ns: header.off_cpu_ns,
+                runnable: header.flags & SAMPLE_FLAG_RUNNABLE != 0,
+            }),
         })
     }
 }
@@ -284,6 +312,7 @@ impl RawSample {
             },
             user_stack: user,
             stack_copy: None,
+            wait: None,
         }
     }
 }

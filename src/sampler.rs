@@ -25,6 +25,7 @@ use crate::skel::{ProfilerSkel, ProfilerSkelBuilder};
 use crate::unwind::row::RawRow;
 
 mod follow;
+pub mod off_cpu;
 mod tables;
 pub mod variant;
 
@@ -48,6 +49,9 @@ pub struct SamplerConfig {
     /// first instruction (`record`: fork and clone are followed inside the
     /// BPF program; exec keeps the pid). Needs a non-empty `pids`.
     pub follow_children: bool,
+    /// Record off-CPU waits of at least this many ns (`--off-cpu`,
+    /// [`off_cpu`]); `None`: cpu-clock samples only.
+    pub off_cpu_min_ns: Option<u64>,
     /// Called once the BPF programs are loaded, before any perf event is
     /// attached (so before any sample can wait in a ring for it): the
     /// symbolizer notes where the programs' JIT code is
@@ -60,6 +64,11 @@ pub const MAX_UNSUPPORTED_KINDS: usize = 16;
 const STAT_WALKS_REUSED: u32 = 4;
 const STAT_UNSUPPORTED_BASE: u32 = 5;
 const STAT_STACK_COPY_SKIPPED: u32 = STAT_UNSUPPORTED_BASE + MAX_UNSUPPORTED_KINDS as u32;
+const STAT_OFF_CPU_WAITS: u32 = STAT_STACK_COPY_SKIPPED + 1;
+const STAT_OFF_CPU_SHORT: u32 = STAT_OFF_CPU_WAITS + 1;
+const STAT_OFF_CPU_SHORT_NS: u32 = STAT_OFF_CPU_SHORT + 1;
+const STAT_OFF_CPU_UNTRACKED: u32 = STAT_OFF_CPU_SHORT_NS + 1;
+const STAT_SAMPLES_BUSY: u32 = STAT_OFF_CPU_UNTRACKED + 1;
 
 /// Counters the BPF program keeps (per-CPU `stats` map, summed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -81,6 +90,18 @@ pub struct BpfStats {
     /// stack copy (no room in their CPU's ring, or the stack unreadable):
     /// user space could not walk them on ([`crate::unwind::deferred`]).
     pub stack_copies_skipped: u64,
+    /// Off-CPU waits of wanted threads that were recorded (`--off-cpu`).
+    pub off_cpu_waits: u64,
+    /// Off-CPU waits left out for being shorter than `--off-cpu-min`.
+    pub off_cpu_short: u64,
+    /// Their total length, ns.
+    pub off_cpu_short_ns: u64,
+    /// Times a wanted thread left its CPU unnoted: the map of threads off
+    /// their CPU was full ([`off_cpu::TRACKED_THREADS`]).
+    pub off_cpu_untracked: u64,
+    /// cpu-clock samples skipped because they interrupted an off-CPU walk
+    /// on their CPU (which holds the CPU's scratch space).
+    pub samples_busy: u64,
 }
 
 /// The loaded and attached BPF program with its perf events.
@@ -106,6 +127,9 @@ pub struct Sampler<'obj> {
     tracking_links: usize,
     /// The build of the programs loaded ([`variant::choose_variant`]).
     variant: ProgramVariant,
+    /// Whether the off-CPU programs are loaded (`--off-cpu`): they attach
+    /// and detach with the perf events.
+    off_cpu: bool,
 }
 
 /// A ring buffer of `bytes` (a power of two) for CPU `cpu`'s samples.
@@ -284,14 +308,24 @@ fn attach_cpu_events(
 
 /// Log (info) how long loading took and what the verifier processed per
 /// program (named as in the `bpf_loop` variant, whichever is loaded).
-fn log_load_report(skel: &ProfilerSkel<'_>, variant: ProgramVariant, load_time: Duration) {
+fn log_load_report(
+    skel: &ProfilerSkel<'_>,
+    variant: ProgramVariant,
+    load_time: Duration,
+    off_cpu: bool,
+) {
     let p = &skel.progs;
-    let programs = crate::bpf_info::verified_programs(&[
+    let mut loaded = vec![
         ("on_cpu_sample", variant.sampler(p).as_fd()),
         ("walk_user_stack", variant.walker(p).as_fd()),
         ("on_exec", variant.exec(p).as_fd()),
         ("on_exit", p.on_exit.as_fd()),
-    ]);
+    ];
+    if off_cpu {
+        loaded.push(("off_cpu_resume", p.off_cpu_resume.as_fd()));
+        loaded.push(("walk_user_stack_off_cpu", p.walk_user_stack_off_cpu.as_fd()));
+    }
+    let programs = crate::bpf_info::verified_programs(&loaded);
     info!(
         "BPF program on kernel {}: {} variant; {}",
         crate::preflight::kernel_release(),
@@ -355,6 +389,7 @@ impl<'obj> Sampler<'obj> {
             .unwind_rows
             .set_max_entries(config.max_unwind_rows)
             .context("sizing the unwind_rows map")?;
+        off_cpu::configure(&mut open, config.off_cpu_min_ns, variant)?;
         if config.libbpf_debug {
             // Level 2: the verifier log of every instruction, even on success.
             for prog in variant.open_sampling(&mut open.progs) {
@@ -365,7 +400,8 @@ impl<'obj> Sampler<'obj> {
         let skel = open
             .load()
             .context("loading the BPF program (the verifier rejected it, or BTF/CAP_BPF is missing; rerun with --libbpf-debug)")?;
-        log_load_report(&skel, variant, load_started.elapsed());
+        let off_cpu = config.off_cpu_min_ns.is_some();
+        log_load_report(&skel, variant, load_started.elapsed(), off_cpu);
         let mut sample_rings = Vec::with_capacity(online.len());
         for &cpu in &online {
             let ring = create_sample_ring(cpu, ring_bytes)?;
@@ -390,6 +426,9 @@ impl<'obj> Sampler<'obj> {
             .walker_programs
             .update(&0u32.to_ne_bytes(), &walker_fd.to_ne_bytes(), MapFlags::ANY)
             .context("installing the stack walker for tail calls")?;
+        if off_cpu {
+            off_cpu::install_walker(&skel)?;
+        }
         if let Some(after_load) = config.after_load {
             after_load();
         }
@@ -401,11 +440,16 @@ impl<'obj> Sampler<'obj> {
             &online,
             config.sample_freq_hz,
         )?);
+        let cpus = links.len() - tracking_links;
+        if off_cpu {
+            links.extend(off_cpu::attach(&skel)?);
+        }
         let rows = MappedRows::new(skel.maps.unwind_rows.as_fd(), config.max_unwind_rows)?;
         Ok(Sampler {
             skel,
-            cpus: links.len() - tracking_links,
+            cpus,
             tracking_links,
+            off_cpu,
             sample_rings,
             ring_cpus: online,
             rows,
@@ -425,8 +469,9 @@ impl<'obj> Sampler<'obj> {
         self.links.borrow_mut().clear();
     }
 
-    /// Stop sampling for now: close every perf event (exec and exit
-    /// tracking stay attached; maps and unwind tables stay loaded).
+    /// Stop sampling for now: close every perf event and detach the
+    /// off-CPU programs (exec and exit tracking stay attached; maps and
+    /// unwind tables stay loaded).
     /// [`Sampler::resume`] opens them again.
     pub fn pause(&self) {
         self.links.borrow_mut().truncate(self.tracking_links);
@@ -450,9 +495,17 @@ impl<'obj> Sampler<'obj> {
                 warn!("CPUs {missing:?} came online after start and are not sampled (restart to include them)");
             }
         }
-        let events = attach_cpu_events(&self.skel, self.variant, &self.ring_cpus, freq_hz)?;
+        let mut events = attach_cpu_events(&self.skel, self.variant, &self.ring_cpus, freq_hz)?;
+        if self.off_cpu {
+            events.extend(off_cpu::attach(&self.skel)?);
+        }
         self.links.borrow_mut().extend(events);
         Ok(())
+    }
+
+    /// Whether the off-CPU programs are loaded (`--off-cpu`).
+    pub fn records_off_cpu(&self) -> bool {
+        self.off_cpu
     }
 
     /// Number of perf events (one per online CPU) the program is attached to.
@@ -526,6 +579,11 @@ impl<'obj> Sampler<'obj> {
             walks_reused: read(STAT_WALKS_REUSED)?,
             unsupported,
             stack_copies_skipped: read(STAT_STACK_COPY_SKIPPED)?,
+            off_cpu_waits: read(STAT_OFF_CPU_WAITS)?,
+            off_cpu_short: read(STAT_OFF_CPU_SHORT)?,
+            off_cpu_short_ns: read(STAT_OFF_CPU_SHORT_NS)?,
+            off_cpu_untracked: read(STAT_OFF_CPU_UNTRACKED)?,
+            samples_busy: read(STAT_SAMPLES_BUSY)?,
         })
     }
 }

@@ -50,5 +50,6 @@ pub fn sample(kernel_stack: Vec<u64>, user_stack: Vec<u64>) -> RawSample {
         user_stack,
         user_status: UnwindStatus::Complete,
         stack_copy: None,
+        wait: None,
     }
 }

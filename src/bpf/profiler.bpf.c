@@ -339,6 +339,23 @@ struct {
 	__type(value, struct scratch_space);
 } scratch SEC(".maps");
 
+/* Per-CPU: 1 while an off-CPU walk (off_cpu.h, from a syscall-exit
+ * tracepoint, which a cpu-clock sample can interrupt) uses this CPU's
+ * scratch space; the other programs then leave it alone. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} scratch_busy SEC(".maps");
+
+static __always_inline bool scratch_is_busy(void)
+{
+	__u32 zero = 0;
+	__u32 *busy = bpf_map_lookup_elem(&scratch_busy, &zero);
+	return busy && *busy;
+}
+
 static __always_inline void count(__u32 index)
 {
 	__u64 *value = bpf_map_lookup_elem(&stats, &index);
@@ -1231,11 +1248,13 @@ static __always_inline void send_sample(struct scratch_space *sc, bool compat)
 }
 
 /* Walk up to FRAMES_PER_PROGRAM frames, then either send the record or go
- * on in a fresh run of this program (walker_programs holds the walker of
- * the variant user space loaded). `compat`: the variant for kernels
- * without bpf_loop and bpf_find_vma (profiler_compat.h). */
-static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct scratch_space *sc,
-					 struct process_info *proc, bool compat)
+ * on in a fresh run of this program: the walker in slot 0 of `programs`, a
+ * program array of ctx's program type (walker_programs holds the walker of
+ * the variant user space loaded). `compat`: the variant for kernels without
+ * bpf_loop and bpf_find_vma (profiler_compat.h); off-CPU walks are never
+ * compat (off_cpu.h). */
+static __always_inline int continue_walk(void *ctx, struct scratch_space *sc, struct process_info *proc,
+					 bool compat, void *programs)
 {
 	__u32 zero = 0;
 	struct walk_state *st = &sc->state;
@@ -1295,7 +1314,7 @@ static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct
 			finish(&sc->state, UNWIND_TRUNCATED);
 		} else {
 			sc->state.tail_calls++;
-			bpf_tail_call(ctx, &walker_programs, 0);
+			bpf_tail_call(ctx, programs, 0);
 			/* Only reached if the tail call failed. */
 			finish(&sc->state, UNWIND_TRUNCATED);
 		}
@@ -1311,7 +1330,64 @@ static __always_inline int walk_more(struct bpf_perf_event_data *ctx, bool compa
 	if (!sc)
 		return 0;
 	__u32 pid = sc->sample.header.pid;
-	return continue_walk(ctx, sc, bpf_map_lookup_elem(&process_mappings, &pid), compat);
+	return continue_walk(ctx, sc, bpf_map_lookup_elem(&process_mappings, &pid), compat,
+			     &walker_programs);
+}
+
+/* Start the record of a sample (or wait) of thread tid of process pid,
+ * task the current task, at timestamp_ns: its header and a fresh walk state. */
+static __always_inline void begin_record(struct scratch_space *sc, struct task_struct *task, __u32 pid,
+					 __u32 tid, __u64 timestamp_ns)
+{
+	struct sample_header *h = &sc->sample.header;
+	__builtin_memset(&sc->state, 0, sizeof(sc->state));
+	h->timestamp_ns = timestamp_ns;
+	h->pid = pid;
+	h->tid = tid;
+	h->cpu = bpf_get_smp_processor_id();
+	h->flags = 0;
+	h->padding = 0;
+	h->padding2 = 0;
+	h->off_cpu_ns = 0;
+	bpf_get_current_comm(h->thread_comm, sizeof(h->thread_comm));
+	if (pid == tid)
+		__builtin_memcpy(h->process_comm, h->thread_comm, TASK_COMM_LEN);
+	else
+		BPF_CORE_READ_STR_INTO(&h->process_comm, task, group_leader, comm);
+}
+
+/* Walk the user stack from the registers in sc->state (the kernel frames
+ * are in place) and send the record: by the process's description, or, for
+ * a process not described yet, by frame pointers. `programs`: the walker
+ * program array of ctx's program type. */
+static __always_inline int walk_from(void *ctx, struct scratch_space *sc, struct task_struct *task,
+				     void *programs, bool compat)
+{
+	struct walk_state *st = &sc->state;
+	__u32 pid = sc->sample.header.pid;
+	struct process_info *proc = bpf_map_lookup_elem(&process_mappings, &pid);
+	/* A description from before the latest exec describes another image. */
+	if (proc && proc->exec_id != 0 && proc->exec_id != TASK_FIELD(compat, task, self_exec_id))
+		proc = NULL;
+	if (!proc) {
+		/* Not described yet: user space is told at once (not at its next
+		 * poll). Meanwhile, frame pointers give a best-effort stack. */
+		notify_unknown_mapping(pid, st->ip, 0);
+		/* User space walks the leaf's frame on from a copy of the stack. */
+		note_copy_start(st, 0);
+		if (compat)
+			walk_frame_pointers_compat();
+		else
+			bpf_loop(MAX_USER_FRAMES, frame_pointer_only_step, NULL, 0);
+		if (!st->done)
+			finish(st, UNWIND_TRUNCATED);
+		if (st->status != UNWIND_TRUNCATED)
+			st->status = UNWIND_MAPPINGS_UNKNOWN;
+		send_sample(sc, compat);
+		return 0;
+	}
+	st->generation = proc->generation;
+	return continue_walk(ctx, sc, proc, compat, programs);
 }
 
 SEC("perf_event")
@@ -1343,6 +1419,10 @@ static __always_inline int take_sample(struct bpf_perf_event_data *ctx, bool com
 		return 0;
 
 	count(STAT_SAMPLES);
+	if (scratch_is_busy()) {
+		count(STAT_SAMPLES_BUSY);
+		return 0;
+	}
 
 	struct scratch_space *sc = get_scratch();
 	if (!sc)
@@ -1350,24 +1430,11 @@ static __always_inline int take_sample(struct bpf_perf_event_data *ctx, bool com
 	struct stack_sample *s = &sc->sample;
 	struct walk_state *st = &sc->state;
 	struct task_struct *task = current_task(compat);
-	struct sample_header *h = &s->header;
-
-	__builtin_memset(st, 0, sizeof(*st));
+	begin_record(sc, task, pid, tid, bpf_ktime_get_ns());
 	/* The compat walk cannot ask the kernel for a mapping (bpf_find_vma):
 	 * as if it had asked already. */
 	st->vma_looked_up = compat;
-	h->timestamp_ns = bpf_ktime_get_ns();
-	h->pid = pid;
-	h->tid = tid;
-	h->cpu = bpf_get_smp_processor_id();
-	h->flags = 0;
-	h->padding = 0;
-	h->padding2 = 0;
-	bpf_get_current_comm(h->thread_comm, sizeof(h->thread_comm));
-	if (pid == tid)
-		__builtin_memcpy(h->process_comm, h->thread_comm, TASK_COMM_LEN);
-	else
-		BPF_CORE_READ_STR_INTO(&h->process_comm, task, group_leader, comm);
+	struct sample_header *h = &s->header;
 
 	/* The registers at the interrupt. */
 	const struct sample_regs *regs = sample_regs_of(ctx);
@@ -1417,29 +1484,7 @@ static __always_inline int take_sample(struct bpf_perf_event_data *ctx, bool com
 	st->bp = bp;
 	st->exact_ip = 1;
 
-	struct process_info *proc = bpf_map_lookup_elem(&process_mappings, &pid);
-	/* A description from before the latest exec describes another image. */
-	if (proc && proc->exec_id != 0 && proc->exec_id != TASK_FIELD(compat, task, self_exec_id))
-		proc = NULL;
-	if (!proc) {
-		/* Not described yet: user space is told at once (not at its next
-		 * poll). Meanwhile, frame pointers give a best-effort stack. */
-		notify_unknown_mapping(pid, ip, 0);
-		/* User space walks the leaf's frame on from a copy of the stack. */
-		note_copy_start(st, 0);
-		if (compat)
-			walk_frame_pointers_compat();
-		else
-			bpf_loop(MAX_USER_FRAMES, frame_pointer_only_step, NULL, 0);
-		if (!st->done)
-			finish(st, UNWIND_TRUNCATED);
-		if (st->status != UNWIND_TRUNCATED)
-			st->status = UNWIND_MAPPINGS_UNKNOWN;
-		send_sample(sc, compat);
-		return 0;
-	}
-	st->generation = proc->generation;
-	return continue_walk(ctx, sc, proc, compat);
+	return walk_from(ctx, sc, task, &walker_programs, compat);
 }
 
 SEC("perf_event")
@@ -1566,5 +1611,8 @@ int BPF_PROG(on_exit, struct task_struct *p)
 		send_event(EVENT_EXIT, pid, 0);
 	return 0;
 }
+
+/* Off-CPU waits: programs off_cpu_switch and off_cpu_resume. */
+#include "off_cpu.h"
 
 char LICENSE[] SEC("license") = "GPL";

@@ -66,6 +66,10 @@ enum unwind_status {
 	                             * frame pointers gave the frames there are */
 	/* 9 is user space's own (UnwindStatus::StackCopyEnded in src/sample.rs):
 	 * a walk user space went on with from a stack copy ended with the copy. */
+	UNWIND_NOT_WALKED = 10,     /* an off-CPU wait that did not end in a system call's
+	                             * return (a preemption, a page fault): the thread's
+	                             * user stack could not be read in its own context
+	                             * before it ran on, so only its user pc is sent */
 };
 
 /* Indices into the per-CPU `stats` array map. */
@@ -80,12 +84,31 @@ enum stat_index {
 	                            /* walks that stopped for want of a table or mapping and went
 	                             * without a stack copy: no room in the ring, or the stack
 	                             * unreadable */
+	/* Off-CPU (programs off_cpu_switch and off_cpu_resume): */
+	STAT_OFF_CPU_WAITS,         /* waits recorded (at least off_cpu_min_ns) */
+	STAT_OFF_CPU_SHORT,         /* waits left out: shorter than off_cpu_min_ns */
+	STAT_OFF_CPU_SHORT_NS,      /* their total length, ns */
+	STAT_OFF_CPU_UNTRACKED,     /* waits left out: off_cpu_starts or off_cpu_pending was full */
+	STAT_SAMPLES_BUSY,          /* cpu-clock samples skipped: they interrupted an off-CPU
+	                             * walk of their CPU (scratch_busy) */
 	STAT_MAX,
+};
+
+/* A wanted thread that left its CPU (value of the off_cpu_starts map, key: tid). */
+struct off_cpu_start {
+	__u64 time_ns;              /* bpf_ktime_get_ns() at the switch */
+	__u32 runnable;             /* it was preempted or yielded, not blocked */
+	__u32 padding;
 };
 
 /* Flags in sample_header.flags */
 #define SAMPLE_FLAG_KERNEL_THREAD 1
 #define SAMPLE_FLAG_STACK_COPY 2    /* a struct stack_copy follows the whole stack_sample */
+#define SAMPLE_FLAG_OFF_CPU 4       /* not a cpu-clock sample but a wait: the thread was off
+                                     * its CPU for off_cpu_ns up to timestamp_ns, and the
+                                     * stacks are where it left the CPU */
+#define SAMPLE_FLAG_RUNNABLE 8      /* with SAMPLE_FLAG_OFF_CPU: the thread did not block, it
+                                     * was preempted (or yielded) and waited for a CPU */
 
 /* Bytes of user stack a stack_copy holds at most (perf's default is 8 KiB;
  * a compiler's stack is often deeper). */
@@ -106,7 +129,8 @@ enum stat_index {
  * frames that exist are sent.
  */
 struct sample_header {
-	__u64 timestamp_ns;         /* bpf_ktime_get_ns(): CLOCK_MONOTONIC, ns */
+	__u64 timestamp_ns;         /* bpf_ktime_get_ns(): CLOCK_MONOTONIC, ns (an off-CPU
+	                             * record: when the thread ran again) */
 	__u32 pid;                  /* thread group id (process), init pid namespace */
 	__u32 tid;                  /* thread id, init pid namespace */
 	__u32 cpu;
@@ -116,6 +140,8 @@ struct sample_header {
 	__u8 flags;                 /* SAMPLE_FLAG_* */
 	__u16 padding;
 	__u32 padding2;
+	__u64 off_cpu_ns;           /* SAMPLE_FLAG_OFF_CPU: ns from leaving the CPU to running
+	                             * again (timestamp_ns); 0 for cpu-clock samples */
 	char process_comm[TASK_COMM_LEN]; /* group leader's comm */
 	char thread_comm[TASK_COMM_LEN];  /* this thread's comm */
 };

@@ -189,7 +189,7 @@ pub fn validate(p: &proto::Profile) -> Result<(), String> {
 const KERNEL_SPACE_START: u64 = 0xffff_8000_0000_0000;
 
 /// Every unwind result, to find the one an `[unwind: ...]` marker names.
-pub(crate) const STATUSES: [UnwindStatus; 8] = [
+pub(crate) const STATUSES: [UnwindStatus; 10] = [
     UnwindStatus::Complete,
     UnwindStatus::Truncated,
     UnwindStatus::ReadFault,
@@ -198,6 +198,8 @@ pub(crate) const STATUSES: [UnwindStatus; 8] = [
     UnwindStatus::NoMapping,
     UnwindStatus::NoTable,
     UnwindStatus::UnsupportedRule,
+    UnwindStatus::MappingsUnknown,
+    UnwindStatus::NotWalked,
 ];
 
 /// Convert a (validated) pprof profile into the crate's model. Kernel
@@ -213,6 +215,10 @@ pub fn profile_from_pprof(p: &proto::Profile) -> Profile {
         .iter()
         .position(|t| names.str(t.r#type) == "samples" && names.str(t.unit) == "count")
         .unwrap_or(0);
+    // A lightswitch profile with off-CPU time (`--off-cpu`).
+    let off_cpu_index = p.sample_type.iter().position(|t| {
+        names.str(t.r#type) == pprof::OFF_CPU_TYPE && names.str(t.unit) == "nanoseconds"
+    });
     let period_ns = p
         .period_type
         .as_ref()
@@ -232,6 +238,7 @@ pub fn profile_from_pprof(p: &proto::Profile) -> Profile {
         sample_freq_hz: sample_freq_hz.max(1),
         subject: comment(pprof::SUBJECT_COMMENT),
         host: comment(pprof::HOST_COMMENT),
+        off_cpu: off_cpu_index.is_some(),
         ..Default::default()
     };
     let mut mapping_index = HashMap::new();
@@ -256,7 +263,10 @@ pub fn profile_from_pprof(p: &proto::Profile) -> Profile {
     let unknown: Arc<str> = Arc::from("[unknown]");
     for sample in &p.sample {
         let count = sample.value.get(count_index).copied().unwrap_or(0);
-        if count <= 0 {
+        let off_cpu_ns = off_cpu_index
+            .and_then(|i| sample.value.get(i).copied())
+            .unwrap_or(0);
+        if count <= 0 && off_cpu_ns <= 0 {
             continue;
         }
         let frames: Vec<usize> = sample
@@ -265,14 +275,15 @@ pub fn profile_from_pprof(p: &proto::Profile) -> Profile {
             .filter_map(|id| location_index.get(id).copied())
             .collect();
         let status = unwind_status(&frames, &profile.frames);
-        let sample = sample_of(
+        let mut sample = sample_of(
             &sample.label,
             frames,
             status,
-            count as u64,
+            count.max(0) as u64,
             &unknown,
             &mut names,
         );
+        sample.off_cpu_ns = off_cpu_ns.max(0) as u64;
         profile.samples.push(sample);
     }
     profile
@@ -406,6 +417,7 @@ fn sample_of(
         frames,
         unwind_status: status,
         count,
+        off_cpu_ns: 0,
     }
 }
 

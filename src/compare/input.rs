@@ -249,6 +249,7 @@ pub fn parse_folded(text: &str) -> Result<Profile> {
             frames: Vec::new(),
             unwind_status: UnwindStatus::Complete,
             count,
+            off_cpu_ns: 0,
         };
         for name in names {
             let (kind, name) = if let Some(kernel) = name.strip_suffix(KERNEL_SUFFIX) {

@@ -313,6 +313,7 @@ impl Reader<'_> {
                         frames,
                         unwind_status,
                         count: 0,
+                        off_cpu_ns: 0,
                     });
                     let index = (self.profile.samples.len() - 1) as u32;
                     sample_of_stack.insert(stack, index);

@@ -13,7 +13,7 @@ use inferno::flamegraph::color::{Color, PaletteMap};
 use inferno::flamegraph::{self, Options};
 
 use super::{folded, FormatSpec};
-use crate::profile::{FrameKind, Profile};
+use crate::profile::{FrameKind, Profile, Weight};
 
 /// The registry entry: `flame-graph` (also `flamegraph`, `flame`, `svg`),
 /// `flamegraph.svg`, `image/svg+xml`. An empty profile has nothing to draw.
@@ -26,6 +26,7 @@ pub const SPEC: FormatSpec = FormatSpec {
     mime_type: "image/svg+xml",
     encodes_empty: false,
     timeline: false,
+    off_cpu: false,
     encode: |profile, _, out| Ok(out.write_all(&encode(profile, &title(profile))?)?),
 };
 
@@ -129,15 +130,20 @@ fn is_anonymous(filename: &str) -> bool {
 /// The title: `CPU profile of SUBJECT` ([`Profile::subject`]), or
 /// `lightswitch CPU profile` when the profile does not say.
 /// A subject longer than [`MAX_SUBJECT_CHARS`] is cut there, with `...`.
+/// An off-CPU view ([`Weight::OffCpuNs`]) says `Off-CPU profile`.
 pub fn title(profile: &Profile) -> String {
+    let kind = match profile.weight {
+        Weight::Samples => "CPU",
+        Weight::OffCpuNs => "Off-CPU",
+    };
     let Some(subject) = &profile.subject else {
-        return "lightswitch CPU profile".to_string();
+        return format!("lightswitch {kind} profile");
     };
     if subject.chars().count() <= MAX_SUBJECT_CHARS {
-        return format!("CPU profile of {subject}");
+        return format!("{kind} profile of {subject}");
     }
     let cut: String = subject.chars().take(MAX_SUBJECT_CHARS).collect();
-    format!("CPU profile of {cut}...")
+    format!("{kind} profile of {cut}...")
 }
 
 /// Longest subject a title shows in full, characters (a long command line
@@ -171,11 +177,10 @@ pub fn subtitle(profile: &Profile) -> String {
     if !span.is_empty() {
         parts.push(span);
     }
-    parts.push(crate::text::plural(
-        profile.total_samples(),
-        "sample",
-        "samples",
-    ));
+    parts.push(match profile.weight {
+        Weight::Samples => crate::text::plural(profile.total_samples(), "sample", "samples"),
+        Weight::OffCpuNs => format!("{:.3} s off-CPU", profile.total_samples() as f64 / 1e9),
+    });
     parts.join(", ")
 }
 
@@ -192,7 +197,11 @@ pub fn encode(profile: &Profile, title: &str) -> Result<Vec<u8>> {
     let mut options = Options::default();
     options.title = title.to_string();
     options.subtitle = Some(subtitle(profile));
-    options.count_name = "samples".to_string();
+    options.count_name = match profile.weight {
+        Weight::Samples => "samples",
+        Weight::OffCpuNs => "ns off-CPU",
+    }
+    .to_string();
     options.palette_map = Some(&mut palette);
     let mut svg = Vec::new();
     flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)

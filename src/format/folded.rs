@@ -24,6 +24,7 @@ pub const SPEC: FormatSpec = FormatSpec {
     mime_type: "text/plain; charset=utf-8",
     encodes_empty: true,
     timeline: false,
+    off_cpu: false,
     encode: |profile, _, out| Ok(write(profile, out)?),
 };
 
@@ -61,7 +62,8 @@ impl Folded {
         };
         let mut frame_names: Vec<Option<Box<[u32]>>> = vec![None; profile.frames.len()];
         let mut merged: HashMap<Box<[u32]>, u64> = HashMap::new();
-        for sample in &profile.samples {
+        // A stack only seen off its CPU (count 0) has no line here.
+        for sample in profile.samples.iter().filter(|s| s.count > 0) {
             let mut key = vec![intern(clean(&sample.process_comm))];
             for &index in sample.frames.iter().rev() {
                 let ids = frame_names[index].get_or_insert_with(|| {
@@ -200,6 +202,7 @@ pub(crate) mod tests {
             thread_comm: Arc::from("worker;1"),
             frames,
             unwind_status: status,
+            off_cpu_ns: 0,
             count,
         };
         Profile {
@@ -219,6 +222,7 @@ pub(crate) mod tests {
             subject: None,
             host: None,
             targets: None,
+            ..Profile::default()
         }
     }
 
@@ -266,6 +270,7 @@ pub(crate) mod tests {
                     thread_comm: Arc::from("t"),
                     frames: indices,
                     unwind_status: UnwindStatus::Complete,
+                    off_cpu_ns: 0,
                     count: 1 + i as u64,
                 }
             })

@@ -11,6 +11,7 @@
 pub mod firefox;
 pub mod flamegraph;
 pub mod folded;
+pub mod off_cpu;
 pub mod otlp;
 pub mod pprof;
 
@@ -35,6 +36,10 @@ pub enum ProfileFormat {
     Firefox,
     /// OpenTelemetry profiles protobuf, every sample's time kept ([`otlp`]).
     Otlp,
+    /// Folded stacks of off-CPU time ([`off_cpu::FOLDED`]).
+    FoldedOffCpu,
+    /// Flame graph of off-CPU time ([`off_cpu::FLAME_GRAPH`]).
+    FlameGraphOffCpu,
 }
 
 /// What one output format is: names, file name, MIME type, encoder.
@@ -60,6 +65,9 @@ pub struct FormatSpec {
     /// Whether the encoder shows samples over time: it needs
     /// [`Profile::timeline`], which runs then keep (12 bytes a sample).
     pub timeline: bool,
+    /// Whether it shows off-CPU time alone ([`Profile::off_cpu_view`]):
+    /// then a profile without off-CPU time is the empty one.
+    pub off_cpu: bool,
     /// The encoder: writes the encoded profile into the writer (a file
     /// for one-shot runs, so that no encoded output is held in memory;
     /// [`encode`] passes a `Vec`). The [`Compression`] applies where the
@@ -69,12 +77,14 @@ pub struct FormatSpec {
 
 impl ProfileFormat {
     /// Every format, in the order `--help` lists them.
-    pub const ALL: [ProfileFormat; 5] = [
+    pub const ALL: [ProfileFormat; 7] = [
         ProfileFormat::Pprof,
         ProfileFormat::FlameGraph,
         ProfileFormat::Folded,
         ProfileFormat::Firefox,
         ProfileFormat::Otlp,
+        ProfileFormat::FlameGraphOffCpu,
+        ProfileFormat::FoldedOffCpu,
     ];
 
     /// The registry: this format's [`FormatSpec`].
@@ -85,6 +95,8 @@ impl ProfileFormat {
             ProfileFormat::Pprof => &pprof::SPEC,
             ProfileFormat::Firefox => &firefox::SPEC,
             ProfileFormat::Otlp => &otlp::SPEC,
+            ProfileFormat::FoldedOffCpu => &off_cpu::FOLDED,
+            ProfileFormat::FlameGraphOffCpu => &off_cpu::FLAME_GRAPH,
         }
     }
 
@@ -156,7 +168,12 @@ pub fn encode(
 /// without samples in a format that cannot encode one.
 pub fn check_encodable(profile: &Profile, format: ProfileFormat) -> Result<(), EmptyProfile> {
     let spec = format.spec();
-    if !spec.encodes_empty && profile.total_samples() == 0 {
+    let empty = if spec.off_cpu {
+        off_cpu::is_empty(profile)
+    } else {
+        profile.total_samples() == 0
+    };
+    if !spec.encodes_empty && empty {
         return Err(EmptyProfile(spec.noun));
     }
     Ok(())
@@ -194,7 +211,10 @@ mod tests {
         }
         let err = ProfileFormat::from_name("png").unwrap_err().to_string();
         assert!(
-            err.contains("png") && err.contains("pprof, flame-graph, folded, firefox, otlp"),
+            err.contains("png")
+                && err.contains(
+                    "pprof, flame-graph, folded, firefox, otlp, flame-graph-off-cpu, folded-off-cpu"
+                ),
             "{err}"
         );
     }

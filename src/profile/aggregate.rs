@@ -26,8 +26,8 @@ use hashbrown::Equivalent;
 
 use super::interner::Interner;
 use crate::process::{MappingId, ProcessTracker};
-use crate::profile::{LostSamples, ProcessMarker, ProcessMarkerKind, TimedSample};
-use crate::sample::{RawSample, UnwindStatus};
+use crate::profile::{LostSamples, ProcessMarker, ProcessMarkerKind, TimedSample, TimedWait};
+use crate::sample::{RawSample, UnwindStatus, Wait};
 
 /// A user frame: an address, and the mapping it fell in (if any).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -113,6 +113,9 @@ pub struct Stack<'a> {
     pub kernel: &'a [u64],
     /// How the user-stack walk ended.
     pub user_status: UnwindStatus,
+    /// Time threads spent off their CPU with exactly this stack, ns
+    /// (`--off-cpu` waits; 0 for stacks only sampled on-CPU).
+    pub off_cpu_ns: u64,
     user: &'a [u32],
     frames: &'a [UserFrame],
 }
@@ -144,6 +147,11 @@ pub struct Aggregator {
     stacks: Interner<StackKey>,
     /// Samples of each stack, by its index in `stacks`.
     counts: Vec<u64>,
+    /// Off-CPU time of each stack, ns, by its index in `stacks`.
+    off_cpu_ns: Vec<u64>,
+    /// Off-CPU waits added so far, and their total length (ns).
+    waits: u64,
+    wait_ns: u64,
     /// Distinct user frames of the window's stacks.
     user_frames: Interner<UserFrame>,
     /// Distinct kernel stacks (call sites, leaf first) of the window's stacks.
@@ -164,6 +172,7 @@ struct Timeline {
     /// CLOCK_MONOTONIC ns that offsets are taken from (the window's start).
     origin_mono_ns: u64,
     samples: Vec<TimedSample>,
+    waits: Vec<TimedWait>,
     markers: Vec<ProcessMarker>,
     lost: Vec<LostSamples>,
 }
@@ -214,6 +223,7 @@ impl Aggregator {
             timeline: Some(Timeline {
                 origin_mono_ns,
                 samples: Vec::new(),
+                waits: Vec::new(),
                 markers: Vec::new(),
                 lost: Vec::new(),
             }),
@@ -272,6 +282,16 @@ impl Aggregator {
         lost
     }
 
+    /// Take the off-CPU waits out (leaving none), in order of their start.
+    pub fn take_waits(&mut self) -> Vec<TimedWait> {
+        let Some(timeline) = self.timeline.as_mut() else {
+            return Vec::new();
+        };
+        let mut waits = std::mem::take(&mut timeline.waits);
+        waits.sort_unstable_by_key(|w| w.start_offset_ns);
+        waits
+    }
+
     /// Take the markers out (leaving none), in time order.
     pub fn take_markers(&mut self) -> Vec<ProcessMarker> {
         let Some(timeline) = self.timeline.as_mut() else {
@@ -287,6 +307,7 @@ impl Aggregator {
     /// into `profile`, built from this aggregator's stacks.
     pub fn take_timeline_into(&mut self, profile: &mut crate::profile::Profile) {
         profile.timeline = self.take_timeline();
+        profile.waits = self.take_waits();
         profile.markers = self.take_markers();
         profile.lost = self.take_lost();
     }
@@ -327,6 +348,11 @@ impl Aggregator {
         self.user_scratch = user_indices;
         if index as usize == self.counts.len() {
             self.counts.push(0);
+            self.off_cpu_ns.push(0);
+        }
+        if let Some(wait) = sample.wait {
+            self.add_wait(index, sample.timestamp_ns, wait);
+            return;
         }
         self.counts[index as usize] += 1;
         if let Some(timeline) = self.timeline.as_mut() {
@@ -339,7 +365,28 @@ impl Aggregator {
         self.total += 1;
     }
 
-    /// Samples added so far.
+    /// Count an off-CPU wait of stack `index` that ended at `end_ns`
+    /// (CLOCK_MONOTONIC).
+    fn add_wait(&mut self, index: u32, end_ns: u64, wait: Wait) {
+        self.off_cpu_ns[index as usize] += wait.ns;
+        self.waits += 1;
+        self.wait_ns += wait.ns;
+        if let Some(timeline) = self.timeline.as_mut() {
+            let start = end_ns.saturating_sub(wait.ns);
+            timeline.waits.push(TimedWait {
+                start_offset_ns: start.wrapping_sub(timeline.origin_mono_ns) as i64,
+                duration_ns: wait.ns,
+                sample: index,
+            });
+        }
+    }
+
+    /// Off-CPU waits added so far (`--off-cpu`), and their total length, ns.
+    pub fn waits(&self) -> (u64, u64) {
+        (self.waits, self.wait_ns)
+    }
+
+    /// Samples added so far (cpu-clock samples; waits are [`Self::waits`]).
     pub fn total(&self) -> u64 {
         self.total
     }
@@ -353,19 +400,22 @@ impl Aggregator {
     /// first sample (the n-th item is the stack of index n).
     pub fn stacks(&self) -> impl Iterator<Item = (Stack<'_>, u64)> {
         let keys = self.stacks.as_slice().iter();
-        keys.zip(&self.counts).map(|(k, &count)| {
-            let stack = Stack {
-                pid: k.pid,
-                tid: k.tid,
-                process_comm: &self.comms[k.process_comm],
-                thread_comm: &self.comms[k.thread_comm],
-                kernel: &self.kernel_stacks[k.kernel],
-                user_status: k.user_status,
-                user: &k.user,
-                frames: self.user_frames.as_slice(),
-            };
-            (stack, count)
-        })
+        keys.zip(&self.counts)
+            .zip(&self.off_cpu_ns)
+            .map(|((k, &count), &off_cpu_ns)| {
+                let stack = Stack {
+                    pid: k.pid,
+                    tid: k.tid,
+                    process_comm: &self.comms[k.process_comm],
+                    thread_comm: &self.comms[k.thread_comm],
+                    kernel: &self.kernel_stacks[k.kernel],
+                    user_status: k.user_status,
+                    off_cpu_ns,
+                    user: &k.user,
+                    frames: self.user_frames.as_slice(),
+                };
+                (stack, count)
+            })
     }
 
     /// Number of distinct stacks.

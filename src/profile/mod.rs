@@ -22,6 +22,8 @@ pub struct Window {
     pub duration_ns: u64,
     /// Sampling frequency, Hz.
     pub sample_freq_hz: u64,
+    /// Whether off-CPU waits were recorded (`--off-cpu`).
+    pub off_cpu: bool,
 }
 
 /// One window's symbolized samples.
@@ -56,6 +58,17 @@ pub struct Profile {
     /// filled, it has exactly [`Profile::total_samples`] entries and the
     /// entries naming `samples[i]` number `samples[i].count`.
     pub timeline: Vec<TimedSample>,
+    /// What [`Sample::count`] counts: cpu-clock samples, or in an off-CPU
+    /// view ([`Profile::off_cpu_view`]) ns spent off the CPU.
+    pub weight: Weight,
+    /// Whether off-CPU waits were recorded (`--off-cpu`): the formats then
+    /// carry off-CPU time ([`Sample::off_cpu_ns`]) as a second sample type
+    /// or a view of its own, even when no thread waited.
+    pub off_cpu: bool,
+    /// Every off-CPU wait at its own time, in order of its start: kept with
+    /// the timeline (empty without one). The waits naming `samples[i]` add
+    /// up to `samples[i].off_cpu_ns`.
+    pub waits: Vec<TimedWait>,
     /// Process execs and exits in the window, in time order: kept with the
     /// timeline (empty without one).
     pub markers: Vec<ProcessMarker>,
@@ -140,6 +153,29 @@ pub struct TimedSample {
     pub sample: u32,
 }
 
+/// What a profile's [`Sample::count`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Weight {
+    /// cpu-clock samples (on-CPU).
+    #[default]
+    Samples,
+    /// ns threads spent off their CPU (an off-CPU view).
+    OffCpuNs,
+}
+
+/// One off-CPU wait of a timeline: when the thread left its CPU, for how
+/// long, and the stack it left with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedWait {
+    /// When the thread left the CPU, ns after [`Profile::start_unix_ns`]
+    /// (as [`TimedSample::offset_ns`]).
+    pub start_offset_ns: i64,
+    /// How long until it ran again, ns.
+    pub duration_ns: u64,
+    /// Index into [`Profile::samples`].
+    pub sample: u32,
+}
+
 /// An address range backed by an object file (or the kernel image).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ProfileMapping {
@@ -213,12 +249,52 @@ pub struct Sample {
     pub unwind_status: UnwindStatus,
     /// Number of samples with exactly this stack.
     pub count: u64,
+    /// Time threads spent off their CPU with exactly this stack, ns
+    /// (`--off-cpu`; 0 for a stack only sampled on-CPU).
+    pub off_cpu_ns: u64,
 }
 
 impl Profile {
     /// Total samples.
     pub fn total_samples(&self) -> u64 {
         self.samples.iter().map(|s| s.count).sum()
+    }
+
+    /// Total off-CPU time, ns.
+    pub fn total_off_cpu_ns(&self) -> u64 {
+        self.samples.iter().map(|s| s.off_cpu_ns).sum()
+    }
+
+    /// The off-CPU time of this profile as a profile of its own, for the
+    /// formats with one value per stack (folded, flame graph, `report`):
+    /// each stack that waited, its [`Sample::count`] the ns it waited
+    /// ([`Weight::OffCpuNs`]); stacks only seen running are left out, and
+    /// so are the timeline, waits and markers.
+    pub fn off_cpu_view(&self) -> Profile {
+        let samples = self
+            .samples
+            .iter()
+            .filter(|s| s.off_cpu_ns > 0)
+            .map(|s| Sample {
+                count: s.off_cpu_ns,
+                off_cpu_ns: 0,
+                frames: s.frames.clone(),
+                ..s.clone()
+            })
+            .collect();
+        Profile {
+            start_unix_ns: self.start_unix_ns,
+            duration_ns: self.duration_ns,
+            sample_freq_hz: self.sample_freq_hz,
+            subject: self.subject.clone(),
+            host: self.host.clone(),
+            targets: self.targets.clone(),
+            mappings: self.mappings.clone(),
+            frames: self.frames.clone(),
+            samples,
+            weight: Weight::OffCpuNs,
+            ..Profile::default()
+        }
     }
 
     /// CPU time one sample stands for, ns (1e9 / sampling frequency).

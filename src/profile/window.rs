@@ -61,6 +61,8 @@ pub struct Windows {
     sample_freq_hz: u64,
     /// Whether each window's aggregator keeps a timeline.
     timeline: bool,
+    /// Whether off-CPU waits are recorded (`Window::off_cpu`).
+    off_cpu: bool,
     open: BTreeMap<u64, OpenWindow>,
     /// Every window with a lower index has been closed.
     next_to_close: u64,
@@ -91,6 +93,7 @@ impl Windows {
             last_index,
             sample_freq_hz,
             timeline: false,
+            off_cpu: false,
             open: BTreeMap::new(),
             next_to_close: 0,
             late: 0,
@@ -102,6 +105,12 @@ impl Windows {
     /// [`Aggregator::with_timeline`]), for timeline formats.
     pub fn with_timeline(mut self, timeline: bool) -> Self {
         self.timeline = timeline;
+        self
+    }
+
+    /// Say in every window that off-CPU waits are recorded (`--off-cpu`).
+    pub fn with_off_cpu(mut self, off_cpu: bool) -> Self {
+        self.off_cpu = off_cpu;
         self
     }
 
@@ -265,6 +274,7 @@ impl Windows {
                 start_unix_ns: self.t0_unix_ns + (start - self.t0_mono_ns),
                 duration_ns: end_mono_ns.saturating_sub(start),
                 sample_freq_hz: self.sample_freq_hz,
+                off_cpu: self.off_cpu,
             },
         }
     }

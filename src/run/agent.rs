@@ -25,6 +25,7 @@ use crate::process::ProcessTracker;
 use crate::profile::aggregate::UserFrame;
 use crate::profile::window::{ClosedWindow, Windows, CLOSE_SLACK_NS};
 use crate::sample::{RawSample, TimedEvent, UnwindStatus};
+use crate::sampler::off_cpu::OffCpuCounts;
 use crate::sampler::{self, BpfStats, Sampler};
 use crate::sender::worker::WindowWorker;
 use crate::server::metrics::Metrics;
@@ -183,7 +184,8 @@ impl<'s, 'o> Agent<'s, 'o> {
             plan.duration.map(|d| d.as_nanos() as u64),
             freq,
         )
-        .with_timeline(plan.timeline);
+        .with_timeline(plan.timeline)
+        .with_off_cpu(plan.sampler.off_cpu_min_ns.is_some());
         let loader = UnwindLoader::new(plan.sampler.max_unwind_rows, cache_dir)?;
         let mut follower = ProcessFollower::new();
         follower.scan_processes(&plan.sampler.pids, start);
@@ -513,6 +515,9 @@ impl<'s, 'o> Agent<'s, 'o> {
         let mut deferred = self.deferred.stats();
         deferred.not_sent = bpf.stack_copies_skipped;
         self.metrics.set_deferred(deferred);
+        if self.sampler.records_off_cpu() {
+            self.metrics.set_off_cpu(OffCpuCounts::from_stats(&bpf));
+        }
     }
 
     /// Retire what the tracker knows of processes gone before `since` (the

@@ -88,6 +88,7 @@ impl RunPlan {
                 libbpf_debug: cli.libbpf_debug,
                 max_unwind_rows: unwind_rows_for_budget(cli.max_unwind_info_mb),
                 follow_children: workload.is_some(),
+                off_cpu_min_ns: cli.off_cpu.then(|| (cli.off_cpu_min.max(0.0) * 1e9) as u64),
                 // Samples taken inside the profiler's own BPF programs are
                 // named after the programs are unloaded (one-shot profiles
                 // are symbolized then).

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::sampler::off_cpu::OffCpuCounts;
 use crate::sender::worker::WorkerReport;
 use crate::text::plural;
 use crate::unwind::deferred::DeferredStats;
@@ -28,6 +29,8 @@ pub struct RunSummary {
     pub continuous: Option<ContinuousSummary>,
     /// Listen-only mode (`--listen` alone): on-demand profiles served.
     pub served: Option<u64>,
+    /// With `--off-cpu`: the waits recorded and those left out.
+    pub off_cpu: Option<OffCpuCounts>,
 }
 
 /// What a continuous run emitted.
@@ -134,6 +137,9 @@ impl std::fmt::Display for RunSummary {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();
             write!(f, "\nunsupported CFI rules: {}", kinds.join(" "))?;
+        }
+        if let Some(off_cpu) = &self.off_cpu {
+            write!(f, "\n{off_cpu}")?;
         }
         let d = &self.deferred;
         if d.held + d.no_room + d.not_sent > 0 {

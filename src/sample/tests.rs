@@ -4,7 +4,7 @@ use super::*;
 fn record_parses_frames_and_comms() {
     // The layout of struct sample_header in src/bpf/profiler.h, by hand:
     // an independent check of the generated type the parser uses.
-    let mut data = vec![0u8; 64];
+    let mut data = vec![0u8; 72];
     data[0..8].copy_from_slice(&123u64.to_ne_bytes());
     data[8..12].copy_from_slice(&42u32.to_ne_bytes());
     data[12..16].copy_from_slice(&43u32.to_ne_bytes());
@@ -12,8 +12,8 @@ fn record_parses_frames_and_comms() {
     data[20..22].copy_from_slice(&1u16.to_ne_bytes());
     data[22..24].copy_from_slice(&2u16.to_ne_bytes());
     data[24] = 1;
-    data[32..35].copy_from_slice(b"app");
-    data[48..51].copy_from_slice(b"thr");
+    data[40..43].copy_from_slice(b"app");
+    data[56..59].copy_from_slice(b"thr");
     for addr in [0xffff_ffff_8100_0000u64, 0x401000, 0x402000] {
         data.extend_from_slice(&addr.to_ne_bytes());
     }
@@ -24,7 +24,20 @@ fn record_parses_frames_and_comms() {
     assert_eq!(s.kernel_stack, vec![0xffff_ffff_8100_0000]);
     assert_eq!(s.user_stack, vec![0x401000, 0x402000]);
     assert_eq!(s.user_status, UnwindStatus::Truncated);
+    assert_eq!(s.wait, None);
     assert!(RawSample::parse(&data[..data.len() - 1]).is_err());
+
+    // An off-CPU record: flags OFF_CPU | RUNNABLE, off_cpu_ns at 32.
+    data[25] = SAMPLE_FLAG_OFF_CPU | SAMPLE_FLAG_RUNNABLE;
+    data[32..40].copy_from_slice(&5_000_000u64.to_ne_bytes());
+    let s = RawSample::parse(&data).unwrap();
+    assert_eq!(
+        s.wait,
+        Some(Wait {
+            ns: 5_000_000,
+            runnable: true
+        })
+    );
 }
 
 #[test]
@@ -33,7 +46,7 @@ fn a_stack_copy_follows_the_whole_sample_record() {
     data[22..24].copy_from_slice(&1u16.to_ne_bytes());
     data[24] = 6; // no_table
     data[25] = SAMPLE_FLAG_STACK_COPY;
-    data[64..72].copy_from_slice(&0x401234u64.to_ne_bytes());
+    data[72..80].copy_from_slice(&0x401234u64.to_ne_bytes());
     // struct stack_copy by hand: ip, sp, bp, frame, len, exact_ip, padding.
     for word in [0x401234u64, 0x7ffc_0000_1000, 0x7ffc_0000_1100] {
         data.extend_from_slice(&word.to_ne_bytes());

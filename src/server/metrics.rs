@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::heap::HeapStats;
 use crate::httpd::serve::ConnectionStats;
 use crate::sample::UnwindStatus;
+use crate::sampler::off_cpu::OffCpuCounts;
 use crate::sender::queue::Queue;
 use crate::sender::worker::WindowCounters;
 use crate::symbolize::debuginfod::DebuginfodStats;
@@ -35,6 +36,7 @@ pub struct Metrics {
     windows_panicked: AtomicU64,
     samples_missing_mapping: AtomicU64,
     deferred: Mutex<DeferredStats>,
+    off_cpu: Mutex<Option<OffCpuCounts>>,
     profile_requests: Mutex<HashMap<&'static str, u64>>,
     profile_requests_active: AtomicU64,
     delivery: OnceLock<Arc<Queue>>,
@@ -121,6 +123,11 @@ impl Metrics {
     /// ([`crate::unwind::deferred::DeferredWalks::stats`]).
     pub fn set_deferred(&self, stats: DeferredStats) {
         *lock(&self.deferred) = stats;
+    }
+
+    /// What `--off-cpu` recorded and left out so far (the BPF counters).
+    pub fn set_off_cpu(&self, counts: OffCpuCounts) {
+        *lock(&self.off_cpu) = Some(counts);
     }
 
     /// The frequency perf events sample at now, Hz (0: not sampling).
@@ -262,6 +269,27 @@ impl Metrics {
             "Samples by how their user-stack walk ended.",
             &unwind,
         );
+        if let Some(o) = *lock(&self.off_cpu) {
+            family(
+                out,
+                "lightswitch_off_cpu_waits_total",
+                "counter",
+                "Off-CPU waits of profiled threads (--off-cpu): recorded, left out for being \
+                 shorter than --off-cpu-min, left out untracked (the map of waiting threads full).",
+                &[
+                    ("outcome=\"recorded\"", o.waits),
+                    ("outcome=\"shorter_than_min\"", o.short),
+                    ("outcome=\"untracked\"", o.untracked),
+                ],
+            );
+            family(
+                out,
+                "lightswitch_off_cpu_left_out_nanoseconds_total",
+                "counter",
+                "Total length of the off-CPU waits left out for being shorter than --off-cpu-min, ns.",
+                &[("", o.short_ns)],
+            );
+        }
         let d = *lock(&self.deferred);
         family(
             out,

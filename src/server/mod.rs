@@ -52,6 +52,9 @@ pub struct ServerConfig {
     /// Highest sampling frequency a request may ask for, Hz
     /// (`kernel.perf_event_max_sample_rate`).
     pub max_sample_freq_hz: u64,
+    /// Whether the agent records off-CPU waits (`--off-cpu`): only then may
+    /// a request ask for them (`offcpu=true`).
+    pub off_cpu: bool,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -64,6 +67,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_connections", &self.max_connections)
             .field("pids", &self.pids)
             .field("max_sample_freq_hz", &self.max_sample_freq_hz)
+            .field("off_cpu", &self.off_cpu)
             .finish()
     }
 }

@@ -59,6 +59,9 @@ pub struct ProfileRequest {
     pub sample_freq_hz: Option<u64>,
     /// Output format (pprof is gzip'd).
     pub format: ProfileFormat,
+    /// Whether the profile has off-CPU waits too (`offcpu=true`; the agent
+    /// must run with `--off-cpu`).
+    pub off_cpu: bool,
     /// When the request arrived, CLOCK_MONOTONIC ns: its span starts there
     /// (or when sampling starts, if it was idle).
     pub arrived_mono_ns: u64,
@@ -73,6 +76,7 @@ struct Subscription {
     end_mono_ns: u64,
     pids: HashSet<u32>,
     sample_freq_hz: u64,
+    off_cpu: bool,
     format: ProfileFormat,
     aggregator: Aggregator,
     reply: oneshot::Sender<Reply>,
@@ -104,6 +108,7 @@ impl Subscriptions {
             end_mono_ns: start_mono_ns.saturating_add(request.duration_ns),
             pids: request.pids.into_iter().collect(),
             sample_freq_hz,
+            off_cpu: request.off_cpu,
             format: request.format,
             aggregator: if request.format.is_timeline() {
                 Aggregator::with_timeline(start_mono_ns)
@@ -126,6 +131,7 @@ impl Subscriptions {
         for s in &mut self.open {
             if (s.start_mono_ns..s.end_mono_ns).contains(&sample.timestamp_ns)
                 && (s.pids.is_empty() || s.pids.contains(&sample.pid))
+                && (s.off_cpu || sample.wait.is_none())
             {
                 s.aggregator.add_resolved(sample, frames);
             }
@@ -192,6 +198,7 @@ impl Subscriptions {
                         .saturating_sub(now_mono_ns.saturating_sub(s.start_mono_ns)),
                     duration_ns: s.end_mono_ns - s.start_mono_ns,
                     sample_freq_hz: s.sample_freq_hz,
+                    off_cpu: s.off_cpu,
                 },
                 aggregator: s.aggregator,
                 pids: s.pids,
@@ -449,6 +456,7 @@ mod tests {
             pids,
             sample_freq_hz: None,
             format: ProfileFormat::Folded,
+            off_cpu: false,
             arrived_mono_ns: 0,
             reply,
         };

@@ -48,6 +48,7 @@ pub struct AppState {
     max_requests: usize,
     pids: Arc<[u32]>,
     max_sample_freq_hz: u64,
+    off_cpu: bool,
 }
 
 impl AppState {
@@ -68,6 +69,7 @@ impl AppState {
             max_requests: config.max_requests,
             pids: config.pids.clone().into(),
             max_sample_freq_hz: config.max_sample_freq_hz,
+            off_cpu: config.off_cpu,
         }
     }
 }
@@ -149,6 +151,7 @@ struct ProfileQuery {
     pids: Vec<u32>,
     format: ProfileFormat,
     sample_freq_hz: Option<u64>,
+    off_cpu: bool,
 }
 
 /// Shortest on-demand profile, seconds: one sampling period at 100 Hz
@@ -156,7 +159,10 @@ struct ProfileQuery {
 const MIN_SECONDS: f64 = 0.01;
 
 fn parse_profile_query(state: &AppState, query: Option<&str>) -> Result<ProfileQuery, String> {
-    let pairs = query_pairs(query, &["seconds", "pids", "format", "sample_freq"])?;
+    let pairs = query_pairs(
+        query,
+        &["seconds", "pids", "format", "sample_freq", "offcpu"],
+    )?;
     let seconds = match value(&pairs, "seconds") {
         None => DEFAULT_SECONDS.min(state.max_seconds as f64),
         Some(text) => match text.parse::<f64>() {
@@ -201,11 +207,22 @@ fn parse_profile_query(state: &AppState, query: Option<&str>) -> Result<ProfileQ
                 })?,
         ),
     };
+    let off_cpu = match value(&pairs, "offcpu") {
+        None | Some("false") => false,
+        Some("true") if state.off_cpu => true,
+        Some("true") => {
+            return Err("offcpu=true: this agent does not record off-CPU waits \
+                        (start it with --off-cpu)"
+                .into())
+        }
+        Some(other) => return Err(format!("offcpu={other:?} must be true or false")),
+    };
     Ok(ProfileQuery {
         duration_ns: (seconds * 1e9) as u64,
         pids,
         format: profile_format(value(&pairs, "format"))?,
         sample_freq_hz,
+        off_cpu,
     })
 }
 
@@ -262,6 +279,7 @@ async fn profile(State(state): State<AppState>, RawQuery(query): RawQuery) -> Re
         pids: query.pids,
         sample_freq_hz: query.sample_freq_hz,
         format: query.format,
+        off_cpu: query.off_cpu,
         arrived_mono_ns,
         reply,
     };
@@ -425,6 +443,7 @@ mod tests {
                 max_connections: 8,
                 pids,
                 max_sample_freq_hz: 1000,
+                off_cpu: false,
             },
             None,
             tx,
@@ -450,6 +469,7 @@ mod tests {
                 pids: vec![7, 8],
                 format: ProfileFormat::FlameGraph,
                 sample_freq_hz: Some(49),
+                off_cpu: false,
             }
         );
         for bad in [

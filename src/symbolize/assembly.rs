@@ -280,6 +280,7 @@ mod tests {
             start_unix_ns: 0,
             duration_ns: 1_000_000_000,
             sample_freq_hz: 99,
+            off_cpu: false,
         };
         let profile = Symbolizer::one_shot().build_profile(&aggregator, &maps, window);
         let user_location = |i: usize| *profile.samples[i].frames.last().unwrap();

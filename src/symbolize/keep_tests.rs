@@ -27,6 +27,7 @@ fn kept_after_one_window(symbolizer: &Symbolizer) -> Vec<String> {
         start_unix_ns: 0,
         duration_ns: 1_000_000_000,
         sample_freq_hz: 99,
+        off_cpu: false,
     };
     let profile = symbolizer.build_profile(&aggregator, &tracker, window);
     assert_eq!(profile.samples.len(), 1);

@@ -259,6 +259,7 @@ impl Symbolizer {
             start_unix_ns: window.start_unix_ns,
             duration_ns: window.duration_ns,
             sample_freq_hz: window.sample_freq_hz,
+            off_cpu: window.off_cpu,
             samples: Vec::with_capacity(aggregator.stack_count()),
             frames: Vec::with_capacity(locations),
             ..Default::default()
@@ -315,6 +316,7 @@ impl Symbolizer {
                 frames,
                 unwind_status: key.user_status,
                 count,
+                off_cpu_ns: key.off_cpu_ns,
             });
         }
         self.last_locations.set(profile.frames.len());

@@ -55,6 +55,7 @@ fn continuous_symbolizer_keeps_lines_and_only_the_objects_of_new_addresses() {
         start_unix_ns: 0,
         duration_ns: 1_000_000_000,
         sample_freq_hz: 99,
+        off_cpu: false,
     };
     let symbolizer = Symbolizer::new();
     let symbolize = |tracker: &mut crate::process::ProcessTracker, stacks: &[Vec<u64>]| {
@@ -111,6 +112,7 @@ fn one_shot_profile(stack: Vec<u64>) -> Profile {
         start_unix_ns: 0,
         duration_ns: 1_000_000_000,
         sample_freq_hz: 99,
+        off_cpu: false,
     };
     Symbolizer::one_shot().build_profile(&aggregator, &tracker, window)
 }
@@ -178,6 +180,7 @@ fn continuous_symbolizer_leaves_big_objects_for_a_later_window_once_over_budget(
             start_unix_ns: 0,
             duration_ns,
             sample_freq_hz: 99,
+            off_cpu: false,
         };
         unnamed_user_frames(&symbolizer.build_profile(&aggregator, &tracker, window))
     };
@@ -228,6 +231,7 @@ fn a_worker_behind_names_no_new_object_until_it_catches_up() {
         start_unix_ns: 0,
         duration_ns: 10_000_000_000,
         sample_freq_hz: 99,
+        off_cpu: false,
     };
     let unnamed = || unnamed_user_frames(&symbolizer.build_profile(&aggregator, &tracker, window));
     assert_eq!(

@@ -147,6 +147,7 @@ fn known_profile(start_unix_ns: u64, count: u64, stacks: usize) -> Vec<u8> {
             thread_comm: Arc::from("app"),
             frames: vec![frames.len() - 1, 0],
             unwind_status: UnwindStatus::Complete,
+            off_cpu_ns: 0,
             count,
         });
     }
@@ -163,6 +164,7 @@ fn known_profile(start_unix_ns: u64, count: u64, stacks: usize) -> Vec<u8> {
         subject: None,
         host: None,
         targets: None,
+        ..Default::default()
     };
     lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
 }

@@ -41,6 +41,7 @@ fn known_profile(start_unix_ns: u64, count: u64) -> Vec<u8> {
             thread_comm: Arc::from("app"),
             frames: vec![0, 1],
             unwind_status: UnwindStatus::Complete,
+            off_cpu_ns: 0,
             count,
         }],
         timeline: vec![],
@@ -49,6 +50,7 @@ fn known_profile(start_unix_ns: u64, count: u64) -> Vec<u8> {
         subject: None,
         host: None,
         targets: None,
+        ..Default::default()
     };
     lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
 }

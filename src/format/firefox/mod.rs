@@ -33,6 +33,9 @@
 //!   ([`Profile::lost`]) are interval markers `lost samples` on the main
 //!   thread (a track of its own, without samples) of a pseudo-process
 //!   `lightswitch`, pid [`LOST_PID`], which no real process has.
+//! - Off-CPU waits (`--off-cpu`, [`Profile::waits`]): interval markers
+//!   `off-CPU` on their threads, each with the stack the thread waited
+//!   with ([`waits`]).
 
 use std::io::{BufWriter, Write};
 use std::time::Instant;
@@ -51,6 +54,7 @@ use crate::profile::Profile;
 
 mod frames;
 mod markers;
+mod waits;
 use frames::frame_infos;
 use markers::{add_lost_markers, add_markers};
 
@@ -59,6 +63,9 @@ pub const FILE_NAME: &str = "profile.json.gz";
 
 /// The `type` of the exec and exit markers' data.
 pub const PROCESS_MARKER_TYPE: &str = "LightswitchProcessEvent";
+
+/// The `type` of the off-CPU wait markers' data.
+pub const OFF_CPU_MARKER_TYPE: &str = "LightswitchOffCpu";
 
 /// The `type` of the lost-samples markers' data.
 pub const LOST_MARKER_TYPE: &str = "LightswitchLostSamples";
@@ -83,6 +90,7 @@ pub const SPEC: FormatSpec = FormatSpec {
     mime_type: "application/gzip",
     encodes_empty: true,
     timeline: true,
+    off_cpu: false,
     encode: |profile, _, out| write(profile, out),
 };
 
@@ -161,7 +169,8 @@ fn build(profile: &Profile) -> Result<FxProfile> {
     let first_sample = profile.timeline.first().map(|t| t.offset_ns);
     let first_marker = profile.markers.first().map(|m| m.offset_ns);
     let first_lost = profile.lost.iter().map(|l| l.start_offset_ns).min();
-    let shift = [first_sample, first_marker, first_lost]
+    let first_wait = profile.waits.iter().map(|w| w.start_offset_ns).min();
+    let shift = [first_sample, first_marker, first_lost, first_wait]
         .into_iter()
         .flatten()
         .fold(0, i64::min);
@@ -191,6 +200,7 @@ fn build(profile: &Profile) -> Result<FxProfile> {
     add_markers(&mut fx, profile, &slots, time);
     add_lost_markers(&mut fx, profile, time);
     let stacks = intern_stacks(&mut fx, profile, &frames, &slots, &slot_of_sample);
+    waits::add_waits(&mut fx, profile, &slots, &slot_of_sample, &stacks, time);
     let cpu_delta = CpuDelta::from_nanos(profile.period_ns());
     for timed in &profile.timeline {
         let index = timed.sample as usize;
@@ -224,7 +234,7 @@ fn intern_stacks(
     let mut stacks = vec![None; profile.samples.len()];
     let mut by_slot: Vec<Vec<usize>> = vec![Vec::new(); slots.len()];
     for (index, sample) in profile.samples.iter().enumerate() {
-        if sample.count > 0 {
+        if sample.count > 0 || sample.off_cpu_ns > 0 {
             by_slot[slot_of_sample[index]].push(index);
         }
     }
@@ -289,6 +299,20 @@ fn thread_slots(profile: &Profile, time: impl Fn(i64) -> u64) -> (Vec<ThreadSlot
         if t >= slot.last_ns {
             slot.last_ns = t;
             slot.latest = timed.sample;
+        }
+    }
+    // A thread's waits are part of its life too (a thread may only wait).
+    for wait in &profile.waits {
+        let Some(&index) = slot_of_sample.get(wait.sample as usize) else {
+            continue;
+        };
+        let slot = &mut slots[index];
+        let start = time(wait.start_offset_ns);
+        let end = start.saturating_add(wait.duration_ns);
+        slot.first_ns = slot.first_ns.min(start);
+        if end >= slot.last_ns {
+            slot.last_ns = end;
+            slot.latest = wait.sample;
         }
     }
     (slots, slot_of_sample)

@@ -32,6 +32,12 @@
 //!   attribute `profile.frame.type` `kernel` or `native`; a stack whose walk
 //!   stopped early ends in a location without mapping or address named
 //!   `[unwind: ...]`, as in the other formats;
+//! - with off-CPU waits recorded (`--off-cpu`, [`Profile::off_cpu`]), a
+//!   second `Profile` in the same scope with `sample_type`
+//!   off_cpu/nanoseconds: one `Sample` per (stack, attribute set) that
+//!   waited, with each wait's length in `values` and its start in the
+//!   parallel `timestamps_unix_nano` (with a timeline, [`Profile::waits`]),
+//!   else its total off-CPU ns as the one value;
 //! - index 0 of every dictionary table is its zero element, and nothing
 //!   else is stored twice.
 
@@ -103,6 +109,7 @@ pub const SPEC: FormatSpec = FormatSpec {
     mime_type: "application/x-protobuf",
     encodes_empty: true,
     timeline: true,
+    off_cpu: false,
     encode: write,
 };
 
@@ -145,7 +152,7 @@ pub fn to_request(profile: &Profile) -> Result<ExportProfilesServiceRequest> {
     add_mappings(profile, &mut dict);
     add_locations(profile, &mut dict);
     let (time_unix_nano, duration_nano) = time_range(profile);
-    let message = otlp::Profile {
+    let mut profiles = vec![otlp::Profile {
         sample_type: Some(value_type(&mut dict, "samples", "count")),
         samples: samples(profile, &mut dict)?,
         time_unix_nano,
@@ -153,7 +160,16 @@ pub fn to_request(profile: &Profile) -> Result<ExportProfilesServiceRequest> {
         period_type: Some(value_type(&mut dict, "cpu", "nanoseconds")),
         period: profile.period_ns() as i64,
         ..Default::default()
-    };
+    }];
+    if profile.off_cpu {
+        profiles.push(otlp::Profile {
+            sample_type: Some(value_type(&mut dict, OFF_CPU_TYPE, "nanoseconds")),
+            samples: off_cpu_samples(profile, &mut dict)?,
+            time_unix_nano,
+            duration_nano,
+            ..Default::default()
+        });
+    }
     let host = profile.host.as_deref().map(|host| KeyValue {
         key: keys::HOST_NAME.to_string(),
         value: Some(AnyValue {
@@ -173,7 +189,7 @@ pub fn to_request(profile: &Profile) -> Result<ExportProfilesServiceRequest> {
                     version: env!("CARGO_PKG_VERSION").to_string(),
                     ..Default::default()
                 }),
-                profiles: vec![message],
+                profiles,
                 schema_url: String::new(),
             }],
             schema_url: String::new(),
@@ -181,6 +197,9 @@ pub fn to_request(profile: &Profile) -> Result<ExportProfilesServiceRequest> {
         dictionary: Some(dict.finish()),
     })
 }
+
+/// The `sample_type` of the off-CPU profile (unit nanoseconds).
+pub const OFF_CPU_TYPE: &str = "off_cpu";
 
 fn value_type(dict: &mut Dictionary, kind: &str, unit: &str) -> otlp::ValueType {
     otlp::ValueType {
@@ -267,28 +286,14 @@ fn add_locations(profile: &Profile, dict: &mut Dictionary) {
 /// names a sample the profile does not have.
 fn samples(profile: &Profile, dict: &mut Dictionary) -> Result<Vec<otlp::Sample>> {
     let mut out: Vec<otlp::Sample> = Vec::new();
-    let mut by_identity: HashMap<(i32, [i32; 4]), usize> = HashMap::new();
+    let mut by_identity = HashMap::new();
     let mut slot_of = Vec::with_capacity(profile.samples.len());
     for s in &profile.samples {
         if s.count == 0 {
             slot_of.push(None);
             continue;
         }
-        let stack = dict.stack(s.frames.iter().map(|&f| index(f + 1)).collect());
-        let attributes = [
-            dict.attribute(keys::PROCESS_PID, Value::Int(s.pid.into())),
-            dict.attribute(keys::THREAD_ID, Value::Int(s.tid.into())),
-            dict.attribute(keys::THREAD_NAME, Value::Str(&s.thread_comm)),
-            dict.attribute(keys::PROCESS_EXECUTABLE_NAME, Value::Str(&s.process_comm)),
-        ];
-        let slot = *by_identity.entry((stack, attributes)).or_insert_with(|| {
-            out.push(otlp::Sample {
-                stack_index: stack,
-                attribute_indices: attributes.to_vec(),
-                ..Default::default()
-            });
-            out.len() - 1
-        });
+        let slot = slot_for(s, dict, &mut by_identity, &mut out);
         slot_of.push(Some(slot));
         if profile.timeline.is_empty() {
             match out[slot].values.first_mut() {
@@ -303,6 +308,67 @@ fn samples(profile: &Profile, dict: &mut Dictionary) -> Result<Vec<otlp::Sample>
             bail!("the timeline names sample {sample}, which the profile does not count");
         };
         let time = profile.start_unix_ns.saturating_add_signed(timed.offset_ns);
+        out[slot].timestamps_unix_nano.push(time);
+    }
+    Ok(out)
+}
+
+/// The index in `out` of the OTLP sample of `s`'s stack and attributes,
+/// added if new.
+fn slot_for(
+    s: &crate::profile::Sample,
+    dict: &mut Dictionary,
+    by_identity: &mut HashMap<(i32, [i32; 4]), usize>,
+    out: &mut Vec<otlp::Sample>,
+) -> usize {
+    let stack = dict.stack(s.frames.iter().map(|&f| index(f + 1)).collect());
+    let attributes = [
+        dict.attribute(keys::PROCESS_PID, Value::Int(s.pid.into())),
+        dict.attribute(keys::THREAD_ID, Value::Int(s.tid.into())),
+        dict.attribute(keys::THREAD_NAME, Value::Str(&s.thread_comm)),
+        dict.attribute(keys::PROCESS_EXECUTABLE_NAME, Value::Str(&s.process_comm)),
+    ];
+    *by_identity.entry((stack, attributes)).or_insert_with(|| {
+        out.push(otlp::Sample {
+            stack_index: stack,
+            attribute_indices: attributes.to_vec(),
+            ..Default::default()
+        });
+        out.len() - 1
+    })
+}
+
+/// One OTLP sample per (stack, attributes) of the profile's samples that
+/// waited: each wait of [`Profile::waits`] a value (ns) with its start as
+/// timestamp, or without waits the stack's total off-CPU ns. Errors when a
+/// wait names a sample that did not wait.
+fn off_cpu_samples(profile: &Profile, dict: &mut Dictionary) -> Result<Vec<otlp::Sample>> {
+    let mut out: Vec<otlp::Sample> = Vec::new();
+    let mut by_identity = HashMap::new();
+    let mut slot_of = Vec::with_capacity(profile.samples.len());
+    for s in &profile.samples {
+        if s.off_cpu_ns == 0 {
+            slot_of.push(None);
+            continue;
+        }
+        let slot = slot_for(s, dict, &mut by_identity, &mut out);
+        slot_of.push(Some(slot));
+        if profile.waits.is_empty() {
+            match out[slot].values.first_mut() {
+                Some(total) => *total += s.off_cpu_ns as i64,
+                None => out[slot].values.push(s.off_cpu_ns as i64),
+            }
+        }
+    }
+    for wait in &profile.waits {
+        let sample = wait.sample;
+        let Some(&Some(slot)) = slot_of.get(sample as usize) else {
+            bail!("a wait names sample {sample}, which has no off-CPU time");
+        };
+        let time = profile
+            .start_unix_ns
+            .saturating_add_signed(wait.start_offset_ns);
+        out[slot].values.push(wait.duration_ns as i64);
         out[slot].timestamps_unix_nano.push(time);
     }
     Ok(out)

@@ -26,6 +26,7 @@ use super::proto::profiles::{self as otlp, ProfilesDictionary};
 use crate::collector::merge::STATUSES;
 use crate::profile::{
     unwind_marker_name, Frame, FrameKind, Line, Profile, ProfileMapping, Sample, TimedSample,
+    TimedWait,
 };
 use crate::sample::UnwindStatus;
 use crate::symbolize::KERNEL_MAPPING_NAME;
@@ -81,6 +82,14 @@ pub fn profile_from_request(request: &ExportProfilesServiceRequest) -> Result<Pr
             .sample_type
             .as_ref()
             .is_some_and(|t| names.str(t.unit_strindex).ok() == Some("nanoseconds"));
+        let off_cpu = in_ns
+            && p.sample_type
+                .as_ref()
+                .is_some_and(|t| names.str(t.type_strindex).ok() == Some(super::OFF_CPU_TYPE));
+        if off_cpu {
+            read_off_cpu(&names, &mut profile, p, start)?;
+            continue;
+        }
         let period = if in_ns { p.period.max(1) } else { 1 };
         for s in &p.samples {
             let sample = sample(&names, &profile.frames, s, period)?;
@@ -102,6 +111,39 @@ pub fn profile_from_request(request: &ExportProfilesServiceRequest) -> Result<Pr
         profile.timeline = Vec::new();
     }
     Ok(profile)
+}
+
+/// Add the off-CPU profile `p` (sample type off_cpu/nanoseconds) to
+/// `profile`: each sample's values are its waits (ns), its timestamps
+/// (when there is one per value) their starts.
+fn read_off_cpu(
+    names: &Names<'_>,
+    profile: &mut Profile,
+    p: &otlp::Profile,
+    start: u64,
+) -> Result<()> {
+    profile.off_cpu = true;
+    for s in &p.samples {
+        let mut sample = sample(names, &profile.frames, s, 1)?;
+        sample.off_cpu_ns = sample.count;
+        sample.count = 0;
+        let index = profile.samples.len() as u32;
+        if s.timestamps_unix_nano.len() == s.values.len() {
+            profile.waits.extend(
+                s.values
+                    .iter()
+                    .zip(&s.timestamps_unix_nano)
+                    .map(|(&ns, &t)| TimedWait {
+                        start_offset_ns: t.wrapping_sub(start) as i64,
+                        duration_ns: ns.max(0) as u64,
+                        sample: index,
+                    }),
+            );
+        }
+        profile.samples.push(sample);
+    }
+    profile.waits.sort_unstable_by_key(|w| w.start_offset_ns);
+    Ok(())
 }
 
 /// The resource's `host.name`, when a resource has one.
@@ -293,5 +335,6 @@ fn sample(names: &Names<'_>, frames: &[Frame], s: &otlp::Sample, period: i64) ->
         frames: stack,
         unwind_status: status,
         count,
+        off_cpu_ns: 0,
     })
 }

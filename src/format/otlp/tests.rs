@@ -41,6 +41,7 @@ fn profile() -> Profile {
         thread_comm: Arc::from(name),
         frames,
         unwind_status: status,
+        off_cpu_ns: 0,
         count,
     };
     let at = |offset_ns, sample| TimedSample { offset_ns, sample };

@@ -1,7 +1,11 @@
 //! pprof protobuf encoding (`proto/profile.proto`, generated with prost).
 //!
 //! Shape of what is written: sample types `samples/count` and
-//! `cpu/nanoseconds` (count × period); period type `cpu/nanoseconds` with
+//! `cpu/nanoseconds` (count × period), and with off-CPU waits recorded
+//! (`--off-cpu`, [`Profile::off_cpu`]) a third, `off_cpu/nanoseconds`: the
+//! time threads spent off their CPU with each stack (`go tool pprof
+//! -sample_index=off_cpu`); a stack only seen waiting has 0 samples and a
+//! stack only seen running 0 off-CPU ns. Period type `cpu/nanoseconds` with
 //! period = 1e9 / sampling frequency; one Mapping per profile mapping
 //! (object and load range; the kernel is `[kernel.kallsyms]`), the first
 //! the one pprof readers present as the profiled program: the executable
@@ -34,6 +38,9 @@ pub mod proto {
 
 /// Prefix of the comment that holds [`Profile::subject`].
 pub const SUBJECT_COMMENT: &str = "subject: ";
+/// The sample type of off-CPU time (unit nanoseconds).
+pub const OFF_CPU_TYPE: &str = "off_cpu";
+
 /// Prefix of the comment that holds [`Profile::host`].
 pub const HOST_COMMENT: &str = "host: ";
 
@@ -48,6 +55,7 @@ pub const SPEC: super::FormatSpec = super::FormatSpec {
     mime_type: "application/vnd.google.protobuf",
     encodes_empty: true,
     timeline: false,
+    off_cpu: false,
     encode: write,
 };
 
@@ -106,10 +114,13 @@ fn build(profile: &Profile, parts: &mut dyn Parts) -> Result<()> {
         r#type: strings.get(t),
         unit: strings.get(u),
     };
-    let sample_type = vec![
+    let mut sample_type = vec![
         value_type(&mut strings, "samples", "count"),
         value_type(&mut strings, "cpu", "nanoseconds"),
     ];
+    if profile.off_cpu {
+        sample_type.push(value_type(&mut strings, OFF_CPU_TYPE, "nanoseconds"));
+    }
     let period_type = Some(value_type(&mut strings, "cpu", "nanoseconds"));
     for mapping in mappings(profile, &mut strings) {
         parts.mapping(mapping)?;
@@ -290,8 +301,9 @@ fn locations(
 }
 
 /// One pprof sample per profile sample, handed to `parts` one at a time:
-/// its location ids, `[count, count * period_ns]`, and the pid, tid, comm
-/// and thread_name labels.
+/// its location ids, `[count, count * period_ns]` (then its off-CPU ns when
+/// the profile has off-CPU time), and the pid, tid, comm and thread_name
+/// labels.
 fn samples(
     profile: &Profile,
     period: i64,
@@ -307,7 +319,11 @@ fn samples(
     for s in &profile.samples {
         parts.sample(proto::Sample {
             location_id: s.frames.iter().map(|&f| f as u64 + 1).collect(),
-            value: vec![s.count as i64, s.count as i64 * period],
+            value: if profile.off_cpu {
+                vec![s.count as i64, s.count as i64 * period, s.off_cpu_ns as i64]
+            } else {
+                vec![s.count as i64, s.count as i64 * period]
+            },
             label: vec![
                 proto::Label {
                     key: pid,

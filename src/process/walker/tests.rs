@@ -89,6 +89,7 @@ fn sample_of(pid: u32) -> RawSample {
         user_stack: Vec::new(),
         user_status: UnwindStatus::Complete,
         stack_copy: None,
+        wait: None,
     }
 }
 
