@@ -450,6 +450,10 @@ fn an_empty_token_is_an_error_not_an_open_door() {
             let storage = dir.path().join("store");
             cmd.args(["collector", "--listen", "127.0.0.1:0", "--storage"])
                 .arg(&storage);
+        } else if extra.contains(&"--sender") {
+            // The remote sender sends pprof only: not args_with's folded.
+            cmd.args(["--duration", "1", "--profile-path", s(dir.path())])
+                .args(extra);
         } else {
             cmd.args(args_with(dir.path(), extra));
         }
