@@ -20,6 +20,11 @@
 //!   Headers `X-Lightswitch-Merged-Profiles` and
 //!   `X-Lightswitch-Skipped-Profiles` (unreadable files) say what went in.
 //!
+//! - `GET /v1/profiles/diff?from=&to=&base_from=&base_to=&host=`: the
+//!   differential flame graph of two ranges ([`crate::web::diff`]), each
+//!   merged as above.
+//! - `GET /`, `/assets/…`, `/licenses`: the web view ([`crate::web`]).
+//!
 //! Times (headers and `from`/`to`) outside what u64 nanoseconds hold
 //! (after 2554-07-21) are refused with 400 naming the value.
 //!
@@ -44,7 +49,7 @@ use tracing::{info, warn};
 use super::merge::{self, BodyError};
 use super::storage::{Filter, Storage, StoredProfile};
 use crate::format::{self, Compression, ProfileFormat};
-use crate::httpd::{blocking, check_bearer, text};
+use crate::httpd::{blocking, check_request, text};
 use crate::timefmt;
 use crate::wire::{
     HOST_HEADER, MERGED_PROFILES_HEADER, SKIPPED_PROFILES_HEADER, WINDOW_END_HEADER,
@@ -84,6 +89,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/profiles", get(list).post(ingest.layer(ingest_limits)))
         .route("/v1/profiles/merged", get(merged))
+        .route("/v1/profiles/diff", get(diff))
+        .merge(crate::web::assets::routes())
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
@@ -113,7 +120,7 @@ fn json(status: StatusCode, body: &impl serde::Serialize) -> Response {
 
 async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if let Some(token) = &state.token {
-        if let Some(denied) = check_bearer(&request, token) {
+        if let Some(denied) = check_request(&request, token) {
             return denied;
         }
     }
@@ -397,4 +404,51 @@ fn encode_merged(merged: &merge::Merged, format: ProfileFormat, skipped: usize) 
 
 async fn merged(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
     blocking(move || merged_blocking(&state, query)).await
+}
+
+/// The merged profile of `[from, to)` on `host` (if given), or the error
+/// response ([`merged_blocking`]'s).
+fn range_profile(
+    state: &AppState,
+    host: Option<&str>,
+    (from, to): (u64, u64),
+) -> Result<crate::profile::Profile, Response> {
+    let filter = Filter {
+        host: host.map(str::to_string),
+        from: Some(from),
+        to: Some(to),
+    };
+    let stored = state
+        .storage
+        .list(&filter)
+        .map_err(|e| text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))?;
+    if stored.len() > state.max_merge_profiles {
+        return Err(text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "{} stored profiles match, more than --max-merge-profiles ({})",
+                stored.len(),
+                state.max_merge_profiles
+            ),
+        ));
+    }
+    Ok(merge_stored(state, &stored).0.profile)
+}
+
+async fn diff(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+    blocking(move || {
+        let pairs = query_pairs(query.as_deref());
+        let query = match crate::web::diff::DiffQuery::parse(&pairs) {
+            Ok(q) => q,
+            Err(message) => return text(StatusCode::BAD_REQUEST, message),
+        };
+        let host = query.filter.host.as_deref();
+        let profiles = range_profile(&state, host, query.base)
+            .and_then(|base| Ok((base, range_profile(&state, host, query.new)?)));
+        match profiles {
+            Ok((base, new)) => crate::web::diff::answer(&query, &base, &new),
+            Err(response) => response,
+        }
+    })
+    .await
 }
