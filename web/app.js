@@ -165,7 +165,7 @@ function render(data) {
   const from = BigInt(data.from);
   const step = Number(BigInt(data.step)) / 1e9;
   const xs = Array.from({ length: n }, (_, i) => i * step);
-  const series = [{ value: (u, v) => (v == null ? '' : fmtTime(from + BigInt(Math.round(v * 1e9)), 6)) }];
+  const series = [{ label: 'time (UTC)', value: (u, v) => (v == null ? '' : fmtTime(from + BigInt(Math.round(v * 1e9)), 6)) }];
   const values = [xs];
   data.hosts.forEach((h, k) => {
     const color = COLORS[k % COLORS.length];
@@ -185,7 +185,7 @@ function render(data) {
     height: 170,
     scales: { x: { time: false, range: () => [0, span] }, y: { range: (u, lo, hi) => [0, Math.max(1, hi)] } },
     axes: [
-      { values: (u, splits) => splits.map((s) => fmtTime(state.from + BigInt(Math.round(s * 1e9)), digits).slice(digits > 3 ? 17 : 11)) },
+      { space: 130, values: (u, splits) => splits.map((s) => fmtTime(state.from + BigInt(Math.round(s * 1e9)), digits).slice(digits > 3 ? 17 : 11)) },
       { size: GUTTER, label: `samples per ${fmtSpan(BigInt(data.step))}`, labelSize: 20 },
     ],
     series,
@@ -439,9 +439,9 @@ function renderSelection() {
   $('dl-pprof').href = mergedUrl('pprof');
   $('dl-pprof').download = `${stem}.pb.gz`;
   $('dl-otlp').href = mergedUrl('otlp');
-  $('dl-otlp').download = `${stem}.otlp.pb`;
+  $('dl-otlp').download = `${stem}.otlp.pb.gz`;
   $('dl-firefox').href = mergedUrl('firefox');
-  $('dl-firefox').download = `${stem}.json`;
+  $('dl-firefox').download = `${stem}.json.gz`;
 }
 
 function renderFilters() {
