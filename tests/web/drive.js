@@ -3,10 +3,11 @@
 // a second range, download, reload a shared link. Called by tests/web/main.rs
 // with one JSON argument:
 //   {"url": "http://127.0.0.1:PORT/", "bursts": "FILE", "out": "DIR",
-//    "record_seconds": N | null, "chromium": "/usr/bin/chromium"}
+//    "record_seconds": N | null, "span": ["FROM_NS", "TO_NS"] | null,
+//    "chromium": "/usr/bin/chromium"}
 // `bursts` is the workload's file of "START_NS END_NS" lines (CLOCK_REALTIME)
 // of its critical sections; with `record_seconds` (an agent) the page's
-// record button is pressed first. Prints one JSON object of what it saw on
+// record button is pressed first, else `span` says when data was taken. Prints one JSON object of what it saw on
 // stdout; the Rust test asserts on it. Exits non-zero when a step fails.
 'use strict';
 const fs = require('fs');
@@ -104,7 +105,8 @@ async function main() {
   await page.goto(config.url);
   await waitFor(page, 'timeline', 'loaded');
 
-  let span = null; // [from, to) the data covers
+  // [from, to) the data covers: given, or the agent's new recording.
+  let span = config.span ? config.span.map(BigInt) : null;
   if (config.record_seconds) {
     await page.fill('#record-seconds', String(config.record_seconds));
     await page.evaluate(() => { document.body.dataset.timeline = 'stale'; });
