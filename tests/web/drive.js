@@ -4,7 +4,7 @@
 // with one JSON argument:
 //   {"url": "http://127.0.0.1:PORT/", "bursts": "FILE", "out": "DIR",
 //    "record_seconds": N | null, "span": ["FROM_NS", "TO_NS"] | null,
-//    "chromium": "/usr/bin/chromium"}
+//    "token": "T" | null, "chromium": "/usr/bin/chromium"}
 // `bursts` is the workload's file of "START_NS END_NS" lines (CLOCK_REALTIME)
 // of its critical sections; with `record_seconds` (an agent) the page's
 // record button is pressed first, else `span` says when data was taken. Prints one JSON object of what it saw on
@@ -98,7 +98,9 @@ async function view(page, from, to, extra = {}) {
 async function main() {
   const out = {};
   const browser = await chromium.launch({ executablePath: config.chromium, args: ['--no-sandbox'] });
-  const context = await browser.newContext({ viewport: { width: 1600, height: 900 }, acceptDownloads: true });
+  // A token is asked for with a Basic challenge, as a person's browser would.
+  const httpCredentials = config.token ? { username: 'lightswitch', password: config.token } : undefined;
+  const context = await browser.newContext({ viewport: { width: 1600, height: 900 }, acceptDownloads: true, httpCredentials });
   const page = await context.newPage();
   const errors = [];
   page.on('pageerror', (e) => errors.push(e.message));
@@ -192,6 +194,9 @@ async function main() {
   await view(page, start - 5n * MS, end + 5n * MS, { sel: out.selected.sel });
   await waitFor(page, 'flame', 'loaded');
   await page.screenshot({ path: path.join(config.out, 'web-view.png') });
+  // The whole span, the burst still selected.
+  await view(page, span[0], span[1]);
+  await page.screenshot({ path: path.join(config.out, 'web-view-overview.png') });
   out.errors = errors;
   await browser.close();
   process.stdout.write(JSON.stringify(out) + '\n');

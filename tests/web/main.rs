@@ -89,7 +89,13 @@ fn out_dir() -> PathBuf {
 /// Run tests/web/drive.js against `url`, where the data is either the
 /// recording of `record_seconds` the page makes (an agent) or was taken in
 /// `span` (ns since the Unix epoch); its JSON report.
-fn drive(url: &str, bursts: &Path, record_seconds: Option<u32>, span: Option<[u64; 2]>) -> Value {
+fn drive(
+    url: &str,
+    bursts: &Path,
+    record_seconds: Option<u32>,
+    span: Option<[u64; 2]>,
+    token: Option<&str>,
+) -> Value {
     let modules = repo().join("web/node_modules");
     assert!(
         modules.join("playwright-core").is_dir(),
@@ -105,6 +111,7 @@ fn drive(url: &str, bursts: &Path, record_seconds: Option<u32>, span: Option<[u6
         "out": out_dir(),
         "record_seconds": record_seconds,
         "span": span.map(|s| s.map(|t| t.to_string())),
+        "token": token,
         "chromium": "/usr/bin/chromium",
     });
     let output = Command::new("node")
@@ -220,6 +227,29 @@ fn check_report(report: &Value, workload: &Workload, program: &str) {
     assert_eq!(report["errors"], serde_json::json!([]), "no script errors");
 }
 
+const TOKEN: &str = "web-test-token";
+
+/// With a token, the page answers 401 with a Basic challenge (a browser
+/// then asks for it), and the token as a Basic password or a Bearer opens it.
+fn check_token_asked(url: &str) {
+    let client = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap();
+    let page = format!("{url}/");
+    let denied = client.get(&page).send().unwrap();
+    assert_eq!(denied.status(), 401);
+    let challenge = denied.headers()["www-authenticate"].to_str().unwrap();
+    assert!(challenge.starts_with("Basic realm="), "{challenge}");
+    let data = client.get(format!("{url}/v1/recordings")).send().unwrap();
+    assert_eq!(data.status(), 401, "the page's queries too");
+    let basic = client.get(&page).basic_auth("anyone", Some(TOKEN)).send();
+    assert_eq!(basic.unwrap().status(), 200);
+    let bearer = client.get(&page).bearer_auth(TOKEN).send().unwrap();
+    assert_eq!(bearer.status(), 200);
+    assert!(bearer.text().unwrap().contains("uPlot"));
+}
+
 #[test]
 fn the_agents_page_records_and_shows_a_burst() {
     let _serial = common::serial();
@@ -227,7 +257,7 @@ fn the_agents_page_records_and_shows_a_burst() {
     let bursts = program.dir().join("bursts.txt");
     let workload = Workload::spawn_with_args(&program, &[&bursts]);
     let mut agent = Command::new(BIN);
-    agent.args([
+    agent.env("LIGHTSWITCH_LISTEN_TOKEN", TOKEN).args([
         "--listen",
         "127.0.0.1:0",
         "--sample-freq",
@@ -236,7 +266,8 @@ fn the_agents_page_records_and_shows_a_burst() {
         &workload.pid_arg(),
     ]);
     let (mut child, url, _lines) = common::spawn_listening(agent, Duration::from_secs(30));
-    let report = drive(&format!("{url}/"), &bursts, Some(4), None);
+    check_token_asked(&url);
+    let report = drive(&format!("{url}/"), &bursts, Some(4), None, Some(TOKEN));
     let _ = child.kill();
     let _ = child.wait();
     eprintln!("{report:#}");
@@ -307,7 +338,13 @@ fn the_collectors_page_shows_a_burst_at_sample_resolution() {
         .arg(storage.path());
     let (mut child, url, _lines) = common::spawn_listening(collector, Duration::from_secs(30));
     assert!(post_otlp_files(&url, windows.path()) >= 3);
-    let report = drive(&format!("{url}/"), &bursts, None, Some([started, ended]));
+    let report = drive(
+        &format!("{url}/"),
+        &bursts,
+        None,
+        Some([started, ended]),
+        None,
+    );
     let _ = child.kill();
     let _ = child.wait();
     eprintln!("{report:#}");
