@@ -46,12 +46,20 @@ function digitsFor(span) {
   return digits;
 }
 
+/** A tick label: the date and minute over days, the time within a day,
+ * the second and its fraction below a few seconds. */
+function axisLabel(ns, digits) {
+  const text = fmtTime(ns, digits);
+  if (state.to - state.from >= 2n * 86_400n * 1_000_000_000n) return text.slice(5, 16);
+  return text.slice(digits > 3 ? 17 : 11);
+}
+
 /** A duration in words: 1.5 s, 300 µs. */
 function fmtSpan(ns) {
   const n = Number(ns);
   const units = [[86400e9, 'd'], [3600e9, 'h'], [60e9, 'min'], [1e9, 's'], [1e6, 'ms'], [1e3, 'µs'], [1, 'ns']];
   for (const [size, name] of units) {
-    if (n >= size) return `${+(n / size).toPrecision(4)} ${name}`;
+    if (n >= size) return `${+(n / size).toPrecision(3)} ${name}`;
   }
   return '0 ns';
 }
@@ -182,11 +190,11 @@ function render(data) {
   const digits = digitsFor(state.to - state.from);
   const opts = {
     width: plotWidth(),
-    height: 170,
+    height: 200,
     scales: { x: { time: false, range: () => [0, span] }, y: { range: (u, lo, hi) => [0, Math.max(1, hi)] } },
     axes: [
-      { space: 130, values: (u, splits) => splits.map((s) => fmtTime(state.from + BigInt(Math.round(s * 1e9)), digits).slice(digits > 3 ? 17 : 11)) },
-      { size: GUTTER, label: `samples per ${fmtSpan(BigInt(data.step))}`, labelSize: 20 },
+      { space: 130, values: (u, splits) => splits.map((s) => axisLabel(state.from + BigInt(Math.round(s * 1e9)), digits)) },
+      { size: GUTTER, label: `samples / ${fmtSpan(BigInt(data.step))}`, labelSize: 20 },
     ],
     series,
     cursor: { drag: { x: true, y: false, setScale: false } },

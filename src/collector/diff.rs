@@ -15,12 +15,13 @@ use crate::profile::Profile;
 use crate::web::diff::{answer, DiffQuery};
 
 /// The aggregated profile of `[from, to)` under `query`'s filters (empty
-/// when no sample matches), or the 413 when too many windows match.
+/// when no sample matches); the error is the 413 message when too many
+/// windows match.
 fn range_profile(
     state: &AppState,
     query: &DiffQuery,
     (from, to): (u64, u64),
-) -> Result<Profile, Response> {
+) -> Result<Profile, String> {
     let filter = &query.filter;
     let selection = Selection {
         from,
@@ -32,14 +33,11 @@ fn range_profile(
     };
     let blocks = state.store.blocks_for(&selection);
     if blocks.len() > state.max_merge_profiles {
-        return Err(text(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "{} stored windows match [{from}, {to}), more than the {} one merge may cover \
-                 (--max-merge-profiles): narrow the ranges or filter",
-                blocks.len(),
-                state.max_merge_profiles
-            ),
+        return Err(format!(
+            "{} stored windows match [{from}, {to}), more than the {} one merge may cover \
+             (--max-merge-profiles): narrow the ranges or filter",
+            blocks.len(),
+            state.max_merge_profiles
         ));
     }
     let mut assembler = Assembler::new(false);
@@ -58,7 +56,7 @@ pub async fn diff(State(state): State<AppState>, RawQuery(query): RawQuery) -> R
             .and_then(|base| Ok((base, range_profile(&state, &query, query.new)?)));
         match profiles {
             Ok((base, new)) => answer(&query, &base, &new),
-            Err(response) => response,
+            Err(message) => text(StatusCode::PAYLOAD_TOO_LARGE, message),
         }
     })
     .await
