@@ -406,7 +406,43 @@ pub enum Command {
         /// request's headers; an idle connection is closed after 10 s.
         #[arg(long, value_parser = parse_count::<usize>, default_value_t = crate::httpd::serve::DEFAULT_MAX_CONNECTIONS)]
         max_connections: usize,
+        /// Most samples a merged answer in a format that keeps every
+        /// sample's time (firefox, otlp) may hold (413 beyond, saying so;
+        /// 12 bytes each while it is built). Aggregated formats are not limited.
+        #[arg(long, value_parser = parse_count::<u64>, default_value_t = crate::collector::DEFAULT_MAX_TIMELINE_SAMPLES)]
+        max_timeline_samples: u64,
+        /// Delete stored data older than this (`7d`, `36h`, `90m`; humantime
+        /// units), checked every 10 s while running. Default: keep forever.
+        #[arg(long, value_name = "DURATION", value_parser = parse_retention)]
+        retention: Option<u64>,
+        /// Delete the oldest stored data while the storage (samples, stack
+        /// table, archived pprof files) is larger than this (`20GiB`,
+        /// `500MB`, bytes without a unit), checked every 10 s. Default: no limit.
+        #[arg(long, value_name = "BYTES", value_parser = parse_storage_size)]
+        max_storage: Option<u64>,
     },
+}
+
+/// Parse `--retention`: a humantime duration (`7d`, `12h 30m`), in ns, at least 1 s.
+fn parse_retention(text: &str) -> Result<u64, String> {
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|e| format!("{text:?} is not a duration such as 7d or 36h: {e}"))?;
+    if d < std::time::Duration::from_secs(1) {
+        return Err(format!("{text:?}: keep data at least 1s"));
+    }
+    u64::try_from(d.as_nanos()).map_err(|_| format!("{text:?} is too long"))
+}
+
+/// Parse `--max-storage`: a size with an optional unit (`20GiB`, `500MB`), bytes, at least 1 MiB.
+fn parse_storage_size(text: &str) -> Result<u64, String> {
+    let size: bytesize::ByteSize = text
+        .trim()
+        .parse()
+        .map_err(|e| format!("{text:?} is not a size such as 20GiB or 500MB: {e}"))?;
+    if size.as_u64() < 1 << 20 {
+        return Err(format!("{text:?}: at least 1MiB"));
+    }
+    Ok(size.as_u64())
 }
 
 /// `lightswitch record [OPTIONS] [--] CMD [ARGS...]`.

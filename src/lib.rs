@@ -36,4 +36,5 @@ pub mod symbolize;
 pub mod text;
 pub mod timefmt;
 pub mod unwind;
+pub mod web;
 pub mod wire;

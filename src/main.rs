@@ -188,6 +188,9 @@ fn run_tool(cli: &Cli) -> bool {
             max_concurrent_ingests,
             max_merge_profiles,
             max_connections,
+            max_timeline_samples,
+            retention,
+            max_storage,
         }) => {
             let config = lightswitch::collector::CollectorConfig {
                 listen: listen.clone(),
@@ -199,6 +202,11 @@ fn run_tool(cli: &Cli) -> bool {
                 max_concurrent_ingests: *max_concurrent_ingests,
                 max_merge_profiles: *max_merge_profiles,
                 max_connections: *max_connections,
+                max_timeline_samples: *max_timeline_samples,
+                retention: lightswitch::collector::store::retention::Retention {
+                    max_age_ns: *retention,
+                    max_bytes: *max_storage,
+                },
             };
             if let Err(err) = lightswitch::collector::run(&config) {
                 eprintln!("error: {err:#}");

@@ -17,3 +17,6 @@ pub const MERGED_PROFILES_HEADER: &str = "X-Lightswitch-Merged-Profiles";
 /// Response header of a merge: stored profiles that could not be read or
 /// decoded and were left out.
 pub const SKIPPED_PROFILES_HEADER: &str = "X-Lightswitch-Skipped-Profiles";
+/// Response header of a differential flame graph: samples in the base range
+/// (`X-Lightswitch-Samples` gives the new range's).
+pub const BASE_SAMPLES_HEADER: &str = "X-Lightswitch-Base-Samples";

@@ -49,6 +49,19 @@ pub fn decode_body(
     body: &[u8],
     max_raw_bytes: usize,
 ) -> Result<(proto::Profile, Vec<u8>), BodyError> {
+    let raw = inflate(body, max_raw_bytes)?;
+    let profile = proto::Profile::decode(raw.as_slice()).map_err(|e| {
+        BodyError::Malformed(format!("the body does not decode as a pprof profile: {e}"))
+    })?;
+    validate(&profile)
+        .map_err(|e| BodyError::Malformed(format!("not a valid pprof profile: {e}")))?;
+    Ok((profile, raw))
+}
+
+/// A body's bytes, gunzip'd when it starts with the gzip magic number,
+/// refused when empty or when it decompresses to more than `max_raw_bytes`
+/// (decompression stops there).
+pub fn inflate(body: &[u8], max_raw_bytes: usize) -> Result<Vec<u8>, BodyError> {
     let raw = if is_gzip(body) {
         // Sized once from the gzip trailer's ISIZE (the decoded size mod
         // 2^32, a hint only), capped by the limit: no reallocation copies
@@ -74,12 +87,7 @@ pub fn decode_body(
     if raw.is_empty() {
         return Err(BodyError::Malformed("the body is empty".into()));
     }
-    let profile = proto::Profile::decode(raw.as_slice()).map_err(|e| {
-        BodyError::Malformed(format!("the body does not decode as a pprof profile: {e}"))
-    })?;
-    validate(&profile)
-        .map_err(|e| BodyError::Malformed(format!("not a valid pprof profile: {e}")))?;
-    Ok((profile, raw))
+    Ok(raw)
 }
 
 /// Largest sum of the sample counts (the `samples/count` values, else the

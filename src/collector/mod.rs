@@ -4,9 +4,14 @@
 //! stores each profile durably ([`storage`]), and serves listings and
 //! merged views ([`server`], [`merge`]).
 
+pub mod diff;
+pub mod ingest;
 pub mod merge;
+pub mod metrics;
+pub mod queries;
 pub mod server;
 pub mod storage;
+pub mod store;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -19,6 +24,10 @@ use crate::httpd::server_token;
 
 /// Most stored profiles one `GET /v1/profiles/merged` may cover, by default.
 pub const DEFAULT_MAX_MERGE_PROFILES: usize = 20_000;
+
+/// Most samples a merged answer in a timeline format may hold, by default
+/// (12 bytes each while it is built).
+pub const DEFAULT_MAX_TIMELINE_SAMPLES: u64 = 10_000_000;
 
 /// Largest size a request body may decompress to by default, bytes.
 pub const DEFAULT_MAX_DECODED_BYTES: usize = 64 * 1024 * 1024;
@@ -48,6 +57,11 @@ pub struct CollectorConfig {
     /// Connections served at once (at most a quarter of the open-file
     /// limit; see [`crate::httpd::serve`]).
     pub max_connections: usize,
+    /// Most samples a merged answer in a timeline format (firefox, otlp)
+    /// may hold.
+    pub max_timeline_samples: u64,
+    /// What retention keeps (`--retention`, `--max-storage`).
+    pub retention: store::retention::Retention,
 }
 
 impl std::fmt::Debug for CollectorConfig {
@@ -62,6 +76,8 @@ impl std::fmt::Debug for CollectorConfig {
             .field("max_concurrent_ingests", &self.max_concurrent_ingests)
             .field("max_merge_profiles", &self.max_merge_profiles)
             .field("max_connections", &self.max_connections)
+            .field("max_timeline_samples", &self.max_timeline_samples)
+            .field("retention", &self.retention)
             .finish()
     }
 }
@@ -74,6 +90,7 @@ impl CollectorConfig {
             ("--max-concurrent-ingests", self.max_concurrent_ingests),
             ("--max-merge-profiles", self.max_merge_profiles),
             ("--max-connections", self.max_connections),
+            ("--max-timeline-samples", self.max_timeline_samples as usize),
         ] {
             crate::preflight::count(flag, value as u64)?;
         }
@@ -115,16 +132,24 @@ pub fn run(config: &CollectorConfig) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
         let address = listener.local_addr().context("reading the bound address")?;
+        let archive = Arc::new(storage::Storage::open(
+            &config.storage,
+            config.profile_mode,
+        )?);
+        let samples = Arc::new(store::SampleStore::open(
+            &config.storage,
+            config.profile_mode,
+        )?);
+        store::retention::spawn(samples.clone(), archive.clone(), config.retention);
         let state = server::AppState {
             token: server_token(config.token.as_deref(), TOKEN_NAMES, address)?,
-            storage: Arc::new(storage::Storage::open(
-                &config.storage,
-                config.profile_mode,
-            )?),
+            storage: archive,
             max_body_bytes: config.max_body_bytes,
             max_decoded_bytes: config.max_decoded_bytes,
             ingests: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_ingests)),
             max_merge_profiles: config.max_merge_profiles,
+            store: samples,
+            max_timeline_samples: config.max_timeline_samples,
         };
         say(&format!(
             "collector listening on http://{address}, storing in {}",

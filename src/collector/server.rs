@@ -20,6 +20,11 @@
 //!   Headers `X-Lightswitch-Merged-Profiles` and
 //!   `X-Lightswitch-Skipped-Profiles` (unreadable files) say what went in.
 //!
+//! - `GET /v1/profiles/diff?from=&to=&base_from=&base_to=`: the
+//!   differential flame graph of two ranges ([`super::diff`]).
+//! - `GET /`, `/assets/…`, `/licenses`: the web view ([`crate::web`]); with
+//!   a token, a browser is asked for it as a Basic password.
+//!
 //! Times (headers and `from`/`to`) outside what u64 nanoseconds hold
 //! (after 2554-07-21) are refused with 400 naming the value.
 //!
@@ -29,27 +34,25 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
 use axum::handler::Handler;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use tokio::sync::Semaphore;
 use tower_http::timeout::TimeoutLayer;
 use tracing::{info, warn};
 
 use super::merge::{self, BodyError};
+use super::queries;
 use super::storage::{Filter, Storage, StoredProfile};
-use crate::format::{self, Compression, ProfileFormat};
-use crate::httpd::{blocking, check_bearer, text};
+use super::store::SampleStore;
+use crate::httpd::{blocking, check_request, text};
 use crate::timefmt;
-use crate::wire::{
-    HOST_HEADER, MERGED_PROFILES_HEADER, SKIPPED_PROFILES_HEADER, WINDOW_END_HEADER,
-    WINDOW_START_HEADER,
-};
+use crate::wire::{HOST_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
 
 /// Longest a `POST /v1/profiles` may take, waiting for its turn and
 /// reading its body included (a slow client is answered 408 and dropped).
@@ -72,6 +75,10 @@ pub struct AppState {
     pub ingests: Arc<Semaphore>,
     /// Most stored profiles one merge request may cover.
     pub max_merge_profiles: usize,
+    /// The sample store (every sample at its time).
+    pub store: Arc<SampleStore>,
+    /// Most samples a merge into a timeline format (firefox, otlp) may hold.
+    pub max_timeline_samples: u64,
 }
 
 /// The collector's routes with body limits, the ingest limit and timeout,
@@ -82,8 +89,20 @@ pub fn router(state: AppState) -> Router {
         middleware::from_fn_with_state(state.clone(), one_of_few_ingests),
     );
     Router::new()
-        .route("/v1/profiles", get(list).post(ingest.layer(ingest_limits)))
-        .route("/v1/profiles/merged", get(merged))
+        .route(
+            "/v1/profiles",
+            get(list).post(ingest.layer(ingest_limits.clone())),
+        )
+        .route(
+            "/v1development/profiles",
+            post(super::ingest::otlp.layer(ingest_limits)),
+        )
+        .route("/v1/profiles/merged", get(queries::merged))
+        .route("/v1/timeline", get(queries::timeline))
+        .route("/v1/hosts", get(queries::hosts))
+        .route("/v1/profiles/diff", get(super::diff::diff))
+        .route("/metrics", get(super::metrics::render))
+        .merge(crate::web::assets::routes())
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
@@ -103,7 +122,7 @@ async fn one_of_few_ingests(
 }
 
 /// A JSON answer (one line), fields in the order `body` declares them.
-fn json(status: StatusCode, body: &impl serde::Serialize) -> Response {
+pub(super) fn json(status: StatusCode, body: &impl serde::Serialize) -> Response {
     let body = match serde_json::to_string(body) {
         Ok(body) => format!("{body}\n"),
         Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
@@ -113,20 +132,20 @@ fn json(status: StatusCode, body: &impl serde::Serialize) -> Response {
 
 async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if let Some(token) = &state.token {
-        if let Some(denied) = check_bearer(&request, token) {
+        if let Some(denied) = check_request(&request, token) {
             return denied;
         }
     }
     next.run(request).await
 }
 
-fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+pub(super) fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
     url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect()
 }
 
-fn query_value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+pub(super) fn query_value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
     pairs
         .iter()
         .rev()
@@ -140,7 +159,7 @@ const TIME_FORMS: &str = "expected ns since the Unix epoch or an RFC 3339 UTC ti
      1970-01-01T00:00:00Z to 2554-07-21T23:34:33Z";
 
 /// A time query parameter; errors are the 400 message.
-fn time_param(pairs: &[(String, String)], key: &str) -> Result<Option<u64>, String> {
+pub(super) fn time_param(pairs: &[(String, String)], key: &str) -> Result<Option<u64>, String> {
     match query_value(pairs, key) {
         None => Ok(None),
         Some(v) => timefmt::parse(v)
@@ -252,6 +271,13 @@ fn ingest_blocking(
     if end < start {
         return text(StatusCode::BAD_REQUEST, "the window ends before it starts");
     }
+    let model = merge::profile_from_pprof(&profile);
+    drop(profile);
+    if let Err((status, message)) =
+        super::ingest::store_pprof(&state.store, &host, (start, end), &model)
+    {
+        return text(status, message);
+    }
     let gzipped = if merge::is_gzip(body) {
         body.to_vec()
     } else {
@@ -309,92 +335,4 @@ async fn list(State(state): State<AppState>, RawQuery(query): RawQuery) -> Respo
         }
     })
     .await
-}
-
-fn merged_blocking(state: &AppState, query: Option<String>) -> Response {
-    let pairs = query_pairs(query.as_deref());
-    let filter = match filter_from(&pairs) {
-        Ok(f) => f,
-        Err(message) => return text(StatusCode::BAD_REQUEST, message),
-    };
-    let format = match query_value(&pairs, "format").map_or(Ok(ProfileFormat::Pprof), |name| {
-        ProfileFormat::from_name(name).map_err(|e| format!("format={name:?}: {e}"))
-    }) {
-        Ok(format) => format,
-        Err(message) => return text(StatusCode::BAD_REQUEST, message),
-    };
-    let stored = match state.storage.list(&filter) {
-        Ok(s) => s,
-        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
-    };
-    if stored.is_empty() {
-        return text(
-            StatusCode::NOT_FOUND,
-            "no stored profile matches host/from/to",
-        );
-    }
-    if stored.len() > state.max_merge_profiles {
-        return text(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "{} stored profiles match, more than the {} one merge may cover \
-                 (--max-merge-profiles): narrow from/to or host",
-                stored.len(),
-                state.max_merge_profiles
-            ),
-        );
-    }
-    let (merged, skipped) = merge_stored(state, &stored);
-    encode_merged(&merged, format, skipped)
-}
-
-/// Merge `stored` reading one file at a time: memory holds the merged
-/// result and one input, however many inputs there are. Returns the merge
-/// and the number of files skipped because they could not be read or
-/// decoded (logged).
-fn merge_stored(state: &AppState, stored: &[StoredProfile]) -> (merge::Merged, usize) {
-    let mut skipped = 0;
-    let inputs = stored.iter().filter_map(|p| {
-        let decoded = state
-            .storage
-            .read(p)
-            .map_err(|e| format!("{e:#}"))
-            .and_then(|bytes| {
-                merge::decode_body(&bytes, state.max_decoded_bytes).map_err(|e| format!("{e:?}"))
-            });
-        match decoded {
-            Ok((proto, _)) => Some(merge::profile_from_pprof(&proto)),
-            Err(e) => {
-                warn!("skipping {}: {e}", p.path.display());
-                skipped += 1;
-                None
-            }
-        }
-    });
-    let merged = merge::merge(inputs);
-    if merged.mixed_frequencies {
-        warn!("merged profiles with different sampling frequencies; cpu time uses the first's");
-    }
-    (merged, skipped)
-}
-
-/// The answer to a merge: `merged` encoded as `format`.
-fn encode_merged(merged: &merge::Merged, format: ProfileFormat, skipped: usize) -> Response {
-    // pprof answers are gzip'd (what `go tool pprof` fetches); the other
-    // formats have one encoding.
-    let encoded = format::encode(&merged.profile, format, Compression::Gzip);
-    match encoded {
-        Ok(bytes) => Response::builder()
-            .status(StatusCode::OK)
-            .header(header::CONTENT_TYPE, format.mime_type())
-            .header(MERGED_PROFILES_HEADER, merged.inputs.to_string())
-            .header(SKIPPED_PROFILES_HEADER, skipped.to_string())
-            .body(Body::from(bytes))
-            .unwrap_or_else(|e| text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
-        Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")),
-    }
-}
-
-async fn merged(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
-    blocking(move || merged_blocking(&state, query)).await
 }

@@ -94,7 +94,7 @@ pub struct Storage {
 
 /// A builder of directories for files of `file_mode`: its read and write
 /// bits, and search where it reads (0600 -> 0700, 0640 -> 0750), less the umask.
-fn dir_builder(file_mode: u32) -> fs::DirBuilder {
+pub(super) fn dir_builder(file_mode: u32) -> fs::DirBuilder {
     let mut builder = fs::DirBuilder::new();
     builder.mode(file_mode | ((file_mode & 0o444) >> 2));
     builder
@@ -102,7 +102,7 @@ fn dir_builder(file_mode: u32) -> fs::DirBuilder {
 
 /// Create `dir` and any missing parents up to `root`, syncing each parent
 /// that gained an entry.
-fn create_dirs(root: &Path, dir: &Path, file_mode: u32) -> Result<()> {
+pub(super) fn create_dirs(root: &Path, dir: &Path, file_mode: u32) -> Result<()> {
     if dir.is_dir() {
         return Ok(());
     }

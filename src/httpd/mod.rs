@@ -1,7 +1,8 @@
 //! Pieces shared by lightswitch's two HTTP servers (axum): the on-demand
 //! endpoints of `--listen` (`src/server/`) and the collector
 //! (`src/collector/`): the accept loop with its limits ([`serve`]),
-//! bearer tokens, and plain-text and blocking responses.
+//! tokens (a Bearer header, or a browser's Basic password), and plain-text
+//! and blocking responses.
 
 pub mod serve;
 
@@ -68,31 +69,73 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// `None` if `request` carries `Authorization: Bearer TOKEN` with `token`
-/// (compared in constant time); otherwise the 401 response to send, with
-/// `WWW-Authenticate: Bearer` (RFC 6750).
-pub fn check_bearer(request: &Request, token: &str) -> Option<Response> {
-    let given = request
+/// How a 401 asks for the token: `Bearer` (scripts and API clients, RFC
+/// 6750), or `Basic` with a realm, which makes a browser ask its user and
+/// send the token as the password of every later request (the web view's
+/// pages: [`crate::web::assets::is_page`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Challenge {
+    /// `WWW-Authenticate: Bearer`.
+    Bearer,
+    /// `WWW-Authenticate: Basic realm="lightswitch"`.
+    Basic,
+}
+
+/// The token a request carries: `Authorization: Bearer TOKEN`, or `Basic`
+/// credentials whose password is the token (any user name).
+fn given_token(request: &Request) -> Option<Vec<u8>> {
+    use base64::Engine;
+    let value = request
         .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            // The scheme is case-insensitive (RFC 9110, 11.1).
-            let (scheme, token) = v.split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then_some(token)
-        })
-        .map(str::trim);
-    if given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    // The scheme is case-insensitive (RFC 9110, 11.1).
+    let (scheme, credentials) = value.split_once(' ')?;
+    let credentials = credentials.trim();
+    if scheme.eq_ignore_ascii_case("bearer") {
+        return Some(credentials.as_bytes().to_vec());
+    }
+    if scheme.eq_ignore_ascii_case("basic") {
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(credentials)
+            .ok()?;
+        let colon = decoded.iter().position(|&b| b == b':')?;
+        return Some(decoded[colon + 1..].to_vec());
+    }
+    None
+}
+
+/// `None` if `request` carries `token` ([`given_token`], compared in
+/// constant time); otherwise the 401 response to send, with the
+/// `WWW-Authenticate` header of `challenge`.
+pub fn check_token(request: &Request, token: &str, challenge: Challenge) -> Option<Response> {
+    if given_token(request).is_some_and(|g| same(&g, token.as_bytes())) {
         return None;
     }
     let mut response = text(
         StatusCode::UNAUTHORIZED,
-        "missing or wrong bearer token (Authorization: Bearer TOKEN)",
+        "missing or wrong token (Authorization: Bearer TOKEN, or the token as a Basic password)",
     );
+    let value = match challenge {
+        Challenge::Bearer => "Bearer",
+        Challenge::Basic => "Basic realm=\"lightswitch\", charset=\"UTF-8\"",
+    };
     response
         .headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(value));
     Some(response)
+}
+
+/// [`check_token`] with the challenge a path calls for: `Basic` for the
+/// web view's pages, `Bearer` for the API.
+pub fn check_request(request: &Request, token: &str) -> Option<Response> {
+    let challenge = if crate::web::assets::is_page(request.uri().path()) {
+        Challenge::Basic
+    } else {
+        Challenge::Bearer
+    };
+    check_token(request, token, challenge)
 }
 
 #[cfg(test)]
@@ -107,12 +150,22 @@ mod tests {
                 .body(axum::body::Body::empty())
                 .expect("request")
         };
-        assert!(check_bearer(&with("Bearer s3cret"), "s3cret").is_none());
-        let denied = check_bearer(&with("Bearer s3cre"), "s3cret").expect("401");
+        let check = |value: &str| check_token(&with(value), "s3cret", Challenge::Bearer);
+        assert!(check("Bearer s3cret").is_none());
+        let denied = check("Bearer s3cre").expect("401");
         assert_eq!(denied.status(), StatusCode::UNAUTHORIZED);
         assert_eq!(denied.headers()[header::WWW_AUTHENTICATE], "Bearer");
-        assert!(check_bearer(&with("Basic s3cret"), "s3cret").is_some());
-        assert!(check_bearer(&with("bearer s3cret"), "s3cret").is_none());
+        assert!(check("Basic s3cret").is_some());
+        assert!(check("bearer s3cret").is_none());
+        // A browser's Basic credentials: any user, the token as password.
+        assert!(check("Basic dXNlcjpzM2NyZXQ=").is_none()); // user:s3cret
+        assert!(check("Basic OnMzY3JldA==").is_none()); // :s3cret
+        assert!(check("Basic dXNlcjpzM2NyZQ==").is_some()); // user:s3cre
+        let page = check_token(&with("Bearer x"), "s3cret", Challenge::Basic).expect("401");
+        assert!(page.headers()[header::WWW_AUTHENTICATE]
+            .to_str()
+            .unwrap()
+            .starts_with("Basic realm="));
         assert!(same(b"abc", b"abc") && !same(b"abc", b"abd") && !same(b"abc", b"ab"));
     }
 

@@ -7,9 +7,12 @@
 //! - [`ondemand`]: profile requests, the loop's subscriptions, and the
 //!   worker that symbolizes and answers them.
 //! - [`metrics`]: the counters behind `GET /metrics`.
+//! - [`recordings`]: what the web view at `/` shows: on-demand recordings
+//!   kept with every sample's time.
 
 pub mod metrics;
 pub mod ondemand;
+pub mod recordings;
 pub mod routes;
 
 use std::net::{SocketAddr, TcpListener};

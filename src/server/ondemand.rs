@@ -26,7 +26,7 @@ use crate::guard::contain;
 use crate::process::ProcessTracker;
 use crate::profile::aggregate::{Aggregator, UserFrame};
 use crate::profile::window::CLOSE_SLACK_NS;
-use crate::profile::{ProcessMarkerKind, Provenance, Window};
+use crate::profile::{ProcessMarkerKind, Profile, Provenance, Window};
 use crate::sample::{ProcessEvent, RawSample, TimedEvent};
 use crate::sampler::Sampler;
 use crate::symbolize::source::{ObjectCache, TrackerSnapshot};
@@ -44,8 +44,18 @@ pub enum RequestError {
     Failed(String),
 }
 
-/// The answer to a request: the encoded profile, or why there is none.
-pub type Reply = std::result::Result<Vec<u8>, RequestError>;
+/// A request's profile: encoded, or (for a request without a format) the
+/// symbolized [`Profile`] itself, with every sample's time.
+#[derive(Debug)]
+pub enum Answer {
+    /// The profile in the format asked for.
+    Encoded(Vec<u8>),
+    /// The profile with its timeline (the web view's recordings).
+    Profile(Box<Profile>),
+}
+
+/// The answer to a request: the profile, or why there is none.
+pub type Reply = std::result::Result<Answer, RequestError>;
 
 /// A profile request, from the HTTP server to the sampling loop.
 #[derive(Debug)]
@@ -57,8 +67,9 @@ pub struct ProfileRequest {
     /// Sampling frequency asked for, Hz; `None`: whatever runs (or the
     /// `--sample-freq` default when sampling is idle).
     pub sample_freq_hz: Option<u64>,
-    /// Output format (pprof is gzip'd).
-    pub format: ProfileFormat,
+    /// Output format (pprof is gzip'd); `None`: the [`Profile`] itself,
+    /// timeline kept ([`Answer::Profile`]).
+    pub format: Option<ProfileFormat>,
     /// Whether the profile has off-CPU waits too (`offcpu=true`; the agent
     /// must run with `--off-cpu`).
     pub off_cpu: bool,
@@ -77,7 +88,7 @@ struct Subscription {
     pids: HashSet<u32>,
     sample_freq_hz: u64,
     off_cpu: bool,
-    format: ProfileFormat,
+    format: Option<ProfileFormat>,
     aggregator: Aggregator,
     reply: oneshot::Sender<Reply>,
 }
@@ -89,7 +100,7 @@ pub struct ClosedSubscription {
     window: Window,
     /// The request's pids (empty: every process the agent samples).
     pids: HashSet<u32>,
-    format: ProfileFormat,
+    format: Option<ProfileFormat>,
     reply: oneshot::Sender<Reply>,
 }
 
@@ -110,7 +121,7 @@ impl Subscriptions {
             sample_freq_hz,
             off_cpu: request.off_cpu,
             format: request.format,
-            aggregator: if request.format.is_timeline() {
+            aggregator: if request.format.is_none_or(ProfileFormat::is_timeline) {
                 Aggregator::with_timeline(start_mono_ns)
             } else {
                 Aggregator::new()
@@ -424,16 +435,21 @@ fn answer(
     let mut profile = symbolizer.build_profile(&closed.aggregator, snapshot, closed.window);
     closed.aggregator.take_timeline_into(&mut profile);
     on_demand_provenance(&closed.pids).stamp(&mut profile);
-    let reply =
-        format::encode(&profile, closed.format, Compression::Gzip).map_err(|e| match e
-            .downcast_ref::<EmptyProfile>()
-        {
-            Some(empty) => RequestError::NoSamples(empty.to_string()),
-            None => RequestError::Failed(format!("{e:#}")),
-        });
+    let samples = profile.total_samples();
+    let reply = match closed.format {
+        Some(format) => format::encode(&profile, format, Compression::Gzip)
+            .map(Answer::Encoded)
+            .map_err(|e| match e.downcast_ref::<EmptyProfile>() {
+                Some(empty) => RequestError::NoSamples(empty.to_string()),
+                None => RequestError::Failed(format!("{e:#}")),
+            }),
+        None if samples == 0 => Err(RequestError::NoSamples(
+            "no samples were taken in the recording".into(),
+        )),
+        None => Ok(Answer::Profile(Box::new(profile))),
+    };
     debug!(
-        "on-demand profile: {} samples symbolized and encoded in {:?}",
-        profile.total_samples(),
+        "on-demand profile: {samples} samples symbolized and encoded in {:?}",
         started.elapsed()
     );
     reply
@@ -455,7 +471,7 @@ mod tests {
             duration_ns,
             pids,
             sample_freq_hz: None,
-            format: ProfileFormat::Folded,
+            format: Some(ProfileFormat::Folded),
             off_cpu: false,
             arrived_mono_ns: 0,
             reply,

@@ -9,6 +9,9 @@
 //!   heap profile (jemalloc, [`crate::heap`]).
 //! - `GET /debug/pprof/heap/settings`, `POST /debug/pprof/heap/settings?enabled=true|false`:
 //!   read or switch heap sampling; the answer is `{"enabled":BOOL}`.
+//! - `GET /` (and `/assets/…`, `/licenses`): the web view ([`crate::web`]),
+//!   over `/v1/recordings`, `/v1/timeline`, `/v1/profiles/merged` and
+//!   `/v1/profiles/diff` ([`super::recordings`]).
 //! - `GET /metrics`: Prometheus text format ([`super::metrics`]).
 //! - `GET /healthz`: `ok`.
 //!
@@ -30,11 +33,12 @@ use axum::Router;
 use tokio::sync::oneshot;
 
 use super::metrics::{resident_memory_bytes, Metrics};
-use super::ondemand::{ProfileRequest, RequestError};
+use super::ondemand::{Answer, ProfileRequest, RequestError};
+use super::recordings::{self, Recordings};
 use super::{ServerConfig, DEFAULT_SECONDS};
 use crate::format::ProfileFormat;
 use crate::heap::{self, HeapFormat};
-use crate::httpd::{blocking, check_bearer, text};
+use crate::httpd::{blocking, check_request, text};
 use crate::timefmt;
 
 /// What every handler shares.
@@ -49,6 +53,7 @@ pub struct AppState {
     pids: Arc<[u32]>,
     max_sample_freq_hz: u64,
     off_cpu: bool,
+    recordings: Arc<Recordings>,
 }
 
 impl AppState {
@@ -70,7 +75,13 @@ impl AppState {
             pids: config.pids.clone().into(),
             max_sample_freq_hz: config.max_sample_freq_hz,
             off_cpu: config.off_cpu,
+            recordings: Arc::default(),
         }
+    }
+
+    /// The recordings the web view made.
+    pub(super) fn recordings(&self) -> &Recordings {
+        &self.recordings
     }
 }
 
@@ -85,12 +96,21 @@ pub fn router(state: AppState) -> Router {
             "/debug/pprof/heap/settings",
             get(heap_settings).post(heap_settings),
         )
+        .route(
+            "/v1/recordings",
+            get(recordings::list).post(recordings::record),
+        )
+        .route("/v1/timeline", get(recordings::timeline))
+        .route("/v1/profiles/merged", get(recordings::merged))
+        .route("/v1/profiles/diff", get(recordings::diff))
+        .merge(crate::web::assets::routes())
         .fallback(|request: Request| async move {
             text(
                 StatusCode::NOT_FOUND,
                 format!(
-                    "no such endpoint: {} (see /debug/pprof/profile, /debug/pprof/heap, \
-                     /debug/pprof/heap/settings, /metrics, /healthz)",
+                    "no such endpoint: {} (see /, /debug/pprof/profile, /debug/pprof/heap, \
+                     /debug/pprof/heap/settings, /v1/recordings, /v1/timeline, \
+                     /v1/profiles/merged, /v1/profiles/diff, /metrics, /healthz)",
                     request.uri().path()
                 ),
             )
@@ -102,7 +122,7 @@ pub fn router(state: AppState) -> Router {
 async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if let Some(token) = &state.token {
         if request.uri().path() != "/healthz" {
-            if let Some(denied) = check_bearer(&request, token) {
+            if let Some(denied) = check_request(&request, token) {
                 return denied;
             }
         }
@@ -146,7 +166,7 @@ fn profile_format(value: Option<&str>) -> Result<ProfileFormat, String> {
 
 /// A validated `/debug/pprof/profile` query.
 #[derive(Debug, PartialEq)]
-struct ProfileQuery {
+pub(super) struct ProfileQuery {
     duration_ns: u64,
     pids: Vec<u32>,
     format: ProfileFormat,
@@ -158,11 +178,17 @@ struct ProfileQuery {
 /// (anything shorter holds no sample at the usual frequencies).
 const MIN_SECONDS: f64 = 0.01;
 
-fn parse_profile_query(state: &AppState, query: Option<&str>) -> Result<ProfileQuery, String> {
-    let pairs = query_pairs(
-        query,
-        &["seconds", "pids", "format", "sample_freq", "offcpu"],
-    )?;
+/// The parameters of `/debug/pprof/profile`.
+const PROFILE_PARAMETERS: &[&str] = &["seconds", "pids", "format", "sample_freq", "offcpu"];
+
+/// A profile request's query, of which only the `allowed` parameters may
+/// be given; errors are the 400 message.
+pub(super) fn parse_profile_query(
+    state: &AppState,
+    query: Option<&str>,
+    allowed: &[&str],
+) -> Result<ProfileQuery, String> {
+    let pairs = query_pairs(query, allowed)?;
     let seconds = match value(&pairs, "seconds") {
         None => DEFAULT_SECONDS.min(state.max_seconds as f64),
         Some(text) => match text.parse::<f64>() {
@@ -239,14 +265,45 @@ impl Drop for InProgress {
 
 async fn profile(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
     let arrived_mono_ns = timefmt::monotonic_ns();
-    let metrics = state.metrics.clone();
-    let query = match parse_profile_query(&state, query.as_deref()) {
+    let query = match parse_profile_query(&state, query.as_deref(), PROFILE_PARAMETERS) {
         Ok(q) => q,
         Err(message) => {
-            metrics.profile_request("bad_request");
+            state.metrics.profile_request("bad_request");
             return text(StatusCode::BAD_REQUEST, message);
         }
     };
+    let format = query.format;
+    match run_request(&state, query, Some(format), arrived_mono_ns).await {
+        Ok(Answer::Encoded(body)) => (
+            StatusCode::OK,
+            [
+                (header::CONTENT_TYPE, format.mime_type()),
+                (header::CONTENT_DISPOSITION, "inline"),
+            ],
+            body,
+        )
+            .into_response(),
+        Ok(Answer::Profile(_)) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "a profile came back unencoded (a bug)",
+        ),
+        Err(response) => response,
+    }
+}
+
+/// Hand `query` to the sampling loop (as `format`; `None`: the profile
+/// itself, for the web view's recordings) and wait for its answer,
+/// counting it in the metrics. Errors are the response to send: 404 for a
+/// process that does not exist or no samples, 429 beyond
+/// `--listen-max-requests`, 409 for another frequency, 500/503 for
+/// failures.
+pub(super) async fn run_request(
+    state: &AppState,
+    query: ProfileQuery,
+    format: Option<ProfileFormat>,
+    arrived_mono_ns: u64,
+) -> Result<Answer, Response> {
+    let metrics = state.metrics.clone();
     // Like `--pids` on the command line: a process that does not exist
     // would only ever give an empty profile.
     if let Some(pid) = query
@@ -255,22 +312,22 @@ async fn profile(State(state): State<AppState>, RawQuery(query): RawQuery) -> Re
         .find(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
     {
         metrics.profile_request("not_found");
-        return text(
+        return Err(text(
             StatusCode::NOT_FOUND,
             format!("process {pid} does not exist (no /proc/{pid})"),
-        );
+        ));
     }
     let active = metrics.profile_requests_active();
     if active.fetch_add(1, Ordering::SeqCst) >= state.max_requests as u64 {
         active.fetch_sub(1, Ordering::SeqCst);
         metrics.profile_request("too_many");
-        return text(
+        return Err(text(
             StatusCode::TOO_MANY_REQUESTS,
             format!(
                 "{} profile requests are in progress already (--listen-max-requests)",
                 state.max_requests
             ),
-        );
+        ));
     }
     let _in_progress = InProgress(metrics.clone());
     let (reply, answer) = oneshot::channel();
@@ -278,7 +335,7 @@ async fn profile(State(state): State<AppState>, RawQuery(query): RawQuery) -> Re
         duration_ns: query.duration_ns,
         pids: query.pids,
         sample_freq_hz: query.sample_freq_hz,
-        format: query.format,
+        format,
         off_cpu: query.off_cpu,
         arrived_mono_ns,
         reply,
@@ -290,43 +347,33 @@ async fn profile(State(state): State<AppState>, RawQuery(query): RawQuery) -> Re
         .and_then(|tx| tx.send(request).map_err(|_| ()));
     if sent.is_err() {
         metrics.profile_request("failed");
-        return text(
+        return Err(text(
             StatusCode::SERVICE_UNAVAILABLE,
             "the profiler is shutting down",
-        );
+        ));
     }
-    let (status, response) = match answer.await {
-        Ok(Ok(body)) => (
-            "served",
-            (
-                StatusCode::OK,
-                [
-                    (header::CONTENT_TYPE, query.format.mime_type()),
-                    (header::CONTENT_DISPOSITION, "inline"),
-                ],
-                body,
-            )
-                .into_response(),
-        ),
+    let (status, result) = match answer.await {
+        Ok(Ok(answer)) => ("served", Ok(answer)),
         Ok(Err(RequestError::Conflict(message))) => {
-            ("conflict", text(StatusCode::CONFLICT, message))
+            ("conflict", Err(text(StatusCode::CONFLICT, message)))
         }
         Ok(Err(RequestError::NoSamples(message))) => {
-            ("no_samples", text(StatusCode::NOT_FOUND, message))
+            ("no_samples", Err(text(StatusCode::NOT_FOUND, message)))
         }
-        Ok(Err(RequestError::Failed(message))) => {
-            ("failed", text(StatusCode::INTERNAL_SERVER_ERROR, message))
-        }
+        Ok(Err(RequestError::Failed(message))) => (
+            "failed",
+            Err(text(StatusCode::INTERNAL_SERVER_ERROR, message)),
+        ),
         Err(_) => (
             "failed",
-            text(
+            Err(text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the profiler stopped before the profile was complete",
-            ),
+            )),
         ),
     };
     metrics.profile_request(status);
-    response
+    result
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
@@ -454,12 +501,13 @@ mod tests {
     #[test]
     fn profile_queries_are_validated() {
         let s = state(vec![]);
-        let q = parse_profile_query(&s, None).unwrap();
+        let q = parse_profile_query(&s, None, PROFILE_PARAMETERS).unwrap();
         assert_eq!(q.duration_ns, 30_000_000_000);
         assert_eq!(q.format, ProfileFormat::Pprof);
         let q = parse_profile_query(
             &s,
             Some("seconds=1.5&pids=7,8&format=flame-graph&sample_freq=49"),
+            PROFILE_PARAMETERS,
         )
         .unwrap();
         assert_eq!(
@@ -486,11 +534,14 @@ mod tests {
             "secs=1",
             "seconds=1&seconds=2",
         ] {
-            assert!(parse_profile_query(&s, Some(bad)).is_err(), "{bad} passed");
+            assert!(
+                parse_profile_query(&s, Some(bad), PROFILE_PARAMETERS).is_err(),
+                "{bad} passed"
+            );
         }
         let narrowed = state(vec![5, 6]);
-        assert!(parse_profile_query(&narrowed, Some("pids=6")).is_ok());
-        let err = parse_profile_query(&narrowed, Some("pids=7")).unwrap_err();
+        assert!(parse_profile_query(&narrowed, Some("pids=6"), PROFILE_PARAMETERS).is_ok());
+        let err = parse_profile_query(&narrowed, Some("pids=7"), PROFILE_PARAMETERS).unwrap_err();
         assert!(err.contains("pid 7"), "{err}");
     }
 }

@@ -148,7 +148,13 @@ impl Workload {
     /// Start `program` with pipes on stdin and stdout, and wait until it
     /// has exec'd.
     pub fn spawn(program: &Program) -> Self {
+        Self::spawn_with_args::<&str>(program, &[])
+    }
+
+    /// [`Workload::spawn`] with command-line arguments.
+    pub fn spawn_with_args<S: AsRef<std::ffi::OsStr>>(program: &Program, args: &[S]) -> Self {
         let mut child = Command::new(&program.path)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

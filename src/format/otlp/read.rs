@@ -148,10 +148,14 @@ fn read_off_cpu(
 
 /// The resource's `host.name`, when a resource has one.
 fn host(request: &ExportProfilesServiceRequest) -> Option<Arc<str>> {
-    request
-        .resource_profiles
+    request.resource_profiles.iter().find_map(resource_host)
+}
+
+/// `resource`'s `host.name` attribute, when it has one.
+pub(crate) fn resource_host(resource: &otlp::ResourceProfiles) -> Option<Arc<str>> {
+    resource
+        .resource
         .iter()
-        .filter_map(|r| r.resource.as_ref())
         .flat_map(|r| &r.attributes)
         .find(|kv| kv.key == keys::HOST_NAME)
         .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
@@ -161,13 +165,18 @@ fn host(request: &ExportProfilesServiceRequest) -> Option<Arc<str>> {
 }
 
 /// The dictionary, with bounds-checked lookups.
-struct Names<'d> {
+pub(crate) struct Names<'d> {
     dict: &'d ProfilesDictionary,
 }
 
 impl<'d> Names<'d> {
+    /// Lookups into `dict`.
+    pub(crate) fn new(dict: &'d ProfilesDictionary) -> Self {
+        Names { dict }
+    }
+
     /// String `i`.
-    fn str(&self, i: i32) -> Result<&'d str> {
+    pub(crate) fn str(&self, i: i32) -> Result<&'d str> {
         at(&self.dict.string_table, i, "string").map(String::as_str)
     }
 
@@ -214,7 +223,7 @@ fn at<'t, T>(table: &'t [T], i: i32, what: &str) -> Result<&'t T> {
 
 /// The mapping table without its zero element: mapping index `m` is
 /// profile mapping `m - 1`.
-fn mappings(names: &Names<'_>) -> Result<Vec<ProfileMapping>> {
+pub(crate) fn mappings(names: &Names<'_>) -> Result<Vec<ProfileMapping>> {
     let table = names.dict.mapping_table.iter().skip(1);
     table
         .map(|m| {
@@ -233,7 +242,7 @@ fn mappings(names: &Names<'_>) -> Result<Vec<ProfileMapping>> {
 /// The location table without its zero element: location index `l` is
 /// profile frame `l - 1`. A location without lines is named
 /// `FILE+0xADDRESS` (`[unknown]+0xADDRESS` without a mapping).
-fn frames(names: &Names<'_>, mappings: &[ProfileMapping]) -> Result<Vec<Frame>> {
+pub(crate) fn frames(names: &Names<'_>, mappings: &[ProfileMapping]) -> Result<Vec<Frame>> {
     let mut frames = Vec::with_capacity(names.dict.location_table.len());
     for l in names.dict.location_table.iter().skip(1) {
         let mapping = match l.mapping_index {
@@ -291,7 +300,12 @@ fn frames(names: &Names<'_>, mappings: &[ProfileMapping]) -> Result<Vec<Frame>> 
 }
 
 /// The profile sample of OTLP sample `s` (values in units of `period`).
-fn sample(names: &Names<'_>, frames: &[Frame], s: &otlp::Sample, period: i64) -> Result<Sample> {
+pub(crate) fn sample(
+    names: &Names<'_>,
+    frames: &[Frame],
+    s: &otlp::Sample,
+    period: i64,
+) -> Result<Sample> {
     let stack = at(&names.dict.stack_table, s.stack_index, "stack")?;
     let stack: Vec<usize> = stack
         .location_indices

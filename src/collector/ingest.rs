@@ -1,0 +1,307 @@
+//! Received profiles -> the sample store ([`super::store`]): OTLP
+//! requests (`POST /v1development/profiles`, every sample at its own
+//! time) and pprof windows (`POST /v1/profiles`, no per-sample time: each
+//! sample is placed at its window's start).
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use prost::Message;
+use tracing::{info, warn};
+
+use super::merge::{self, BodyError};
+use super::server::AppState;
+use super::store::writer::{Batch, Ingested};
+use super::store::SampleStore;
+use crate::format::otlp::proto::collector::{
+    ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
+};
+use crate::format::otlp::read::{self, Names};
+use crate::httpd::{blocking, text};
+use crate::profile::{Profile, Sample};
+use crate::wire::HOST_HEADER;
+
+/// Most samples one request may carry (each becomes a stored row; a
+/// request over it is refused with 413, nothing stored): 8 Mi, seven
+/// minutes of a 2-CPU machine at 10 kHz.
+pub const MAX_INGEST_SAMPLES: u64 = 8 << 20;
+
+/// A request refused: status and message.
+type Refusal = (StatusCode, String);
+
+fn refused(e: BodyError) -> Refusal {
+    match e {
+        BodyError::Malformed(m) => (StatusCode::BAD_REQUEST, m),
+        BodyError::TooLarge(m) => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("{m} (--max-decoded-bytes)"),
+        ),
+    }
+}
+
+fn too_many(n: u64) -> Refusal {
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the request holds {n} samples, more than the {MAX_INGEST_SAMPLES} one request may carry"),
+    )
+}
+
+/// Store a pprof window of `host`, `[start, end)`: each of its samples at
+/// `start` (pprof has no per-sample time). Errors: more than
+/// [`MAX_INGEST_SAMPLES`] (413), the store's (500).
+pub fn store_pprof(
+    store: &SampleStore,
+    host: &str,
+    window: (u64, u64),
+    profile: &Profile,
+) -> Result<Ingested, Refusal> {
+    let total = profile.total_samples();
+    if total > MAX_INGEST_SAMPLES {
+        return Err(too_many(total));
+    }
+    let times = profile
+        .samples
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| std::iter::repeat_n((window.0, i as u32), s.count as usize))
+        .collect();
+    let batch = Batch {
+        host,
+        window,
+        profile,
+        times,
+    };
+    store.ingest(batch).map_err(internal)
+}
+
+fn internal(e: anyhow::Error) -> Refusal {
+    warn!("storing samples failed: {e:#}");
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("storing the samples failed: {e:#}"),
+    )
+}
+
+/// One resource's samples, ready for the store.
+struct ResourceBatch {
+    host: Arc<str>,
+    window: (u64, u64),
+    profile: Profile,
+    times: Vec<(u64, u32)>,
+}
+
+/// What an OTLP request gave: batches, and the samples and profiles refused.
+#[derive(Default)]
+struct Converted {
+    batches: Vec<ResourceBatch>,
+    rejected_samples: u64,
+    rejected_profiles: i64,
+    reason: Option<String>,
+}
+
+/// The times of OTLP sample `s` (count `count`) of a profile starting at
+/// `start`: one per timestamp, each repeated by its value (in units of
+/// `period`) when values and timestamps pair up; without timestamps,
+/// `count` samples at `start`. Errors: values and timestamps do not pair
+/// up, or more than [`MAX_INGEST_SAMPLES`].
+fn sample_times(
+    s: &crate::format::otlp::proto::profiles::Sample,
+    count: u64,
+    start: u64,
+    period: i64,
+) -> Result<Vec<u64>, String> {
+    let ts = &s.timestamps_unix_nano;
+    let too_many = || format!("a sample counts more than {MAX_INGEST_SAMPLES} samples");
+    if ts.is_empty() {
+        if count > MAX_INGEST_SAMPLES {
+            return Err(too_many());
+        }
+        return Ok(vec![start; count as usize]);
+    }
+    if s.values.is_empty() {
+        return Ok(ts.clone());
+    }
+    if s.values.len() != ts.len() || s.values.iter().any(|&v| v < 0) {
+        return Err("values and timestamps of a sample do not pair up".into());
+    }
+    let each = |v: i64| (v / period.max(1)) as u64;
+    if s.values.iter().map(|&v| each(v)).sum::<u64>() > MAX_INGEST_SAMPLES {
+        return Err(too_many());
+    }
+    let mut out = Vec::with_capacity(ts.len());
+    for (&t, &v) in ts.iter().zip(&s.values) {
+        out.extend(std::iter::repeat_n(t, each(v) as usize));
+    }
+    Ok(out)
+}
+
+/// The samples of `request`, one batch per resource (its `host.name`, else
+/// `fallback_host`). Errors (the whole request refused): a broken
+/// dictionary (400) or too many samples (413). Samples whose indices are out
+/// of range or whose values and timestamps do not pair up are refused one
+/// by one and counted.
+fn convert(
+    request: &ExportProfilesServiceRequest,
+    fallback_host: &str,
+) -> Result<Converted, Refusal> {
+    let bad = |e: anyhow::Error| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("not a valid OTLP profiles request: {e:#}"),
+        )
+    };
+    let Some(dict) = request.dictionary.as_ref() else {
+        let empty = request
+            .resource_profiles
+            .iter()
+            .all(|r| r.scope_profiles.iter().all(|s| s.profiles.is_empty()));
+        return if empty {
+            Ok(Converted::default())
+        } else {
+            Err(bad(anyhow::anyhow!("it has no dictionary")))
+        };
+    };
+    let names = Names::new(dict);
+    let mappings = read::mappings(&names).map_err(bad)?;
+    let frames = read::frames(&names, &mappings).map_err(bad)?;
+    let mut out = Converted::default();
+    let mut total = 0u64;
+    for resource in &request.resource_profiles {
+        let host = read::resource_host(resource).unwrap_or_else(|| Arc::from(fallback_host));
+        let mut batch = ResourceBatch {
+            host,
+            window: (u64::MAX, 0),
+            profile: Profile {
+                mappings: mappings.clone(),
+                frames: frames.clone(),
+                ..Default::default()
+            },
+            times: Vec::new(),
+        };
+        for p in resource.scope_profiles.iter().flat_map(|s| &s.profiles) {
+            let in_ns = p
+                .sample_type
+                .as_ref()
+                .is_some_and(|t| names.str(t.unit_strindex).ok() == Some("nanoseconds"));
+            let period = if in_ns { p.period.max(1) } else { 1 };
+            if batch.profile.sample_freq_hz == 0 && p.period > 0 {
+                batch.profile.sample_freq_hz = (1_000_000_000 / p.period as u64).max(1);
+            }
+            batch.window.0 = batch.window.0.min(p.time_unix_nano);
+            batch.window.1 = batch
+                .window
+                .1
+                .max(p.time_unix_nano.saturating_add(p.duration_nano));
+            let mut rejected_here = 0;
+            for s in &p.samples {
+                let converted = read::sample(&names, &batch.profile.frames, s, period)
+                    .map_err(|e| format!("{e:#}"))
+                    .and_then(|sample| {
+                        let times = sample_times(s, sample.count, p.time_unix_nano, period)?;
+                        Ok((sample, times))
+                    });
+                match converted {
+                    Ok((sample, times)) => {
+                        total += times.len() as u64;
+                        if total > MAX_INGEST_SAMPLES {
+                            return Err(too_many(total));
+                        }
+                        let index = batch.profile.samples.len() as u32;
+                        batch.times.extend(times.iter().map(|&t| (t, index)));
+                        batch.profile.samples.push(Sample {
+                            count: times.len() as u64,
+                            ..sample
+                        });
+                    }
+                    Err(reason) => {
+                        rejected_here += s.timestamps_unix_nano.len().max(1) as u64;
+                        out.reason.get_or_insert(reason);
+                    }
+                }
+            }
+            if rejected_here > 0 {
+                out.rejected_samples += rejected_here;
+                out.rejected_profiles += 1;
+            }
+        }
+        if !batch.times.is_empty() {
+            out.batches.push(batch);
+        }
+    }
+    Ok(out)
+}
+
+fn otlp_blocking(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<ExportProfilesServiceResponse, Refusal> {
+    let raw = merge::inflate(body, state.max_decoded_bytes).map_err(refused)?;
+    let request = ExportProfilesServiceRequest::decode(raw.as_slice()).map_err(|e| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("the body does not decode as an OTLP ExportProfilesServiceRequest: {e}"),
+        )
+    })?;
+    drop(raw);
+    let fallback = headers
+        .get(HOST_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("unknown");
+    let converted = convert(&request, fallback)?;
+    drop(request);
+    let mut stored = Ingested::default();
+    for b in &converted.batches {
+        let batch = Batch {
+            host: &b.host,
+            window: b.window,
+            profile: &b.profile,
+            times: b.times.clone(),
+        };
+        let done = state.store.ingest(batch).map_err(internal)?;
+        stored.samples += done.samples;
+        stored.blocks += done.blocks;
+    }
+    info!(
+        "stored {} OTLP samples in {} blocks",
+        stored.samples, stored.blocks
+    );
+    let partial_success = (converted.rejected_samples > 0).then(|| {
+        warn!(
+            "refused {} OTLP samples: {}",
+            converted.rejected_samples,
+            converted.reason.as_deref().unwrap_or("")
+        );
+        ExportProfilesPartialSuccess {
+            rejected_profiles: converted.rejected_profiles,
+            error_message: format!(
+                "{} samples refused: {}",
+                converted.rejected_samples,
+                converted.reason.as_deref().unwrap_or("")
+            ),
+        }
+    });
+    Ok(ExportProfilesServiceResponse { partial_success })
+}
+
+/// `POST /v1development/profiles`: an OTLP/HTTP export (binary protobuf,
+/// gzip'd or not). 200 with an `ExportProfilesServiceResponse` (its
+/// `partial_success` says how many samples were refused and why); 400 with
+/// a message if the body is not a request; 413 over the size limits; 500
+/// if storing failed.
+pub async fn otlp(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    blocking(move || match otlp_blocking(&state, &headers, &body) {
+        Ok(response) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/x-protobuf")],
+            response.encode_to_vec(),
+        )
+            .into_response(),
+        Err((status, message)) => text(status, message),
+    })
+    .await
+}

@@ -1,0 +1,83 @@
+//! `GET /metrics` of the collector: its sample store's counters and size
+//! in the Prometheus text format (version 0.0.4).
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use super::server::AppState;
+use crate::httpd::blocking;
+
+/// The metrics text for `state` (counters, then gauges).
+pub fn text(state: &AppState) -> String {
+    let store = &state.store;
+    let s = &store.stats;
+    let mut out = String::new();
+    let counters = [
+        ("samples_stored_total", "Samples stored.", &s.samples_stored),
+        ("blocks_written_total", "Blocks written.", &s.blocks_written),
+        (
+            "blocks_skipped_total",
+            "Blocks a query found damaged or unreadable and skipped.",
+            &s.blocks_skipped,
+        ),
+        (
+            "retention_deleted_by_age_total",
+            "Blocks and archived pprof files deleted by --retention.",
+            &s.deleted_by_age,
+        ),
+        (
+            "retention_deleted_by_size_total",
+            "Blocks and archived pprof files deleted to fit --max-storage.",
+            &s.deleted_by_size,
+        ),
+        (
+            "retention_deleted_bytes_total",
+            "Bytes deleted by retention.",
+            &s.deleted_bytes,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let _ = writeln!(out, "# HELP lightswitch_collector_{name} {help}");
+        let _ = writeln!(out, "# TYPE lightswitch_collector_{name} counter");
+        let _ = writeln!(
+            out,
+            "lightswitch_collector_{name} {}",
+            value.load(Ordering::Relaxed)
+        );
+    }
+    let gauges = [
+        (
+            "store_bytes",
+            "Bytes of the sample store on disk (blocks and stack table).",
+            store.disk_bytes(),
+        ),
+        (
+            "store_blocks",
+            "Blocks in the sample store.",
+            store.block_count() as u64,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(out, "# HELP lightswitch_collector_{name} {help}");
+        let _ = writeln!(out, "# TYPE lightswitch_collector_{name} gauge");
+        let _ = writeln!(out, "lightswitch_collector_{name} {value}");
+    }
+    out
+}
+
+/// `GET /metrics`.
+pub async fn render(State(state): State<AppState>) -> Response {
+    blocking(move || {
+        (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            text(&state),
+        )
+            .into_response()
+    })
+    .await
+}

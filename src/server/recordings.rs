@@ -1,0 +1,334 @@
+//! The agent's recordings: what its web view shows. The agent has no store
+//! (a collector does); its page records on demand instead. A recording is
+//! an on-demand profile ([`super::ondemand`]) kept symbolized with every
+//! sample's time, so the page's timeline and flame graphs can cut any
+//! range of it at sample resolution, as the collector's do. The latest
+//! recordings are held in memory, oldest dropped first once they hold more
+//! than [`MAX_SAMPLES`] samples (about 12 bytes a sample for the timeline,
+//! plus the distinct stacks).
+//!
+//! - `POST /v1/recordings?seconds=N[&pids=1,2][&sample_freq=HZ]`: record
+//!   the next N seconds (as `/debug/pprof/profile`, same limits), keep it,
+//!   and answer its span and samples as JSON once it is done:
+//!   `{"from":"NS","to":"NS","host":"h","samples":n}`.
+//! - `GET /v1/recordings`: the recordings held, oldest first, each as
+//!   above: `{"recordings":[...]}`.
+//! - `GET /v1/timeline?from=&to=&step=[&host=&pid=&tid=&comm=]`: sample
+//!   density of the recordings ([`crate::web::timeline`]).
+//! - `GET /v1/profiles/merged?from=&to=&format=[&host=&pid=&tid=&comm=]`:
+//!   exactly the recorded samples in `[from, to)`, in any format of
+//!   [`crate::format`] (pprof gzip'd); 404 when there are none. A range
+//!   over one recording keeps every sample's time (a Firefox Profiler
+//!   timeline); one over several is merged, and then only the aggregated
+//!   formats can show it.
+//! - `GET /v1/profiles/diff?...`: the differential flame graph of two
+//!   ranges ([`crate::web::diff`]).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::ondemand::Answer;
+use super::routes::{parse_profile_query, run_request, AppState};
+use crate::collector::merge;
+use crate::compare::timeline::slice;
+use crate::format::{self, Compression, ProfileFormat};
+use crate::httpd::{blocking, text};
+use crate::profile::{Profile, TimedSample};
+use crate::timefmt;
+use crate::web::diff::{answer as diff_answer, DiffQuery};
+use crate::web::timeline::{self, value, QueryError, SampleFilter, TimelineQuery};
+use crate::wire::{MERGED_PROFILES_HEADER, SAMPLES_HEADER};
+
+/// Most samples the recordings hold together (about 24 MB of timeline);
+/// the oldest recordings go first beyond it (the newest is always kept).
+pub const MAX_SAMPLES: u64 = 2_000_000;
+
+/// The recordings held, oldest first.
+#[derive(Debug, Default)]
+pub struct Recordings {
+    held: Mutex<VecDeque<Arc<Profile>>>,
+}
+
+impl Recordings {
+    /// Keep `profile`, dropping the oldest recordings while all of them
+    /// together hold more than [`MAX_SAMPLES`].
+    pub fn add(&self, profile: Profile) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.push_back(Arc::new(profile));
+        let mut total: u64 = held.iter().map(|p| p.total_samples()).sum();
+        while total > MAX_SAMPLES && held.len() > 1 {
+            if let Some(dropped) = held.pop_front() {
+                total -= dropped.total_samples();
+            }
+        }
+    }
+
+    /// The recordings held now, oldest first.
+    pub fn snapshot(&self) -> Vec<Arc<Profile>> {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.iter().cloned().collect()
+    }
+}
+
+/// A recording as the API describes it.
+#[derive(Serialize)]
+struct Described {
+    from: String,
+    to: String,
+    host: String,
+    samples: u64,
+}
+
+fn describe(p: &Profile) -> Described {
+    Described {
+        from: p.start_unix_ns.to_string(),
+        to: (p.start_unix_ns + p.duration_ns).to_string(),
+        host: p.host.as_deref().unwrap_or("unknown").to_string(),
+        samples: p.total_samples(),
+    }
+}
+
+fn json(body: &impl Serialize) -> Response {
+    match serde_json::to_string(body) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            format!("{body}\n"),
+        )
+            .into_response(),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+fn pairs(query: Option<&str>) -> Vec<(String, String)> {
+    url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+/// `POST /v1/recordings`.
+pub(super) async fn record(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+    let arrived_mono_ns = timefmt::monotonic_ns();
+    let allowed = &["seconds", "pids", "sample_freq"];
+    let query = match parse_profile_query(&state, query.as_deref(), allowed) {
+        Ok(q) => q,
+        Err(message) => return text(StatusCode::BAD_REQUEST, message),
+    };
+    match run_request(&state, query, None, arrived_mono_ns).await {
+        Ok(Answer::Profile(profile)) => {
+            let described = describe(&profile);
+            state.recordings().add(*profile);
+            json(&described)
+        }
+        Ok(Answer::Encoded(_)) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "a recording came back encoded (a bug)",
+        ),
+        Err(response) => response,
+    }
+}
+
+/// `GET /v1/recordings`.
+pub(super) async fn list(State(state): State<AppState>) -> Response {
+    #[derive(Serialize)]
+    struct Listing {
+        recordings: Vec<Described>,
+    }
+    let recordings = state.recordings().snapshot();
+    json(&Listing {
+        recordings: recordings.iter().map(|p| describe(p)).collect(),
+    })
+}
+
+/// `GET /v1/timeline`.
+pub(super) async fn timeline(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+    blocking(move || {
+        let query = match TimelineQuery::parse(&pairs(query.as_deref())) {
+            Ok(q) => q,
+            Err(QueryError::Bad(m)) => return text(StatusCode::BAD_REQUEST, m),
+            Err(QueryError::TooLarge(m)) => return text(StatusCode::PAYLOAD_TOO_LARGE, m),
+        };
+        let recordings = state.recordings().snapshot();
+        json(&timeline::build(recordings.iter().map(|p| &**p), &query))
+    })
+    .await
+}
+
+/// `profile` with only the samples `filter` passes (host: the profile's),
+/// its timeline kept for them.
+fn filtered(mut profile: Profile, filter: &SampleFilter) -> Profile {
+    let host = profile.host.as_deref().unwrap_or("unknown").to_string();
+    let mut index = vec![None; profile.samples.len()];
+    let mut kept = Vec::new();
+    for (i, sample) in std::mem::take(&mut profile.samples).into_iter().enumerate() {
+        if filter.matches(&host, &sample) {
+            index[i] = Some(kept.len() as u32);
+            kept.push(sample);
+        }
+    }
+    profile.samples = kept;
+    profile.timeline = profile
+        .timeline
+        .iter()
+        .filter_map(|t| {
+            let sample = index.get(t.sample as usize).copied().flatten()?;
+            Some(TimedSample {
+                offset_ns: t.offset_ns,
+                sample,
+            })
+        })
+        .collect();
+    profile
+}
+
+/// The recorded samples in `[from, to)` that `filter` passes: one
+/// recording's cut with its timeline, several merged (timeline dropped).
+/// Returns the profile and how many recordings went in.
+fn range_profile(
+    recordings: &[Arc<Profile>],
+    (from, to): (u64, u64),
+    filter: &SampleFilter,
+) -> (Profile, usize) {
+    let mut cuts: Vec<Profile> = recordings
+        .iter()
+        .filter(|p| p.start_unix_ns < to && from < p.start_unix_ns + p.duration_ns.max(1))
+        .map(|p| {
+            let offset = |t: u64| (i128::from(t) - i128::from(p.start_unix_ns)) as i64;
+            filtered(slice(p, offset(from), offset(to)), filter)
+        })
+        .filter(|p| p.total_samples() > 0)
+        .collect();
+    let inputs = cuts.len();
+    let profile = if inputs == 1 {
+        cuts.pop().unwrap_or_default()
+    } else {
+        merge::merge(cuts).profile
+    };
+    (profile, inputs)
+}
+
+/// `GET /v1/profiles/merged`.
+pub(super) async fn merged(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+    blocking(move || {
+        let pairs = pairs(query.as_deref());
+        let parsed = timeline::range(&pairs, "from", "to").and_then(|range| {
+            let format = match value(&pairs, "format") {
+                None => ProfileFormat::Pprof,
+                Some(name) => {
+                    ProfileFormat::from_name(name).map_err(|e| format!("format={name:?}: {e}"))?
+                }
+            };
+            Ok((range, format, SampleFilter::from_pairs(&pairs)?))
+        });
+        let (range, format, filter) = match parsed {
+            Ok(p) => p,
+            Err(message) => return text(StatusCode::BAD_REQUEST, message),
+        };
+        let (profile, inputs) = range_profile(&state.recordings().snapshot(), range, &filter);
+        if inputs == 0 {
+            return text(StatusCode::NOT_FOUND, "no recorded samples in from/to");
+        }
+        match format::encode(&profile, format, Compression::Gzip) {
+            Ok(bytes) => (
+                StatusCode::OK,
+                [
+                    (
+                        header::CONTENT_TYPE.as_str(),
+                        format.mime_type().to_string(),
+                    ),
+                    (SAMPLES_HEADER, profile.total_samples().to_string()),
+                    (MERGED_PROFILES_HEADER, inputs.to_string()),
+                ],
+                bytes,
+            )
+                .into_response(),
+            Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")),
+        }
+    })
+    .await
+}
+
+/// `GET /v1/profiles/diff`.
+pub(super) async fn diff(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+    blocking(move || {
+        let query = match DiffQuery::parse(&pairs(query.as_deref())) {
+            Ok(q) => q,
+            Err(message) => return text(StatusCode::BAD_REQUEST, message),
+        };
+        let recordings = state.recordings().snapshot();
+        let (base, _) = range_profile(&recordings, query.base, &query.filter);
+        let (new, _) = range_profile(&recordings, query.new, &query.filter);
+        diff_answer(&query, &base, &new)
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Sample;
+    use crate::sample::UnwindStatus;
+
+    fn recording(start: u64, pid_offsets: &[(u32, i64)]) -> Profile {
+        let mut p = Profile {
+            start_unix_ns: start,
+            duration_ns: 1_000,
+            host: Some(Arc::from("h")),
+            ..Default::default()
+        };
+        for &(pid, offset_ns) in pid_offsets {
+            p.samples.push(Sample {
+                pid,
+                tid: pid,
+                process_comm: Arc::from("app"),
+                thread_comm: Arc::from("app"),
+                frames: vec![],
+                unwind_status: UnwindStatus::Complete,
+                count: 1,
+                off_cpu_ns: 0,
+            });
+            let sample = p.samples.len() as u32 - 1;
+            p.timeline.push(TimedSample { offset_ns, sample });
+        }
+        p
+    }
+
+    #[test]
+    fn a_range_is_cut_at_sample_times_and_filtered() {
+        let a = Arc::new(recording(1_000, &[(1, 0), (2, 10), (1, 500)]));
+        let b = Arc::new(recording(5_000, &[(1, 0)]));
+        let all = SampleFilter::default();
+        let (p, inputs) = range_profile(&[a.clone(), b.clone()], (1_000, 1_500), &all);
+        assert_eq!((p.total_samples(), inputs, p.timeline.len()), (2, 1, 2));
+        let only_1 = SampleFilter {
+            pid: Some(1),
+            ..Default::default()
+        };
+        let (p, inputs) = range_profile(&[a.clone(), b.clone()], (1_000, 6_000), &only_1);
+        assert_eq!((p.total_samples(), inputs), (3, 2));
+        let (_, inputs) = range_profile(&[a, b], (3_000, 4_000), &all);
+        assert_eq!(inputs, 0);
+    }
+
+    #[test]
+    fn the_oldest_recordings_go_first() {
+        let held = Recordings::default();
+        held.add(recording(1, &[(1, 0)]));
+        assert_eq!(held.snapshot().len(), 1);
+        let big = Profile {
+            samples: vec![Sample {
+                count: MAX_SAMPLES,
+                ..recording(2, &[(1, 0)]).samples[0].clone()
+            }],
+            ..Default::default()
+        };
+        held.add(big);
+        assert_eq!(held.snapshot().len(), 1, "the first recording was dropped");
+        assert_eq!(held.snapshot()[0].total_samples(), MAX_SAMPLES);
+    }
+}

@@ -1,0 +1,13 @@
+//! The web view (`GET /` on the collector and on the agent's `--listen`):
+//! static assets built into the binary ([`assets`]: the page, its script
+//! and style, and the vendored JavaScript libraries from `web/vendor/` with
+//! their licences at `/licenses`), and the endpoints both servers answer
+//! for it beyond `GET /v1/profiles/merged`: the differential flame graph of
+//! two time ranges ([`diff`]) and the time-density JSON of `GET
+//! /v1/timeline` built from profiles held in memory ([`timeline`], the
+//! agent's recordings). The page reads everything through the same JSON
+//! and profile endpoints scripts use; nothing is fetched from a network.
+
+pub mod assets;
+pub mod diff;
+pub mod timeline;
