@@ -75,6 +75,7 @@ fn profile(n: usize) -> Profile {
         subject: None,
         host: None,
         targets: None,
+        containers: Default::default(),
     }
 }
 

@@ -219,6 +219,7 @@ pub(crate) mod tests {
             subject: None,
             host: None,
             targets: None,
+            containers: Default::default(),
         }
     }
 

@@ -315,6 +315,14 @@ impl Symbolizer {
                 count,
             });
         }
+        for s in &profile.samples {
+            if let Some(id) = tracker.container_id(s.pid) {
+                profile
+                    .containers
+                    .entry(s.pid)
+                    .or_insert_with(|| id.clone());
+            }
+        }
         self.last_locations.set(profile.frames.len());
         builder.finish(&mut profile);
         profile

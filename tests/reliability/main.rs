@@ -163,6 +163,7 @@ fn known_profile(start_unix_ns: u64, count: u64, stacks: usize) -> Vec<u8> {
         subject: None,
         host: None,
         targets: None,
+        containers: Default::default(),
     };
     lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
 }

@@ -24,7 +24,8 @@
 //! - sample attributes by the semantic conventions: `process.pid`,
 //!   `thread.id` (integers), `thread.name`, `process.executable.name` (the
 //!   process's `comm`, the executable's base name as the kernel keeps it,
-//!   at most 15 bytes);
+//!   at most 15 bytes), and `container.id` for a process that ran in a
+//!   container ([`Profile::containers`]);
 //! - one `Mapping` per profile mapping, with its file name (the kernel is
 //!   `[kernel.kallsyms]`) and its GNU build ID as the attribute
 //!   `process.executable.build_id.gnu` (hex); one `Location` per profile
@@ -82,6 +83,8 @@ pub mod keys {
     pub const THREAD_NAME: &str = "thread.name";
     /// Sample: the process's executable name (its `comm`; string).
     pub const PROCESS_EXECUTABLE_NAME: &str = "process.executable.name";
+    /// Sample: the container the process ran in (64 hex digits; string).
+    pub const CONTAINER_ID: &str = "container.id";
     /// Mapping: the object's GNU build ID, hex (string).
     pub const BUILD_ID_GNU: &str = "process.executable.build_id.gnu";
     /// Location: `kernel` or `native` (string).
@@ -281,10 +284,15 @@ fn samples(profile: &Profile, dict: &mut Dictionary) -> Result<Vec<otlp::Sample>
             dict.attribute(keys::THREAD_NAME, Value::Str(&s.thread_comm)),
             dict.attribute(keys::PROCESS_EXECUTABLE_NAME, Value::Str(&s.process_comm)),
         ];
+        // The container is the pid's: the identity holds it already.
         let slot = *by_identity.entry((stack, attributes)).or_insert_with(|| {
+            let container = profile
+                .containers
+                .get(&s.pid)
+                .map(|id| dict.attribute(keys::CONTAINER_ID, Value::Str(id)));
             out.push(otlp::Sample {
                 stack_index: stack,
-                attribute_indices: attributes.to_vec(),
+                attribute_indices: attributes.iter().copied().chain(container).collect(),
                 ..Default::default()
             });
             out.len() - 1

@@ -10,7 +10,7 @@
 //! per distinct frame (mapping, address), with inlined functions as several
 //! lines, innermost first; Functions deduplicated by (name, system name,
 //! file); labels `pid`, `tid` (numeric), `comm` and `thread_name` on every
-//! sample. Stacks whose walk stopped early end in a location named after the
+//! sample, and `container.id` on those of a process that ran in a container. Stacks whose walk stopped early end in a location named after the
 //! unwind result, as in the other formats. What the profile shows and where
 //! it was taken are comments (`go tool pprof -comments`): `subject: pid 42
 //! (nginx)` and `host: web-1`, read back by `report` and `diff`.
@@ -291,7 +291,7 @@ fn locations(
 
 /// One pprof sample per profile sample, handed to `parts` one at a time:
 /// its location ids, `[count, count * period_ns]`, and the pid, tid, comm
-/// and thread_name labels.
+/// and thread_name labels (and container.id, when the process had one).
 fn samples(
     profile: &Profile,
     period: i64,
@@ -304,11 +304,19 @@ fn samples(
         strings.get("comm"),
         strings.get("thread_name"),
     );
+    let container_key = (!profile.containers.is_empty()).then(|| strings.get("container.id"));
     for s in &profile.samples {
+        let container = container_key.and_then(|key| {
+            Some(proto::Label {
+                key,
+                str: strings.get(profile.containers.get(&s.pid)?),
+                ..Default::default()
+            })
+        });
         parts.sample(proto::Sample {
             location_id: s.frames.iter().map(|&f| f as u64 + 1).collect(),
             value: vec![s.count as i64, s.count as i64 * period],
-            label: vec![
+            label: [
                 proto::Label {
                     key: pid,
                     num: s.pid.into(),
@@ -329,7 +337,10 @@ fn samples(
                     str: strings.get(&s.thread_comm),
                     ..Default::default()
                 },
-            ],
+            ]
+            .into_iter()
+            .chain(container)
+            .collect(),
         })?;
     }
     Ok(())
