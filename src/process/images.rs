@@ -127,7 +127,8 @@ impl ProcessTracker {
     /// one's mappings are never used for it.
     /// Every mapping found is noted as sampled: once its process is gone
     /// and every sample of it drained, only the sampled ones are kept for
-    /// the windows ([`Self::trim_departed`]).
+    /// the windows ([`Self::trim_departed`]). A process's first sample
+    /// has its container read ([`Self::container_id`]).
     pub fn find_mappings(
         &mut self,
         pid: u32,
@@ -149,6 +150,7 @@ impl ProcessTracker {
             }
         }
         self.sampled_scratch = hits;
+        self.learn_container(pid);
     }
 
     /// [`Self::find_mappings`] without noting what was found.
@@ -261,8 +263,11 @@ impl ProcessTracker {
             return;
         };
         let (ranges, mappings) = (p.ranges.clone(), p.mappings.clone());
-        if let Some(old) = self.processes.remove(&pid) {
+        // It starts in its parent's cgroup.
+        let container = p.container.clone();
+        if let Some(mut old) = self.processes.remove(&pid) {
             let at = fork_ns.max(old.last_sample_ns);
+            old.container_departs(pid, at, &mut self.departed_containers);
             self.orphans.extend(old.all.into_iter().map(|id| (at, id)));
         }
         self.processes.insert(
@@ -272,6 +277,7 @@ impl ProcessTracker {
                 ranges,
                 mappings,
                 since_ns: fork_ns,
+                container,
                 ..Default::default()
             },
         );

@@ -93,6 +93,7 @@ impl ProcessTracker {
         });
         self.drop_mappings(dropped);
         self.retire_unused_objects(before_mono_ns);
+        self.retire_departed_containers(before_mono_ns);
         gone.len()
     }
 
@@ -123,13 +124,14 @@ impl ProcessTracker {
             .collect();
         let mut dropped = Vec::new();
         for pid in &gone {
-            let Some(process) = self.processes.remove(pid) else {
+            let Some(mut process) = self.processes.remove(pid) else {
                 continue;
             };
             let at = process
                 .exited_at_ns
                 .unwrap_or(0)
                 .max(process.last_sample_ns);
+            process.container_departs(*pid, at, &mut self.departed_containers);
             for id in process.all {
                 if self.mappings.get(&id).is_some_and(|h| h.sampled) {
                     self.orphans.push((at, id));

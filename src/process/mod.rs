@@ -12,9 +12,11 @@
 //! resolved through the image the process had when the sample was taken.
 //! Process lifetimes (the start-up scan, exec, fork, exit) are followed for
 //! the BPF walker in walker.rs; lifetime.rs says when what the tracker
-//! knows of exited and exec'd processes can go.
+//! knows of exited and exec'd processes can go; container.rs which
+//! container each sampled process runs in (`/proc/PID/cgroup`).
 
 mod anon_text;
+pub mod container;
 mod images;
 pub mod jit;
 mod lifetime;
@@ -244,6 +246,8 @@ struct ProcessMaps {
     perf_map: Arc<jit::JitSlot>,
     /// Its jitdump file, opened on a reader thread when its maps showed it.
     jitdump: Arc<jit::JitSlot>,
+    /// The container it runs in, once read (at its first sample).
+    container: container::Container,
 }
 
 impl ProcessMaps {
@@ -287,6 +291,10 @@ pub struct ProcessTracker {
     retired_objects: Vec<(ObjectId, ObjectFile)>,
     stats: TrackerStats,
     exec_clock: ExecClock,
+    /// Containers of processes forgotten or replaced while windows holding
+    /// their samples may be open, by pid, with the time they went
+    /// (CLOCK_MONOTONIC ns): retired like orphaned mappings.
+    departed_containers: container::Departed,
 }
 
 impl ProcessTracker {
@@ -363,6 +371,7 @@ impl ProcessTracker {
             process.last_sample_ns = 0;
             process.perf_map = Arc::default();
             process.jitdump = Arc::default();
+            process.container_departs(pid, at, &mut self.departed_containers);
         }
         if jit::has_anonymous_code(entries) {
             // On a reader thread: a FIFO or a file on FUSE never stalls this one.

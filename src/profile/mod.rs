@@ -9,6 +9,7 @@ mod handover_tests;
 mod interner;
 pub mod window;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::sample::UnwindStatus;
@@ -47,6 +48,13 @@ pub struct Profile {
     /// when unknown (profiles read back or merged). Says which mapping
     /// pprof readers are shown as the profiled program.
     pub targets: Option<Arc<[u32]>>,
+    /// The container each sampled process ran in, by pid: the 64-hex id
+    /// its runtime named its cgroup after (Docker, containerd, CRI-O,
+    /// Podman), read from `/proc/PID/cgroup` by the process tracker
+    /// ([`crate::process::ProcessTracker::container_id`]). Pids in no
+    /// container are absent. Encoders label samples with it (OTLP
+    /// `container.id`, a pprof label).
+    pub containers: BTreeMap<u32, Arc<str>>,
     /// Address ranges the frames belong to (objects of processes, and the kernel).
     pub mappings: Vec<ProfileMapping>,
     /// Distinct frames (locations), referenced by index from [`Sample::frames`].

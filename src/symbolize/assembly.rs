@@ -243,6 +243,9 @@ mod tests {
         fn jitdump(&self, _: u32) -> Option<&crate::process::jit::JitFile> {
             None
         }
+        fn container_id(&self, _: u32) -> Option<&std::sync::Arc<str>> {
+            None
+        }
     }
 
     #[test]

@@ -319,6 +319,14 @@ impl Symbolizer {
                 off_cpu_ns: key.off_cpu_ns,
             });
         }
+        for s in &profile.samples {
+            if let Some(id) = tracker.container_id(s.pid) {
+                profile
+                    .containers
+                    .entry(s.pid)
+                    .or_insert_with(|| id.clone());
+            }
+        }
         self.last_locations.set(profile.frames.len());
         builder.finish(&mut profile);
         profile

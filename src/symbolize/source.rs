@@ -35,6 +35,8 @@ pub trait MappingSource {
     /// Process `pid`'s jitdump file, if the tracker opened one (as
     /// [`Self::perf_map`]).
     fn jitdump(&self, pid: u32) -> Option<&JitFile>;
+    /// The container process `pid` ran in, when the tracker knows one.
+    fn container_id(&self, pid: u32) -> Option<&Arc<str>>;
 }
 
 impl MappingSource for ProcessTracker {
@@ -55,6 +57,9 @@ impl MappingSource for ProcessTracker {
     }
     fn jitdump(&self, pid: u32) -> Option<&JitFile> {
         ProcessTracker::jitdump(self, pid)?.get()
+    }
+    fn container_id(&self, pid: u32) -> Option<&Arc<str>> {
+        ProcessTracker::container_id(self, pid)
     }
 }
 
@@ -85,6 +90,8 @@ pub struct TrackerSnapshot {
     perf_maps: HashMap<u32, Arc<JitSlot>>,
     /// The open jitdump files of the window's processes (shared likewise).
     jitdumps: HashMap<u32, Arc<JitSlot>>,
+    /// The containers of the window's processes that ran in one.
+    containers: HashMap<u32, Arc<str>>,
     missing_samples: u64,
 }
 
@@ -107,6 +114,9 @@ impl TrackerSnapshot {
             }
             if let Some(jitdump) = opened(tracker.jitdump(key.pid)) {
                 snapshot.jitdumps.insert(key.pid, jitdump);
+            }
+            if let Some(id) = tracker.container_id(key.pid) {
+                snapshot.containers.insert(key.pid, id.clone());
             }
         }
         let mut missing = HashSet::new();
@@ -195,5 +205,8 @@ impl MappingSource for TrackerSnapshot {
     }
     fn jitdump(&self, pid: u32) -> Option<&JitFile> {
         self.jitdumps.get(&pid)?.get()
+    }
+    fn container_id(&self, pid: u32) -> Option<&Arc<str>> {
+        self.containers.get(&pid)
     }
 }

@@ -14,7 +14,8 @@ formats of the same run:
 Summary: {"folded": {line: count}, "samples": N, "timestamps": T (how
 many samples carry a time), "mappings": [[file,
 build_id]], "inlined": [[function, ...]], "threads": [[pid, tid, thread
-name, executable name]], "host": str, "sample_type": [type, unit],
+name, executable name]], "containers": [[pid, tid, container.id or null]]
+(every sample of a thread must carry the same one), "host": str, "sample_type": [type, unit],
 "period_type": [type, unit], "period": int}. A folded line is the
 executable name, then the frames root to leaf (a location's inlined
 functions outermost first), kernel frames suffixed `_[k]`, as lightswitch's
@@ -118,7 +119,7 @@ def main(path):
     begin, end = profile.time_unix_nano, profile.time_unix_nano + profile.duration_nano
     check(profile.time_unix_nano > 0 and profile.duration_nano > 0, "time or duration unset")
 
-    folded, threads, total, stamps = {}, set(), 0, 0
+    folded, threads, containers, total, stamps = {}, set(), {}, 0, 0
     for s in profile.samples:
         in_range(s.stack_index, d.stack_table, "stack")
         check(s.stack_index != 0, "a sample names stack 0")
@@ -134,6 +135,9 @@ def main(path):
         check(len(a) == len(s.attribute_indices), "an attribute key twice in one sample")
         exe = a.get("process.executable.name", "")
         threads.add((a.get("process.pid"), a.get("thread.id"), a.get("thread.name"), exe))
+        thread = (a.get("process.pid"), a.get("thread.id"))
+        container = a.get("container.id")
+        check(containers.setdefault(thread, container) == container, f"thread {thread} has two container ids")
         frames = [f for i in reversed(d.stack_table[s.stack_index].location_indices) for f in names[i]]
         line = ";".join([folded_name(exe)] + frames)
         folded[line] = folded.get(line, 0) + count
@@ -147,6 +151,7 @@ def main(path):
         "mappings": mappings,
         "inlined": inlined,
         "threads": sorted(list(t) for t in threads),
+        "containers": sorted([pid, tid, c] for (pid, tid), c in containers.items()),
         "host": host,
         "sample_type": value_type(profile.sample_type),
         "period_type": value_type(profile.period_type),

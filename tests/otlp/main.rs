@@ -12,6 +12,8 @@
 //!   output, its mapping carries the program's build ID, `mix` and `burn`
 //!   are lines of one location, and `report` of the OTLP file prints the
 //!   same table as `report` of the pprof file.
+//! - A process in a container's cgroup has `container.id` on its samples
+//!   (container.rs).
 //! - `--sender otlp` (sender.rs) delivers every window to `receiver.py`,
 //!   which decodes each request with the same package, through a 503 with
 //!   `Retry-After` and a `partial_success`.
@@ -25,6 +27,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod container;
 mod sender;
 
 use std::collections::BTreeMap;

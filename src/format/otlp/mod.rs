@@ -24,7 +24,8 @@
 //! - sample attributes by the semantic conventions: `process.pid`,
 //!   `thread.id` (integers), `thread.name`, `process.executable.name` (the
 //!   process's `comm`, the executable's base name as the kernel keeps it,
-//!   at most 15 bytes);
+//!   at most 15 bytes), and `container.id` for a process that ran in a
+//!   container ([`Profile::containers`]);
 //! - one `Mapping` per profile mapping, with its file name (the kernel is
 //!   `[kernel.kallsyms]`) and its GNU build ID as the attribute
 //!   `process.executable.build_id.gnu` (hex); one `Location` per profile
@@ -88,6 +89,8 @@ pub mod keys {
     pub const THREAD_NAME: &str = "thread.name";
     /// Sample: the process's executable name (its `comm`; string).
     pub const PROCESS_EXECUTABLE_NAME: &str = "process.executable.name";
+    /// Sample: the container the process ran in (64 hex digits; string).
+    pub const CONTAINER_ID: &str = "container.id";
     /// Mapping: the object's GNU build ID, hex (string).
     pub const BUILD_ID_GNU: &str = "process.executable.build_id.gnu";
     /// Location: `kernel` or `native` (string).
@@ -293,7 +296,7 @@ fn samples(profile: &Profile, dict: &mut Dictionary) -> Result<Vec<otlp::Sample>
             slot_of.push(None);
             continue;
         }
-        let slot = slot_for(s, dict, &mut by_identity, &mut out);
+        let slot = slot_for(profile, s, dict, &mut by_identity, &mut out);
         slot_of.push(Some(slot));
         if profile.timeline.is_empty() {
             match out[slot].values.first_mut() {
@@ -314,8 +317,10 @@ fn samples(profile: &Profile, dict: &mut Dictionary) -> Result<Vec<otlp::Sample>
 }
 
 /// The index in `out` of the OTLP sample of `s`'s stack and attributes,
-/// added if new.
+/// added if new; `container.id` is added from [`Profile::containers`] (it
+/// is the pid's, so the identity holds it already).
 fn slot_for(
+    profile: &Profile,
     s: &crate::profile::Sample,
     dict: &mut Dictionary,
     by_identity: &mut HashMap<(i32, [i32; 4]), usize>,
@@ -329,9 +334,13 @@ fn slot_for(
         dict.attribute(keys::PROCESS_EXECUTABLE_NAME, Value::Str(&s.process_comm)),
     ];
     *by_identity.entry((stack, attributes)).or_insert_with(|| {
+        let container = profile
+            .containers
+            .get(&s.pid)
+            .map(|id| dict.attribute(keys::CONTAINER_ID, Value::Str(id)));
         out.push(otlp::Sample {
             stack_index: stack,
-            attribute_indices: attributes.to_vec(),
+            attribute_indices: attributes.iter().copied().chain(container).collect(),
             ..Default::default()
         });
         out.len() - 1
@@ -351,7 +360,7 @@ fn off_cpu_samples(profile: &Profile, dict: &mut Dictionary) -> Result<Vec<otlp:
             slot_of.push(None);
             continue;
         }
-        let slot = slot_for(s, dict, &mut by_identity, &mut out);
+        let slot = slot_for(profile, s, dict, &mut by_identity, &mut out);
         slot_of.push(Some(slot));
         if profile.waits.is_empty() {
             match out[slot].values.first_mut() {

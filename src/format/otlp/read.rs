@@ -12,7 +12,8 @@
 //! unwind markers are locations without mapping or address whose only
 //! line is named `[unwind: ...]`; processes and threads come from the
 //! samples' `process.pid`, `thread.id`, `process.executable.name` and
-//! `thread.name` attributes, the host from the resource's `host.name`.
+//! `thread.name` attributes, each process's container from `container.id`
+//! ([`Profile::containers`]), the host from the resource's `host.name`.
 
 use std::sync::Arc;
 
@@ -93,6 +94,9 @@ pub fn profile_from_request(request: &ExportProfilesServiceRequest) -> Result<Pr
         let period = if in_ns { p.period.max(1) } else { 1 };
         for s in &p.samples {
             let sample = sample(&names, &profile.frames, s, period)?;
+            if let Some(id) = names.string_attribute(&s.attribute_indices, keys::CONTAINER_ID)? {
+                profile.containers.insert(sample.pid, Arc::from(id));
+            }
             let unit = s.values.iter().all(|&v| v == 1);
             timed &= unit && s.timestamps_unix_nano.len() as u64 == sample.count;
             let index = profile.samples.len() as u32;

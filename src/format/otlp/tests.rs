@@ -413,3 +413,60 @@ fn an_empty_profile_is_a_request_without_samples() {
     assert!(the_profile(&request).samples.is_empty());
     assert_eq!(dictionary(&request).string_table[0], "");
 }
+
+const CONTAINER: &str = "9ec39b91f3d70e1beff50a308f77067065ea6be0d91a3378375056cd4422cf3d";
+
+/// The profile with its worker thread made a process of its own (pid 9),
+/// and pid 7 in a container.
+fn profile_with_a_container() -> Profile {
+    let mut p = profile();
+    p.samples[2].pid = 9;
+    p.containers.insert(7, Arc::from(CONTAINER));
+    p
+}
+
+#[test]
+fn container_id_is_an_attribute_of_the_samples_of_container_processes_only() {
+    let request = to_request(&profile_with_a_container()).unwrap();
+    let dict = dictionary(&request);
+    let samples = &the_profile(&request).samples;
+    assert_eq!(samples.len(), 3);
+    for s in samples {
+        let attributes: Vec<(&str, String)> = s
+            .attribute_indices
+            .iter()
+            .map(|&a| attribute(dict, a))
+            .collect();
+        let pid = &attributes[0];
+        let container = attributes.iter().find(|(k, _)| *k == "container.id");
+        match pid.1.as_str() {
+            "7" => {
+                assert_eq!(container, Some(&("container.id", CONTAINER.to_string())));
+                assert_eq!(attributes.len(), 5);
+            }
+            "9" => assert_eq!(container, None, "{attributes:?}"),
+            other => panic!("unexpected pid {other}"),
+        }
+    }
+    // One attribute in the dictionary, shared by both samples of pid 7.
+    let keyed = dict
+        .attribute_table
+        .iter()
+        .filter(|kv| dict.string_table[kv.key_strindex as usize] == "container.id")
+        .count();
+    assert_eq!(keyed, 1);
+    // Without containers, no sample has the attribute.
+    let plain = to_request(&profile()).unwrap();
+    assert!(dictionary(&plain)
+        .string_table
+        .iter()
+        .all(|s| s != "container.id"));
+}
+
+#[test]
+fn container_ids_are_read_back() {
+    let p = profile_with_a_container();
+    let (back, _) = parse_input(&encode(&p, Compression::None).unwrap()).unwrap();
+    assert_eq!(back.containers, p.containers);
+    assert_eq!(folded::encode(&back), folded::encode(&p));
+}

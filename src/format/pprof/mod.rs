@@ -14,7 +14,7 @@
 //! per distinct frame (mapping, address), with inlined functions as several
 //! lines, innermost first; Functions deduplicated by (name, system name,
 //! file); labels `pid`, `tid` (numeric), `comm` and `thread_name` on every
-//! sample. Stacks whose walk stopped early end in a location named after the
+//! sample, and `container.id` on those of a process that ran in a container. Stacks whose walk stopped early end in a location named after the
 //! unwind result, as in the other formats. What the profile shows and where
 //! it was taken are comments (`go tool pprof -comments`): `subject: pid 42
 //! (nginx)` and `host: web-1`, read back by `report` and `diff`.
@@ -303,7 +303,7 @@ fn locations(
 /// One pprof sample per profile sample, handed to `parts` one at a time:
 /// its location ids, `[count, count * period_ns]` (then its off-CPU ns when
 /// the profile has off-CPU time), and the pid, tid, comm and thread_name
-/// labels.
+/// labels (and container.id, when the process had one).
 fn samples(
     profile: &Profile,
     period: i64,
@@ -316,7 +316,15 @@ fn samples(
         strings.get("comm"),
         strings.get("thread_name"),
     );
+    let container_key = (!profile.containers.is_empty()).then(|| strings.get("container.id"));
     for s in &profile.samples {
+        let container = container_key.and_then(|key| {
+            Some(proto::Label {
+                key,
+                str: strings.get(profile.containers.get(&s.pid)?),
+                ..Default::default()
+            })
+        });
         parts.sample(proto::Sample {
             location_id: s.frames.iter().map(|&f| f as u64 + 1).collect(),
             value: if profile.off_cpu {
@@ -324,7 +332,7 @@ fn samples(
             } else {
                 vec![s.count as i64, s.count as i64 * period]
             },
-            label: vec![
+            label: [
                 proto::Label {
                     key: pid,
                     num: s.pid.into(),
@@ -345,7 +353,10 @@ fn samples(
                     str: strings.get(&s.thread_comm),
                     ..Default::default()
                 },
-            ],
+            ]
+            .into_iter()
+            .chain(container)
+            .collect(),
         })?;
     }
     Ok(())

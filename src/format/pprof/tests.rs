@@ -258,3 +258,26 @@ fn streamed_encoding_is_the_whole_message() {
         .unwrap();
     assert_eq!(decode(&gz), whole);
 }
+
+#[test]
+fn container_id_label_only_on_container_processes() {
+    let mut profile = sample_profile();
+    let id = "9ec39b91f3d70e1beff50a308f77067065ea6be0d91a3378375056cd4422cf3d";
+    // Thread 8 made a process of its own, in a container.
+    for s in profile.samples.iter_mut().filter(|s| s.tid == 8) {
+        s.pid = 8;
+    }
+    profile.containers.insert(8, Arc::from(id));
+    let p = decode(&encode(&profile, Compression::None).unwrap());
+    for s in &p.sample {
+        let label = |key: &str| s.label.iter().find(|l| string(&p, l.key) == key);
+        let pid = label("pid").unwrap().num;
+        let container = label("container.id").map(|l| string(&p, l.str));
+        assert_eq!(container, (pid == 8).then_some(id), "pid {pid}");
+    }
+    assert!(p.sample.iter().any(|s| s.label.len() == 5));
+    assert!(p.sample.iter().any(|s| s.label.len() == 4));
+    // Without containers the key is not even a string of the table.
+    let plain = decode(&encode(&sample_profile(), Compression::None).unwrap());
+    assert!(plain.string_table.iter().all(|s| s != "container.id"));
+}
