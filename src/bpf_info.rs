@@ -45,8 +45,15 @@ pub fn verified_programs(programs: &[(&str, BorrowedFd<'_>)]) -> Vec<VerifiedPro
 }
 
 /// One line for the log: `loaded in 412 ms; verified instructions:
-/// on_cpu_sample=63078 walk_user_stack=...`.
+/// on_cpu_sample=63078 walk_user_stack=...`, or, when the kernel reports
+/// none (before 5.16), `verified instructions: not reported by this kernel`.
 pub fn load_report(load_time: Duration, programs: &[VerifiedProgram]) -> String {
+    if programs.iter().all(|p| p.verified_insns == 0) {
+        return format!(
+            "loaded in {} ms; verified instructions: not reported by this kernel (Linux 5.16 and newer)",
+            load_time.as_millis()
+        );
+    }
     let counts: Vec<String> = programs
         .iter()
         .map(|p| format!("{}={}", p.name, p.verified_insns))
@@ -77,6 +84,14 @@ mod tests {
         assert_eq!(
             load_report(Duration::from_millis(1500), &programs),
             "loaded in 1500 ms; verified instructions: a=10 b=0"
+        );
+        let unreported = [VerifiedProgram {
+            name: "a".into(),
+            verified_insns: 0,
+        }];
+        assert_eq!(
+            load_report(Duration::from_millis(7), &unreported),
+            "loaded in 7 ms; verified instructions: not reported by this kernel (Linux 5.16 and newer)"
         );
     }
 }

@@ -294,6 +294,8 @@ pub enum Probe {
     Helper(ProgramType, libbpf_sys::bpf_func_id),
     /// A map type the kernel can create.
     Map(MapType),
+    /// A small program the verifier must accept (`verifier_probe`).
+    Verifier(fn() -> Result<bool>),
 }
 
 /// A kernel feature the BPF program uses: its name as a user would search
@@ -312,15 +314,19 @@ pub struct KernelFeature {
 /// with BTF, newest first (the first missing one names the minimum). Its
 /// `tp_btf` programs (Linux 5.5) are older than all of these and are not
 /// probed: libbpf's program-type probe cannot load a tracing program
-/// without an attach target. Nor are tail calls from programs with
-/// BPF-to-BPF calls (5.10, which the compat variant's walker makes): no
-/// helper or map type marks them, and 5.8 and 5.9 are nobody's
-/// long-term kernel.
-pub const KERNEL_FEATURES: &[KernelFeature] = &[KernelFeature {
-    name: "BPF ring buffers (BPF_MAP_TYPE_RINGBUF)",
-    since: "5.8",
-    probe: Probe::Map(MapType::RingBuf),
-}];
+/// without an attach target.
+pub const KERNEL_FEATURES: &[KernelFeature] = &[
+    KernelFeature {
+        name: "tail calls from BPF programs with BPF-to-BPF calls",
+        since: "5.10",
+        probe: Probe::Verifier(verifier_probe::tail_calls_with_subprograms),
+    },
+    KernelFeature {
+        name: "BPF ring buffers (BPF_MAP_TYPE_RINGBUF)",
+        since: "5.8",
+        probe: Probe::Map(MapType::RingBuf),
+    },
+];
 
 /// What the `bpf_loop` variant of the programs needs beyond
 /// [`KERNEL_FEATURES`]; a kernel without any of them gets the compat
@@ -353,11 +359,15 @@ pub const BPF_LOOP_VARIANT_FEATURES: &[KernelFeature] = &[
 
 /// Whether this kernel has `feature`, by loading a minimal probe program or
 /// creating a minimal map (libbpf's `libbpf_probe_bpf_helper` and
-/// `libbpf_probe_bpf_map_type`; needs CAP_BPF).
+/// `libbpf_probe_bpf_map_type`, or `verifier_probe`'s programs; needs
+/// CAP_BPF).
 pub fn has_kernel_feature(feature: &KernelFeature) -> Result<bool> {
     let supported = match feature.probe {
-        Probe::Helper(prog, helper) => prog.is_helper_supported(helper),
-        Probe::Map(map) => map.is_supported(),
+        Probe::Helper(prog, helper) => prog
+            .is_helper_supported(helper)
+            .map_err(anyhow::Error::from),
+        Probe::Map(map) => map.is_supported().map_err(anyhow::Error::from),
+        Probe::Verifier(probe) => probe(),
     };
     supported.with_context(|| format!("probing the kernel for {}", feature.name))
 }
@@ -522,6 +532,6 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("needs Linux 99.1 or newer"), "{err}");
-        assert!(!err.contains("ring buffers"), "{err}");
+        assert!(!err.contains("tail calls"), "{err}");
     }
 }

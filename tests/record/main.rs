@@ -5,6 +5,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod compat;
 mod start;
 
 use std::path::Path;

@@ -15,7 +15,7 @@ use super::*;
 /// run while a churn soak loaded the machine), most in its first
 /// milliseconds.
 #[test]
-fn record_walks_a_short_program_without_frame_pointers_from_its_start() {
+pub(super) fn record_walks_a_short_program_without_frame_pointers_from_its_start() {
     let _serial = serial();
     let program = compile("rec_nofp", &phases_source(), NO_FP_FLAGS);
     let mut share = CompleteShare::default();
@@ -38,7 +38,7 @@ fn record_walks_a_short_program_without_frame_pointers_from_its_start() {
 /// (128 of 1996 at 4999 Hz, 4 runs) were `no_table`, all in its first
 /// milliseconds.
 #[test]
-fn record_walks_a_new_program_a_shell_script_starts_from_its_start() {
+pub(super) fn record_walks_a_new_program_a_shell_script_starts_from_its_start() {
     let _serial = serial();
     let mut share = CompleteShare::default();
     let mut walked_on = 0;
