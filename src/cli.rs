@@ -493,6 +493,10 @@ pub struct DiffArgs {
     /// many percentage points (exit 0 otherwise; 2 on bad input).
     #[arg(long, value_name = "PCT")]
     pub fail_above: Option<f64>,
+    /// Compare the profiles' off-CPU time (recorded with --off-cpu: pprof,
+    /// OTLP) instead of their on-CPU samples; shares are of the ns waited.
+    #[arg(long)]
+    pub off_cpu: bool,
     /// Largest size of each input once decoded (decompressed, when gzip'd),
     /// MiB. Reading stops there and the input is refused (exit 2), so a
     /// larger file or a gzip bomb costs at most about this much memory.
@@ -517,6 +521,16 @@ pub struct ReportArgs {
     /// How many functions to list; 0 lists all.
     #[arg(long, default_value_t = 20)]
     pub top: usize,
+    /// The profile's off-CPU time (recorded with --off-cpu: pprof, OTLP, a
+    /// timeline) instead of its on-CPU samples: functions by the time
+    /// threads waited under them, or with --format its off-CPU profile.
+    #[arg(long, conflicts_with = "threads")]
+    pub off_cpu: bool,
+    /// Per thread, on-CPU time (samples times the period) and off-CPU time
+    /// side by side, and their sum: the thread's wall time for a
+    /// `record --off-cpu` profile.
+    #[arg(long, conflicts_with = "format")]
+    pub threads: bool,
     /// Instead of the table, re-encode the profile into this format.
     #[arg(long, value_enum, ignore_case = true)]
     pub format: Option<ProfileFormat>,

@@ -96,8 +96,9 @@ pub struct BpfStats {
     pub off_cpu_short: u64,
     /// Their total length, ns.
     pub off_cpu_short_ns: u64,
-    /// Times a wanted thread left its CPU unnoted: the map of threads off
-    /// their CPU was full ([`off_cpu::TRACKED_THREADS`]).
+    /// Off-CPU waits left out: a thread's task storage could not be made,
+    /// or the map of waits waiting for their system call's return was full
+    /// ([`off_cpu::PENDING_WAITS`]).
     pub off_cpu_untracked: u64,
     /// cpu-clock samples skipped because they interrupted an off-CPU walk
     /// on their CPU (which holds the CPU's scratch space).

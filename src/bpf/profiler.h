@@ -88,13 +88,13 @@ enum stat_index {
 	STAT_OFF_CPU_WAITS,         /* waits recorded (at least off_cpu_min_ns) */
 	STAT_OFF_CPU_SHORT,         /* waits left out: shorter than off_cpu_min_ns */
 	STAT_OFF_CPU_SHORT_NS,      /* their total length, ns */
-	STAT_OFF_CPU_UNTRACKED,     /* waits left out: off_cpu_starts or off_cpu_pending was full */
+	STAT_OFF_CPU_UNTRACKED,     /* waits left out: no task storage, or off_cpu_pending full */
 	STAT_SAMPLES_BUSY,          /* cpu-clock samples skipped: they interrupted an off-CPU
 	                             * walk of their CPU (scratch_busy) */
 	STAT_MAX,
 };
 
-/* A wanted thread that left its CPU (value of the off_cpu_starts map, key: tid). */
+/* A wanted thread that left its CPU (its task storage in off_cpu_starts). */
 struct off_cpu_start {
 	__u64 time_ns;              /* bpf_ktime_get_ns() at the switch */
 	__u32 runnable;             /* it was preempted or yielded, not blocked */

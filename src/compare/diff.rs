@@ -220,8 +220,12 @@ pub fn run(args: &DiffArgs) -> Result<i32> {
         }
     }
     let max_bytes = u64::from(args.max_input_mb) << 20;
-    let base = read_profile(&args.base, max_bytes)?;
-    let new = read_profile(&args.new, max_bytes)?;
+    let mut base = read_profile(&args.base, max_bytes)?;
+    let mut new = read_profile(&args.new, max_bytes)?;
+    if args.off_cpu {
+        base = super::report::off_cpu_of(base, &args.base)?;
+        new = super::report::off_cpu_of(new, &args.new)?;
+    }
     let diff = diff(&base, &new)?;
     if let Some(path) = &args.flame_graph {
         let svg = differential_flame_graph(

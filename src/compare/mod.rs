@@ -97,7 +97,13 @@ pub fn function_table(profile: &Profile, with_objects: bool) -> Result<FunctionT
     };
     let mut table = FunctionTable::default();
     let mut seen = HashSet::new();
-    for (number, sample) in profile.samples.iter().enumerate() {
+    // A stack only seen off its CPU (count 0) names no function here.
+    let counted = profile
+        .samples
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.count > 0);
+    for (number, sample) in counted {
         table.total = add(table.total, sample.count, || {
             format!("the counts of samples 0 to {number}")
         })?;

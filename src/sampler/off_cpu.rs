@@ -17,10 +17,6 @@ use libbpf_rs::{Link, MapCore, MapFlags};
 
 use crate::skel::{OpenProfilerSkel, ProfilerSkel};
 
-/// Threads that can be off their CPU at once with their switch noted
-/// (entries of the `off_cpu_starts` map, about 64 bytes each); a switch
-/// beyond them is counted ([`super::BpfStats::off_cpu_untracked`]).
-pub const TRACKED_THREADS: u32 = 32768;
 /// Waits that can wait at once for their system call to return (entries
 /// of `off_cpu_pending`, 1 KiB each, allocated as used).
 pub const PENDING_WAITS: u32 = 4096;
@@ -47,10 +43,6 @@ pub(super) fn configure(
         open.progs.walk_user_stack_off_cpu.set_autoload(false);
         return Ok(());
     };
-    open.maps
-        .off_cpu_starts
-        .set_max_entries(TRACKED_THREADS)
-        .context("sizing the off_cpu_starts map")?;
     open.maps
         .off_cpu_pending
         .set_max_entries(PENDING_WAITS)
@@ -99,7 +91,8 @@ pub struct OffCpuCounts {
     pub short: u64,
     /// Their total length, ns.
     pub short_ns: u64,
-    /// Times a thread left its CPU unnoted (the map of waiting threads was full).
+    /// Waits left out: a thread's storage could not be made, or the map of
+    /// waits waiting for their system call's return was full.
     pub untracked: u64,
 }
 
@@ -123,7 +116,7 @@ impl std::fmt::Display for OffCpuCounts {
             crate::text::plural(self.waits, "wait", "waits"),
             crate::text::plural(self.short, "wait", "waits"),
             self.short_ns as f64 / 1e9,
-            crate::text::plural(self.untracked, "switch untracked", "switches untracked"),
+            crate::text::plural(self.untracked, "wait untracked", "waits untracked"),
         )
     }
 }

@@ -275,7 +275,8 @@ impl Metrics {
                 "lightswitch_off_cpu_waits_total",
                 "counter",
                 "Off-CPU waits of profiled threads (--off-cpu): recorded, left out for being \
-                 shorter than --off-cpu-min, left out untracked (the map of waiting threads full).",
+                 shorter than --off-cpu-min, left out untracked (no task storage, or the map of waits \
+                 waiting for their system call's return full).",
                 &[
                     ("outcome=\"recorded\"", o.waits),
                     ("outcome=\"shorter_than_min\"", o.short),
