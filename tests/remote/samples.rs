@@ -83,7 +83,7 @@ fn merged_otlp(collector: &Collector, query: &str) -> (Profile, u64, u64) {
         "{}/merged?format=otlp&{query}",
         collector.profiles_url()
     ));
-    let p = otlp::read::decode(&body).expect("an OTLP answer");
+    let p = otlp::read::decode(&gunzip(&body)).expect("a gzip'd OTLP answer");
     (
         p,
         header_u64(&headers, "X-Lightswitch-Samples"),
