@@ -361,14 +361,18 @@ pub enum Command {
         #[arg(long, value_delimiter = ',', default_value = DEFAULT_DEBUG_ROOT)]
         debug_dirs: Vec<PathBuf>,
     },
-    /// Receive profiles over HTTP (from `--sender=remote`, or raw/gzip pprof
-    /// from any client), store them under --storage, and serve them back:
-    /// `GET /v1/profiles` lists, `GET /v1/profiles/merged` merges a time range.
+    /// Receive profiles over HTTP (OTLP from `--sender otlp` at
+    /// `/v1development/profiles`, pprof from `--sender remote` or any client
+    /// at `/v1/profiles`), keep every sample with its time under --storage,
+    /// and serve any time range back: `GET /v1/profiles/merged` (every
+    /// format), `GET /v1/timeline` (density per host, process, thread),
+    /// `GET /v1/hosts`, `GET /metrics` (docs/collector.md).
     Collector {
         /// Address to listen on (`HOST:PORT`).
         #[arg(long, default_value = "127.0.0.1:4567")]
         listen: String,
-        /// Directory profiles are stored in (created if missing), as
+        /// Directory profiles are stored in (created if missing): samples
+        /// under `.samples/`, pprof bodies as received as
         /// `HOST/DAY/START-END-ID.pb.gz`.
         #[arg(long)]
         storage: PathBuf,
