@@ -11,14 +11,18 @@
 # Python package, installed by pip into a virtualenv: Debian 12's Python is
 # "externally managed", so neither a system-wide nor a `--user` pip install
 # is allowed; the virtualenv is `otlp-venv` in the cargo target directory,
-# $CARGO_TARGET_DIR or ./target, where the test looks for it), chromium
-# (tests/web drives the web view in it, headless, with npm's playwright-core,
-# installed by `npm ci` into web/node_modules from web/package-lock.json;
-# npm comes with some builds of nodejs, and is Debian's npm package otherwise).
+# $CARGO_TARGET_DIR or ./target, where the test looks for it); for
+# tests/kernels/run.sh (other kernels booted under qemu): qemu-system-x86,
+# busybox-static, curl and xz-utils (Debian 11's 5.10 kernel is fetched from
+# bullseye-security), and virtme-ng from PyPI in the virtualenv `vng-venv`
+# of the target directory; chromium (tests/web drives the web view in it,
+# headless, with npm's playwright-core, installed by `npm ci` into
+# web/node_modules from web/package-lock.json; npm comes with some builds of
+# nodejs, and is Debian's npm package otherwise).
 # Idempotent: installs only what is missing.
 set -euo pipefail
 
-packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf nodejs debuginfod man-db python3-venv chromium)
+packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf nodejs debuginfod man-db python3-venv qemu-system-x86 busybox-static curl xz-utils chromium)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -43,6 +47,13 @@ if ! "$venv/bin/python3" -c "$check" 2>/dev/null; then
     mkdir -p "$target"
     /usr/bin/python3 -m venv "$venv"
     "$venv/bin/pip" install -q 'opentelemetry-proto>=1.43'
+fi
+vng_venv=$target/vng-venv
+if ! command -v vng >/dev/null && [ ! -x "$vng_venv/bin/vng" ]; then
+    echo "setup: installing virtme-ng into $vng_venv" >&2
+    mkdir -p "$target"
+    /usr/bin/python3 -m venv "$vng_venv"
+    "$vng_venv/bin/pip" install -q virtme-ng
 fi
 
 # playwright-core for tests/web, at the version web/package-lock.json pins.

@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 pub mod generate;
 mod values;
 pub use values::{parse_count, parse_interval, parse_seconds};
-use values::{parse_label, parse_unwind_budget_mb};
+use values::{parse_header, parse_label, parse_unwind_budget_mb};
 
 use crate::format::{Compression, ProfileFormat};
 use crate::sender::{remote::HttpSettings, SenderConfig};
@@ -93,8 +93,10 @@ pub struct ProfileArgs {
     pub exclude_self: bool,
 
     /// Output format(s): several (comma-separated or repeated) write one
-    /// file each, from the same samples.
-    #[arg(long, value_enum, ignore_case = true, value_delimiter = ',', default_values_t = [ProfileFormat::FlameGraph])]
+    /// file each, from the same samples. Default: flame-graph, or the
+    /// format the --sender sends (remote and pyroscope: pprof; otlp: otlp).
+    /// A network sender sends only its own format: any other is refused.
+    #[arg(long, value_enum, ignore_case = true, value_delimiter = ',')]
     pub profile_format: Vec<ProfileFormat>,
 
     /// Directory the profile is written to (created if missing).
@@ -173,17 +175,29 @@ pub struct ProfileArgs {
     pub max_profiles: Option<usize>,
 
     /// Where profiles go: `disk` (files in --profile-path), `remote` (HTTP
-    /// POST of gzip'd pprof to --server-url, e.g. a `lightswitch collector`)
-    /// or `pyroscope` (Grafana Pyroscope's push API at --server-url).
+    /// POST of gzip'd pprof to --server-url, e.g. a `lightswitch collector`),
+    /// `pyroscope` (Grafana Pyroscope's push API at --server-url) or `otlp`
+    /// (OTLP/HTTP profiles, every sample's time kept, to
+    /// --server-url/v1development/profiles).
     #[arg(long, value_enum, default_value_t = SenderKind::Disk)]
     pub sender: SenderKind,
 
     /// Server URL. `remote`: the endpoint profiles are POSTed to (default
     /// http://127.0.0.1:4567/v1/profiles). `pyroscope`: the server's base URL
     /// (default http://127.0.0.1:4040; `/push.v1.PusherService/Push` is
-    /// appended); `user:password@` in it is sent as basic auth.
+    /// appended). `otlp`: the receiver's base URL (`/v1development/profiles`
+    /// is appended; default `OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT` as it is,
+    /// else `OTEL_EXPORTER_OTLP_ENDPOINT`, else http://localhost:4318).
+    /// `user:password@` in it is sent as basic auth.
     #[arg(long)]
     pub server_url: Option<String>,
+
+    /// OTLP sender: an extra request header `KEY=VALUE` (repeatable), e.g.
+    /// for authentication; added to those of `OTEL_EXPORTER_OTLP_HEADERS`
+    /// and `OTEL_EXPORTER_OTLP_PROFILES_HEADERS`, replacing theirs of the
+    /// same name.
+    #[arg(long = "otlp-header", value_name = "KEY=VALUE", value_parser = parse_header)]
+    pub otlp_headers: Vec<(String, String)>,
 
     /// Bearer token for the server (`Authorization: Bearer`). Prefer the
     /// environment variable: a command-line argument is visible to every
@@ -262,6 +276,20 @@ pub enum SenderKind {
     Remote,
     /// Grafana Pyroscope's push API.
     Pyroscope,
+    /// OTLP/HTTP profiles (OpenTelemetry Collector, Pyroscope, Parca,
+    /// `lightswitch collector`).
+    Otlp,
+}
+
+impl From<SenderKind> for crate::sender::SenderKind {
+    fn from(kind: SenderKind) -> Self {
+        match kind {
+            SenderKind::Disk => Self::Disk,
+            SenderKind::Remote => Self::Remote,
+            SenderKind::Pyroscope => Self::Pyroscope,
+            SenderKind::Otlp => Self::Otlp,
+        }
+    }
 }
 
 /// Subcommands.
@@ -320,14 +348,18 @@ pub enum Command {
         #[arg(long, value_delimiter = ',', default_value = DEFAULT_DEBUG_ROOT)]
         debug_dirs: Vec<PathBuf>,
     },
-    /// Receive profiles over HTTP (from `--sender=remote`, or raw/gzip pprof
-    /// from any client), store them under --storage, and serve them back:
-    /// `GET /v1/profiles` lists, `GET /v1/profiles/merged` merges a time range.
+    /// Receive profiles over HTTP (OTLP from `--sender otlp` at
+    /// `/v1development/profiles`, pprof from `--sender remote` or any client
+    /// at `/v1/profiles`), keep every sample with its time under --storage,
+    /// and serve any time range back: `GET /v1/profiles/merged` (every
+    /// format), `GET /v1/timeline` (density per host, process, thread),
+    /// `GET /v1/hosts`, `GET /metrics` (docs/collector.md).
     Collector {
         /// Address to listen on (`HOST:PORT`).
         #[arg(long, default_value = "127.0.0.1:4567")]
         listen: String,
-        /// Directory profiles are stored in (created if missing), as
+        /// Directory profiles are stored in (created if missing): samples
+        /// under `.samples/`, pprof bodies as received as
         /// `HOST/DAY/START-END-ID.pb.gz`.
         #[arg(long)]
         storage: PathBuf,
@@ -521,12 +553,7 @@ impl ProfileArgs {
     /// `/dev/stdout`, as for most Unix tools. Errors when `--profile-name`
     /// is given with several formats.
     pub fn outputs(&self) -> anyhow::Result<Vec<(ProfileFormat, PathBuf)>> {
-        let mut formats: Vec<ProfileFormat> = Vec::new();
-        for format in &self.profile_format {
-            if !formats.contains(format) {
-                formats.push(*format);
-            }
-        }
+        let formats = self.formats();
         if formats.len() > 1 && self.profile_name.is_some() {
             anyhow::bail!("--profile-name names one file: with several --profile-format values each gets its default name");
         }
@@ -541,6 +568,24 @@ impl ProfileArgs {
                 (f, path)
             })
             .collect())
+    }
+
+    /// The formats asked for (duplicates removed, in the given order), or
+    /// without `--profile-format` the sender's default: flame-graph for
+    /// `disk`, else the one format the sender sends.
+    pub fn formats(&self) -> Vec<ProfileFormat> {
+        let mut formats: Vec<ProfileFormat> = Vec::new();
+        for format in &self.profile_format {
+            if !formats.contains(format) {
+                formats.push(*format);
+            }
+        }
+        if formats.is_empty() {
+            let default = crate::sender::formats_of(self.sender.into())
+                .and_then(|takes| takes.first().copied());
+            formats.push(default.unwrap_or(ProfileFormat::FlameGraph));
+        }
+        formats
     }
 
     /// The continuous-mode sender these options ask for. Errors as
@@ -568,6 +613,13 @@ impl ProfileArgs {
                 app_name: self.pyroscope_app_name.clone(),
                 labels: self.labels.clone(),
                 tenant_id: self.pyroscope_tenant_id.clone(),
+            },
+            SenderKind::Otlp => SenderConfig::Otlp {
+                otlp: crate::sender::otlp::OtlpSettings {
+                    base_url: self.server_url.clone(),
+                    headers: self.otlp_headers.clone(),
+                },
+                http,
             },
         })
     }

@@ -26,8 +26,10 @@ use crate::unwind::row::RawRow;
 
 mod follow;
 mod tables;
+pub mod variant;
 
 pub use tables::RowLookup;
+use variant::ProgramVariant;
 
 /// What to sample.
 #[derive(Debug, Clone, Default)]
@@ -102,6 +104,8 @@ pub struct Sampler<'obj> {
     /// How many of `links` follow processes (exec, fork, mmap, exit): they
     /// come first and stay attached while sampling is paused.
     tracking_links: usize,
+    /// The build of the programs loaded ([`variant::choose_variant`]).
+    variant: ProgramVariant,
 }
 
 /// A ring buffer of `bytes` (a power of two) for CPU `cpu`'s samples.
@@ -257,13 +261,17 @@ fn open_cpu_clock_event(cpu: u32, freq_hz: u64) -> Result<OwnedFd> {
 
 /// Open a cpu-clock perf event at `freq_hz` on each of `cpus` and attach the
 /// sampling program to it.
-fn attach_cpu_events(skel: &ProfilerSkel<'_>, cpus: &[u32], freq_hz: u64) -> Result<Vec<Link>> {
+fn attach_cpu_events(
+    skel: &ProfilerSkel<'_>,
+    variant: ProgramVariant,
+    cpus: &[u32],
+    freq_hz: u64,
+) -> Result<Vec<Link>> {
     let mut links = Vec::new();
     for &cpu in cpus {
         let fd = open_cpu_clock_event(cpu, freq_hz)?;
-        let link = skel
-            .progs
-            .on_cpu_sample
+        let link = variant
+            .sampler(&skel.progs)
             .attach_perf_event(fd.as_raw_fd())
             .with_context(|| format!("attaching the BPF program to the perf event of cpu {cpu}"))?;
         // libbpf's perf-event link closes the perf event fd when it is
@@ -274,18 +282,20 @@ fn attach_cpu_events(skel: &ProfilerSkel<'_>, cpus: &[u32], freq_hz: u64) -> Res
     Ok(links)
 }
 
-/// Log (info) how long loading took and what the verifier processed per program.
-fn log_load_report(skel: &ProfilerSkel<'_>, load_time: Duration) {
+/// Log (info) how long loading took and what the verifier processed per
+/// program (named as in the `bpf_loop` variant, whichever is loaded).
+fn log_load_report(skel: &ProfilerSkel<'_>, variant: ProgramVariant, load_time: Duration) {
     let p = &skel.progs;
     let programs = crate::bpf_info::verified_programs(&[
-        ("on_cpu_sample", p.on_cpu_sample.as_fd()),
-        ("walk_user_stack", p.walk_user_stack.as_fd()),
-        ("on_exec", p.on_exec.as_fd()),
+        ("on_cpu_sample", variant.sampler(p).as_fd()),
+        ("walk_user_stack", variant.walker(p).as_fd()),
+        ("on_exec", variant.exec(p).as_fd()),
         ("on_exit", p.on_exit.as_fd()),
     ]);
     info!(
-        "BPF program on kernel {}: {}",
+        "BPF program on kernel {}: {} variant; {}",
         crate::preflight::kernel_release(),
+        variant.name(),
         crate::bpf_info::load_report(load_time, &programs)
     );
 }
@@ -301,9 +311,26 @@ impl<'obj> Sampler<'obj> {
         if config.max_unwind_rows == 0 {
             bail!("the unwind-table budget must hold at least one row");
         }
+        let choice = variant::choose_variant()?;
+        if choice.reason.starts_with("forced") {
+            warn!(
+                "loading the {} BPF programs: {}",
+                choice.variant.name(),
+                choice.reason
+            );
+        } else {
+            info!(
+                "loading the {} BPF programs: {}",
+                choice.variant.name(),
+                choice.reason
+            );
+        }
+        let variant = choice.variant;
         let mut builder = ProfilerSkelBuilder::default();
         builder.obj_builder.debug(config.libbpf_debug);
         let mut open = builder.open(object).context("opening the BPF object")?;
+        variant.select(&mut open.progs);
+        ProgramVariant::shape_maps(&mut open.maps)?;
         {
             let rodata = open
                 .maps
@@ -330,14 +357,15 @@ impl<'obj> Sampler<'obj> {
             .context("sizing the unwind_rows map")?;
         if config.libbpf_debug {
             // Level 2: the verifier log of every instruction, even on success.
-            open.progs.on_cpu_sample.set_log_level(2);
-            open.progs.walk_user_stack.set_log_level(2);
+            for prog in variant.open_sampling(&mut open.progs) {
+                prog.set_log_level(2);
+            }
         }
         let load_started = Instant::now();
         let skel = open
             .load()
             .context("loading the BPF program (the verifier rejected it, or BTF/CAP_BPF is missing; rerun with --libbpf-debug)")?;
-        log_load_report(&skel, load_started.elapsed());
+        log_load_report(&skel, variant, load_started.elapsed());
         let mut sample_rings = Vec::with_capacity(online.len());
         for &cpu in &online {
             let ring = create_sample_ring(cpu, ring_bytes)?;
@@ -357,7 +385,7 @@ impl<'obj> Sampler<'obj> {
                 .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
                 .with_context(|| format!("adding pid {pid} to the target_pids map"))?;
         }
-        let walker_fd = skel.progs.walk_user_stack.as_fd().as_raw_fd();
+        let walker_fd = variant.walker(&skel.progs).as_fd().as_raw_fd();
         skel.maps
             .walker_programs
             .update(&0u32.to_ne_bytes(), &walker_fd.to_ne_bytes(), MapFlags::ANY)
@@ -365,9 +393,14 @@ impl<'obj> Sampler<'obj> {
         if let Some(after_load) = config.after_load {
             after_load();
         }
-        let mut links = follow::attach_tracking(&skel)?;
+        let mut links = follow::attach_tracking(&skel, variant)?;
         let tracking_links = links.len();
-        links.extend(attach_cpu_events(&skel, &online, config.sample_freq_hz)?);
+        links.extend(attach_cpu_events(
+            &skel,
+            variant,
+            &online,
+            config.sample_freq_hz,
+        )?);
         let rows = MappedRows::new(skel.maps.unwind_rows.as_fd(), config.max_unwind_rows)?;
         Ok(Sampler {
             skel,
@@ -378,7 +411,13 @@ impl<'obj> Sampler<'obj> {
             rows,
             links: RefCell::new(links),
             mapping_generation: Cell::new(0),
+            variant,
         })
+    }
+
+    /// The build of the BPF programs this sampler loaded.
+    pub fn variant(&self) -> ProgramVariant {
+        self.variant
     }
 
     /// Detach the program from every perf event: no new samples arrive after this.
@@ -411,7 +450,7 @@ impl<'obj> Sampler<'obj> {
                 warn!("CPUs {missing:?} came online after start and are not sampled (restart to include them)");
             }
         }
-        let events = attach_cpu_events(&self.skel, &self.ring_cpus, freq_hz)?;
+        let events = attach_cpu_events(&self.skel, self.variant, &self.ring_cpus, freq_hz)?;
         self.links.borrow_mut().extend(events);
         Ok(())
     }

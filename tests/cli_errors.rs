@@ -134,7 +134,7 @@ fn counts_and_intervals_below_their_least_value_are_usage_errors() {
 #[test]
 fn conflicting_flags_are_usage_errors() {
     let dir = tempdir();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["record", "-p", "1", "--", "true"],
             "--pids does not apply",
@@ -155,6 +155,24 @@ fn conflicting_flags_are_usage_errors() {
                 "x",
             ],
             "--profile-name names one file",
+        ),
+        // A network sender sends its own format or refuses: nothing is
+        // silently replaced (issue 42).
+        (
+            &["--sender", "remote", "--profile-format", "firefox"],
+            "--sender remote sends only pprof: it cannot send --profile-format firefox",
+        ),
+        (
+            &["--sender", "pyroscope", "--profile-format", "pprof,otlp"],
+            "--sender pyroscope sends only pprof: it cannot send --profile-format otlp",
+        ),
+        (
+            &["--sender", "otlp", "--profile-format", "pprof"],
+            "--sender otlp sends only otlp: it cannot send --profile-format pprof",
+        ),
+        (
+            &["--sender", "remote", "--otlp-header", "a=b"],
+            "--otlp-header is for --sender otlp",
         ),
     ];
     for (extra, words) in cases {

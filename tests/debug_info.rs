@@ -8,14 +8,20 @@
 //! - a stripped executable (no `.gnu_debuglink`) whose debug file sits at
 //!   `DIR/.build-id/xx/yyyy.debug` under `--debug-dirs`, its debug sections
 //!   uncompressed, zlib- or zstd-compressed: every frame named, the inlined
-//!   function included.
+//!   function included;
+//! - a program and a shared library stripped the Fedora way, with
+//!   MiniDebugInfo (`.gnu_debugdata`): static functions named from it, and
+//!   the debug files, when found by build ID, read first;
+//! - a program whose text was moved to anonymous memory at the same
+//!   addresses (`hugectl --text`, hugify): unwound and named as its file.
 //!
-//! Needs root (BPF), gcc and binutils (`objcopy`, `strip`); the first test
+//! Needs root (BPF), gcc, binutils (`objcopy`, `strip`, `nm`) and xz-utils; the first test
 //! needs `llvm-objcopy` (scripts/setup.sh installs llvm).
 
 mod common;
 
 use std::fs;
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -33,7 +39,11 @@ const SHARE: f64 = 0.9;
 /// `extra`) and require `chain` (root to leaf, after libc's start-up
 /// frames) on at least [`SHARE`] of its samples.
 fn assert_profiled_chain(program: &Program, extra: &[&str], chain: &[&str]) {
-    let workload = Workload::spawn(program);
+    assert_chain_of(&Workload::spawn(program), program, extra, chain);
+}
+
+/// [`assert_profiled_chain`] for `workload`, a running `program`.
+fn assert_chain_of(workload: &Workload, program: &Program, extra: &[&str], chain: &[&str]) {
     let dir = tempdir();
     let pid = workload.pid_arg();
     let mut args = vec![
@@ -135,5 +145,224 @@ fn debug_file_by_build_id() {
             .join("decompressed-debug")
             .join(format!("{id}.debug"));
         assert_eq!(copy.exists(), compression != "none", "{}", copy.display());
+    }
+}
+
+/// The shared library of the MiniDebugInfo test: an exported entry, two
+/// static functions below it, and an inlined helper only DWARF can name.
+const MDI_LIBRARY: &str = r#"
+volatile unsigned long lib_sink;
+static inline __attribute__((always_inline)) void lib_mix(unsigned long n) {
+    for (unsigned long i = 0; i < n; i++) lib_sink += i * 2654435761u;
+}
+static __attribute__((noipa)) void lib_leaf(unsigned long n) { lib_mix(n); lib_sink++; }
+static __attribute__((noipa)) void lib_mid(unsigned long n) { lib_leaf(n); lib_sink++; }
+__attribute__((noipa)) void lib_entry(unsigned long n) { lib_mid(n); lib_sink++; }
+"#;
+
+/// The program: `main` and a global and two static functions, none
+/// exported, above the library's.
+fn mdi_program_source() -> String {
+    format!(
+        "{DIE_WITH_PARENT}
+extern void lib_entry(unsigned long n);
+volatile unsigned long sink;
+static __attribute__((noipa)) void prog_c(unsigned long n) {{ lib_entry(n); sink++; }}
+static __attribute__((noipa)) void prog_b(unsigned long n) {{ prog_c(n); sink++; }}
+__attribute__((noipa)) void prog_a(unsigned long n) {{ prog_b(n); sink++; }}
+int main(void) {{ for (;;) {{ prog_a(200000); sink++; }} }}
+"
+    )
+}
+
+/// What Fedora's find-debuginfo does to each ELF file `$1` (strip_to_debug
+/// with binutils for eu-strip, then add_minidebug, the commands as it runs
+/// them): the debug file `$1.debug` split off and linked, the file
+/// stripped, and the functions of the debug file's `.symtab` that
+/// `.dynsym` lacks kept xz-compressed in `.gnu_debugdata`.
+const FEDORA_RECIPE: &str = r#"set -e
+binary="$1"; debuginfo="$1.debug"
+objcopy --only-keep-debug "$binary" "$debuginfo"
+strip --strip-all --remove-section=.comment "$binary"
+objcopy --add-gnu-debuglink="$debuginfo" "$binary"
+dynsyms="$binary.dynsyms"; funcsyms="$binary.funcsyms"; keep_symbols="$binary.keep"
+mini_debuginfo="$binary.mini"
+nm -D "$binary" --format=posix --defined-only | awk '{ print $1 }' | sort > "$dynsyms"
+nm "$debuginfo" --format=sysv --defined-only | awk -F \| '{ if ($4 ~ "FUNC") print $1 }' | sort > "$funcsyms"
+comm -13 "$dynsyms" "$funcsyms" > "$keep_symbols"
+objcopy -S --remove-section .gdb_index --remove-section .comment --keep-symbols="$keep_symbols" "$debuginfo" "$mini_debuginfo"
+xz --threads=1 "$mini_debuginfo"
+objcopy --add-section .gnu_debugdata="$mini_debuginfo.xz" "$binary"
+"#;
+
+/// A program and a shared library built and stripped the Fedora way, their
+/// debug files gone (as when no debuginfo package is installed): every
+/// function of the chain is named from `.gnu_debugdata` (the static ones
+/// too) or `.dynsym`. With the debug files found by build ID, DWARF comes
+/// first (gdb's order) and names the inlined function too.
+#[test]
+fn minidebuginfo_names_static_functions() {
+    let _serial = serial();
+    let lib_dir = tempdir();
+    let library = lib_dir.path().join("libmdi.so");
+    let lib_source = lib_dir.path().join("mdi.c");
+    fs::write(&lib_source, MDI_LIBRARY).expect("write");
+    let mut lib_args = FLAGS.to_vec();
+    lib_args.extend(["-fPIC", "-shared", "-Wl,--build-id=sha1", "-o"]);
+    lib_args.extend([s(&library), s(&lib_source)]);
+    tool("gcc", &lib_args);
+    let mut flags = FLAGS.to_vec();
+    let rpath = format!("-Wl,-rpath,{}", s(lib_dir.path()));
+    let link = format!("-L{}", s(lib_dir.path()));
+    flags.extend([
+        "-Wl,--build-id=sha1",
+        "-Wl,--no-as-needed",
+        &link,
+        "-lmdi",
+        &rpath,
+    ]);
+    let program = compile("lsw_mdi", &mdi_program_source(), &flags);
+
+    let debug_root = tempdir();
+    for file in [&program.path, &library] {
+        tool("sh", &["-c", FEDORA_RECIPE, "fedora", s(file)]);
+        let id = build_id(file);
+        let dir = debug_root.path().join(".build-id").join(&id[..2]);
+        fs::create_dir_all(&dir).expect("mkdir");
+        let debug = file.with_extension(match file.extension() {
+            Some(ext) => format!("{}.debug", ext.to_string_lossy()),
+            None => "debug".to_string(),
+        });
+        fs::rename(&debug, dir.join(format!("{}.debug", &id[2..]))).expect("move");
+        let sections = Command::new("readelf").arg("-S").arg(file).output();
+        let sections = String::from_utf8_lossy(&sections.expect("readelf").stdout).into_owned();
+        assert!(sections.contains(".gnu_debugdata"), "{sections}");
+        assert!(!sections.contains(".symtab"), "{sections}");
+    }
+
+    let chain = [
+        "main",
+        "prog_a",
+        "prog_b",
+        "prog_c",
+        "lib_entry",
+        "lib_mid",
+        "lib_leaf",
+    ];
+    // libc's debug file names its static start-up functions.
+    let no_debug_files = "/nonexistent,/usr/lib/debug";
+    assert_profiled_chain(&program, &["--debug-dirs", no_debug_files], &chain);
+    let dirs = format!("{},/usr/lib/debug", s(debug_root.path()));
+    let with_inlined = [&chain[..], &["lib_mix"]].concat();
+    assert_profiled_chain(&program, &["--debug-dirs", &dirs], &with_inlined);
+}
+
+/// A library that moves the caller's text to anonymous memory at the same
+/// addresses, as `hugectl --text` and hugify do: in place (anonymous memory
+/// mapped over it with `MAP_FIXED`, huge pages asked for, the text copied
+/// back and made executable), or built elsewhere and `mremap`ped into
+/// place. Its own code stays where it is while the program's is away.
+const MOVE_TEXT_LIBRARY: &str = r#"
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+static void text_of(unsigned long pc, unsigned long *start, unsigned long *end) {
+    FILE *maps = fopen("/proc/self/maps", "r");
+    char line[512], perms[8];
+    unsigned long s, e;
+    while (maps && fgets(line, sizeof line, maps)) {
+        if (sscanf(line, "%lx-%lx %7s", &s, &e, perms) == 3 && perms[2] == 'x' && s <= pc && pc < e) {
+            *start = s;
+            *end = e;
+            fclose(maps);
+            return;
+        }
+    }
+    abort();
+}
+void move_text(void *pc, int by_mremap) {
+    unsigned long start, end;
+    text_of((unsigned long)pc, &start, &end);
+    size_t len = end - start;
+    char *copy = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (copy == MAP_FAILED) abort();
+    memcpy(copy, (void *)start, len);
+    if (by_mremap) {
+        if (mprotect(copy, len, PROT_READ | PROT_EXEC) != 0) abort();
+        if (mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)start) != (void *)start)
+            abort();
+        return;
+    }
+    void *at = mmap((void *)start, len, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (at != (void *)start) abort();
+    madvise(at, len, MADV_HUGEPAGE);
+    memcpy(at, copy, len);
+    if (mprotect(at, len, PROT_READ | PROT_EXEC) != 0) abort();
+    munmap(copy, len);
+}
+"#;
+
+/// A program that moves its text (`BY_MREMAP` chooses how) and then runs a
+/// chain of static functions.
+fn moved_text_source() -> String {
+    format!(
+        "{DIE_WITH_PARENT}
+extern void move_text(void *pc, int by_mremap);
+volatile unsigned long sink;
+static __attribute__((noipa)) void text_hot(unsigned long n) {{
+    for (unsigned long i = 0; i < n; i++) sink += i * 2654435761u;
+}}
+static __attribute__((noipa)) void text_d(unsigned long n) {{ text_hot(n); sink++; }}
+static __attribute__((noipa)) void text_c(unsigned long n) {{ text_d(n); sink++; }}
+static __attribute__((noipa)) void text_b(unsigned long n) {{ text_c(n); sink++; }}
+static __attribute__((noipa)) void text_a(unsigned long n) {{ text_b(n); sink++; }}
+int main(void) {{ move_text((void *)main, BY_MREMAP); for (;;) {{ text_a(200000); sink++; }} }}
+"
+    )
+}
+
+/// Whether process `pid`'s maps show `path` executable (its text still
+/// file-backed).
+fn text_file_backed(pid: u32, path: &std::path::Path) -> bool {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    maps.lines()
+        .any(|l| l.ends_with(s(path)) && l.split(' ').nth(1).is_some_and(|p| p.contains('x')))
+}
+
+/// Text moved to anonymous memory, in place or by `mremap`, is unwound
+/// with its file's table and named from its file: every sample has the
+/// whole chain.
+#[test]
+fn text_moved_to_anonymous_memory() {
+    let _serial = serial();
+    let lib_dir = tempdir();
+    let library = lib_dir.path().join("libmovetext.so");
+    let lib_source = lib_dir.path().join("movetext.c");
+    fs::write(&lib_source, MOVE_TEXT_LIBRARY).expect("write");
+    tool(
+        "gcc",
+        &["-O2", "-fPIC", "-shared", "-o", s(&library), s(&lib_source)],
+    );
+    let chain = ["main", "text_a", "text_b", "text_c", "text_d", "text_hot"];
+    for (name, by_mremap) in [("lsw_anon_fixed", "0"), ("lsw_anon_mremap", "1")] {
+        let mut flags = FLAGS.to_vec();
+        let define = format!("-DBY_MREMAP={by_mremap}");
+        let rpath = format!("-Wl,-rpath,{}", s(lib_dir.path()));
+        let link = format!("-L{}", s(lib_dir.path()));
+        flags.extend([&define, "-Wl,--no-as-needed", &link, "-lmovetext", &rpath]);
+        let program = compile(name, &moved_text_source(), &flags);
+        let workload = Workload::spawn(&program);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while text_file_backed(workload.pid(), &program.path) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}: text not moved"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_chain_of(&workload, &program, &[], &chain);
     }
 }

@@ -99,6 +99,10 @@ struct Args {
     /// Timeline: sampling frequency, Hz.
     #[arg(long, default_value_t = 10_000)]
     timeline_freq: u64,
+    /// Timeline: the format that keeps every sample's time (`firefox`, or
+    /// `otlp`, whose results go to the `timeline-otlp` block).
+    #[arg(long, value_enum, default_value_t = timeline::TimelineFormat::Firefox)]
+    timeline_format: timeline::TimelineFormat,
     /// Churn run length, s (default 600; 20 with --quick).
     #[arg(long)]
     churn_seconds: Option<f64>,
@@ -565,6 +569,7 @@ fn run(args: &Args) -> Result<()> {
                     seconds: ctx.long_seconds,
                     cpus: ctx.cpus,
                     doc: ctx.doc.clone(),
+                    format: args.timeline_format,
                 },
             )?,
             Mode::Startup => {

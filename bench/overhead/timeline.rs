@@ -1,13 +1,16 @@
-//! Timeline mode (issue 14's size and speed targets): lightswitch on the
-//! whole machine at 10 kHz with `--profile-format firefox,folded`, one
+//! Timeline mode (issue 14's size and speed targets, and issue 42's for
+//! OTLP with `--timeline-format otlp`): lightswitch on the whole machine at
+//! 10 kHz with `--profile-format firefox,folded` (or `otlp,folded`, gzip'd), one
 //! workload process per CPU and a small Python loop beside them, stopped
 //! with SIGINT after the run length. Measures how soon after the stop each
 //! file is complete (the profiler renames a finished file into place, so a
 //! file is complete when its name appears), their sizes, the peak RSS while
 //! sampling (`VmHWM` at the stop) and over the whole life (`wait4`
 //! ru_maxrss), and checks that the timeline keeps every sample: its
-//! per-thread sample counts (the gzip'd JSON decoded with serde_json), summed
-//! per process name, against the folded counts of the same run.
+//! per-thread sample counts (the gzip'd JSON decoded with serde_json; the
+//! OTLP file read back by `lightswitch::format::otlp::read`, counting
+//! timestamps), summed per process name, against the folded counts of the
+//! same run.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -35,12 +38,51 @@ pub struct TimelineConfig {
     pub seconds: f64,
     /// Workload processes (one per CPU).
     pub cpus: usize,
-    /// The markdown file whose `timeline` block is rewritten.
+    /// The markdown file whose `timeline` (or `timeline-otlp`) block is rewritten.
     pub doc: PathBuf,
+    /// The timeline format measured.
+    pub format: TimelineFormat,
 }
 
-/// The files the run writes, in the order it writes them.
-const FILES: [&str; 2] = ["profile.json.gz", "folded.txt"];
+/// Which format keeps every sample's time in the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TimelineFormat {
+    /// The Firefox Profiler's processed format, gzip'd JSON.
+    Firefox,
+    /// OTLP profiles, gzip'd protobuf.
+    Otlp,
+}
+
+impl TimelineFormat {
+    /// The files the run writes, in the order it writes them.
+    fn files(self) -> [&'static str; 2] {
+        match self {
+            TimelineFormat::Firefox => ["profile.json.gz", "folded.txt"],
+            TimelineFormat::Otlp => ["profile.otlp.pb", "folded.txt"],
+        }
+    }
+
+    /// The profiler's format flags.
+    fn flags(self) -> &'static [&'static str] {
+        match self {
+            TimelineFormat::Firefox => &["--profile-format", "firefox,folded"],
+            TimelineFormat::Otlp => &[
+                "--profile-format",
+                "otlp,folded",
+                "--pprof-compression",
+                "gzip",
+            ],
+        }
+    }
+
+    /// The doc block the run rewrites.
+    fn block(self) -> &'static str {
+        match self {
+            TimelineFormat::Firefox => "timeline",
+            TimelineFormat::Otlp => "timeline-otlp",
+        }
+    }
+}
 
 /// What one timeline run measured.
 struct TimelineResult {
@@ -48,11 +90,11 @@ struct TimelineResult {
     lost: u64,
     /// From the profiler's log: `N samples, M distinct stacks, ...`.
     distinct_stacks: Option<u64>,
-    /// Time from the SIGINT to each of [`FILES`] being complete, s.
+    /// Time from the SIGINT to each of [`TimelineFormat::files`] being complete, s.
     file_s: Vec<Option<f64>>,
     /// Time from the SIGINT to the exit, s.
     exit_s: f64,
-    /// Sizes of [`FILES`], bytes.
+    /// Sizes of [`TimelineFormat::files`], bytes.
     sizes: Vec<Option<u64>>,
     /// VmHWM at the stop, KiB.
     hwm_at_stop_kib: Option<u64>,
@@ -115,6 +157,27 @@ fn timeline_counts(path: &Path) -> Result<(usize, BTreeMap<String, u64>)> {
     Ok((profile.threads.len(), counts))
 }
 
+/// Per-process-name totals of an OTLP file (each timestamp, or each
+/// value's count, is a sample), and how many threads it names.
+fn otlp_counts(path: &Path) -> Result<(usize, BTreeMap<String, u64>)> {
+    let mut bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut raw)
+            .with_context(|| format!("gunzipping {}", path.display()))?;
+        bytes = raw;
+    }
+    let profile = lightswitch::format::otlp::read::decode(&bytes)
+        .with_context(|| format!("decoding {}", path.display()))?;
+    let mut counts = BTreeMap::new();
+    let mut threads = std::collections::BTreeSet::new();
+    for sample in &profile.samples {
+        threads.insert((sample.pid, sample.tid));
+        *counts.entry(sample.process_comm.to_string()).or_insert(0) += sample.count;
+    }
+    Ok((threads.len(), counts))
+}
+
 /// Per-process-name totals of a folded file (the name is the first field).
 fn folded_counts(path: &Path) -> Result<BTreeMap<String, u64>> {
     let file = fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -130,9 +193,13 @@ fn folded_counts(path: &Path) -> Result<BTreeMap<String, u64>> {
     Ok(counts)
 }
 
-fn check_kept(out: &Path) -> Result<KeptCheck> {
-    let (threads, timeline) = timeline_counts(&out.join(FILES[0]))?;
-    let folded = folded_counts(&out.join(FILES[1]))?;
+fn check_kept(out: &Path, format: TimelineFormat) -> Result<KeptCheck> {
+    let files = format.files();
+    let (threads, timeline) = match format {
+        TimelineFormat::Firefox => timeline_counts(&out.join(files[0]))?,
+        TimelineFormat::Otlp => otlp_counts(&out.join(files[0]))?,
+    };
+    let folded = folded_counts(&out.join(files[1]))?;
     let mut names: Vec<&String> = timeline.keys().chain(folded.keys()).collect();
     names.sort();
     names.dedup();
@@ -184,9 +251,14 @@ fn run_once(tools: &Tools, config: &TimelineConfig) -> Result<TimelineResult> {
     let name = "timeline";
     let out = tools.scratch.join(name);
     let _ = fs::remove_dir_all(&out);
-    let extra: Vec<String> = ["--profile-format", "firefox,folded", "--logging", "info"]
-        .map(String::from)
-        .to_vec();
+    let files = config.format.files();
+    let extra: Vec<String> = config
+        .format
+        .flags()
+        .iter()
+        .chain(&["--logging", "info"])
+        .map(|f| f.to_string())
+        .collect();
     let mut running = profiler::start(tools, Kind::Lightswitch, config.freq, name, &extra)?;
     sleep(Duration::from_secs_f64(config.seconds));
     running.check_alive()?;
@@ -194,9 +266,9 @@ fn run_once(tools: &Tools, config: &TimelineConfig) -> Result<TimelineResult> {
     let hwm_at_stop_kib = measure::status_kib(pid, "VmHWM");
     running.interrupt();
     let stopped = Instant::now();
-    let mut file_s = vec![None; FILES.len()];
+    let mut file_s = vec![None; files.len()];
     while running.alive() {
-        for (seen, file) in file_s.iter_mut().zip(FILES) {
+        for (seen, file) in file_s.iter_mut().zip(files) {
             if seen.is_none() && out.join(file).exists() {
                 *seen = Some(stopped.elapsed().as_secs_f64());
             }
@@ -210,7 +282,7 @@ fn run_once(tools: &Tools, config: &TimelineConfig) -> Result<TimelineResult> {
         let _ = p.kill();
         let _ = p.wait();
     }
-    let sizes = FILES
+    let sizes = files
         .iter()
         .map(|f| fs::metadata(out.join(f)).ok().map(|m| m.len()))
         .collect();
@@ -233,7 +305,7 @@ fn run_once(tools: &Tools, config: &TimelineConfig) -> Result<TimelineResult> {
         hwm_at_stop_kib,
         max_rss_kib: finished.max_rss_kib,
         log,
-        check: check_kept(&out)?,
+        check: check_kept(&out, config.format)?,
         load: (load_start, load_average()),
     })
 }
@@ -244,10 +316,13 @@ pub fn timeline(tools: &Tools, config: &TimelineConfig) -> Result<()> {
         "overhead: timeline, {} Hz for {} s",
         config.freq, config.seconds
     );
+    let files = config.format.files();
     let conditions = format!(
-        "lightswitch at {} Hz on the whole machine, `--profile-format firefox,folded`, stopped with \
+        "lightswitch at {} Hz on the whole machine, `{}`, stopped with \
          SIGINT {} s after its start; one workload process per CPU and a Python loop",
-        config.freq, config.seconds
+        config.freq,
+        config.format.flags().join(" "),
+        config.seconds
     );
     // The machine line gives the load average at the start.
     let machine = report::machine_line(config.cpus, &conditions);
@@ -267,16 +342,16 @@ pub fn timeline(tools: &Tools, config: &TimelineConfig) -> Result<()> {
             r.distinct_stacks.map_or("—".into(), |n| n.to_string()),
         ],
         vec![
-            format!("{} complete after the stop", FILES[0]),
+            format!("{} complete after the stop", files[0]),
             secs(r.file_s[0]),
         ],
         vec![
-            format!("{} complete after the stop", FILES[1]),
+            format!("{} complete after the stop", files[1]),
             secs(r.file_s[1]),
         ],
         vec!["exit after the stop".into(), format!("{:.2} s", r.exit_s)],
-        vec![format!("{} size", FILES[0]), mb(r.sizes[0])],
-        vec![format!("{} size", FILES[1]), mb(r.sizes[1])],
+        vec![format!("{} size", files[0]), mb(r.sizes[0])],
+        vec![format!("{} size", files[1]), mb(r.sizes[1])],
         vec![
             "VmHWM at the stop".into(),
             r.hwm_at_stop_kib.map_or("—".into(), mib),
@@ -312,7 +387,7 @@ pub fn timeline(tools: &Tools, config: &TimelineConfig) -> Result<()> {
         report::table(&["what", "value"], &rows)
     );
     println!("{body}");
-    report::write_block(&config.doc, "timeline", &body)
+    report::write_block(&config.doc, config.format.block(), &body)
 }
 
 #[cfg(test)]

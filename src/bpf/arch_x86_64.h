@@ -57,17 +57,50 @@ const volatile __u8 dwarf_register_slot[16] = {
 	10, 12, 11, 5, 13, 14, 4, 19, 9, 8, 7, 6, 3, 2, 1, 0,
 };
 
+/* The bytes of a task's kernel stack (THREAD_SIZE): 16 KiB on x86-64, 32 KiB
+ * with KASAN. The user registers saved at kernel entry sit at its top (x86-64
+ * has no padding above them): what the kernel's task_pt_regs() computes. */
+#define KERNEL_STACK_BYTES 16384
+#define KERNEL_STACK_BYTES_KASAN 32768
+
+/* Read task's saved user registers into `out` without bpf_task_pt_regs
+ * (Linux 5.15): from the top of its kernel stack, trying the KASAN size if
+ * the first place holds no user-mode code and stack segments (the low two
+ * bits of a user selector are 3). 0 on success. */
+static __always_inline long read_task_user_regs_compat(struct task_struct *task, struct sample_regs *out)
+{
+	__u64 stack = (__u64)BPF_CORE_READ(task, stack);
+	if (bpf_probe_read_kernel(out, sizeof(*out), (void *)(stack + KERNEL_STACK_BYTES - sizeof(*out))) == 0 &&
+	    (out->cs & 3) == 3 && (out->ss & 3) == 3)
+		return 0;
+	if (bpf_probe_read_kernel(out, sizeof(*out),
+				  (void *)(stack + KERNEL_STACK_BYTES_KASAN - sizeof(*out))) == 0 &&
+	    (out->cs & 3) == 3 && (out->ss & 3) == 3)
+		return 0;
+	return -1;
+}
+
+/* Read the current task's saved user registers into `out` (map memory:
+ * too large for the BPF stack): with bpf_task_pt_regs, or (compat) from the
+ * top of its kernel stack. 0 on success. */
+static __always_inline long read_current_user_regs(struct sample_regs *out, bool compat)
+{
+	if (compat)
+		return read_task_user_regs_compat((struct task_struct *)bpf_get_current_task(), out);
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs *uregs = (struct pt_regs *)bpf_task_pt_regs(task);
+	return bpf_probe_read_kernel(out, sizeof(*out), uregs);
+}
+
 /* Read DWARF register `reg` (0-15) of the interrupted user context into
  * `out`: the user registers the kernel saved, at the top of the task's
  * kernel stack, on the entry the sample interrupted (an interrupt taken in
  * user mode saves them there too). `buf` receives all of them (map memory:
  * too large for the BPF stack). 0 on success. */
 static __always_inline long read_interrupted_user_register(struct sample_regs *buf, __u32 reg,
-							   __u64 *out)
+							   __u64 *out, bool compat)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct pt_regs *uregs = (struct pt_regs *)bpf_task_pt_regs(task);
-	if (bpf_probe_read_kernel(buf, sizeof(*buf), uregs) != 0)
+	if (read_current_user_regs(buf, compat) != 0)
 		return -1;
 	__u32 slot = dwarf_register_slot[reg & 15];
 	if (slot >= sizeof(*buf) / sizeof(__u64))

@@ -352,6 +352,18 @@ static __always_inline struct scratch_space *get_scratch(void)
 	return bpf_map_lookup_elem(&scratch, &zero);
 }
 
+/* The current task: a BTF pointer (bpf_get_current_task_btf, Linux 5.11)
+ * whose fields the program reads directly, or (compat) a plain address whose
+ * fields it reads with bpf_probe_read_kernel (TASK_FIELD). */
+static __always_inline struct task_struct *current_task(bool compat)
+{
+	if (compat)
+		return (struct task_struct *)bpf_get_current_task();
+	return bpf_get_current_task_btf();
+}
+
+#define TASK_FIELD(compat, task, field) ((compat) ? BPF_CORE_READ(task, field) : (task)->field)
+
 static __always_inline void send_event_at(__u32 type, __u32 pid, __u64 address, __u64 timestamp_ns)
 {
 	struct process_event event = {
@@ -792,10 +804,12 @@ static long add_vma(struct task_struct *task, struct vm_area_struct *vma, void *
 	return 0;
 }
 
-/* Walk one frame: record st->ip, then compute the caller's registers. Returns 1 to stop. */
-static long unwind_step(__u64 index, void *data)
+/* Walk one frame: record st->ip, then compute the caller's registers.
+ * Returns 1 to stop. The one step body of both walkers: the bpf_loop
+ * callback (unwind_step) and the compat variant's global function
+ * (unwind_step_compat, profiler_compat.h). */
+static __always_inline long walk_step(struct walk_context *wc, bool compat)
 {
-	struct walk_context *wc = data;
 	struct scratch_space *sc = wc->sc;
 	struct process_info *proc = wc->proc;
 	struct row_cache *cache = wc->cache;
@@ -995,7 +1009,7 @@ have_row:;
 		/* Only the interrupted frame's registers are known (st->user_frames
 		 * already counts this frame). */
 		if (st->user_frames != 1 ||
-		    read_interrupted_user_register(&sc->user_regs, (__u16)row.fp_offset, &ra) != 0) {
+		    read_interrupted_user_register(&sc->user_regs, (__u16)row.fp_offset, &ra, compat) != 0) {
 			count(STAT_UNSUPPORTED_BASE + UNSUPPORTED_KIND_RETURN_ADDRESS);
 			finish(st, UNWIND_UNSUPPORTED_RULE);
 			return 1;
@@ -1041,6 +1055,32 @@ have_row:;
 	st->last_step_fp = 0;
 	return 0;
 }
+
+/* One frame of the bpf_loop walker (continue_walk). */
+static long unwind_step(__u64 index, void *data)
+{
+	return walk_step(data, false);
+}
+
+/* One step of the frame-pointer walk of a process user space has not described yet. */
+static long frame_pointer_only_step(__u64 index, void *unused)
+{
+	struct scratch_space *sc = get_scratch();
+	if (!sc)
+		return 1;
+	struct walk_state *st = &sc->state;
+	__u32 slot = st->kernel_frames + st->user_frames;
+	if (st->user_frames >= MAX_USER_FRAMES || slot >= MAX_KERNEL_FRAMES + MAX_USER_FRAMES) {
+		finish(st, UNWIND_TRUNCATED);
+		return 1;
+	}
+	sc->sample.frames[slot] = st->ip;
+	st->user_frames++;
+	frame_pointer_step(st);
+	return st->done ? 1 : 0;
+}
+
+#include "profiler_compat.h"
 
 /* A record with a stack copy, as it is laid out in the ring. */
 struct copy_record {
@@ -1097,11 +1137,11 @@ static __always_inline void fill_copy_record(struct scratch_space *sc, __u64 siz
  * the sampled thread's stack: only for the main thread, whose stack ends at
  * mm->start_stack (where argc lies at exec; the environment is above it),
  * with STACK_TOP_SLACK bytes above that for _start's own reads. */
-static __always_inline bool stack_fits_small_copy(struct scratch_space *sc, __u64 sp)
+static __always_inline bool stack_fits_small_copy(struct scratch_space *sc, __u64 sp, bool compat)
 {
 	if (sc->sample.header.pid != sc->sample.header.tid)
 		return false;
-	struct task_struct *task = bpf_get_current_task_btf();
+	struct task_struct *task = current_task(compat);
 	__u64 top = BPF_CORE_READ(task, mm, start_stack);
 	return sp < top && top + STACK_TOP_SLACK <= (sp & ~4095ULL) + STACK_COPY_SMALL_BYTES;
 }
@@ -1139,19 +1179,19 @@ static __always_inline bool stack_fits_small_copy(struct scratch_space *sc, __u6
  * not fit in per-CPU scratch). False if there is no room or not even the
  * first part of the stack can be read: the caller sends the record alone. */
 static __always_inline bool send_with_copy(struct scratch_space *sc, void *ring, __u64 size,
-					   __u64 waiting)
+					   __u64 waiting, bool compat)
 {
 	__u64 sp = sc->state.copy_sp;
 	__u64 half = bpf_ringbuf_query(ring, BPF_RB_RING_SIZE) / 2;
 	if (size > sizeof(struct stack_sample))
 		return false;
-	if (stack_fits_small_copy(sc, sp))
+	if (stack_fits_small_copy(sc, sp, compat))
 		return SEND_COPY_RECORD(copy_record_small, STACK_COPY_SMALL_BYTES);
 	return SEND_COPY_RECORD(copy_record, STACK_COPY_BYTES);
 }
 
 /* Copy the finished record out to user space. */
-static __always_inline void send_sample(struct scratch_space *sc)
+static __always_inline void send_sample(struct scratch_space *sc, bool compat)
 {
 	struct stack_sample *s = &sc->sample;
 	__u32 kframes = sc->state.kernel_frames;
@@ -1181,7 +1221,7 @@ static __always_inline void send_sample(struct scratch_space *sc)
 	 * along, while the ring would stay less than half full. */
 	if ((status == UNWIND_NO_TABLE || status == UNWIND_NO_MAPPING || status == UNWIND_MAPPINGS_UNKNOWN) &&
 	    sc->state.copy_wanted) {
-		if (send_with_copy(sc, ring, size, waiting))
+		if (send_with_copy(sc, ring, size, waiting, compat))
 			return;
 		count(STAT_STACK_COPY_SKIPPED);
 	}
@@ -1191,9 +1231,11 @@ static __always_inline void send_sample(struct scratch_space *sc)
 }
 
 /* Walk up to FRAMES_PER_PROGRAM frames, then either send the record or go
- * on in a fresh run of this program. */
+ * on in a fresh run of this program (walker_programs holds the walker of
+ * the variant user space loaded). `compat`: the variant for kernels
+ * without bpf_loop and bpf_find_vma (profiler_compat.h). */
 static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct scratch_space *sc,
-					 struct process_info *proc)
+					 struct process_info *proc, bool compat)
 {
 	__u32 zero = 0;
 	struct walk_state *st = &sc->state;
@@ -1206,8 +1248,12 @@ static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct
 	if (!wc.proc || !wc.cache || !wc.memos) {
 		finish(st, UNWIND_NO_TABLE);
 	} else {
-		bpf_loop(FRAMES_PER_PROGRAM, unwind_step, &wc, 0);
-		if (st->vma_wanted) {
+		if (compat)
+			walk_frames_compat();
+		else
+			bpf_loop(FRAMES_PER_PROGRAM, unwind_step, &wc, 0);
+		/* Never wanted by the compat walk (vma_looked_up is set at its start). */
+		if (!compat && st->vma_wanted) {
 			/* Which file is mapped at the pc, once per sample
 			 * (bpf_find_vma cannot run twice in one interrupt): a
 			 * mapping of an object whose table user space knows joins
@@ -1254,40 +1300,35 @@ static __always_inline int continue_walk(struct bpf_perf_event_data *ctx, struct
 			finish(&sc->state, UNWIND_TRUNCATED);
 		}
 	}
-	send_sample(sc);
+	send_sample(sc, compat);
 	return 0;
 }
 
-SEC("perf_event")
-int walk_user_stack(struct bpf_perf_event_data *ctx)
+/* The walk's next FRAMES_PER_PROGRAM frames, through a tail call. */
+static __always_inline int walk_more(struct bpf_perf_event_data *ctx, bool compat)
 {
 	struct scratch_space *sc = get_scratch();
 	if (!sc)
 		return 0;
 	__u32 pid = sc->sample.header.pid;
-	return continue_walk(ctx, sc, bpf_map_lookup_elem(&process_mappings, &pid));
-}
-
-/* One step of the frame-pointer walk of a process user space has not described yet. */
-static long frame_pointer_only_step(__u64 index, void *unused)
-{
-	struct scratch_space *sc = get_scratch();
-	if (!sc)
-		return 1;
-	struct walk_state *st = &sc->state;
-	__u32 slot = st->kernel_frames + st->user_frames;
-	if (st->user_frames >= MAX_USER_FRAMES || slot >= MAX_KERNEL_FRAMES + MAX_USER_FRAMES) {
-		finish(st, UNWIND_TRUNCATED);
-		return 1;
-	}
-	sc->sample.frames[slot] = st->ip;
-	st->user_frames++;
-	frame_pointer_step(st);
-	return st->done ? 1 : 0;
+	return continue_walk(ctx, sc, bpf_map_lookup_elem(&process_mappings, &pid), compat);
 }
 
 SEC("perf_event")
-int on_cpu_sample(struct bpf_perf_event_data *ctx)
+int walk_user_stack(struct bpf_perf_event_data *ctx)
+{
+	return walk_more(ctx, false);
+}
+
+SEC("perf_event")
+int walk_user_stack_compat(struct bpf_perf_event_data *ctx)
+{
+	return walk_more(ctx, true);
+}
+
+/* A sample: who runs, its kernel stack, its user stack, sent as one record.
+ * `compat`: the variant for kernels before 5.17 (profiler_compat.h). */
+static __always_inline int take_sample(struct bpf_perf_event_data *ctx, bool compat)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
@@ -1308,10 +1349,13 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		return 0;
 	struct stack_sample *s = &sc->sample;
 	struct walk_state *st = &sc->state;
-	struct task_struct *task = bpf_get_current_task_btf();
+	struct task_struct *task = current_task(compat);
 	struct sample_header *h = &s->header;
 
 	__builtin_memset(st, 0, sizeof(*st));
+	/* The compat walk cannot ask the kernel for a mapping (bpf_find_vma):
+	 * as if it had asked already. */
+	st->vma_looked_up = compat;
 	h->timestamp_ns = bpf_ktime_get_ns();
 	h->pid = pid;
 	h->tid = tid;
@@ -1342,14 +1386,25 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 			st->kernel_frames = MAX_KERNEL_FRAMES;
 	}
 
-	if (task->flags & PF_KTHREAD) {
+	if (TASK_FIELD(compat, task, flags) & PF_KTHREAD) {
 		h->flags |= SAMPLE_FLAG_KERNEL_THREAD;
 		finish(st, UNWIND_NO_USER_STACK);
-		send_sample(sc);
+		send_sample(sc, compat);
 		return 0;
 	}
 
-	if (!in_user_mode) {
+	if (!in_user_mode && compat) {
+		/* Interrupted in the kernel: the user registers are the ones
+		 * saved at kernel entry (found without bpf_task_pt_regs). */
+		if (read_task_user_regs_compat(task, &sc->user_regs) != 0) {
+			finish(st, UNWIND_READ_FAULT);
+			send_sample(sc, compat);
+			return 0;
+		}
+		ip = sc->user_regs.ip;
+		sp = sc->user_regs.sp;
+		bp = sc->user_regs.bp;
+	} else if (!in_user_mode) {
 		/* Interrupted in the kernel: the user registers are the ones
 		 * saved at kernel entry. */
 		struct pt_regs *uregs = (struct pt_regs *)bpf_task_pt_regs(task);
@@ -1364,7 +1419,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 
 	struct process_info *proc = bpf_map_lookup_elem(&process_mappings, &pid);
 	/* A description from before the latest exec describes another image. */
-	if (proc && proc->exec_id != 0 && proc->exec_id != task->self_exec_id)
+	if (proc && proc->exec_id != 0 && proc->exec_id != TASK_FIELD(compat, task, self_exec_id))
 		proc = NULL;
 	if (!proc) {
 		/* Not described yet: user space is told at once (not at its next
@@ -1372,16 +1427,31 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		notify_unknown_mapping(pid, ip, 0);
 		/* User space walks the leaf's frame on from a copy of the stack. */
 		note_copy_start(st, 0);
-		bpf_loop(MAX_USER_FRAMES, frame_pointer_only_step, NULL, 0);
+		if (compat)
+			walk_frame_pointers_compat();
+		else
+			bpf_loop(MAX_USER_FRAMES, frame_pointer_only_step, NULL, 0);
 		if (!st->done)
 			finish(st, UNWIND_TRUNCATED);
 		if (st->status != UNWIND_TRUNCATED)
 			st->status = UNWIND_MAPPINGS_UNKNOWN;
-		send_sample(sc);
+		send_sample(sc, compat);
 		return 0;
 	}
 	st->generation = proc->generation;
-	return continue_walk(ctx, sc, proc);
+	return continue_walk(ctx, sc, proc, compat);
+}
+
+SEC("perf_event")
+int on_cpu_sample(struct bpf_perf_event_data *ctx)
+{
+	return take_sample(ctx, false);
+}
+
+SEC("perf_event")
+int on_cpu_sample_compat(struct bpf_perf_event_data *ctx)
+{
+	return take_sample(ctx, true);
 }
 
 /* ---- Following processes: exec, fork, mmap, exit ----
@@ -1400,8 +1470,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
  * user space wrote from a read made before the exec). In its place, the
  * executable's, the interpreter's and the vDSO's mappings, when their objects
  * are known. */
-SEC("tp_btf/sched_process_exec")
-int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+static __always_inline int handle_exec(struct task_struct *p, bool compat)
 {
 	__u32 pid = p->tgid;
 	__u32 zero = 0;
@@ -1414,6 +1483,13 @@ int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 	/* The exec's time as exec_times has it: user space matches the two.
 	 * Sent before the new image's mappings, which belong to it. */
 	send_event_at(EVENT_EXEC, pid, 0, t.timestamp_ns);
+	if (compat) {
+		/* Without bpf_find_vma the new image is described by user space
+		 * alone (from /proc/PID/maps, on the exec event): until then
+		 * frame pointers. */
+		bpf_map_delete_elem(&process_mappings, &pid);
+		return 0;
+	}
 	struct process_info *info = bpf_map_lookup_elem(&new_description, &zero);
 	if (info) {
 		struct vma_request req = { .proc = info, .timestamp_ns = t.timestamp_ns, .pid = pid };
@@ -1435,6 +1511,18 @@ int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 			bpf_map_delete_elem(&process_mappings, &pid);
 	}
 	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+{
+	return handle_exec(p, false);
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_exec_compat, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+{
+	return handle_exec(p, true);
 }
 
 /* A new process (not a thread) has its parent's mappings until it execs. */

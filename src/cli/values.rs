@@ -98,6 +98,20 @@ impl ValueEnum for Compression {
     }
 }
 
+/// Parse `KEY=VALUE` for `--otlp-header`: a non-empty header name of
+/// visible ASCII without `:` (RFC 9110 token characters are checked when the
+/// sender starts); the value is taken as it is.
+pub(super) fn parse_header(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))?;
+    let key = key.trim();
+    if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
+        return Err(format!("{key:?} is not an HTTP header name"));
+    }
+    Ok((key.to_string(), value.trim().to_string()))
+}
+
 /// Parse `KEY=VALUE` for `--label`: the key must be a valid label name.
 pub(super) fn parse_label(text: &str) -> Result<(String, String), String> {
     let (key, value) = text

@@ -31,7 +31,7 @@ use crate::wire::HOST_HEADER;
 pub const MAX_INGEST_SAMPLES: u64 = 8 << 20;
 
 /// A request refused: status and message.
-type Refusal = (StatusCode, String);
+pub type Refusal = (StatusCode, String);
 
 fn refused(e: BodyError) -> Refusal {
     match e {
@@ -235,12 +235,19 @@ fn convert(
     Ok(out)
 }
 
-fn otlp_blocking(
-    state: &AppState,
-    headers: &HeaderMap,
+/// Store the OTLP export request `body` (raw or gzip'd protobuf, at most
+/// `max_decoded_bytes` once inflated): one batch per resource, host from
+/// its `host.name`, else `fallback_host`. Returns the OTLP response (its
+/// `partial_success` set when samples were refused) and what was stored.
+/// Errors: the status and message to answer with (400 not a request, 413
+/// too large, 500 the store failed).
+pub fn store_otlp(
+    store: &SampleStore,
     body: &[u8],
-) -> Result<ExportProfilesServiceResponse, Refusal> {
-    let raw = merge::inflate(body, state.max_decoded_bytes).map_err(refused)?;
+    max_decoded_bytes: usize,
+    fallback_host: &str,
+) -> Result<(ExportProfilesServiceResponse, Ingested), Refusal> {
+    let raw = merge::inflate(body, max_decoded_bytes).map_err(refused)?;
     let request = ExportProfilesServiceRequest::decode(raw.as_slice()).map_err(|e| {
         (
             StatusCode::BAD_REQUEST,
@@ -248,44 +255,49 @@ fn otlp_blocking(
         )
     })?;
     drop(raw);
-    let fallback = headers
-        .get(HOST_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("unknown");
-    let converted = convert(&request, fallback)?;
+    let converted = convert(&request, fallback_host)?;
     drop(request);
     let mut stored = Ingested::default();
-    for b in &converted.batches {
+    for b in converted.batches {
         let batch = Batch {
             host: &b.host,
             window: b.window,
             profile: &b.profile,
-            times: b.times.clone(),
+            times: b.times,
         };
-        let done = state.store.ingest(batch).map_err(internal)?;
+        let done = store.ingest(batch).map_err(internal)?;
         stored.samples += done.samples;
         stored.blocks += done.blocks;
     }
+    let partial_success = (converted.rejected_samples > 0).then(|| {
+        let reason = converted.reason.as_deref().unwrap_or("");
+        warn!(
+            "refused {} OTLP samples: {reason}",
+            converted.rejected_samples
+        );
+        ExportProfilesPartialSuccess {
+            rejected_profiles: converted.rejected_profiles,
+            error_message: format!("{} samples refused: {reason}", converted.rejected_samples),
+        }
+    });
+    Ok((ExportProfilesServiceResponse { partial_success }, stored))
+}
+
+fn otlp_blocking(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<ExportProfilesServiceResponse, Refusal> {
+    let fallback = headers
+        .get(HOST_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("unknown");
+    let (response, stored) = store_otlp(&state.store, body, state.max_decoded_bytes, fallback)?;
     info!(
         "stored {} OTLP samples in {} blocks",
         stored.samples, stored.blocks
     );
-    let partial_success = (converted.rejected_samples > 0).then(|| {
-        warn!(
-            "refused {} OTLP samples: {}",
-            converted.rejected_samples,
-            converted.reason.as_deref().unwrap_or("")
-        );
-        ExportProfilesPartialSuccess {
-            rejected_profiles: converted.rejected_profiles,
-            error_message: format!(
-                "{} samples refused: {}",
-                converted.rejected_samples,
-                converted.reason.as_deref().unwrap_or("")
-            ),
-        }
-    });
-    Ok(ExportProfilesServiceResponse { partial_success })
+    Ok(response)
 }
 
 /// `POST /v1development/profiles`: an OTLP/HTTP export (binary protobuf,

@@ -1,8 +1,10 @@
 //! `lightswitch collector`: a small receiving server for profiles, so that
-//! one machine (or a few) needs nothing else. It accepts what
-//! `--sender=remote` posts (and raw or gzip'd pprof from any client),
-//! stores each profile durably ([`storage`]), and serves listings and
-//! merged views ([`server`], [`merge`]).
+//! one machine (or a few) needs nothing else. It accepts OTLP profiles
+//! (`--sender otlp`, any OTLP exporter) and pprof (`--sender remote`, any
+//! client), keeps every sample with its own time in the sample store
+//! ([`store`]; pprof bodies are also archived as received, [`storage`]),
+//! and answers any time range at sample resolution ([`server`],
+//! [`queries`]; docs/collector.md).
 
 pub mod diff;
 pub mod ingest;

@@ -10,15 +10,14 @@
 //!   `--max-decoded-bytes` (decompression is streamed and stops there). At
 //!   most `--max-concurrent-ingests` bodies are read and decoded at once;
 //!   others wait, and a request not done within [`INGEST_TIMEOUT`] gets 408.
-//! - `GET /v1/profiles?host=&from=&to=`: JSON list of stored profiles whose
+//!   Its samples also go into the sample store ([`super::store`]), each
+//!   at the window's start (pprof has no per-sample time).
+//! - `POST /v1development/profiles`: OTLP/HTTP ([`super::ingest::otlp`]).
+//! - `GET /v1/profiles?host=&from=&to=`: JSON list of stored pprof files whose
 //!   window overlaps `[from, to)`, oldest first.
-//! - `GET /v1/profiles/merged?from=&to=&host=&format=pprof|flame-graph|folded`:
-//!   those profiles merged into one ([`super::merge`]); pprof is gzip'd.
-//!   Stored profiles are read and merged one at a time, so memory holds
-//!   the merged result and one input. 404 if no profile matches; 413 if
-//!   more than `--max-merge-profiles` match (the message says how many).
-//!   Headers `X-Lightswitch-Merged-Profiles` and
-//!   `X-Lightswitch-Skipped-Profiles` (unreadable files) say what went in.
+//! - `GET /v1/profiles/merged`, `GET /v1/timeline`, `GET /v1/hosts`: the
+//!   sample store's answers ([`super::queries`]); `GET /metrics` its
+//!   counters ([`super::metrics`]). All are described in docs/collector.md.
 //!
 //! - `GET /v1/profiles/diff?from=&to=&base_from=&base_to=`: the
 //!   differential flame graph of two ranges ([`super::diff`]).

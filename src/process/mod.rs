@@ -14,6 +14,7 @@
 //! the BPF walker in walker.rs; lifetime.rs says when what the tracker
 //! knows of exited and exec'd processes can go.
 
+mod anon_text;
 mod images;
 pub mod jit;
 mod lifetime;
@@ -346,7 +347,7 @@ impl ProcessTracker {
         let mut found: Vec<(u64, u64, MappingId)> = entries
             .iter()
             .filter(|e| e.executable)
-            .map(|e| (e.start, e.end, self.intern_mapping(pid, e)))
+            .map(|e| (e.start, e.end, self.intern_mapping(pid, e, entries)))
             .collect();
         found.sort_unstable_by_key(|&(start, _, _)| start);
         let process = self.processes.entry(pid).or_default();
@@ -384,7 +385,10 @@ impl ProcessTracker {
         process.last_read_ns = Some(crate::timefmt::monotonic_ns());
     }
 
-    fn intern_mapping(&mut self, pid: u32, entry: &MapsEntry) -> MappingId {
+    /// The mapping of `entry`, one of `entries` (`pid`'s maps as read):
+    /// anonymous code that is a file's text moved there is that file's
+    /// (anon_text.rs).
+    fn intern_mapping(&mut self, pid: u32, entry: &MapsEntry, entries: &[MapsEntry]) -> MappingId {
         let key = (pid, entry.start, entry.end, entry.file_offset);
         if let Some(&id) = self.mapping_index.get(&key) {
             if self
@@ -397,6 +401,12 @@ impl ProcessTracker {
         }
         let object = if entry.is_file_backed() {
             self.intern_object(pid, entry)
+        } else if entry.path.is_empty() {
+            if let Some((object, offset)) = self.anonymous_text(pid, entry, entries) {
+                let name = self.objects[&object].path.clone();
+                return self.intern(pid, entry.start, entry.end, offset, name, Some(object));
+            }
+            None
         } else {
             None
         };

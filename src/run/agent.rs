@@ -175,6 +175,7 @@ impl<'s, 'o> Agent<'s, 'o> {
             info!("sampling {} CPUs at {freq} Hz", sampler.attached_cpus());
         }
         metrics.set_sampling_freq(sampling.freq_hz().unwrap_or(0));
+        metrics.set_bpf_variant(sampler.variant().name());
         let windows = Windows::new(
             start_mono,
             start_unix_ns,

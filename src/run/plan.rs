@@ -32,8 +32,8 @@ pub struct RunPlan {
     /// The sampler's settings (frequency, pids, unwind-table budget).
     pub sampler: SamplerConfig,
     /// Whether windows keep every sample's time and the processes' execs
-    /// and exits: a timeline format (firefox) is written to files (network
-    /// senders send pprof).
+    /// and exits: a timeline format (firefox, otlp) is written to files or
+    /// sent (the OTLP sender).
     pub timeline: bool,
 }
 
@@ -71,8 +71,9 @@ impl RunPlan {
                 preflight::check_output(&cli.profile_path, output)?;
             }
         }
-        let timeline =
-            cli.sender == SenderKind::Disk && outputs.iter().any(|(f, _)| f.is_timeline());
+        // The formats a network sender sends are its outputs too: the OTLP
+        // sender needs every sample's time.
+        let timeline = outputs.iter().any(|(f, _)| f.is_timeline());
         Ok(RunPlan {
             timeline,
             outputs,
@@ -129,13 +130,41 @@ pub fn check_flags(cli: &ProfileArgs, record: bool) -> Result<()> {
             .map_err(|err| anyhow::anyhow!("--profile-interval {err}"))?;
     }
     if cli.sender == SenderKind::Disk && cli.server_url.is_some() {
-        anyhow::bail!("--server-url is for --sender remote or --sender pyroscope");
+        anyhow::bail!("--server-url is for --sender remote, pyroscope or otlp");
     }
+    if cli.sender != SenderKind::Otlp && !cli.otlp_headers.is_empty() {
+        anyhow::bail!("--otlp-header is for --sender otlp");
+    }
+    check_sender_formats(cli)?;
     if let Some(max) = cli.max_profiles {
         preflight::count("--max-profiles", max as u64)?;
     }
     if cli.max_profiles.is_some() && !(is_continuous(cli) && cli.sender == SenderKind::Disk) {
         anyhow::bail!("--max-profiles applies to continuous mode with the disk sender (give --profile-interval)");
+    }
+    Ok(())
+}
+
+/// A network sender sends only its own format: refuse any other rather
+/// than send a substitute. The error names the sender, the format and what
+/// the sender takes.
+fn check_sender_formats(cli: &ProfileArgs) -> Result<()> {
+    let kind = crate::sender::SenderKind::from(cli.sender);
+    let Some(takes) = crate::sender::formats_of(kind) else {
+        return Ok(());
+    };
+    let sender = kind.name();
+    let names: Vec<&str> = takes.iter().map(|f| f.name()).collect();
+    for format in cli.formats() {
+        if !takes.contains(&format) {
+            anyhow::bail!(
+                "--sender {sender} sends only {}: it cannot send --profile-format {} \
+                 (--sender otlp sends otlp, with every sample's time; --sender disk writes \
+                 any format)",
+                names.join(", "),
+                format.name()
+            );
+        }
     }
     Ok(())
 }

@@ -7,16 +7,20 @@
 use anyhow::{Context, Result};
 use libbpf_rs::{Link, MapCore, MapFlags, MapHandle};
 
+use super::variant::ProgramVariant;
 use super::Sampler;
 use crate::process::walker::WalkerMaps;
 use crate::sample::{process_info_value, ExecMapping, ExecTime};
 use crate::skel::{types, ProfilerSkel};
 
 /// Attach the programs that follow processes: exec, exit and fork.
-pub(super) fn attach_tracking(skel: &ProfilerSkel<'_>) -> Result<Vec<Link>> {
+pub(super) fn attach_tracking(
+    skel: &ProfilerSkel<'_>,
+    variant: ProgramVariant,
+) -> Result<Vec<Link>> {
     let links = vec![
-        skel.progs
-            .on_exec
+        variant
+            .exec(&skel.progs)
             .attach()
             .context("attaching to tp_btf/sched_process_exec")?,
         skel.progs

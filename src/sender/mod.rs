@@ -1,12 +1,14 @@
 //! Senders: where finished profiles go. One file per backend, all behind
 //! [`Sender`]: [`disk`] (files), [`remote`] (HTTP POST of gzip'd pprof, e.g.
-//! to `lightswitch collector`) and [`pyroscope`] (Grafana Pyroscope's push
-//! API). The network senders hand encoded profiles to [`queue`] (bounded by
+//! to `lightswitch collector`), [`pyroscope`] (Grafana Pyroscope's push
+//! API) and [`otlp`] (OTLP/HTTP profiles, every sample's time kept). Each
+//! sends the formats [`formats_of`] names, never a substitute. The network senders hand encoded profiles to [`queue`] (bounded by
 //! bytes, retries with backoff) so they never block the caller.
 //! [`worker`] runs symbolization, encoding and sending of closed windows on
 //! a thread of its own, off the sampling loop.
 
 pub mod disk;
+pub mod otlp;
 pub mod pyroscope;
 pub mod queue;
 pub mod remote;
@@ -107,6 +109,49 @@ pub enum SenderConfig {
         /// `X-Scope-OrgID` (`--pyroscope-tenant-id`).
         tenant_id: Option<String>,
     },
+    /// OTLP/HTTP profiles export requests.
+    Otlp {
+        /// Base URL and extra headers as given.
+        otlp: otlp::OtlpSettings,
+        /// Token, timeout, queue budget.
+        http: remote::HttpSettings,
+    },
+}
+
+/// Which sender: the kinds [`SenderConfig`] configures, for the formats
+/// each takes ([`formats_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SenderKind {
+    /// Files in a directory.
+    Disk,
+    /// `lightswitch collector` or any pprof receiver.
+    Remote,
+    /// Grafana Pyroscope's push API.
+    Pyroscope,
+    /// An OTLP/HTTP profiles receiver.
+    Otlp,
+}
+
+impl SenderKind {
+    /// The `--sender` value naming this kind.
+    pub fn name(self) -> &'static str {
+        match self {
+            SenderKind::Disk => "disk",
+            SenderKind::Remote => "remote",
+            SenderKind::Pyroscope => "pyroscope",
+            SenderKind::Otlp => "otlp",
+        }
+    }
+}
+
+/// The formats a sender sends (`None`: any format, as files), the first
+/// being its default when `--profile-format` is not given.
+pub fn formats_of(kind: SenderKind) -> Option<&'static [ProfileFormat]> {
+    match kind {
+        SenderKind::Disk => None,
+        SenderKind::Remote | SenderKind::Pyroscope => Some(&[ProfileFormat::Pprof]),
+        SenderKind::Otlp => Some(&[ProfileFormat::Otlp]),
+    }
 }
 
 /// Start the sender `config` describes (continuous mode). Errors: an
@@ -146,6 +191,18 @@ pub fn start(config: SenderConfig) -> Result<Box<dyn Sender>> {
             Ok(Box::new(
                 pyroscope::PyroscopeSender::start(config, labels, tenant_id)
                     .context("starting the Pyroscope sender")?,
+            ))
+        }
+        SenderConfig::Otlp {
+            otlp: settings,
+            http,
+        } => {
+            let env = |name: &str| std::env::var(name).ok();
+            let url = otlp::endpoint(settings.base_url.as_deref(), &env);
+            let headers = otlp::headers(&settings.headers, &env)?;
+            let config = remote::HttpConfig::new(&url, &http)?;
+            Ok(Box::new(
+                otlp::OtlpSender::start(config, headers).context("starting the OTLP sender")?,
             ))
         }
     }

@@ -8,8 +8,10 @@
 //! thread sends the oldest profile first. Outcomes of one attempt
 //! ([`Attempt`]): delivered; retryable (no response: connection refused or
 //! reset, timeout; or a 5xx, 408 or 429 answer), retried after an
-//! exponential backoff with jitter ([`Backoff`]) for as long as the profile
-//! stays in the queue; or rejected (any other 4xx, or an answer the sender
+//! exponential backoff with jitter ([`Backoff`]), or after the server's
+//! `Retry-After` when that is longer ([`Attempt::RetryAfter`]), for as long
+//! as the profile stays in the queue; taken in part (OTLP's
+//! `partial_success`: sent, and counted as partial); or rejected (any other 4xx, or an answer the sender
 //! cannot use), logged with the server's message and not retried.
 //!
 //! On shutdown ([`Queue::close`]) the thread keeps sending until the queue
@@ -40,8 +42,16 @@ pub struct Item {
 pub enum Attempt {
     /// The server took it.
     Delivered,
+    /// The server took it but said that it dropped part of it (OTLP's
+    /// `partial_success`); the message is the server's. Counted as sent and
+    /// as partial, not retried.
+    Partial(String),
     /// A transient failure (no response, timeout, 5xx, 408, 429): try again later.
     Retry(String),
+    /// A transient failure whose answer said when to try again
+    /// (`Retry-After`): wait that long (at most [`MAX_RETRY_AFTER`]) rather
+    /// than the backoff's delay, if it is longer.
+    RetryAfter(String, Duration),
     /// The server refused it for good (other 4xx): do not retry.
     Rejected(String),
 }
@@ -68,6 +78,9 @@ pub struct DeliveryStats {
     pub dropped: u64,
     /// Profiles the server refused (4xx other than 408/429): not retried.
     pub rejected: u64,
+    /// Profiles the server took only in part (OTLP `partial_success`
+    /// naming rejected profiles or an error): also counted in `sent`.
+    pub partial: u64,
     /// Body bytes of the profiles the server accepted.
     pub bytes: u64,
     /// The first failed attempt's error, as logged (e.g. `connection
@@ -79,11 +92,16 @@ impl std::fmt::Display for DeliveryStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "sent={} retried={} dropped={} rejected={} bytes={}",
-            self.sent, self.retried, self.dropped, self.rejected, self.bytes
+            "sent={} retried={} dropped={} rejected={} partial={} bytes={}",
+            self.sent, self.retried, self.dropped, self.rejected, self.partial, self.bytes
         )
     }
 }
+
+/// The longest wait a server's `Retry-After` is honoured with; a longer
+/// one is cut to this, so that a typo on the server cannot stall delivery
+/// for hours (the queue's byte budget drops what piles up meanwhile).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 /// Exponential backoff with jitter: the n-th wait is drawn uniformly from
 /// `[d/2, d]` with `d = min(initial · 2^n, max)`.
@@ -378,11 +396,20 @@ fn worker<T: Transport>(queue: &Queue, transport: &mut T, timeout: Duration, bac
         let mut state = queue.lock();
         state.in_flight = None;
         let retry = match &outcome {
-            Attempt::Delivered => {
+            Attempt::Delivered | Attempt::Partial(_) => {
                 state.stats.sent += 1;
                 state.stats.bytes += item.body.len() as u64;
-                debug!("delivered the profile of {}", item.description);
-                false
+                if let Attempt::Partial(message) = &outcome {
+                    state.stats.partial += 1;
+                    warn!(
+                        "{} took the profile of {} only in part: {message}",
+                        transport.destination(),
+                        item.description
+                    );
+                } else {
+                    debug!("delivered the profile of {}", item.description);
+                }
+                None
             }
             Attempt::Rejected(message) => {
                 state.stats.rejected += 1;
@@ -395,9 +422,9 @@ fn worker<T: Transport>(queue: &Queue, transport: &mut T, timeout: Duration, bac
                     transport.destination(),
                     item.description
                 );
-                false
+                None
             }
-            Attempt::Retry(message) => {
+            Attempt::Retry(message) | Attempt::RetryAfter(message, _) => {
                 state.stats.retried += 1;
                 state
                     .stats
@@ -409,10 +436,14 @@ fn worker<T: Transport>(queue: &Queue, transport: &mut T, timeout: Duration, bac
                     item.description,
                     transport.destination()
                 );
-                true
+                let asked = match &outcome {
+                    Attempt::RetryAfter(_, after) => (*after).min(MAX_RETRY_AFTER),
+                    _ => Duration::ZERO,
+                };
+                Some(asked)
             }
         };
-        if !retry {
+        let Some(asked) = retry else {
             failures = 0;
             // The in-flight entry is never evicted, so it is still the front.
             if state.entries.front().is_some_and(|e| e.seq == seq) {
@@ -421,9 +452,9 @@ fn worker<T: Transport>(queue: &Queue, transport: &mut T, timeout: Duration, bac
                 }
             }
             continue;
-        }
+        };
         drop(state);
-        let delay = backoff.delay(failures, jitter.next_f64());
+        let delay = backoff.delay(failures, jitter.next_f64()).max(asked);
         if !wait_until(queue, Instant::now() + delay) {
             return;
         }
@@ -507,6 +538,25 @@ mod tests {
         let stats = d.finish(Instant::now() + Duration::from_secs(5));
         assert_eq!((stats.sent, stats.rejected, stats.retried), (1, 1, 0));
         assert_eq!(*seen.lock().unwrap(), vec!["w1", "w2"]);
+    }
+
+    #[test]
+    fn retry_after_is_waited_for_and_partial_counts_as_sent() {
+        let (t, seen) = script(
+            vec![
+                Attempt::RetryAfter("503".into(), Duration::from_millis(400)),
+                Attempt::Partial("1 profile rejected".into()),
+            ],
+            Duration::ZERO,
+        );
+        let d = Delivery::start(t, 1 << 20, Duration::from_secs(1), fast()).unwrap();
+        let start = Instant::now();
+        d.queue().push(item("w1", 10));
+        let stats = d.finish(Instant::now() + Duration::from_secs(5));
+        // The backoff alone would have waited at most 5 ms.
+        assert!(start.elapsed() >= Duration::from_millis(400));
+        assert_eq!((stats.sent, stats.partial, stats.retried), (1, 1, 1));
+        assert_eq!(*seen.lock().unwrap(), vec!["w1", "w1"]);
     }
 
     #[test]

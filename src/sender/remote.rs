@@ -12,10 +12,10 @@
 //! [`super::queue`]'s; [`HttpTransport`] is also what the Pyroscope sender posts with.
 
 use std::io::Read;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
-use reqwest::blocking::Client;
+use reqwest::blocking::{Client, Response};
 use reqwest::StatusCode;
 use url::Url;
 
@@ -169,8 +169,10 @@ pub fn is_retryable(status: StatusCode) -> bool {
         || status == StatusCode::TOO_MANY_REQUESTS
 }
 
-impl Transport for HttpTransport {
-    fn send(&mut self, item: &Item, timeout: Duration) -> Attempt {
+impl HttpTransport {
+    /// POST `item` once within `timeout`: the server's answer, whatever its
+    /// status, or the error of a request that got none (to retry).
+    pub fn post(&mut self, item: &Item, timeout: Duration) -> Result<Response, String> {
         let mut request = self
             .client
             .post(self.config.url.clone())
@@ -184,27 +186,64 @@ impl Transport for HttpTransport {
         } else if let Some(token) = &self.config.token {
             request = request.bearer_auth(token);
         }
-        let response = match request.send() {
-            Ok(r) => r,
-            Err(err) => return Attempt::Retry(error_chain(&err)),
-        };
-        let status = response.status();
-        if status.is_success() {
-            return Attempt::Delivered;
-        }
-        // The server's explanation, at most 1 KiB of it.
-        let mut message = String::new();
-        let _ = response.take(1024).read_to_string(&mut message);
-        let message = message.trim();
-        let text = if message.is_empty() {
-            format!("HTTP {status}")
-        } else {
-            format!("HTTP {status}: {message}")
-        };
-        if is_retryable(status) {
-            Attempt::Retry(text)
-        } else {
-            Attempt::Rejected(text)
+        request.send().map_err(|err| error_chain(&err))
+    }
+}
+
+/// What an answer that is not a success means: retry (after the
+/// `Retry-After` it gives, if any) when `retryable` says so, else rejected.
+/// The message is the status and at most 1 KiB of the body, made readable
+/// by `explain` (e.g. a decoded `google.rpc.Status`).
+pub fn failed(
+    response: Response,
+    retryable: fn(StatusCode) -> bool,
+    explain: fn(&[u8]) -> String,
+) -> Attempt {
+    let status = response.status();
+    let after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| retry_after(v, SystemTime::now()));
+    let mut body = Vec::new();
+    let _ = response.take(1024).read_to_end(&mut body);
+    let message = explain(&body);
+    let message = message.trim();
+    let text = if message.is_empty() {
+        format!("HTTP {status}")
+    } else {
+        format!("HTTP {status}: {message}")
+    };
+    match (retryable(status), after) {
+        (true, Some(after)) => Attempt::RetryAfter(text, after),
+        (true, None) => Attempt::Retry(text),
+        (false, _) => Attempt::Rejected(text),
+    }
+}
+
+/// A `Retry-After` value (RFC 9110 §10.2.3): whole seconds, or an HTTP
+/// date, as the wait from `now` (zero for a date in the past). `None` when
+/// it is neither.
+pub fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// The body of an answer as text (lossy UTF-8).
+pub fn body_text(body: &[u8]) -> String {
+    String::from_utf8_lossy(body).into_owned()
+}
+
+impl Transport for HttpTransport {
+    fn send(&mut self, item: &Item, timeout: Duration) -> Attempt {
+        match self.post(item, timeout) {
+            Ok(response) if response.status().is_success() => Attempt::Delivered,
+            Ok(response) => failed(response, is_retryable, body_text),
+            Err(err) => Attempt::Retry(err),
         }
     }
 
@@ -306,5 +345,22 @@ mod tests {
         assert!(!is_retryable(StatusCode::UNAUTHORIZED));
         assert!(!is_retryable(StatusCode::BAD_REQUEST));
         assert!(!is_retryable(StatusCode::PAYLOAD_TOO_LARGE));
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_and_http_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        assert_eq!(retry_after(" 7 ", now), Some(Duration::from_secs(7)));
+        // 1445412480 is Wed, 21 Oct 2015 07:28:00 GMT.
+        assert_eq!(
+            retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(retry_after("soon", now), None);
+        assert_eq!(retry_after("-3", now), None);
     }
 }

@@ -13,6 +13,7 @@ use crate::sample::UnwindStatus;
 use crate::sender::queue::Queue;
 use crate::sender::worker::WindowCounters;
 use crate::symbolize::debuginfod::DebuginfodStats;
+use crate::symbolize::minidebuginfo::MiniDebugInfoStats;
 use crate::unwind::deferred::DeferredStats;
 
 /// The agent's metrics, shared between the sampling loop and the server.
@@ -25,6 +26,7 @@ pub struct Metrics {
     unwind_tables_loaded: AtomicU64,
     unwind_tables_evicted: AtomicU64,
     sampling_freq_hz: AtomicU64,
+    bpf_variant: OnceLock<&'static str>,
     tracker: [AtomicU64; 3],
     windows_closed: AtomicU64,
     windows_dropped: AtomicU64,
@@ -126,6 +128,12 @@ impl Metrics {
         self.sampling_freq_hz.store(hz, Ordering::Relaxed);
     }
 
+    /// The build of the BPF programs loaded (`bpf_loop`, `compat`:
+    /// [`crate::sampler::variant`]); set once.
+    pub fn set_bpf_variant(&self, name: &'static str) {
+        let _ = self.bpf_variant.set(name);
+    }
+
     /// Continuous mode: windows closed and dropped so far.
     pub fn set_windows(&self, closed: u64, dropped: u64) {
         self.windows_closed.store(closed, Ordering::Relaxed);
@@ -185,6 +193,7 @@ impl Metrics {
         self.render_serving(&mut out);
         render_jit_files(&mut out);
         render_debuginfod(&mut out, crate::symbolize::debuginfod::stats());
+        render_minidebuginfo(&mut out, crate::symbolize::minidebuginfo::stats());
         if let Some(rss) = rss_bytes {
             family(
                 &mut out,
@@ -213,8 +222,19 @@ impl Metrics {
         out
     }
 
-    /// Samples, lost samples, unwind results and tables, sampling frequency.
+    /// Samples, lost samples, unwind results and tables, sampling
+    /// frequency, the BPF programs' variant.
     fn render_sampling(&self, out: &mut String) {
+        if let Some(variant) = self.bpf_variant.get() {
+            family(
+                out,
+                "lightswitch_bpf_program_variant",
+                "gauge",
+                "The build of the BPF programs loaded (1 for the one chosen from the kernel's \
+                 features: bpf_loop, or compat for kernels before 5.17).",
+                &[(&format!("variant=\"{variant}\""), 1)],
+            );
+        }
         family(
             out,
             "lightswitch_samples_total",
@@ -361,6 +381,7 @@ impl Metrics {
                     ("outcome=\"sent\"", d.sent),
                     ("outcome=\"dropped\"", d.dropped),
                     ("outcome=\"rejected\"", d.rejected),
+                    ("outcome=\"partial\"", d.partial),
                 ],
             );
             family(
@@ -446,6 +467,23 @@ fn render_debuginfod(out: &mut String, stats: Option<DebuginfodStats>) {
     );
 }
 
+/// MiniDebugInfo sections (`.gnu_debugdata`) read, and skipped as corrupt
+/// or too large.
+fn render_minidebuginfo(out: &mut String, m: MiniDebugInfoStats) {
+    family(
+        out,
+        "lightswitch_minidebuginfo_total",
+        "counter",
+        "MiniDebugInfo (.gnu_debugdata) sections decompressed and read, skipped as corrupt, \
+         skipped because their index announced more than the size read.",
+        &[
+            ("outcome=\"read\"", m.read),
+            ("outcome=\"corrupt\"", m.corrupt),
+            ("outcome=\"too_large\"", m.too_large),
+        ],
+    );
+}
+
 /// The window worker counts into `/metrics`.
 impl WindowCounters for Metrics {
     fn window_written(&self) {
@@ -487,6 +525,7 @@ mod tests {
         m.sample(UnwindStatus::NoTable);
         m.set_lost(4);
         m.set_tracker(3, 40, 7);
+        m.set_bpf_variant("compat");
         m.profile_request("served");
         m.set_deferred(DeferredStats {
             held: 3,
@@ -507,6 +546,7 @@ mod tests {
         assert!(text
             .contains("# TYPE lightswitch_samples_total counter\nlightswitch_samples_total 3\n"));
         assert!(text.contains("lightswitch_samples_lost_total 4\n"));
+        assert!(text.contains("lightswitch_bpf_program_variant{variant=\"compat\"} 1\n"));
         assert!(text.contains("lightswitch_tracker_entries{kind=\"mappings\"} 40\n"));
         assert!(text.contains("lightswitch_tracker_entries{kind=\"objects\"} 7\n"));
         assert!(text.contains("lightswitch_unwind_results_total{result=\"complete\"} 2\n"));

@@ -132,7 +132,7 @@ impl ObjectFile {
     /// `DT_STRSZ`; the count from `DT_GNU_HASH` or `DT_HASH`). `None` for
     /// objects with section headers (blazesym reads their symbols) and
     /// objects without a readable dynamic symbol table.
-    pub fn dynamic_symbols(&self) -> Option<DynamicSymbols> {
+    pub fn dynamic_symbols(&self) -> Option<FunctionSymbols> {
         let file = self.elf()?;
         if !file.elf_section_table().is_empty() {
             return None;
@@ -173,30 +173,30 @@ impl ObjectFile {
         let strtab_bytes = loaded(strtab)?;
         let strsz = value(elf::DT_STRSZ).unwrap_or(strtab_bytes.len() as u64);
         let strings = StringTable::new(strtab_bytes, 0, strsz);
-        let mut symbols: Vec<DynamicSymbol> = syms
+        let functions = syms
             .iter()
             .filter(|s| {
-                matches!(s.st_type(), elf::STT_FUNC | elf::STT_GNU_IFUNC)
-                    && s.st_value(endian) != 0
-                    && !s.is_undefined(endian)
+                matches!(s.st_type(), elf::STT_FUNC | elf::STT_GNU_IFUNC) && !s.is_undefined(endian)
             })
             .filter_map(|s| {
                 let name = strings.get(s.st_name(endian)).ok()?;
-                Some(DynamicSymbol {
-                    start: s.st_value(endian),
-                    size: s.st_size(endian),
-                    name: String::from_utf8_lossy(name).into_owned(),
-                })
-            })
-            .collect();
-        symbols.sort_by_key(|s| (s.start, std::cmp::Reverse(s.size)));
-        Some(DynamicSymbols { symbols })
+                Some((s.st_value(endian), s.st_size(endian), name))
+            });
+        Some(FunctionSymbols::new(functions))
+    }
+
+    /// The function symbols of the object's MiniDebugInfo (`.gnu_debugdata`,
+    /// see [`super::minidebuginfo`]); `None` when it has none, has a
+    /// `.symtab` of its own, or the section cannot be read (counted).
+    /// `path` is for messages.
+    pub fn mini_debug_info(&self, path: &Path) -> Option<FunctionSymbols> {
+        super::minidebuginfo::function_symbols(&self.elf()?, path)
     }
 }
 
-/// One function of a dynamic symbol table.
+/// One function of a symbol table.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct DynamicSymbol {
+struct FunctionSymbol {
     /// Virtual address of its first byte.
     start: u64,
     /// Its size, bytes (0 when the symbol table does not say).
@@ -205,13 +205,34 @@ struct DynamicSymbol {
     name: String,
 }
 
-/// The function symbols of a dynamic symbol table, sorted by address.
+/// The function symbols of a symbol table (a dynamic symbol table read
+/// through `PT_DYNAMIC`, or a MiniDebugInfo `.symtab`), sorted by address.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct DynamicSymbols {
-    symbols: Vec<DynamicSymbol>,
+pub(super) struct FunctionSymbols {
+    symbols: Vec<FunctionSymbol>,
 }
 
-impl DynamicSymbols {
+impl FunctionSymbols {
+    /// The table of `functions`, each `(virtual address, size in bytes,
+    /// name)`; those at address 0 (undefined) are left out.
+    pub fn new<'n>(functions: impl Iterator<Item = (u64, u64, &'n [u8])>) -> Self {
+        let mut symbols: Vec<FunctionSymbol> = functions
+            .filter(|&(start, _, _)| start != 0)
+            .map(|(start, size, name)| FunctionSymbol {
+                start,
+                size,
+                name: String::from_utf8_lossy(name).into_owned(),
+            })
+            .collect();
+        symbols.sort_by_key(|s| (s.start, std::cmp::Reverse(s.size)));
+        FunctionSymbols { symbols }
+    }
+
+    /// How many functions the table has.
+    pub fn len(&self) -> usize {
+        self.symbols.len()
+    }
+
     /// The name of the function whose range holds virtual address
     /// `address`: among the symbols with the highest start at or below it,
     /// one whose size covers it (a sizeless symbol only matches its own

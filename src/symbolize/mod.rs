@@ -3,7 +3,8 @@
 //! User addresses are symbolized per object, in one batch per object, by file
 //! offset (blazesym's ELF source with DWARF: line info and inlined functions;
 //! DWARF from the object, its `.gnu_debuglink` target or its debug file by
-//! build ID under the debug directories; see [`objects`]).
+//! build ID under the debug directories, then MiniDebugInfo's
+//! `.gnu_debugdata` ([`minidebuginfo`]); see [`objects`]).
 //! Kernel addresses are symbolized in one batch from `/proc/kallsyms`.
 //! Addresses in a process's `[vdso]` are symbolized in this process's own
 //! vDSO, the same image for every 64-bit process of the running kernel
@@ -29,6 +30,7 @@ pub mod kallsyms;
 mod keep_tests;
 pub mod kernel;
 mod lines;
+pub mod minidebuginfo;
 mod objects;
 pub mod perf_map;
 mod plt;

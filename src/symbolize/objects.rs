@@ -208,7 +208,9 @@ impl ElfObjects {
     /// functions that have no DWARF at all. DWARF comes from the object,
     /// its `.gnu_debuglink` target, or the debug file found by its build ID
     /// under the debug directories or fetched from a debuginfod server
-    /// (addressed there by virtual address).
+    /// (addressed there by virtual address). Without a debug file,
+    /// functions DWARF does not name are looked up in the object's
+    /// MiniDebugInfo ([`super::minidebuginfo`]) before its symbol tables.
     /// Objects without section headers are named from their dynamic symbol
     /// table (found through `PT_DYNAMIC`).
     fn symbolize_object(
@@ -278,6 +280,11 @@ impl ElfObjects {
             self.note_cost(object, parsed.estimate(), false);
         }
         let dynamic = file.as_ref().and_then(ObjectFile::dynamic_symbols);
+        // MiniDebugInfo, after any debug file (gdb's order), read only if
+        // some address is left without DWARF.
+        let mini = (debug_file.is_none() && !own && debug.iter().any(Option::is_none))
+            .then(|| file.as_ref()?.mini_debug_info(path))
+            .flatten();
         let plt = file.as_ref().and_then(|f| f.plt_stubs_for(&known));
         debug
             .into_iter()
@@ -291,6 +298,10 @@ impl ElfObjects {
                     line.function = Arc::from(format!("{}@plt", line.function));
                     line.system_name = Arc::from(format!("{callee}@plt"));
                     return Some(vec![line]);
+                }
+                if lines.is_none() {
+                    let name = mini.as_ref().zip(vaddrs[i]).and_then(|(m, v)| m.name_of(v));
+                    lines = name.map(|name| vec![line_of(name, None)]);
                 }
                 // The symbol table's line for the address, if it has one.
                 let symbol = symbols.get(i).and_then(|s| s.as_ref()?.last());

@@ -40,12 +40,41 @@ pub fn spawn_listening(
     (child, url, rx)
 }
 
+/// The environment variable that forces the BPF programs' variant
+/// (`src/sampler/variant.rs`): `compat` loads the build for kernels without
+/// `bpf_loop` on this machine's kernel, which has everything.
+pub const FORCE_VARIANT_ENV: &str = "LIGHTSWITCH_BPF_VARIANT";
+
+thread_local! {
+    /// The variant every profiler this thread starts is forced to load.
+    static FORCED_VARIANT: std::cell::Cell<Option<&'static str>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run `f` with every profiler it starts on this thread forced to load the
+/// BPF programs' `variant` (through [`FORCE_VARIANT_ENV`]); each of them
+/// that exits successfully must have said on stderr that it loaded it.
+/// The existing tests of stacks run inside it check the compat variant on
+/// every CI run, not only under qemu on an old kernel.
+pub fn with_bpf_variant<R>(variant: &'static str, f: impl FnOnce() -> R) -> R {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            FORCED_VARIANT.with(|v| v.set(None));
+        }
+    }
+    FORCED_VARIANT.with(|v| v.set(Some(variant)));
+    let _reset = Reset;
+    f()
+}
+
 /// A running `lightswitch`; killed and reaped on drop.
 pub struct Lightswitch {
     child: Child,
     stdout: Option<JoinHandle<String>>,
     stderr: Option<JoinHandle<String>>,
     done: bool,
+    /// The BPF programs' variant it was forced to load ([`with_bpf_variant`]).
+    forced_variant: Option<&'static str>,
 }
 
 fn collect<R: Read + Send + 'static>(mut reader: R) -> JoinHandle<String> {
@@ -66,6 +95,10 @@ impl Lightswitch {
 
     /// Start `cmd` (the profiler, possibly behind a wrapper like `setpriv`).
     pub fn spawn_command(mut cmd: Command) -> Self {
+        let forced_variant = FORCED_VARIANT.with(|v| v.get());
+        if let Some(variant) = forced_variant {
+            cmd.env(FORCE_VARIANT_ENV, variant);
+        }
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -79,6 +112,7 @@ impl Lightswitch {
             stdout: Some(stdout),
             stderr: Some(stderr),
             done: false,
+            forced_variant,
         }
     }
 
@@ -162,11 +196,19 @@ impl Lightswitch {
             thread::sleep(Duration::from_millis(20));
         };
         self.done = true;
-        Output {
+        let output = Output {
             status,
             stdout: self.stdout.take().unwrap().join().unwrap(),
             stderr: self.stderr.take().unwrap().join().unwrap(),
+        };
+        if let Some(variant) = self.forced_variant.filter(|_| output.status.success()) {
+            let said = format!("loading the {variant} BPF programs: forced by {FORCE_VARIANT_ENV}");
+            assert!(
+                output.stderr.contains(&said),
+                "the profiler did not say {said:?}:\n{output}"
+            );
         }
+        output
     }
 }
 

@@ -2,14 +2,18 @@
 # Boots another kernel under qemu (virtme-ng over this machine's root file
 # system) and checks that lightswitch works there:
 #
+#   bash tests/kernels/run.sh 5.10    # Debian 11's kernel (no bpf_loop: the compat programs)
 #   bash tests/kernels/run.sh 6.1     # Debian 12's own kernel
 #   bash tests/kernels/run.sh 6.12    # Debian 12's backport kernel
 #
-# KERNEL is a Debian release series ("6.1", "6.12") or a full package name
-# ("linux-image-6.1.0-50-amd64"). The newest installed package of the series
-# is used, else the newest one apt offers is installed. Installs what it needs
-# (the kernel package, qemu-system-x86, busybox-static, virtme-ng from PyPI)
-# and builds the release binary if it is missing (LS=... points at another).
+# KERNEL is a Debian release series ("5.10", "6.1", "6.12") or a full package
+# name ("linux-image-6.1.0-50-amd64"). The newest installed package of the
+# series is used, else the newest one apt offers is installed; 5.10 (Debian
+# 11's, not in Debian 12's sources) comes from the bullseye-security suite of
+# the Debian mirror apt uses, installed with apt-get (which brings its
+# dependencies). Installs what it needs (the kernel package, qemu-system-x86,
+# busybox-static, virtme-ng from PyPI) and builds the release binary if it is
+# missing (LS=... points at another).
 #
 # Checks, one line each, then PASS or FAIL (exit status 0 only on PASS):
 #   load        the BPF program loads (load time and verified instructions
@@ -28,6 +32,11 @@
 #               (main;warm_up;warm_burn, whose share is printed too) >= 90%
 #               of its samples carry the whole chain; after it exits, Ctrl-C
 #               ends the run, which must exit 0
+#   record      `record -- chain 3` (the program from its first instruction):
+#               exits 0, and >= 90% of the samples in burn carry the whole
+#               chain
+# The load line also names the variant of the BPF programs the kernel got
+# (bpf_loop, or compat before 5.17: docs/kernels.md).
 #
 # Under TCG (the default: KVM hangs at boot in nested VMs) one kernel takes
 # 1-2 minutes here. KVM=1 uses KVM where it works; KEEP=1 keeps the run's
@@ -46,6 +55,7 @@ die() { say setup "$1"; echo FAIL; exit 1; }
 # --- The kernel package ------------------------------------------------------
 case "$KERNEL" in
 linux-image-*) pattern="^${KERNEL//./\\.}\$" ;;
+5.10) pattern='^linux-image-5\.10\.0-[0-9]+-amd64$' ;;
 6.1) pattern='^linux-image-6\.1\.0-[0-9]+-amd64$' ;;
 *) pattern="^linux-image-${KERNEL//./\\.}\\.[0-9]+\\+deb[0-9]+-amd64\$" ;;
 esac
@@ -53,31 +63,55 @@ newest() { grep -E "$pattern" | sort -V | tail -1; }
 pkg=$(dpkg-query -W -f='${Package} ${Status}\n' 'linux-image-*' 2>/dev/null |
     awk '$4 == "installed" {print $1}' | newest)
 apt_updated=0
+# Debian 11's kernel: the newest package of bullseye-security, from the mirror
+# apt uses (the first URIs line of the Debian sources, or sources.list's first
+# deb line), installed with its dependencies.
+if [ -z "$pkg" ] && [ "$KERNEL" = 5.10 ]; then
+    mirror=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null)
+    [ -n "$mirror" ] || mirror=$(awk '$1=="deb"{print $2; exit}' /etc/apt/sources.list 2>/dev/null)
+    [ -n "$mirror" ] || die "no Debian mirror in apt's sources"
+    security=${mirror%/debian}/debian-security
+    file=$(curl -fsS -m 120 "$security/dists/bullseye-security/main/binary-amd64/Packages.xz" | xz -d |
+        awk '/^Package: linux-image-5\.10\.0-[0-9]+-amd64$/{p=1} p&&/^Filename:/{print $2; p=0}' | sort -V | tail -1)
+    [ -n "$file" ] || die "no linux-image-5.10.0-*-amd64 in $security bullseye-security"
+    deb_dir=$(mktemp -d)
+    curl -fsS -m 600 -o "$deb_dir/${file##*/}" "$security/$file" || die "downloading $security/$file failed"
+    apt-get update -qq && apt_updated=1
+    apt-get install -y -qq --no-install-recommends "$deb_dir/${file##*/}" >/dev/null ||
+        die "apt-get install ${file##*/} failed"
+    rm -rf "$deb_dir"
+    pkg=$(dpkg-query -W -f='${Package} ${Status}\n' 'linux-image-*' 2>/dev/null |
+        awk '$4 == "installed" {print $1}' | newest)
+    [ -n "$pkg" ] || die "installing ${file##*/} gave no $KERNEL kernel"
+fi
 if [ -z "$pkg" ]; then
     apt-get update -qq && apt_updated=1
     pkg=$(apt-cache search --names-only "${pattern%\$}" | awk '{print $1}' | newest)
     [ -n "$pkg" ] || die "no Debian package matches kernel $KERNEL"
 fi
 need=()
-for p in "$pkg" qemu-system-x86 busybox-static; do
+for p in "$pkg" qemu-system-x86 busybox-static curl xz-utils; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
     [ $apt_updated = 1 ] || apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null || die "apt-get install ${need[*]} failed"
 fi
-# virtme-ng's `vng`, on PATH or in the scripts directory of the python3 it
-# was installed for.
+# virtme-ng's `vng`: on PATH, in the scripts directory of the python3 it
+# was installed for, or in the virtualenv scripts/setup.sh makes (where it is
+# installed if missing: Debian 12's own Python refuses a system-wide pip).
+vng_venv=${CARGO_TARGET_DIR:-$ROOT/target}/vng-venv
 find_vng() {
     command -v vng && return
+    [ -x "$vng_venv/bin/vng" ] && echo "$vng_venv/bin/vng" && return
     local dir
     dir=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null) &&
         [ -x "$dir/vng" ] && echo "$dir/vng"
 }
 VNG=$(find_vng)
 if [ -z "$VNG" ]; then
-    python3 -m pip install -q virtme-ng >/dev/null 2>&1 || die "pip install virtme-ng failed"
-    hash -r
+    { /usr/bin/python3 -m venv "$vng_venv" && "$vng_venv/bin/pip" install -q virtme-ng; } >/dev/null 2>&1 ||
+        die "installing virtme-ng into $vng_venv failed (python3-venv missing? bash scripts/setup.sh)"
     VNG=$(find_vng) || die "virtme-ng installed, but no vng command found"
 fi
 vmlinuz=/boot/vmlinuz-${pkg#linux-image-}
@@ -147,6 +181,10 @@ sh -c "exec $D/late 4 1.5"
 kill -INT \$lspid
 wait \$lspid
 echo \$? > $D/all.status
+# 3. record: a short program from its first instruction.
+$LS record --sample-freq 99 --profile-format folded --profile-path $D/rec --unwind-cache-dir $D/cache \\
+    --logging info -- $D/chain 3 > $D/rec.log 2>&1
+echo \$? > $D/rec.status
 EOF
 kvm=--disable-kvm
 [ "${KVM:-0}" = 1 ] && kvm=
@@ -200,7 +238,10 @@ read -r total whole frac <<<"$(share "$D/all/folded.txt" late "$CHAIN" burn)"
 read -r w_total w_whole w_frac <<<"$(share "$D/all/folded.txt" late "main;warm_up;warm_burn" warm_burn)"
 ok=1; [ "$total" -gt 0 ] && [ $((whole * 10)) -ge $((total * 9)) ] && [ "$(cat "$D/all.status" 2>/dev/null)" = 0 ] && ok=0
 check exec-exit $ok "program exec'd once the profiler was running, after its 1.5 s warm-up: $whole of $total samples whole (share $frac, need >= 0.9); in the warm-up $w_whole of $w_total ($w_frac); run exit status $(cat "$D/all.status" 2>/dev/null || echo none)"
-startup=$(for f in cold pid all; do
+read -r total whole frac <<<"$(share "$D/rec/folded.txt" chain "$CHAIN" burn)"
+ok=1; [ "$total" -gt 0 ] && [ $((whole * 10)) -ge $((total * 9)) ] && [ "$(cat "$D/rec.status" 2>/dev/null)" = 0 ] && ok=0
+check record $ok "record -- chain 3: $whole of $total samples in burn carry the whole chain (share $frac, need >= 0.9); exit status $(cat "$D/rec.status" 2>/dev/null || echo none)"
+startup=$(for f in cold pid all rec; do
     echo "$f: $(grep -ho "start-up: unwind tables.*" "$D/$f.log" 2>/dev/null | sed 's/ (.*//; s/start-up: unwind tables of the //')"
 done | paste -sd';')
 say info "${startup:-no start-up line}"

@@ -11,7 +11,8 @@ formats of the same run:
   set, and a sample has at least one of them;
 - every timestamp lies in [time_unix_nano, time_unix_nano + duration_nano).
 
-Summary: {"folded": {line: count}, "samples": N, "mappings": [[file,
+Summary: {"folded": {line: count}, "samples": N, "timestamps": T (how
+many samples carry a time), "mappings": [[file,
 build_id]], "inlined": [[function, ...]], "threads": [[pid, tid, thread
 name, executable name]], "host": str, "sample_type": [type, unit],
 "period_type": [type, unit], "period": int}. A folded line is the
@@ -117,7 +118,7 @@ def main(path):
     begin, end = profile.time_unix_nano, profile.time_unix_nano + profile.duration_nano
     check(profile.time_unix_nano > 0 and profile.duration_nano > 0, "time or duration unset")
 
-    folded, threads, total = {}, set(), 0
+    folded, threads, total, stamps = {}, set(), 0, 0
     for s in profile.samples:
         in_range(s.stack_index, d.stack_table, "stack")
         check(s.stack_index != 0, "a sample names stack 0")
@@ -128,6 +129,7 @@ def main(path):
         for t in s.timestamps_unix_nano:
             check(begin <= t < end, f"timestamp {t} outside [{begin}, {end})")
         count = sum(s.values) if s.values else len(s.timestamps_unix_nano)
+        stamps += len(s.timestamps_unix_nano)
         a = attrs(s.attribute_indices)
         check(len(a) == len(s.attribute_indices), "an attribute key twice in one sample")
         exe = a.get("process.executable.name", "")
@@ -141,6 +143,7 @@ def main(path):
     print(json.dumps({
         "folded": folded,
         "samples": total,
+        "timestamps": stamps,
         "mappings": mappings,
         "inlined": inlined,
         "threads": sorted(list(t) for t in threads),

@@ -12,6 +12,9 @@
 //!   output, its mapping carries the program's build ID, `mix` and `burn`
 //!   are lines of one location, and `report` of the OTLP file prints the
 //!   same table as `report` of the pprof file.
+//! - `--sender otlp` (sender.rs) delivers every window to `receiver.py`,
+//!   which decodes each request with the same package, through a 503 with
+//!   `Retry-After` and a `partial_success`.
 //! - Continuous mode writes one OTLP file per window, `record` writes one,
 //!   and an on-demand request with `format=otlp` answers one (gzip'd):
 //!   each passes the check.
@@ -22,6 +25,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod sender;
 
 use std::collections::BTreeMap;
 use std::fs;

@@ -7,7 +7,7 @@ use super::*;
 /// C at -O2 without frame pointers: the whole chain from `_start`, which
 /// only the CFI walk can produce.
 #[test]
-fn c_no_frame_pointers_chain() {
+pub(super) fn c_no_frame_pointers_chain() {
     let _serial = serial();
     let program = compile("lsw_uw_chain", &c_chain_source(), NO_FP);
     let target = Target::run(&program.path);
@@ -80,7 +80,7 @@ fn vdso_frames_named() {
 /// Recursion 300 deep: every one of the 300 frames, in order, between
 /// `main` and the leaf.
 #[test]
-fn c_recursion_300() {
+pub(super) fn c_recursion_300() {
     let _serial = serial();
     let program = compile("lsw_uw_rec300", &recursion_source(300), NO_FP);
     let target = Target::run(&program.path);
@@ -118,7 +118,7 @@ int main(void) {{ while (!stop) {{ left(); right(); }} return 0; }}
 /// on its CPU took the same path, about half of the time: at least a
 /// quarter must be (the debug log's `walks_reused`).
 #[test]
-fn reused_walks_check_every_caller() {
+pub(super) fn reused_walks_check_every_caller() {
     let _serial = serial();
     let program = compile("lsw_uw_paths", &two_paths_source(), NO_FP);
     let target = Target::run(&program.path);

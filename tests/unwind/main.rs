@@ -4,7 +4,8 @@
 //! the folded output. Also: deep recursion, 100 KiB and 600 KiB stack frames,
 //! a library `dlopen`ed while profiling, a signal handler frame, a deleted
 //! binary, a process in its own pid namespace, the frame limit, and
-//! `show-unwind`.
+//! `show-unwind`. `compat.rs` runs some of them again with the BPF
+//! programs built for kernels without `bpf_loop` (5.10 to 5.16).
 //!
 //! Needs root (BPF), gcc, g++, rustc and util-linux; the Go test needs `go`.
 //!
@@ -16,6 +17,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod compat;
 mod languages;
 mod processes;
 

@@ -8,7 +8,7 @@ use super::*;
 /// found while running and its table loaded, so the spin inside it gets
 /// complete stacks from `_start` through `main`.
 #[test]
-fn dlopen_after_start() {
+pub(super) fn dlopen_after_start() {
     let _serial = serial();
     let lib_source = format!(
         "{STOP_FLAG}
@@ -100,7 +100,7 @@ int main(void) {{
 /// A SIGALRM handler that never returns: the walk goes through the
 /// signal frame (`__restore_rt`) into the interrupted function and `main`.
 #[test]
-fn signal_handler_frame() {
+pub(super) fn signal_handler_frame() {
     let _serial = serial();
     let source = format!(
         "{DIE_WITH_PARENT}{STOP_FLAG}
@@ -142,7 +142,7 @@ int main(void) {{
 /// parent is in that call (the kernel copying it into the child) walk
 /// through rdi, as the interrupted registers hold it, on to `main`.
 #[test]
-fn vfork_return_address_in_a_register() {
+pub(super) fn vfork_return_address_in_a_register() {
     let _serial = serial();
     let source = format!(
         "{DIE_WITH_PARENT}{STOP_FLAG}
@@ -267,7 +267,7 @@ func main() {
 /// A Go program: `main.main -> main.a -> main.b -> main.hot`, rooted at
 /// the goroutine's `runtime.goexit -> runtime.main`.
 #[test]
-fn go_frame_pointers() {
+pub(super) fn go_frame_pointers() {
     let _serial = serial();
     if Command::new("go").arg("version").output().is_err() {
         eprintln!(
@@ -381,7 +381,7 @@ fn show_unwind_subcommand() {
 /// Recursion 2000 deep: the walk stops at 1024 user frames and the sample
 /// is marked `[unwind: truncated]`, yet counted with the frames it has.
 #[test]
-fn truncated_beyond_limit() {
+pub(super) fn truncated_beyond_limit() {
     let _serial = serial();
     let program = compile("lsw_uw_rec2000", &recursion_source(2000), NO_FP);
     let target = Target::run(&program.path);

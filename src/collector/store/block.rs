@@ -3,29 +3,27 @@
 //!
 //! ```text
 //! "LSWBLK01"  u32 LE header length  header (prost BlockHeader)  u32 LE CRC-32 of the header
-//! column 0: the block's stack ids (global, ascending), delta-coded varints
-//! column 1: times, ns: delta from the previous sample (the first: from
-//!           header.first_time), varints
-//! column 2: each sample's stack, an index into column 0, varints
-//! column 3: each sample's thread, an index into header.thread_ids, varints
-//! u32 LE CRC-32 of the columns
+//! the columns of [`super::columns`], each zstd-compressed on its own
+//! u32 LE CRC-32 of the compressed columns
 //! ```
 //!
-//! Each column is zstd-compressed on its own (level [`ZSTD_LEVEL`]); the
-//! header gives each column's compressed and raw lengths. Ids are local to
-//! the block (column 0 and `thread_ids` map them to the stack table's), so
-//! most are one byte before compression. Decoding checks both CRCs, the
-//! lengths and every index, and refuses the block whole on any mismatch: a
-//! damaged block is skipped and counted, never half read.
+//! Each column is compressed at level [`ZSTD_LEVEL`]; the header gives
+//! each column's compressed and raw lengths. Ids are local to the block
+//! (the stack list and `thread_ids` map them to the stack table's).
+//! Decoding checks both CRCs, the lengths and every index, and refuses the
+//! block whole on any mismatch: a damaged block is skipped and counted,
+//! never half read.
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use prost::Message;
+
+use super::columns::{self, COLUMNS};
 
 /// First bytes of every block file.
 pub const MAGIC: &[u8; 8] = b"LSWBLK01";
 
-/// zstd level of the columns: 3 (zstd's default) measured within 2% of
-/// level 9's size on real 10 kHz data at a third of its CPU time.
+/// zstd level of the columns: zstd's default. Level 9 was 3-5% smaller on
+/// a real 10 kHz recording, level 19 8-12%, at several times the CPU.
 pub const ZSTD_LEVEL: i32 = 3;
 
 /// Most samples in one block; a larger ingest is split. Bounds what a
@@ -82,101 +80,46 @@ pub struct Row {
     pub thread: u32,
 }
 
-/// A block read back: its header and one entry per sample in each column.
+/// A block read back: its header and its rows (by thread, then time).
 #[derive(Debug, Default)]
 pub struct Decoded {
     /// The checked header.
     pub header: BlockHeader,
-    /// Each sample's time, ns since the Unix epoch, ascending.
+    /// Each row's time, ns since the Unix epoch.
     pub times: Vec<u64>,
-    /// Each sample's stack id (stack table).
+    /// Each row's stack id (stack table).
     pub stacks: Vec<u32>,
-    /// Each sample's thread id (stack table).
+    /// Each row's thread id (stack table).
     pub threads: Vec<u32>,
 }
 
-const COLUMNS: usize = 4;
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
+/// ns between samples at `freq_hz` (1 when unknown): what time deltas are
+/// counted in.
+fn period_of(freq_hz: u64) -> u64 {
+    1_000_000_000u64.checked_div(freq_hz).unwrap_or(1).max(1)
 }
 
-/// Reads varints from a column; errors past its end or on an overlong one.
-struct Varints<'a> {
-    bytes: &'a [u8],
-}
-
-impl Varints<'_> {
-    fn next(&mut self) -> Result<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&b, rest) = self.bytes.split_first().context("a column ends early")?;
-            self.bytes = rest;
-            v |= u64::from(b & 0x7f) << shift;
-            if b < 0x80 {
-                return Ok(v);
-            }
-        }
-        bail!("a varint is too long")
-    }
-}
-
-/// Encode `rows` (sorted by time, at least one) of `host`'s window
-/// `[window_start, window_end)`, sampled at `freq_hz`, as a block file's bytes.
-pub fn encode(host: &str, window: (u64, u64), freq_hz: u64, rows: &[Row]) -> Result<Vec<u8>> {
+/// Encode `rows` (at least one, any order; reordered here) of `host`'s
+/// window `[window_start, window_end)`, sampled at `freq_hz`, as a block
+/// file's bytes.
+pub fn encode(host: &str, window: (u64, u64), freq_hz: u64, rows: &mut [Row]) -> Result<Vec<u8>> {
     ensure!(!rows.is_empty(), "an empty block");
-    let mut stack_ids: Vec<u32> = rows.iter().map(|r| r.stack).collect();
-    stack_ids.sort_unstable();
-    stack_ids.dedup();
-    let mut thread_ids: Vec<u32> = rows.iter().map(|r| r.thread).collect();
-    thread_ids.sort_unstable();
-    thread_ids.dedup();
-    let local_stack: std::collections::HashMap<u32, u64> = stack_ids
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| (s, i as u64))
-        .collect();
-    let local_thread: std::collections::HashMap<u32, usize> = thread_ids
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| (t, i))
-        .collect();
-    let mut raw: [Vec<u8>; COLUMNS] = Default::default();
-    let mut previous = 0;
-    for &s in &stack_ids {
-        put_varint(&mut raw[0], u64::from(s - previous));
-        previous = s;
-    }
-    let mut thread_counts = vec![0u64; thread_ids.len()];
-    let mut last = rows[0].time;
-    for r in rows {
-        ensure!(r.time >= last, "block rows out of time order");
-        put_varint(&mut raw[1], r.time - last);
-        last = r.time;
-        put_varint(&mut raw[2], local_stack[&r.stack]);
-        let t = local_thread[&r.thread];
-        put_varint(&mut raw[3], t as u64);
-        thread_counts[t] += 1;
-    }
+    let coded = columns::code(rows, period_of(freq_hz));
     let mut packed = Vec::with_capacity(COLUMNS);
-    for column in &raw {
+    for column in &coded.columns {
         packed.push(zstd::bulk::compress(column, ZSTD_LEVEL).context("compressing a column")?);
     }
     let header = BlockHeader {
         host: host.to_string(),
         window_start: window.0,
         window_end: window.1,
-        first_time: rows[0].time,
-        last_time: last,
+        first_time: coded.first_time,
+        last_time: coded.last_time,
         samples: rows.len() as u64,
-        thread_ids,
-        thread_counts,
+        thread_ids: coded.thread_ids,
+        thread_counts: coded.thread_counts,
         packed_lens: packed.iter().map(|c| c.len() as u32).collect(),
-        raw_lens: raw.iter().map(|c| c.len() as u32).collect(),
+        raw_lens: coded.columns.iter().map(|c| c.len() as u32).collect(),
         sample_freq_hz: freq_hz,
     };
     let header = header.encode_to_vec();
@@ -252,7 +195,8 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded> {
     let mut raw = Vec::with_capacity(COLUMNS);
     let mut at = 0;
     for (i, (&packed, &len)) in header.packed_lens.iter().zip(&header.raw_lens).enumerate() {
-        // A varint of a u64 is at most 10 bytes: a bound on honest lengths.
+        // At most a 10-byte varint or 4 jitter bytes per sample: a bound on
+        // honest lengths.
         ensure!(
             len as usize <= (n + 1) * 10,
             "column {i} is implausibly long"
@@ -267,49 +211,24 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded> {
         );
         raw.push(bytes);
     }
-    let mut stack_list = Vec::new();
-    let mut ids = Varints { bytes: &raw[0] };
-    let mut previous = 0u32;
-    while !ids.bytes.is_empty() {
-        let delta = u32::try_from(ids.next()?).context("a stack id is too large")?;
-        previous = previous
-            .checked_add(delta)
-            .context("a stack id is too large")?;
-        stack_list.push(previous);
-    }
-    let mut out = Decoded {
-        times: Vec::with_capacity(n),
-        stacks: Vec::with_capacity(n),
-        threads: Vec::with_capacity(n),
-        header,
-    };
-    let (mut times, mut stacks, mut threads) = (
-        Varints { bytes: &raw[1] },
-        Varints { bytes: &raw[2] },
-        Varints { bytes: &raw[3] },
-    );
-    let mut time = out.header.first_time;
-    for _ in 0..n {
-        time = time
-            .checked_add(times.next()?)
-            .context("a time is too large")?;
-        let stack = stack_list
-            .get(stacks.next()? as usize)
-            .context("a stack index is out of range")?;
-        let thread = out
-            .header
-            .thread_ids
-            .get(threads.next()? as usize)
-            .context("a thread index is out of range")?;
-        out.times.push(time);
-        out.stacks.push(*stack);
-        out.threads.push(*thread);
-    }
+    let rows = columns::decode(
+        &raw,
+        &header.thread_ids,
+        &header.thread_counts,
+        header.first_time,
+        period_of(header.sample_freq_hz),
+    )?;
+    let (min, max) = (rows.times.iter().min(), rows.times.iter().max());
     ensure!(
-        time == out.header.last_time,
-        "the last time differs from the header's"
+        min == Some(&header.first_time) && max == Some(&header.last_time),
+        "the times differ from the header's"
     );
-    Ok(out)
+    Ok(Decoded {
+        header,
+        times: rows.times,
+        stacks: rows.stacks,
+        threads: rows.threads,
+    })
 }
 
 #[cfg(test)]
@@ -325,17 +244,18 @@ mod tests {
                 thread: (i % 3) as u32 + 5,
             })
             .collect();
-        let bytes = encode("h", (1, 2), 99, &rows).unwrap();
+        let bytes = encode("h", (1, 2), 20_000, &mut rows.clone()).unwrap();
         let d = decode(&bytes).unwrap();
         assert_eq!(d.header.host, "h");
         assert_eq!(d.header.thread_counts, vec![334, 333, 333]);
-        let back: Vec<Row> = (0..1000)
+        let mut back: Vec<Row> = (0..1000)
             .map(|i| Row {
                 time: d.times[i],
                 stack: d.stacks[i],
                 thread: d.threads[i],
             })
             .collect();
+        back.sort();
         assert_eq!(back, rows);
         for cut in [0, 5, 20, bytes.len() / 2, bytes.len() - 1] {
             assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");

@@ -20,6 +20,7 @@
 
 pub mod assemble;
 pub mod block;
+pub mod columns;
 pub mod dict;
 pub mod query;
 pub mod retention;

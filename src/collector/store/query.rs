@@ -85,8 +85,8 @@ impl SampleStore {
     }
 
     /// Pass every sample of `blocks` that `selection` selects to `visitor`,
-    /// block by block (each block's samples in time order; blocks in the
-    /// given order). Damaged blocks are skipped, logged and counted.
+    /// block by block (each block's samples by thread, then time; blocks
+    /// in the given order). Damaged blocks are skipped, logged and counted.
     pub fn scan(
         &self,
         selection: &Selection,
@@ -183,12 +183,11 @@ impl SampleStore {
             d.stacks.iter().all(|&s| s < stacks),
             "it names stacks the stack table lacks"
         );
-        let start = d.times.partition_point(|&t| t < selection.from);
-        let end = d.times.partition_point(|&t| t < selection.to);
         let mut n = 0;
-        for i in start..end {
-            if wanted[d.threads[i] as usize] {
-                visitor.sample(&dict, d.times[i], d.stacks[i], d.threads[i]);
+        for i in 0..d.times.len() {
+            let time = d.times[i];
+            if (selection.from..selection.to).contains(&time) && wanted[d.threads[i] as usize] {
+                visitor.sample(&dict, time, d.stacks[i], d.threads[i]);
                 n += 1;
             }
         }

@@ -76,9 +76,10 @@ impl SampleStore {
         let host_dir = sanitize_host(batch.host);
         let blocks_dir = self.root.join("blocks");
         let mut done = Ingested::default();
-        for chunk in rows.chunks(MAX_BLOCK_SAMPLES) {
-            let bytes = block::encode(batch.host, batch.window, profile.sample_freq_hz, chunk)?;
+        for chunk in rows.chunks_mut(MAX_BLOCK_SAMPLES) {
+            // Sorted by time: the chunk's first and last are its extremes.
             let (first, last) = (chunk[0].time, chunk[chunk.len() - 1].time);
+            let bytes = block::encode(batch.host, batch.window, profile.sample_freq_hz, chunk)?;
             let dir = blocks_dir.join(&host_dir).join(crate::timefmt::day(first));
             create_dirs(&blocks_dir, &dir, self.file_mode)?;
             let path = dir.join(format!("{first}-{last}-{}-{}.blk", chunk.len(), *seq));
