@@ -11,12 +11,12 @@
 # Python package, installed by pip into a virtualenv: Debian 12's Python is
 # "externally managed", so neither a system-wide nor a `--user` pip install
 # is allowed; the virtualenv is `otlp-venv` in the cargo target directory,
-# $CARGO_TARGET_DIR or ./target, where the test looks for it), for
+# $CARGO_TARGET_DIR or ./target, where the test looks for it); for
 # tests/kernels/run.sh (other kernels booted under qemu): qemu-system-x86,
 # busybox-static, curl and xz-utils (Debian 11's 5.10 kernel is fetched from
 # bullseye-security), and virtme-ng from PyPI in the virtualenv `vng-venv`
-# of the target directory; and chromium (tests/web drives the web view in
-# it, headless, with npm's playwright-core, installed by `npm ci` into
+# of the target directory; chromium (tests/web drives the web view in it,
+# headless, with npm's playwright-core, installed by `npm ci` into
 # web/node_modules from web/package-lock.json; npm comes with some builds of
 # nodejs, and is Debian's npm package otherwise).
 # Idempotent: installs only what is missing.

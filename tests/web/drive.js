@@ -179,7 +179,13 @@ async function main() {
 
   // Drop the base, then a range as long, 500 ms later, between bursts.
   await page.click('#clear-base');
-  const quiet = [sel[0] + 500n * MS, sel[1] + 500n * MS];
+  // Under load the busy threads may get no CPU for a few ms: take the
+  // first of a few offsets whose range holds samples at all.
+  let quiet = null;
+  for (const ms of [500n, 400n, 600n, 300n, 700n]) {
+    quiet = [sel[0] + ms * MS, sel[1] + ms * MS];
+    if ((await foldedCount(page, quiet, 'critical_section')).total > 0) break;
+  }
   await view(page, quiet[0] - 5n * MS, quiet[1] + 5n * MS);
   await page.evaluate(() => { document.body.dataset.flame = 'stale'; });
   await drag(page, quiet[0], quiet[1], false);

@@ -274,43 +274,19 @@ fn the_agents_page_records_and_shows_a_burst() {
     check_report(&report, &workload, &program.name);
 }
 
-/// POST every OTLP file in `dir` to the collector at `url`.
-fn post_otlp_files(url: &str, dir: &Path) -> usize {
-    let client = reqwest::blocking::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap();
-    let mut posted = 0;
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        let body = std::fs::read(&path).unwrap();
-        let response = client
-            .post(format!("{url}/v1development/profiles"))
-            .header("Content-Type", "application/x-protobuf")
-            .header("X-Lightswitch-Host", lightswitch::sender::hostname())
-            .body(body)
-            .send()
-            .unwrap_or_else(|e| panic!("posting {}: {e}", path.display()));
-        assert!(
-            response.status().is_success(),
-            "{}: {} {}",
-            path.display(),
-            response.status(),
-            response.text().unwrap_or_default()
-        );
-        posted += 1;
-    }
-    posted
-}
-
 #[test]
 fn the_collectors_page_shows_a_burst_at_sample_resolution() {
     let _serial = common::serial();
     let program = compile("web-burst", BURST_SOURCE, FP_FLAGS);
     let bursts = program.dir().join("bursts.txt");
     let workload = Workload::spawn_with_args(&program, &[&bursts]);
-    // The agent's OTLP windows, every sample with its time.
-    let windows = tempfile::tempdir().unwrap();
+    let storage = tempfile::tempdir().unwrap();
+    let mut collector = Command::new(BIN);
+    collector
+        .args(["collector", "--listen", "127.0.0.1:0", "--storage"])
+        .arg(storage.path());
+    let (mut child, url, _lines) = common::spawn_listening(collector, Duration::from_secs(30));
+    // An agent sending its windows over OTLP, every sample with its time.
     let started = lightswitch::timefmt::now_unix_ns();
     let out = common::run(
         &[
@@ -322,22 +298,15 @@ fn the_collectors_page_shows_a_burst_at_sample_resolution() {
             "4",
             "--profile-interval",
             "1",
-            "--profile-format",
+            "--sender",
             "otlp",
-            "--profile-path",
-            windows.path().to_str().unwrap(),
+            "--server-url",
+            &url,
         ],
         Duration::from_secs(60),
     );
     out.assert_success();
     let ended = lightswitch::timefmt::now_unix_ns();
-    let storage = tempfile::tempdir().unwrap();
-    let mut collector = Command::new(BIN);
-    collector
-        .args(["collector", "--listen", "127.0.0.1:0", "--storage"])
-        .arg(storage.path());
-    let (mut child, url, _lines) = common::spawn_listening(collector, Duration::from_secs(30));
-    assert!(post_otlp_files(&url, windows.path()) >= 3);
     let report = drive(
         &format!("{url}/"),
         &bursts,
