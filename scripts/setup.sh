@@ -4,7 +4,8 @@
 # pkg-config (libbpf), make (builds jemalloc, the allocator), protoc (pprof
 # message types), Go (`go tool pprof` in the tests), util-linux
 # (setpriv/unshare in the tests), linux-perf (the overhead harness compares
-# against `perf record`), nodejs (JIT perf-map tests: `node --perf-basic-prof`),
+# against `perf record`; bpftrace and rt-tests's hackbench are the off-CPU cost
+# harness's anchors, bench/overhead/offcpu.sh), nodejs (JIT perf-map tests: `node --perf-basic-prof`),
 # debuginfod (a real debuginfod server for the debug-file fetching test),
 # man-db (tests/cli.rs renders the generated man page with `man -l`),
 # python3-venv (tests/otlp decodes OTLP files with the `opentelemetry-proto`
@@ -22,7 +23,7 @@
 # Idempotent: installs only what is missing.
 set -euo pipefail
 
-packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf nodejs debuginfod man-db python3-venv qemu-system-x86 busybox-static curl xz-utils chromium)
+packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf nodejs debuginfod man-db python3-venv qemu-system-x86 busybox-static curl xz-utils chromium bpftrace rt-tests)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -65,3 +66,10 @@ if ! [ -f "$repo/web/node_modules/playwright-core/package.json" ]; then
     echo "setup: installing playwright-core into $repo/web/node_modules" >&2
     (cd "$repo/web" && npm ci --no-audit --no-fund --loglevel=error)
 fi
+
+# The Debian kernels tests/kernels/run.sh boots under qemu: Debian 11's 5.10
+# (bullseye-security) and Debian 12's 6.1, with qemu and virtme-ng.
+for kernel in 5.10 6.1; do
+    $SUDO bash "$repo/tests/kernels/run.sh" "$kernel" --install-only >/dev/null ||
+        { echo "setup: installing the $kernel kernel for tests/kernels/run.sh failed" >&2; exit 1; }
+done

@@ -42,10 +42,12 @@
 # 1-2 minutes here (5.10: 2-4), far more on a loaded machine; the guest is
 # stopped after VM_TIMEOUT seconds (default 600). KVM=1 uses KVM where it
 # works; KEEP=1 keeps the run's files (under target/kernel-check.*) for a
-# look.
+# look. `--install-only` after KERNEL installs the kernel package, qemu and
+# virtme-ng and stops (scripts/setup.sh does this for 5.10 and 6.1).
 set -uo pipefail
 
-KERNEL=${1:?usage: tests/kernels/run.sh KERNEL (e.g. 6.1, 6.12, or linux-image-...)}
+KERNEL=${1:?usage: tests/kernels/run.sh KERNEL [--install-only] (e.g. 6.1, 6.12, or linux-image-...)}
+INSTALL_ONLY=${2:-}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 LS=${LS:-$ROOT/target/release/lightswitch}
@@ -118,6 +120,10 @@ if [ -z "$VNG" ]; then
 fi
 vmlinuz=/boot/vmlinuz-${pkg#linux-image-}
 [ -f "$vmlinuz" ] || die "$vmlinuz is missing after installing $pkg"
+if [ "$INSTALL_ONLY" = --install-only ]; then
+    say setup "$pkg, qemu and virtme-ng are installed"
+    exit 0
+fi
 if [ ! -x "$LS" ]; then
     cargo build --release >/dev/null 2>&1 || die "cargo build --release failed"
 fi
