@@ -392,7 +392,7 @@ pub enum Command {
         max_body_bytes: usize,
         /// Largest size a gzip'd body may decompress to, bytes (413 above
         /// it; decompression stops there, so a bomb costs at most this).
-        #[arg(long, value_parser = parse_count::<usize>, default_value_t = crate::collector::DEFAULT_MAX_DECODED_BYTES)]
+        #[arg(long, value_parser = parse_count::<usize>, default_value_t = values::DEFAULT_MAX_DECODED_BYTES)]
         max_decoded_bytes: usize,
         /// Request bodies read and decoded at once; more wait their turn
         /// (408 after 60 s).
@@ -401,7 +401,7 @@ pub enum Command {
         /// Most stored profiles one `GET /v1/profiles/merged` may cover
         /// (413 beyond, naming how many matched). Profiles are merged one at
         /// a time, so memory does not grow with their number.
-        #[arg(long, value_parser = parse_count::<usize>, default_value_t = crate::collector::DEFAULT_MAX_MERGE_PROFILES)]
+        #[arg(long, value_parser = parse_count::<usize>, default_value_t = values::DEFAULT_MAX_MERGE_PROFILES)]
         max_merge_profiles: usize,
         /// Connections served at once (at most a quarter of `ulimit -n`).
         /// When all are taken, connections idle
@@ -413,7 +413,7 @@ pub enum Command {
         /// Most samples a merged answer in a format that keeps every
         /// sample's time (firefox, otlp) may hold (413 beyond, saying so;
         /// 12 bytes each while it is built). Aggregated formats are not limited.
-        #[arg(long, value_parser = parse_count::<u64>, default_value_t = crate::collector::DEFAULT_MAX_TIMELINE_SAMPLES)]
+        #[arg(long, value_parser = parse_count::<u64>, default_value_t = values::DEFAULT_MAX_TIMELINE_SAMPLES)]
         max_timeline_samples: u64,
         /// Delete stored data older than this (`7d`, `36h`, `90m`; humantime
         /// units), checked every 10 s while running. Default: keep forever.

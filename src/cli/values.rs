@@ -135,6 +135,17 @@ pub(super) fn parse_label(text: &str) -> Result<(String, String), String> {
     Ok((key.to_string(), value.to_string()))
 }
 
+/// Most stored profiles one `GET /v1/profiles/merged` may cover, by default
+/// (`lightswitch collector --max-merge-profiles`).
+pub const DEFAULT_MAX_MERGE_PROFILES: usize = 20_000;
+
+/// Most samples a merged answer in a timeline format may hold, by default
+/// (12 bytes each while it is built).
+pub const DEFAULT_MAX_TIMELINE_SAMPLES: u64 = 10_000_000;
+
+/// Largest size a request body may decompress to by default, bytes.
+pub const DEFAULT_MAX_DECODED_BYTES: usize = 64 * 1024 * 1024;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use super::server::{query_pairs, AppState};
+use super::state::{query_pairs, AppState};
 use super::store::assemble::Assembler;
 use super::store::query::Selection;
 use crate::httpd::{blocking, text};

@@ -14,7 +14,7 @@ use prost::Message;
 use tracing::{info, warn};
 
 use super::merge::{self, BodyError};
-use super::server::AppState;
+use super::state::AppState;
 use super::store::writer::{Batch, Ingested};
 use super::store::SampleStore;
 use crate::format::otlp::proto::collector::{

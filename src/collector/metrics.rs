@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use super::server::AppState;
+use super::state::AppState;
 use crate::httpd::blocking;
 
 /// The metrics text for `state` (counters, then gauges).

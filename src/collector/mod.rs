@@ -12,6 +12,7 @@ pub mod merge;
 pub mod metrics;
 pub mod queries;
 pub mod server;
+pub mod state;
 pub mod storage;
 pub mod store;
 
@@ -23,16 +24,6 @@ use anyhow::{Context, Result};
 
 use crate::httpd::serve::{serve, ConnectionLimits, ConnectionStats};
 use crate::httpd::server_token;
-
-/// Most stored profiles one `GET /v1/profiles/merged` may cover, by default.
-pub const DEFAULT_MAX_MERGE_PROFILES: usize = 20_000;
-
-/// Most samples a merged answer in a timeline format may hold, by default
-/// (12 bytes each while it is built).
-pub const DEFAULT_MAX_TIMELINE_SAMPLES: u64 = 10_000_000;
-
-/// Largest size a request body may decompress to by default, bytes.
-pub const DEFAULT_MAX_DECODED_BYTES: usize = 64 * 1024 * 1024;
 
 /// How the collector runs (from `lightswitch collector`'s flags).
 #[derive(Clone)]
@@ -143,7 +134,7 @@ pub fn run(config: &CollectorConfig) -> Result<()> {
             config.profile_mode,
         )?);
         store::retention::spawn(samples.clone(), archive.clone(), config.retention);
-        let state = server::AppState {
+        let state = state::AppState {
             token: server_token(config.token.as_deref(), TOKEN_NAMES, address)?,
             storage: archive,
             max_body_bytes: config.max_body_bytes,

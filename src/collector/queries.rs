@@ -8,7 +8,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 
-use super::server::{json, query_pairs, query_value, time_param, AppState};
+use super::state::{json, query_pairs, query_value, time_param, AppState};
 use super::store::assemble::Assembler;
 use super::store::query::Selection;
 use super::store::timeline::{Density, MAX_BUCKETS};

@@ -30,55 +30,31 @@
 //! With a token configured, every request needs `Authorization: Bearer
 //! TOKEN` (401 otherwise, checked before the body is read).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
 use axum::handler::Handler;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
-use tokio::sync::Semaphore;
 use tower_http::timeout::TimeoutLayer;
 use tracing::{info, warn};
 
 use super::merge::{self, BodyError};
 use super::queries;
+use super::state::{json, query_pairs, query_value, time_param, AppState, TIME_FORMS};
 use super::storage::{Filter, Storage, StoredProfile};
-use super::store::SampleStore;
-use crate::httpd::{blocking, check_request, text};
+use crate::httpd::{blocking, text};
 use crate::timefmt;
+use crate::web::assets::check_request;
 use crate::wire::{HOST_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
 
 /// Longest a `POST /v1/profiles` may take, waiting for its turn and
 /// reading its body included (a slow client is answered 408 and dropped).
 pub const INGEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// What every handler shares.
-#[derive(Clone)]
-pub struct AppState {
-    /// Where profiles go.
-    pub storage: Arc<Storage>,
-    /// Required bearer token, if any (never empty: see
-    /// [`crate::httpd::server_token`]).
-    pub token: Option<Arc<str>>,
-    /// Largest accepted body, bytes.
-    pub max_body_bytes: usize,
-    /// Largest size a body may decompress to, bytes (also the bound when
-    /// stored profiles are read back for a merge).
-    pub max_decoded_bytes: usize,
-    /// Bodies read and decoded at once: one permit per ingest in progress.
-    pub ingests: Arc<Semaphore>,
-    /// Most stored profiles one merge request may cover.
-    pub max_merge_profiles: usize,
-    /// The sample store (every sample at its time).
-    pub store: Arc<SampleStore>,
-    /// Most samples a merge into a timeline format (firefox, otlp) may hold.
-    pub max_timeline_samples: u64,
-}
 
 /// The collector's routes with body limits, the ingest limit and timeout,
 /// and authentication.
@@ -120,15 +96,6 @@ async fn one_of_few_ingests(
     next.run(request).await
 }
 
-/// A JSON answer (one line), fields in the order `body` declares them.
-pub(super) fn json(status: StatusCode, body: &impl serde::Serialize) -> Response {
-    let body = match serde_json::to_string(body) {
-        Ok(body) => format!("{body}\n"),
-        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    };
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-}
-
 async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if let Some(token) = &state.token {
         if let Some(denied) = check_request(&request, token) {
@@ -136,35 +103,6 @@ async fn authenticate(State(state): State<AppState>, request: Request, next: Nex
         }
     }
     next.run(request).await
-}
-
-pub(super) fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
-    url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect()
-}
-
-pub(super) fn query_value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    pairs
-        .iter()
-        .rev()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
-        .filter(|v| !v.is_empty())
-}
-
-/// The times a header or query parameter may give, for error messages.
-const TIME_FORMS: &str = "expected ns since the Unix epoch or an RFC 3339 UTC time, \
-     1970-01-01T00:00:00Z to 2554-07-21T23:34:33Z";
-
-/// A time query parameter; errors are the 400 message.
-pub(super) fn time_param(pairs: &[(String, String)], key: &str) -> Result<Option<u64>, String> {
-    match query_value(pairs, key) {
-        None => Ok(None),
-        Some(v) => timefmt::parse(v)
-            .map(Some)
-            .ok_or_else(|| format!("{key}={v:?} is not a time ({TIME_FORMS})")),
-    }
 }
 
 /// The listing filter of a query; errors are the 400 message.

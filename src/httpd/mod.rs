@@ -72,7 +72,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 /// How a 401 asks for the token: `Bearer` (scripts and API clients, RFC
 /// 6750), or `Basic` with a realm, which makes a browser ask its user and
 /// send the token as the password of every later request (the web view's
-/// pages: [`crate::web::assets::is_page`]).
+/// pages: [`crate::web::assets::check_request`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Challenge {
     /// `WWW-Authenticate: Bearer`.
@@ -125,17 +125,6 @@ pub fn check_token(request: &Request, token: &str, challenge: Challenge) -> Opti
         .headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(value));
     Some(response)
-}
-
-/// [`check_token`] with the challenge a path calls for: `Basic` for the
-/// web view's pages, `Bearer` for the API.
-pub fn check_request(request: &Request, token: &str) -> Option<Response> {
-    let challenge = if crate::web::assets::is_page(request.uri().path()) {
-        Challenge::Basic
-    } else {
-        Challenge::Bearer
-    };
-    check_token(request, token, challenge)
 }
 
 #[cfg(test)]

@@ -41,6 +41,12 @@ pub(super) fn configure(
         open.progs.off_cpu_switch.set_autoload(false);
         open.progs.off_cpu_resume.set_autoload(false);
         open.progs.walk_user_stack_off_cpu.set_autoload(false);
+        // The task-storage map needs Linux 5.11; creating it unused would
+        // fail the whole load on 5.10 with EINVAL.
+        open.maps
+            .off_cpu_starts
+            .set_autocreate(false)
+            .context("leaving the off_cpu_starts task-storage map uncreated")?;
         return Ok(());
     };
     open.maps

@@ -13,6 +13,7 @@
 pub mod metrics;
 pub mod ondemand;
 pub mod recordings;
+pub mod request;
 pub mod routes;
 
 use std::net::{SocketAddr, TcpListener};

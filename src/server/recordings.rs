@@ -33,7 +33,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::ondemand::Answer;
-use super::routes::{parse_profile_query, run_request, AppState};
+use super::request::Requests;
 use crate::collector::merge;
 use crate::compare::timeline::slice;
 use crate::format::{self, Compression, ProfileFormat};
@@ -112,17 +112,21 @@ fn pairs(query: Option<&str>) -> Vec<(String, String)> {
 }
 
 /// `POST /v1/recordings`.
-pub(super) async fn record(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+pub(super) async fn record(
+    State(requests): State<Requests>,
+    State(recordings): State<Arc<Recordings>>,
+    RawQuery(query): RawQuery,
+) -> Response {
     let arrived_mono_ns = timefmt::monotonic_ns();
     let allowed = &["seconds", "pids", "sample_freq"];
-    let query = match parse_profile_query(&state, query.as_deref(), allowed) {
+    let query = match requests.parse_profile_query(query.as_deref(), allowed) {
         Ok(q) => q,
         Err(message) => return text(StatusCode::BAD_REQUEST, message),
     };
-    match run_request(&state, query, None, arrived_mono_ns).await {
+    match requests.run(query, None, arrived_mono_ns).await {
         Ok(Answer::Profile(profile)) => {
             let described = describe(&profile);
-            state.recordings().add(*profile);
+            recordings.add(*profile);
             json(&described)
         }
         Ok(Answer::Encoded(_)) => text(
@@ -134,26 +138,29 @@ pub(super) async fn record(State(state): State<AppState>, RawQuery(query): RawQu
 }
 
 /// `GET /v1/recordings`.
-pub(super) async fn list(State(state): State<AppState>) -> Response {
+pub(super) async fn list(State(recordings): State<Arc<Recordings>>) -> Response {
     #[derive(Serialize)]
     struct Listing {
         recordings: Vec<Described>,
     }
-    let recordings = state.recordings().snapshot();
+    let recordings = recordings.snapshot();
     json(&Listing {
         recordings: recordings.iter().map(|p| describe(p)).collect(),
     })
 }
 
 /// `GET /v1/timeline`.
-pub(super) async fn timeline(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+pub(super) async fn timeline(
+    State(recordings): State<Arc<Recordings>>,
+    RawQuery(query): RawQuery,
+) -> Response {
     blocking(move || {
         let query = match TimelineQuery::parse(&pairs(query.as_deref())) {
             Ok(q) => q,
             Err(QueryError::Bad(m)) => return text(StatusCode::BAD_REQUEST, m),
             Err(QueryError::TooLarge(m)) => return text(StatusCode::PAYLOAD_TOO_LARGE, m),
         };
-        let recordings = state.recordings().snapshot();
+        let recordings = recordings.snapshot();
         json(&timeline::build(recordings.iter().map(|p| &**p), &query))
     })
     .await
@@ -213,7 +220,10 @@ fn range_profile(
 }
 
 /// `GET /v1/profiles/merged`.
-pub(super) async fn merged(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+pub(super) async fn merged(
+    State(recordings): State<Arc<Recordings>>,
+    RawQuery(query): RawQuery,
+) -> Response {
     blocking(move || {
         let pairs = pairs(query.as_deref());
         let parsed = timeline::range(&pairs, "from", "to").and_then(|range| {
@@ -229,7 +239,7 @@ pub(super) async fn merged(State(state): State<AppState>, RawQuery(query): RawQu
             Ok(p) => p,
             Err(message) => return text(StatusCode::BAD_REQUEST, message),
         };
-        let (profile, inputs) = range_profile(&state.recordings().snapshot(), range, &filter);
+        let (profile, inputs) = range_profile(&recordings.snapshot(), range, &filter);
         if inputs == 0 {
             return text(StatusCode::NOT_FOUND, "no recorded samples in from/to");
         }
@@ -254,13 +264,16 @@ pub(super) async fn merged(State(state): State<AppState>, RawQuery(query): RawQu
 }
 
 /// `GET /v1/profiles/diff`.
-pub(super) async fn diff(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+pub(super) async fn diff(
+    State(recordings): State<Arc<Recordings>>,
+    RawQuery(query): RawQuery,
+) -> Response {
     blocking(move || {
         let query = match DiffQuery::parse(&pairs(query.as_deref())) {
             Ok(q) => q,
             Err(message) => return text(StatusCode::BAD_REQUEST, message),
         };
-        let recordings = state.recordings().snapshot();
+        let recordings = recordings.snapshot();
         let (base, _) = range_profile(&recordings, query.base, &query.filter);
         let (new, _) = range_profile(&recordings, query.new, &query.filter);
         diff_answer(&query, &base, &new)

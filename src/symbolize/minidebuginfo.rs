@@ -23,7 +23,7 @@ use object::read::elf::ElfFile64;
 use object::{Endianness, Object, ObjectSection, ObjectSymbol, SymbolKind};
 use tracing::debug;
 
-use super::elf_file::FunctionSymbols;
+use super::function_symbols::FunctionSymbols;
 
 /// Largest decompressed `.gnu_debugdata` read, bytes. Fedora's largest
 /// (libLLVM, a hundred thousand functions) is a few MiB.

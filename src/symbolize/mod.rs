@@ -24,6 +24,7 @@ mod cpp_names;
 pub mod debug_copy;
 pub mod debuginfod;
 mod elf_file;
+mod function_symbols;
 mod jitdump;
 pub mod kallsyms;
 #[cfg(test)]

@@ -12,13 +12,13 @@
 //! its token with a `Basic` challenge there (see
 //! [`crate::httpd::check_token`]).
 
-use axum::extract::Path;
+use axum::extract::{Path, Request};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::httpd::text;
+use crate::httpd::{check_token, text, Challenge};
 
 /// One file of the page: its name under `/assets/`, MIME type and bytes.
 struct Asset {
@@ -68,6 +68,19 @@ const LIBRARIES: &[(&str, &str, &str, &str)] = &[(
 /// Whether `path` is one of the page's own (`/`, `/assets/…`, `/licenses`).
 pub fn is_page(path: &str) -> bool {
     path == "/" || path == "/licenses" || path.starts_with("/assets/")
+}
+
+/// [`check_token`] with the challenge a path calls for: `Basic` for the
+/// web view's pages ([`is_page`], so that a browser asks its user for the
+/// token), `Bearer` for the API. `None` when `request` carries `token`,
+/// else the 401 to send.
+pub fn check_request(request: &Request, token: &str) -> Option<Response> {
+    let challenge = if is_page(request.uri().path()) {
+        Challenge::Basic
+    } else {
+        Challenge::Bearer
+    };
+    check_token(request, token, challenge)
 }
 
 /// The page's routes, to merge into a server's router (before its

@@ -17,7 +17,7 @@
 use anyhow::{ensure, Context, Result};
 use prost::Message;
 
-use super::columns::{self, COLUMNS};
+use super::columns::{self, Row, COLUMNS};
 
 /// First bytes of every block file.
 pub const MAGIC: &[u8; 8] = b"LSWBLK01";
@@ -67,17 +67,6 @@ pub struct BlockHeader {
     /// The sender's sampling frequency per CPU, Hz (0: unknown).
     #[prost(uint64, tag = "11")]
     pub sample_freq_hz: u64,
-}
-
-/// One stored sample: time (ns since the Unix epoch), stack id, thread id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Row {
-    /// Time, ns since the Unix epoch.
-    pub time: u64,
-    /// Stack id (stack table).
-    pub stack: u32,
-    /// Thread id (stack table).
-    pub thread: u32,
 }
 
 /// A block read back: its header and its rows (by thread, then time).

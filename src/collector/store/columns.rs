@@ -22,7 +22,16 @@ use std::collections::HashMap;
 
 use anyhow::{ensure, Context, Result};
 
-use super::block::Row;
+/// One stored sample: time (ns since the Unix epoch), stack id, thread id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Row {
+    /// Time, ns since the Unix epoch.
+    pub time: u64,
+    /// Stack id (stack table).
+    pub stack: u32,
+    /// Thread id (stack table).
+    pub thread: u32,
+}
 
 /// Stacks each thread's move-to-front list holds.
 pub const MTF_LEN: usize = 64;

@@ -4,7 +4,8 @@ use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
 
-use super::block::{self, Row, MAX_BLOCK_SAMPLES};
+use super::block::{self, MAX_BLOCK_SAMPLES};
+use super::columns::Row;
 use super::{BlockMeta, SampleStore};
 use crate::collector::storage::{create_dirs, sanitize_host};
 use crate::files::write_atomic;
