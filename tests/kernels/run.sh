@@ -118,6 +118,8 @@ if [ -z "$VNG" ]; then
         die "installing virtme-ng into $vng_venv failed (python3-venv missing? bash scripts/setup.sh)"
     VNG=$(find_vng) || die "virtme-ng installed, but no vng command found"
 fi
+# vng runs its sibling `virtme-run` by name: its directory goes on PATH.
+PATH="$(dirname "$VNG"):$PATH"
 vmlinuz=/boot/vmlinuz-${pkg#linux-image-}
 [ -f "$vmlinuz" ] || die "$vmlinuz is missing after installing $pkg"
 if [ "$INSTALL_ONLY" = --install-only ]; then
