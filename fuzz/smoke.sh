@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target of fuzz/ from its seeds (fuzz/seeds/TARGET)
 # and fails on the first crash, panic, leak or time-out (an input taking
-# over 30 s). CI's smoke: 20 s per target. For the long runs of
+# over 30 s). 20 s per target by default; CI runs `--seconds 10`. For the long runs of
 # docs/reliability.md: `bash fuzz/smoke.sh --runs 1000000` (each target
 # until it has executed that many inputs; its corpus grows in
 # fuzz/corpus/TARGET, kept between runs and ignored by git; with

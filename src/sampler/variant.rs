@@ -13,7 +13,8 @@
 //!   mappings left to user space.
 //!
 //! Both give the same frames, depth (1024 frames) and unwind results; the
-//! compat variant's samples cost more BPF time (docs/performance.md).
+//! compat variant's samples cost more BPF time (docs/performance.md,
+//! docs/notes/2026-12-04-compat-variant-bpf-time.md).
 //! [`FORCE_VARIANT_ENV`] forces one, so that tests run the compat variant
 //! on a kernel that has everything.
 

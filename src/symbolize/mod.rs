@@ -100,7 +100,7 @@ pub struct Symbolizer {
 /// separate debug file's 14 MB of decompressed sections and 10-16 MB of
 /// DWARF; measured by what they cost and held to 16 MiB, an agent under
 /// churn (1 s windows) ran about 5 MiB lower in RssAnon for the same CPU
-/// (docs/performance.md).
+/// (docs/notes/2026-12-01-where-the-memory-went.md).
 pub const PARSED_OBJECTS_BUDGET_BYTES: u64 = 16 << 20;
 
 /// Largest cost (as [`PARSED_OBJECTS_BUDGET_BYTES`] counts it) of an
