@@ -141,10 +141,16 @@ impl Metrics {
         let _ = self.bpf_variant.set(name);
     }
 
-    /// Continuous mode: windows closed and dropped so far.
-    pub fn set_windows(&self, closed: u64, dropped: u64) {
-        self.windows_closed.store(closed, Ordering::Relaxed);
-        self.windows_dropped.store(dropped, Ordering::Relaxed);
+    /// Continuous mode: a window closed (counted before it is handed on,
+    /// so that a scrape never sees more windows written than closed).
+    pub fn window_closed(&self) {
+        self.windows_closed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Continuous mode: a closed window was dropped because symbolization
+    /// fell behind.
+    pub fn window_dropped(&self) {
+        self.windows_dropped.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Continuous mode: a window was symbolized and handed to the sender
@@ -515,6 +521,14 @@ fn render_minidebuginfo(out: &mut String, m: MiniDebugInfoStats) {
 
 /// The window worker counts into `/metrics`.
 impl WindowCounters for Metrics {
+    fn window_closed(&self) {
+        Metrics::window_closed(self);
+    }
+
+    fn window_dropped(&self) {
+        Metrics::window_dropped(self);
+    }
+
     fn window_written(&self) {
         Metrics::window_written(self);
     }
