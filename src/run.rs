@@ -320,16 +320,50 @@ fn finish(
     }
 
     // One profile for the whole run.
+    let last = last.pop().context("a run has one window")?;
+    let (samples, processes, unwind) =
+        write_run_profile(run_plan, plan, last, &tracker, &children_seen, provenance)?;
+    Ok(RunSummary {
+        outputs: run_plan
+            .outputs
+            .iter()
+            .map(|(_, path)| path.clone())
+            .collect(),
+        samples,
+        processes,
+        lost,
+        unwind,
+        unsupported,
+        deferred,
+        continuous: None,
+        served: None,
+        off_cpu,
+    })
+}
+
+/// The one profile of a one-shot run, from its only window `last`:
+/// symbolized with what `tracker` knows, stamped with `provenance`, checked
+/// for the `--pids` targets ([`check_pids_sampled`]) and written to every
+/// output of `run_plan`. Returns its samples, processes and unwind results
+/// (per result name), for the summary.
+fn write_run_profile(
+    run_plan: &RunPlan,
+    plan: &CheckedPlan,
+    last: ClosedWindow,
+    tracker: &ProcessTracker,
+    children_seen: &hints::ChildrenSeen,
+    provenance: &Provenance,
+) -> Result<(u64, usize, BTreeMap<String, u64>)> {
     let ClosedWindow {
         mut aggregator,
         window,
         ..
-    } = last.pop().context("a run has one window")?;
+    } = last;
     let started = Instant::now();
-    let mut profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+    let mut profile = Symbolizer::one_shot().build_profile(&aggregator, tracker, window);
     aggregator.take_timeline_into(&mut profile);
     provenance.stamp(&mut profile);
-    check_pids_sampled(plan, &aggregator, &profile, &children_seen)?;
+    check_pids_sampled(plan, &aggregator, &profile, children_seen)?;
     info!(
         "{} samples, {} distinct stacks, {} frames symbolized in {:?}",
         profile.total_samples(),
@@ -343,26 +377,12 @@ fn finish(
         run_plan.compression,
         run_plan.file_mode,
     )?;
-    Ok(RunSummary {
-        outputs: run_plan
-            .outputs
-            .iter()
-            .map(|(_, path)| path.clone())
-            .collect(),
-        samples: profile.total_samples(),
-        processes: aggregator.process_count(),
-        lost,
-        unwind: aggregator
-            .status_counts()
-            .iter()
-            .map(|(k, v)| (k.name(), *v))
-            .collect(),
-        unsupported,
-        deferred,
-        continuous: None,
-        served: None,
-        off_cpu,
-    })
+    let unwind = aggregator
+        .status_counts()
+        .iter()
+        .map(|(k, v)| (k.name(), *v))
+        .collect();
+    Ok((profile.total_samples(), aggregator.process_count(), unwind))
 }
 
 /// Write `profile` in every format of `outputs`, each file with `mode`,

@@ -162,16 +162,7 @@ pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()>
     let churn = Churn::start(config, workload)?;
     let forks_before = measure::forks()?;
     let started = Instant::now();
-    let mut log = match &config.log {
-        Some(path) => Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("opening {}", path.display()))?,
-        ),
-        None => None,
-    };
+    let mut log = config.log.as_deref().map(open_log).transpose()?;
     let ticks = (config.seconds / config.every_s).ceil().max(1.0) as usize;
     for i in 1..=ticks {
         let due = started + Duration::from_secs_f64(config.every_s * i as f64);
@@ -230,6 +221,21 @@ pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()>
     }
     println!("{body}");
     report::write_block(&config.doc, "churn", &body)?;
+    check_agents(&agents, verdict_failed)
+}
+
+/// `--churn-log`'s file, opened for appending (created if missing).
+fn open_log(path: &Path) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+/// The soak's result: an error naming each agent that crashed, did not
+/// exit 0 or dropped windows after a panic, and a failed hostile verdict.
+fn check_agents(agents: &[Agent], verdict_failed: bool) -> Result<()> {
     let mut failed: Vec<String> = agents
         .iter()
         .filter_map(|a| {
