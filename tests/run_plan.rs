@@ -7,12 +7,14 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use lightswitch::format::ProfileFormat;
-use lightswitch::run::RunPlan;
+use lightswitch::format::{Compression, ProfileFormat};
+use lightswitch::run::{Continuous, RunPlan};
+use lightswitch::sender::SenderConfig;
 
 /// A plan built in code for one process, one second, folded stacks: the
 /// run writes the file it names, with the program's call chain, and its
-/// summary counts what the file holds.
+/// summary counts what the file holds. A second run in the same process,
+/// continuous, writes a file per window.
 #[test]
 fn a_plan_built_in_code_profiles_a_program() {
     let _serial = serial();
@@ -46,6 +48,32 @@ fn a_plan_built_in_code_profiles_a_program() {
         "{chained} of {} samples end in the chain:\n{}",
         summary.samples,
         show(&ours)
+    );
+
+    let windows = tempdir();
+    let outputs = vec![(ProfileFormat::Folded, windows.path().join("folded.txt"))];
+    let plan = RunPlan {
+        outputs: outputs.clone(),
+        output_dir: windows.path().to_path_buf(),
+        continuous: Some(Continuous {
+            interval: Duration::from_millis(300),
+            sender: SenderConfig::Disk {
+                outputs,
+                compression: Compression::None,
+                max_profiles: None,
+                mode: 0o600,
+            },
+            flush_timeout: Duration::from_secs(5),
+        }),
+        ..plan
+    };
+    let summary = lightswitch::run::run(&plan).expect("a second run in the same process");
+    let continuous = summary.continuous.as_ref().expect("continuous");
+    assert!(continuous.windows >= 3, "{summary}");
+    let files = std::fs::read_dir(windows.path()).unwrap().count();
+    assert!(
+        files >= 3 && files == summary.outputs.len(),
+        "{files} files\n{summary}"
     );
 }
 
