@@ -31,6 +31,8 @@ pub fn online_cpus() -> Result<Vec<u32>> {
     parse_cpu_list(text.trim()).with_context(|| format!("parsing {path}: {text:?}"))
 }
 
+/// CPU numbers of a kernel range list (`0-3,6`). Errors: a part that is
+/// not a number or a range of numbers.
 pub(super) fn parse_cpu_list(text: &str) -> Result<Vec<u32>> {
     let mut cpus = Vec::new();
     for part in text.split(',').filter(|p| !p.is_empty()) {
@@ -42,6 +44,8 @@ pub(super) fn parse_cpu_list(text: &str) -> Result<Vec<u32>> {
     Ok(cpus)
 }
 
+/// A cpu-clock perf event on `cpu` sampling at `freq_hz` (frequency mode,
+/// every process). Errors name the CPU and the privilege it needs.
 fn open_cpu_clock_event(cpu: u32, freq_hz: u64) -> Result<OwnedFd> {
     let mut attr = perf::bindings::perf_event_attr {
         size: std::mem::size_of::<perf::bindings::perf_event_attr>() as u32,

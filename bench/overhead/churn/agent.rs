@@ -24,10 +24,15 @@ const RSS_KILL_KIB: u64 = 1 << 20;
 
 /// One agent under test.
 pub struct Agent {
+    /// Its window length, s.
     pub window_s: f64,
+    /// The port its `--listen` server is on.
     pub port: u16,
+    /// The process, until it exited or was stopped.
     pub running: Option<Running>,
+    /// Its CPU time at the last reading.
     pub cpu: Option<CpuTime>,
+    /// Every reading so far.
     pub readings: Vec<Reading>,
     /// How it ended, if it exited before the end (a crash).
     pub crash: Option<String>,
@@ -41,6 +46,7 @@ pub struct Agent {
     pub tally: Option<Tally>,
 }
 
+/// A TCP port free on 127.0.0.1 now.
 fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
