@@ -7,12 +7,14 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub mod generate;
+mod plan;
 mod values;
 pub use values::{parse_count, parse_interval, parse_seconds};
-use values::{parse_header, parse_label, parse_unwind_budget_mb};
+use values::{
+    parse_header, parse_label, parse_retention, parse_storage_size, parse_unwind_budget_mb,
+};
 
 use crate::format::{Compression, ProfileFormat};
-use crate::sender::{remote::HttpSettings, SenderConfig};
 use crate::unwind::identity::DEFAULT_DEBUG_ROOT;
 
 /// Verbosity of the profiler's own log (stderr).
@@ -77,10 +79,10 @@ pub struct ProfileArgs {
     /// Only profile these processes (thread group ids). Comma-separated or
     /// repeated. Their children are not followed: `record` does that.
     #[arg(short = 'p', long, value_delimiter = ',')]
-    pub pids: Vec<i32>,
+    pub pids: Vec<u32>,
 
     /// Sampling frequency per CPU, in Hz (1 ..= kernel.perf_event_max_sample_rate).
-    #[arg(short = 'F', long, default_value_t = 99)]
+    #[arg(short = 'F', long, default_value_t = crate::run::DEFAULT_SAMPLE_FREQ_HZ)]
     pub sample_freq: u64,
 
     /// Stop after this long: seconds, or with a unit (`5s`, `500ms`, `2m`).
@@ -135,7 +137,7 @@ pub struct ProfileArgs {
     /// Memory budget for unwind tables in BPF maps, MiB (8-byte rows). When
     /// full, the least recently sampled objects' tables are evicted.
     /// 1 to 32767.
-    #[arg(long, value_parser = parse_unwind_budget_mb, default_value_t = 64)]
+    #[arg(long, value_parser = parse_unwind_budget_mb, default_value_t = crate::run::DEFAULT_UNWIND_BUDGET_MB)]
     pub max_unwind_info_mb: u32,
 
     /// Directory where built unwind tables are cached between runs, and
@@ -427,28 +429,6 @@ pub enum Command {
     },
 }
 
-/// Parse `--retention`: a humantime duration (`7d`, `12h 30m`), in ns, at least 1 s.
-fn parse_retention(text: &str) -> Result<u64, String> {
-    let d = humantime::parse_duration(text.trim())
-        .map_err(|e| format!("{text:?} is not a duration such as 7d or 36h: {e}"))?;
-    if d < std::time::Duration::from_secs(1) {
-        return Err(format!("{text:?}: keep data at least 1s"));
-    }
-    u64::try_from(d.as_nanos()).map_err(|_| format!("{text:?} is too long"))
-}
-
-/// Parse `--max-storage`: a size with an optional unit (`20GiB`, `500MB`), bytes, at least 1 MiB.
-fn parse_storage_size(text: &str) -> Result<u64, String> {
-    let size: bytesize::ByteSize = text
-        .trim()
-        .parse()
-        .map_err(|e| format!("{text:?} is not a size such as 20GiB or 500MB: {e}"))?;
-    if size.as_u64() < 1 << 20 {
-        return Err(format!("{text:?}: at least 1MiB"));
-    }
-    Ok(size.as_u64())
-}
-
 /// `lightswitch record [OPTIONS] [--] CMD [ARGS...]`.
 #[derive(Debug, Args)]
 pub struct RecordArgs {
@@ -570,98 +550,6 @@ impl Cli {
             Some(Command::Record(record)) => record.profile.logging,
             _ => self.profile.logging,
         }
-    }
-}
-
-impl ProfileArgs {
-    /// Each output format (duplicates removed, in the given order) with the
-    /// file it is written to: `--profile-path` joined with `--profile-name`
-    /// or the format's default file name; `--profile-name -` is
-    /// `/dev/stdout`, as for most Unix tools. Errors when `--profile-name`
-    /// is given with several formats.
-    pub fn outputs(&self) -> anyhow::Result<Vec<(ProfileFormat, PathBuf)>> {
-        let formats = self.formats();
-        if formats.len() > 1 && self.profile_name.is_some() {
-            anyhow::bail!("--profile-name names one file: with several --profile-format values each gets its default name");
-        }
-        let mut outputs: Vec<(ProfileFormat, PathBuf)> = formats
-            .iter()
-            .map(|&f| {
-                let path = match self.profile_name.as_deref() {
-                    Some("-") => PathBuf::from("/dev/stdout"),
-                    Some(name) => self.profile_path.join(name),
-                    None => self.profile_path.join(f.default_file_name()),
-                };
-                (f, path)
-            })
-            .collect();
-        // --off-cpu: each one-value-per-stack format gets its off-CPU twin,
-        // under the twin's own name.
-        if self.off_cpu {
-            for twin in formats
-                .iter()
-                .filter_map(|&f| crate::format::off_cpu::twin(f))
-            {
-                if !formats.contains(&twin) {
-                    outputs.push((twin, self.profile_path.join(twin.default_file_name())));
-                }
-            }
-        }
-        Ok(outputs)
-    }
-
-    /// The formats asked for (duplicates removed, in the given order), or
-    /// without `--profile-format` the sender's default: flame-graph for
-    /// `disk`, else the one format the sender sends.
-    pub fn formats(&self) -> Vec<ProfileFormat> {
-        let mut formats: Vec<ProfileFormat> = Vec::new();
-        for format in &self.profile_format {
-            if !formats.contains(format) {
-                formats.push(*format);
-            }
-        }
-        if formats.is_empty() {
-            let default = crate::sender::formats_of(self.sender.into())
-                .and_then(|takes| takes.first().copied());
-            formats.push(default.unwrap_or(ProfileFormat::FlameGraph));
-        }
-        formats
-    }
-
-    /// The continuous-mode sender these options ask for. Errors as
-    /// [`ProfileArgs::outputs`] does.
-    pub fn sender_config(&self) -> anyhow::Result<SenderConfig> {
-        let http = HttpSettings {
-            token: self.token.clone(),
-            send_timeout_s: self.send_timeout,
-            send_queue_bytes: self.send_queue_bytes,
-        };
-        Ok(match self.sender {
-            SenderKind::Disk => SenderConfig::Disk {
-                outputs: self.outputs()?,
-                compression: self.pprof_compression,
-                max_profiles: self.max_profiles,
-                mode: self.profile_mode,
-            },
-            SenderKind::Remote => SenderConfig::Remote {
-                url: self.server_url.clone(),
-                http,
-            },
-            SenderKind::Pyroscope => SenderConfig::Pyroscope {
-                url: self.server_url.clone(),
-                http,
-                app_name: self.pyroscope_app_name.clone(),
-                labels: self.labels.clone(),
-                tenant_id: self.pyroscope_tenant_id.clone(),
-            },
-            SenderKind::Otlp => SenderConfig::Otlp {
-                otlp: crate::sender::otlp::OtlpSettings {
-                    base_url: self.server_url.clone(),
-                    headers: self.otlp_headers.clone(),
-                },
-                http,
-            },
-        })
     }
 }
 

@@ -2,6 +2,8 @@
 
 use clap::Parser;
 use lightswitch::cli::{Cli, Command, LogLevel};
+use lightswitch::record::RecordPlan;
+use lightswitch::run::RunPlan;
 
 /// Every allocation of the profiler goes through jemalloc, so that its own
 /// heap can be profiled (`lightswitch::heap`, `GET /debug/pprof/heap`).
@@ -19,25 +21,29 @@ fn main() {
     if generate(&cli) {
         return;
     }
-    check_usage(&cli);
+    let plan = plan_or_usage_error(&cli);
     init_logging(&cli);
     lightswitch::unwind::identity::set_debug_dirs(cli.debug_dirs().to_vec());
     lightswitch::symbolize::debuginfod::configure(
         &cli.debuginfod_urls,
         cli.debuginfod_cache.clone(),
     );
-    if run_tool(&cli) {
-        return;
-    }
-    match lightswitch::run::run(&cli) {
+    let plan = match plan {
+        Plan::Profile(plan) => plan,
+        Plan::Record(plan) => record(&plan),
+        Plan::Tool => {
+            run_tool(&cli);
+            return;
+        }
+    };
+    match lightswitch::run::run(&plan) {
         Ok(summary) => {
             // With the profile itself on stdout (`--profile-name
             // /dev/stdout`), the summary goes to stderr.
-            let profile_on_stdout = cli.profile.outputs().is_ok_and(|outputs| {
-                outputs
-                    .iter()
-                    .any(|(_, path)| lightswitch::files::is_stdout(path))
-            });
+            let profile_on_stdout = plan
+                .outputs
+                .iter()
+                .any(|(_, path)| lightswitch::files::is_stdout(path));
             if profile_on_stdout {
                 eprintln!("{summary}");
             } else {
@@ -57,33 +63,68 @@ fn main() {
     }
 }
 
-/// Exit with a usage error (status 2, clap's format) when the profiling
-/// flags conflict with each other: mistakes in the command line itself,
-/// told apart from a run that failed (1, or `record`'s
+/// What the command line asks for: a profiling run, `record`, or one of
+/// the other tools.
+enum Plan {
+    /// Profile (no subcommand).
+    Profile(RunPlan),
+    /// `record`.
+    Record(RecordPlan),
+    /// Any other subcommand ([`run_tool`]).
+    Tool,
+}
+
+/// The plan of a profiling run or of `record`, built from the flags once.
+/// Exits with a usage error (status 2, clap's format) when the flags
+/// conflict with each other: mistakes in the command line itself, told
+/// apart from a run that failed (1, or `record`'s
 /// [`lightswitch::record::OWN_FAILURE_STATUS`]).
-fn check_usage(cli: &Cli) {
-    let (conflict, subcommand) = match &cli.command {
-        None => (lightswitch::run::check_flags(&cli.profile, false), None),
-        Some(Command::Record(args)) => (
-            lightswitch::run::check_flags(&args.profile, true),
-            Some("record"),
-        ),
-        _ => (Ok(()), None),
+fn plan_or_usage_error(cli: &Cli) -> Plan {
+    let (plan, subcommand) = match &cli.command {
+        None => (cli.profile.plan(false).map(Plan::Profile), None),
+        Some(Command::Record(args)) => (args.plan().map(Plan::Record), Some("record")),
+        _ => (Ok(Plan::Tool), None),
     };
-    if let Err(conflict) = conflict {
-        let mut command = <Cli as clap::CommandFactory>::command();
-        command.build();
-        // The usage line shown is the subcommand's own.
-        let mut command = match subcommand.and_then(|name| command.find_subcommand(name)) {
-            Some(sub) => sub.clone(),
-            None => command,
-        };
-        command
-            .error(
-                clap::error::ErrorKind::ArgumentConflict,
-                format!("{conflict:#}"),
-            )
-            .exit();
+    match plan {
+        Ok(plan) => plan,
+        Err(conflict) => usage_error(&conflict, subcommand),
+    }
+}
+
+/// Exit with `conflict` as a usage error of `subcommand` (or of
+/// lightswitch itself).
+fn usage_error(conflict: &anyhow::Error, subcommand: Option<&str>) -> ! {
+    let mut command = <Cli as clap::CommandFactory>::command();
+    command.build();
+    // The usage line shown is the subcommand's own.
+    let mut command = match subcommand.and_then(|name| command.find_subcommand(name)) {
+        Some(sub) => sub.clone(),
+        None => command,
+    };
+    command
+        .error(
+            clap::error::ErrorKind::ArgumentConflict,
+            format!("{conflict:#}"),
+        )
+        .exit()
+}
+
+/// Run `record` as `plan` says and exit with its status.
+fn record(plan: &RecordPlan) -> ! {
+    match lightswitch::record::record(plan) {
+        Ok(code) => std::process::exit(code),
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            // As a shell says of a command it cannot find (127) or
+            // run (126); anything else is record's own failure.
+            let status = err
+                .chain()
+                .find_map(|e| e.downcast_ref::<lightswitch::record::launch::CannotRun>())
+                .map_or(lightswitch::record::OWN_FAILURE_STATUS, |cannot| {
+                    cannot.status
+                });
+            std::process::exit(status);
+        }
     }
 }
 
@@ -129,10 +170,10 @@ fn init_logging(cli: &Cli) {
         .init();
 }
 
-/// Run the command if it is one of the tools (`show-unwind`, `record`,
-/// `diff`, `report`, `collector`) rather than a profiling run. Whether it
-/// was; a tool that fails, or has an exit status of its own, exits here.
-fn run_tool(cli: &Cli) -> bool {
+/// Run the command if it is one of the tools (`show-unwind`, `diff`,
+/// `report`, `collector`). A tool that fails, or has an exit status of its
+/// own, exits here.
+fn run_tool(cli: &Cli) {
     match &cli.command {
         Some(Command::ShowUnwind { path, .. }) => {
             match lightswitch::unwind::show::show_unwind(path) {
@@ -140,7 +181,6 @@ fn run_tool(cli: &Cli) -> bool {
                     // A closed pipe (`| head`) is not an error worth reporting.
                     let _ =
                         std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
-                    true
                 }
                 Err(err) => {
                     eprintln!("error: {err:#}");
@@ -148,21 +188,6 @@ fn run_tool(cli: &Cli) -> bool {
                 }
             }
         }
-        Some(Command::Record(args)) => match lightswitch::record::record(args) {
-            Ok(code) => std::process::exit(code),
-            Err(err) => {
-                eprintln!("error: {err:#}");
-                // As a shell says of a command it cannot find (127) or
-                // run (126); anything else is record's own failure.
-                let status = err
-                    .chain()
-                    .find_map(|e| e.downcast_ref::<lightswitch::record::launch::CannotRun>())
-                    .map_or(lightswitch::record::OWN_FAILURE_STATUS, |cannot| {
-                        cannot.status
-                    });
-                std::process::exit(status);
-            }
-        },
         Some(Command::Diff(args)) => match lightswitch::compare::diff::run(args) {
             Ok(code) => std::process::exit(code),
             Err(err) => {
@@ -176,7 +201,6 @@ fn run_tool(cli: &Cli) -> bool {
                 // As `diff` does: 2 when the input (or the output) fails.
                 std::process::exit(lightswitch::compare::diff::BAD_INPUT_EXIT_STATUS);
             }
-            true
         }
         Some(Command::Collector {
             listen,
@@ -212,8 +236,7 @@ fn run_tool(cli: &Cli) -> bool {
                 eprintln!("error: {err:#}");
                 std::process::exit(1);
             }
-            true
         }
-        _ => false,
+        _ => {}
     }
 }

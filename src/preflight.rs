@@ -48,7 +48,7 @@ pub fn check_frequency(freq_hz: u64, max_hz: u64) -> Result<()> {
 /// given, or the process a thread id belongs to (`Tgid:` in
 /// `/proc/PID/status`), without duplicates. Errors for the first pid with
 /// no `/proc/PID` (no such process or thread).
-pub fn resolve_pids(pids: &[i32]) -> Result<Vec<u32>> {
+pub fn resolve_pids(pids: &[u32]) -> Result<Vec<u32>> {
     let mut resolved: Vec<u32> = Vec::new();
     for &pid in pids {
         let status = (pid > 0)
@@ -61,7 +61,7 @@ pub fn resolve_pids(pids: &[i32]) -> Result<Vec<u32>> {
             .lines()
             .find_map(|l| l.strip_prefix("Tgid:"))
             .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(pid as u32);
+            .unwrap_or(pid);
         if !resolved.contains(&tgid) {
             resolved.push(tgid);
         }
@@ -430,11 +430,11 @@ mod tests {
         });
         let tid = tid_rx.recv().unwrap();
         assert_ne!(tid as u32, me);
-        assert_eq!(resolve_pids(&[me as i32, tid]).unwrap(), vec![me]);
+        assert_eq!(resolve_pids(&[me, tid as u32]).unwrap(), vec![me]);
         done_tx.send(()).unwrap();
         thread.join().unwrap();
         assert!(resolve_pids(&[0]).is_err());
-        assert!(resolve_pids(&[i32::MAX]).is_err());
+        assert!(resolve_pids(&[i32::MAX as u32]).is_err());
     }
 
     #[test]

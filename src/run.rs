@@ -2,6 +2,10 @@
 //! duration ends or a signal arrives, symbolization, encoding and writing.
 //! Each step is delegated to the module that owns it (docs/architecture.md).
 //!
+//! The run is configured by a [`RunPlan`]: plain settings the command line
+//! builds (`crate::cli`), or a library user does; it never sees the
+//! command line's own types.
+//!
 //! Continuous mode (`--profile-interval`, or a sender other than `disk`):
 //! samples are cut into windows by their timestamps
 //! ([`crate::profile::window`]); each closed window is handed to the
@@ -33,15 +37,15 @@ mod summary;
 pub mod workload;
 
 pub use agent::{Agent, Stopped, Totals, Workers};
-pub use plan::{check_flags, RunPlan};
+pub use plan::{
+    CheckedPlan, Continuous, ListenPlan, RunPlan, DEFAULT_SAMPLE_FREQ_HZ, DEFAULT_UNWIND_BUDGET_MB,
+};
 use progress::StopWords;
 pub use summary::{ContinuousSummary, RunSummary};
 pub use workload::Workload;
 
-use crate::cli::ProfileArgs;
 use crate::files;
 use crate::format::{self, Compression, ProfileFormat};
-use crate::preflight;
 use crate::process::ProcessTracker;
 use crate::profile::window::ClosedWindow;
 use crate::profile::{Profile, Provenance};
@@ -67,20 +71,20 @@ fn setup_libbpf_logging(debug: bool) {
     })));
 }
 
-/// Run the profiler as `cli` says and write the profile. Errors are the
-/// preflight errors (each names its cause) or failures to load, attach,
-/// encode or write.
-pub fn run(cli: &ProfileArgs) -> Result<RunSummary> {
-    run_with(cli, None)
+/// Run the profiler as `plan` says and write the profile. Errors are the
+/// plan's and the preflight errors (each names its cause) or failures to
+/// load, attach, encode or write.
+pub fn run(plan: &RunPlan) -> Result<RunSummary> {
+    run_with(plan, None)
 }
 
 /// [`run`], profiling `workload` (a held process, `record`) and every
-/// process it starts instead of `--pids` or the whole machine: it is let go
-/// once sampling is attached, and the run ends when it exits (or at
-/// `--duration`); a stop request is passed on to it.
-pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> Result<RunSummary> {
-    let plan = RunPlan::from_cli(cli, workload.as_ref().map(|w| w.pid()))?;
-    setup_libbpf_logging(cli.libbpf_debug);
+/// process it starts instead of `plan.pids` or the whole machine: it is
+/// let go once sampling is attached, and the run ends when it exits (or at
+/// `plan.duration`); a stop request is passed on to it.
+pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> Result<RunSummary> {
+    let plan = CheckedPlan::new(run_plan, workload.as_ref().map(|w| w.pid()))?;
+    setup_libbpf_logging(run_plan.libbpf_debug);
     let stop = progress::install_stop_handler(if plan.listen_only {
         // Nothing is written: requests in progress get 503.
         StopWords {
@@ -100,8 +104,8 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
     let metrics = Arc::new(Metrics::default());
     // Continuous mode: the sender (and its thread) starts before sampling,
     // so that a bad URL fails the run before anything is loaded.
-    let window_worker = if plan.continuous() {
-        let sender = crate::sender::start(cli.sender_config()?)?;
+    let window_worker = if let Some(continuous) = &run_plan.continuous {
+        let sender = crate::sender::start(continuous.sender.clone())?;
         if let Some(queue) = sender.delivery_queue() {
             metrics.set_delivery_queue(queue);
         }
@@ -116,14 +120,14 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
     // The server binds before BPF is loaded, so that a bad address fails
     // the run at once; requests wait in the channel until the loop runs.
     let (request_tx, requests) = mpsc::channel();
-    let server = match &cli.listen {
+    let server = match &run_plan.listen {
         Some(listen) => Some(Server::start(
             &ServerConfig {
-                listen: listen.clone(),
-                token: cli.listen_token.clone(),
-                max_seconds: cli.listen_max_seconds,
-                max_requests: cli.listen_max_requests,
-                max_connections: cli.listen_max_connections,
+                listen: listen.address.clone(),
+                token: listen.token.clone(),
+                max_seconds: listen.max_seconds,
+                max_requests: listen.max_requests,
+                max_connections: listen.max_connections,
                 pids: plan.sampler.pids.clone(),
                 max_sample_freq_hz: plan.max_sample_rate_hz,
                 off_cpu: plan.sampler.off_cpu_min_ns.is_some(),
@@ -146,8 +150,7 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
             .transpose()?,
         requests,
     };
-    let cache_dir =
-        (cli.unwind_cache_dir != "none").then(|| std::path::PathBuf::from(&cli.unwind_cache_dir));
+    let cache_dir = run_plan.unwind_cache_dir.clone();
     crate::symbolize::debug_copy::configure(
         cache_dir
             .as_ref()
@@ -179,7 +182,7 @@ pub fn run_with(cli: &ProfileArgs, mut workload: Option<&mut dyn Workload>) -> R
         server.stop(Duration::from_secs(2));
     }
     drop(sampler);
-    finish(cli, &plan, &metrics, stopped, &provenance)
+    finish(run_plan, &plan, &metrics, stopped, &provenance)
 }
 
 /// Longest a held command waits for the unwind tables of its first
@@ -241,8 +244,8 @@ fn log_run(
 /// Everything after sampling: log what the run saw, hand the last windows
 /// over (continuous mode) or write the one profile, and say what happened.
 fn finish(
-    cli: &ProfileArgs,
-    plan: &RunPlan,
+    run_plan: &RunPlan,
+    plan: &CheckedPlan,
     metrics: &Metrics,
     stopped: Stopped,
     provenance: &Provenance,
@@ -276,8 +279,10 @@ fn finish(
             totals.account(&closed);
             worker.submit(closed, &tracker);
         }
-        let flush = preflight::seconds("--flush-timeout", cli.flush_timeout)
-            .unwrap_or(Duration::from_secs(5));
+        let flush = run_plan
+            .continuous
+            .as_ref()
+            .map_or(Duration::from_secs(5), |c| c.flush_timeout);
         let report = worker.finish(flush);
         if let Some(hint) = pids_hint(plan, &totals.pids, &children_seen) {
             warn!("{hint}");
@@ -315,16 +320,50 @@ fn finish(
     }
 
     // One profile for the whole run.
+    let last = last.pop().context("a run has one window")?;
+    let (samples, processes, unwind) =
+        write_run_profile(run_plan, plan, last, &tracker, &children_seen, provenance)?;
+    Ok(RunSummary {
+        outputs: run_plan
+            .outputs
+            .iter()
+            .map(|(_, path)| path.clone())
+            .collect(),
+        samples,
+        processes,
+        lost,
+        unwind,
+        unsupported,
+        deferred,
+        continuous: None,
+        served: None,
+        off_cpu,
+    })
+}
+
+/// The one profile of a one-shot run, from its only window `last`:
+/// symbolized with what `tracker` knows, stamped with `provenance`, checked
+/// for the `--pids` targets ([`check_pids_sampled`]) and written to every
+/// output of `run_plan`. Returns its samples, processes and unwind results
+/// (per result name), for the summary.
+fn write_run_profile(
+    run_plan: &RunPlan,
+    plan: &CheckedPlan,
+    last: ClosedWindow,
+    tracker: &ProcessTracker,
+    children_seen: &hints::ChildrenSeen,
+    provenance: &Provenance,
+) -> Result<(u64, usize, BTreeMap<String, u64>)> {
     let ClosedWindow {
         mut aggregator,
         window,
         ..
-    } = last.pop().context("a run has one window")?;
+    } = last;
     let started = Instant::now();
-    let mut profile = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+    let mut profile = Symbolizer::one_shot().build_profile(&aggregator, tracker, window);
     aggregator.take_timeline_into(&mut profile);
     provenance.stamp(&mut profile);
-    check_pids_sampled(plan, &aggregator, &profile, &children_seen)?;
+    check_pids_sampled(plan, &aggregator, &profile, children_seen)?;
     info!(
         "{} samples, {} distinct stacks, {} frames symbolized in {:?}",
         profile.total_samples(),
@@ -334,26 +373,16 @@ fn finish(
     );
     write_outputs(
         &profile,
-        &plan.outputs,
-        cli.pprof_compression,
-        cli.profile_mode,
+        &run_plan.outputs,
+        run_plan.compression,
+        run_plan.file_mode,
     )?;
-    Ok(RunSummary {
-        outputs: plan.outputs.iter().map(|(_, path)| path.clone()).collect(),
-        samples: profile.total_samples(),
-        processes: aggregator.process_count(),
-        lost,
-        unwind: aggregator
-            .status_counts()
-            .iter()
-            .map(|(k, v)| (k.name(), *v))
-            .collect(),
-        unsupported,
-        deferred,
-        continuous: None,
-        served: None,
-        off_cpu,
-    })
+    let unwind = aggregator
+        .status_counts()
+        .iter()
+        .map(|(k, v)| (k.name(), *v))
+        .collect();
+    Ok((profile.total_samples(), aggregator.process_count(), unwind))
 }
 
 /// Write `profile` in every format of `outputs`, each file with `mode`,
@@ -404,7 +433,7 @@ fn write_outputs(
 /// unsampled ([`pids_hint`]): an error when the profile is empty (nothing
 /// is written), a warning otherwise.
 fn check_pids_sampled(
-    plan: &RunPlan,
+    plan: &CheckedPlan,
     aggregator: &crate::profile::aggregate::Aggregator,
     profile: &Profile,
     children_seen: &hints::ChildrenSeen,
@@ -422,7 +451,7 @@ fn check_pids_sampled(
 /// [`hints::unsampled_parents`] for a `--pids` run (not `record`, which
 /// follows children itself), with the children seen during the run.
 fn pids_hint(
-    plan: &RunPlan,
+    plan: &CheckedPlan,
     sampled: &std::collections::HashSet<u32>,
     children_seen: &hints::ChildrenSeen,
 ) -> Option<String> {

@@ -8,27 +8,28 @@
 
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{
-    Link, MapCore, MapFlags, MapHandle, MapType, OpenObject, RingBuffer, RingBufferBuilder,
-};
-use perf_event_open_sys as perf;
+use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, RingBufferBuilder};
 use tracing::{info, warn};
 
 use crate::sample::{RawSample, TimedEvent};
 use crate::skel::{ProfilerSkel, ProfilerSkelBuilder};
-use crate::unwind::row::RawRow;
 
+mod events;
 mod follow;
 pub mod off_cpu;
+mod rows;
 mod tables;
 pub mod variant;
 
+use events::{attach_cpu_events, install_sample_rings};
+pub use events::{online_cpus, samples_ring_bytes_per_cpu};
+use rows::MappedRows;
 pub use tables::RowLookup;
 use variant::ProgramVariant;
 
@@ -133,180 +134,6 @@ pub struct Sampler<'obj> {
     off_cpu: bool,
 }
 
-/// A ring buffer of `bytes` (a power of two) for CPU `cpu`'s samples.
-fn create_sample_ring(cpu: u32, bytes: u32) -> Result<MapHandle> {
-    let opts = libbpf_rs::libbpf_sys::bpf_map_create_opts {
-        sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_map_create_opts>()
-            as libbpf_rs::libbpf_sys::size_t,
-        ..Default::default()
-    };
-    MapHandle::create(
-        MapType::RingBuf,
-        Some(format!("samples_cpu{cpu}")),
-        0,
-        0,
-        bytes,
-        &opts,
-    )
-    .with_context(|| format!("creating a {bytes}-byte ring buffer for CPU {cpu}'s samples"))
-}
-
-/// Writer of the `unwind_rows` map (BPF_F_MMAPABLE): each write maps just
-/// the pages it covers, copies the rows in and unmaps them. The kernel
-/// backs the whole map with memory from its creation; mapping it only
-/// while writing keeps those pages out of this process's resident set.
-struct MappedRows {
-    fd: OwnedFd,
-    /// Bytes of the map's value area (rows * 8, rounded up to pages).
-    len: usize,
-}
-
-const PAGE_SIZE: usize = 4096;
-
-impl MappedRows {
-    fn new(fd: std::os::fd::BorrowedFd<'_>, rows: u32) -> Result<Self> {
-        Ok(MappedRows {
-            fd: fd
-                .try_clone_to_owned()
-                .context("duplicating the unwind_rows map's fd")?,
-            len: (rows as usize * 8).div_ceil(PAGE_SIZE) * PAGE_SIZE,
-        })
-    }
-
-    fn write(&self, first: u32, rows: &[RawRow]) -> Result<()> {
-        let start = first as usize * 8;
-        let end = start + rows.len() * 8;
-        if end > self.len {
-            bail!(
-                "rows {first}..{} exceed the unwind_rows map",
-                first as usize + rows.len()
-            );
-        }
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let map_start = start / PAGE_SIZE * PAGE_SIZE;
-        let map_len = end.div_ceil(PAGE_SIZE) * PAGE_SIZE - map_start;
-        // SAFETY: mapping pages [map_start, map_start + map_len) of a BPF
-        // array created with BPF_F_MMAPABLE; the kernel checks the range
-        // against the map's size, and the mapping is released below.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                self.fd.as_raw_fd(),
-                map_start as libc::off_t,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(anyhow!(std::io::Error::last_os_error()))
-                .context("mapping the unwind_rows map");
-        }
-        let base: *mut u8 = base.cast();
-        for (i, row) in rows.iter().enumerate() {
-            let bytes = row.to_bytes();
-            // SAFETY: start - map_start + 8 * (i + 1) <= end - map_start <=
-            // map_len: every row lands inside the live mapping.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    bytes.as_ptr(),
-                    base.add(start - map_start + 8 * i),
-                    bytes.len(),
-                )
-            };
-        }
-        // SAFETY: base/map_len are exactly what mmap returned; nothing
-        // refers to the mapping after this.
-        unsafe { libc::munmap(base.cast(), map_len) };
-        Ok(())
-    }
-}
-
-/// Size of each CPU's ring buffer in `samples`, bytes: room for a quarter
-/// second of samples at 1 KiB each (a 30-frame stack takes 350 bytes, a
-/// 1024-frame one 8 KiB) at `freq_hz`, as a power of two between 128 KiB
-/// and 64 MiB. User space drains the rings at least every 100 ms, and the
-/// BPF program wakes user space early once a ring is a quarter full. Their
-/// memory is the kernel's, but user space maps each ring (twice, for
-/// wrap-around reads), so it counts twice in the profiler's resident set:
-/// small is better.
-pub fn samples_ring_bytes_per_cpu(freq_hz: u64) -> u32 {
-    let wanted = freq_hz.saturating_mul(1024) / 4;
-    wanted.clamp(128 << 10, 64 << 20).next_power_of_two() as u32
-}
-
-/// Online CPUs, from `/sys/devices/system/cpu/online` (a range list such as `0-3,6`).
-pub fn online_cpus() -> Result<Vec<u32>> {
-    let path = "/sys/devices/system/cpu/online";
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-    parse_cpu_list(text.trim()).with_context(|| format!("parsing {path}: {text:?}"))
-}
-
-fn parse_cpu_list(text: &str) -> Result<Vec<u32>> {
-    let mut cpus = Vec::new();
-    for part in text.split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => cpus.extend(a.parse::<u32>()?..=b.parse::<u32>()?),
-            None => cpus.push(part.parse()?),
-        }
-    }
-    Ok(cpus)
-}
-
-fn open_cpu_clock_event(cpu: u32, freq_hz: u64) -> Result<OwnedFd> {
-    let mut attr = perf::bindings::perf_event_attr {
-        size: std::mem::size_of::<perf::bindings::perf_event_attr>() as u32,
-        type_: perf::bindings::PERF_TYPE_SOFTWARE,
-        config: perf::bindings::PERF_COUNT_SW_CPU_CLOCK as u64,
-        ..Default::default()
-    };
-    attr.__bindgen_anon_1.sample_freq = freq_hz;
-    attr.set_freq(1);
-    // SAFETY: attr is a valid, fully initialised perf_event_attr that outlives the call.
-    let fd = unsafe {
-        perf::perf_event_open(
-            &mut attr,
-            -1,
-            cpu as i32,
-            -1,
-            perf::bindings::PERF_FLAG_FD_CLOEXEC as _,
-        )
-    };
-    if fd < 0 {
-        let err = std::io::Error::last_os_error();
-        return Err(anyhow!(err)).with_context(|| {
-            format!("perf_event_open(cpu-clock, cpu {cpu}, {freq_hz} Hz) failed (needs CAP_PERFMON or root)")
-        });
-    }
-    // SAFETY: the kernel just returned this fd and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Open a cpu-clock perf event at `freq_hz` on each of `cpus` and attach the
-/// sampling program to it.
-fn attach_cpu_events(
-    skel: &ProfilerSkel<'_>,
-    variant: ProgramVariant,
-    cpus: &[u32],
-    freq_hz: u64,
-) -> Result<Vec<Link>> {
-    let mut links = Vec::new();
-    for &cpu in cpus {
-        let fd = open_cpu_clock_event(cpu, freq_hz)?;
-        let link = variant
-            .sampler(&skel.progs)
-            .attach_perf_event(fd.as_raw_fd())
-            .with_context(|| format!("attaching the BPF program to the perf event of cpu {cpu}"))?;
-        // libbpf's perf-event link closes the perf event fd when it is
-        // destroyed, so the link now owns it.
-        let _ = fd.into_raw_fd();
-        links.push(link);
-    }
-    Ok(links)
-}
-
 /// Log (info) how long loading took and what the verifier processed per
 /// program (named as in the `bpf_loop` variant, whichever is loaded).
 fn log_load_report(
@@ -403,19 +230,7 @@ impl<'obj> Sampler<'obj> {
             .context("loading the BPF program (the verifier rejected it, or BTF/CAP_BPF is missing; rerun with --libbpf-debug)")?;
         let off_cpu = config.off_cpu_min_ns.is_some();
         log_load_report(&skel, variant, load_started.elapsed(), off_cpu);
-        let mut sample_rings = Vec::with_capacity(online.len());
-        for &cpu in &online {
-            let ring = create_sample_ring(cpu, ring_bytes)?;
-            skel.maps
-                .samples
-                .update(
-                    &cpu.to_ne_bytes(),
-                    &ring.as_fd().as_raw_fd().to_ne_bytes(),
-                    MapFlags::ANY,
-                )
-                .with_context(|| format!("installing the samples ring buffer of CPU {cpu}"))?;
-            sample_rings.push(ring);
-        }
+        let sample_rings = install_sample_rings(&skel, &online, ring_bytes)?;
         for pid in &config.pids {
             skel.maps
                 .target_pids

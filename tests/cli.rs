@@ -310,3 +310,95 @@ fn listen_only_interrupt_promises_no_profile() {
     assert!(!stderr.contains("writing the profile"), "{stderr}");
     assert!(rest.starts_with("0 on-demand profiles served: "), "{rest}");
 }
+
+/// `record`'s help and bash completion leave out `-p`/`--pids`, which
+/// record rejects; completion leaves the command's own words to the
+/// command (`record ls -` offers none of record's options) and completes
+/// its name from `PATH`, after record's options or `--`.
+#[test]
+fn record_help_and_completion_leave_the_command_alone() {
+    for help in ["--help", "-h"] {
+        let (code, text, _) = plain(&["record", help]);
+        assert_eq!(code, Some(0));
+        assert!(text.contains("--sample-freq"), "{text}");
+        assert!(!text.contains("--pids") && !text.contains("-p,"), "{text}");
+    }
+    let dir = tempdir();
+    let (_, bash, _) = plain(&["completions", "bash"]);
+    let script = dir.path().join("lightswitch.bash");
+    std::fs::write(&script, &bash).unwrap();
+    let complete = |words: &[&str]| -> Vec<String> {
+        let check = format!(
+            ". {}; COMP_WORDS=(\"$@\"); COMP_CWORD=$(( $# - 1 )); \
+             _lightswitch lightswitch \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            s(&script)
+        );
+        let out = Command::new("bash")
+            .args(["-c", &check, "bash"])
+            .args(words)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let ours = complete(&["lightswitch", "record", "-"]);
+    assert!(ours.contains(&"--sample-freq".to_string()), "{ours:?}");
+    assert!(!ours.contains(&"--pids".to_string()), "{ours:?}");
+    assert!(!ours.contains(&"-p".to_string()), "{ours:?}");
+    for words in [
+        &["lightswitch", "record", "ls", "-"][..],
+        &["lightswitch", "record", "-F", "99", "ls", "--s"],
+        &["lightswitch", "record", "--", "ls", "-"],
+    ] {
+        let offered = complete(words);
+        assert!(
+            !offered.iter().any(|o| o.starts_with("--s")),
+            "{words:?}: {offered:?}"
+        );
+    }
+    for words in [
+        &["lightswitch", "record", "-F", "99", "ech"][..],
+        &["lightswitch", "record", "--", "ech"],
+    ] {
+        let offered = complete(words);
+        assert!(
+            offered.contains(&"echo".to_string()),
+            "{words:?}: {offered:?}"
+        );
+    }
+}
+
+/// Flame graphs say "1 sample" in the tooltip of a box of one sample, and
+/// keep the plural for more (`report --format flame-graph` of folded stacks,
+/// and `diff --flame-graph`).
+#[test]
+fn flame_graph_tooltips_count_one_sample() {
+    let dir = tempdir();
+    let folded = dir.path().join("in.txt");
+    std::fs::write(&folded, "prog;main;rare 1\nprog;main;hot 11\n").unwrap();
+    let svg = dir.path().join("out.svg");
+    let (code, _, stderr) = plain(&[
+        "report",
+        "--format",
+        "flame-graph",
+        "-o",
+        s(&svg),
+        s(&folded),
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("rare (1 sample, "), "{text}");
+    assert!(text.contains("hot (11 samples, "), "{text}");
+    assert!(!text.contains(" 1 samples"), "{text}");
+    let diff = dir.path().join("diff.svg");
+    let (code, _, stderr) = plain(&["diff", "--flame-graph", s(&diff), s(&folded), s(&folded)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let text = std::fs::read_to_string(&diff).unwrap();
+    assert!(text.contains("rare (1 sample, "), "{text}");
+    assert!(!text.contains(" 1 samples"), "{text}");
+}

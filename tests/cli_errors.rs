@@ -139,7 +139,10 @@ fn conflicting_flags_are_usage_errors() {
             &["record", "-p", "1", "--", "true"],
             "--pids does not apply",
         ),
-        (&["--profile-name", ""], "--profile-name is empty"),
+        (
+            &["--profile-name", ""],
+            "--profile-name \"\" names no file: give a file name",
+        ),
         (
             &["--server-url", "http://127.0.0.1:1"],
             "--server-url is for",
@@ -460,5 +463,23 @@ fn an_empty_token_is_an_error_not_an_open_door() {
         let out = run_command(cmd, TIMEOUT);
         out.assert_error(&[variable, "set but empty"]);
         assert_empty(dir.path());
+    }
+}
+
+/// `report --from -1` is answered, not met with clap's "use -- -1" hint: a
+/// usage error (exit status 2) naming --from and the range it takes, before
+/// the file is read.
+#[test]
+fn a_negative_report_span_is_answered() {
+    let dir = tempdir();
+    let missing = dir.path().join("none.json");
+    for args in [
+        &["report", "--from", "-1", s(&missing)][..],
+        &["report", "--to", "-0.5", s(&missing)][..],
+    ] {
+        let out = run(args, TIMEOUT);
+        out.assert_error(&["--from and --to must be seconds with 0 <= --from < --to"]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}:\n{out}");
+        assert!(!out.stderr.contains("-- -"), "{args:?}:\n{out}");
     }
 }

@@ -18,10 +18,8 @@
 //! still running then is killed (SIGKILL) and counted as failed, so the
 //! harness itself never waits for a hung agent.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -31,12 +29,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::ValueEnum;
 
-use crate::hostile::{self, HostileConfig, Neighbours, Tally};
-use crate::measure::{self, CpuTime};
-use crate::profiler::{self, Kind, Running, Tools};
+mod agent;
+
+use crate::hostile::{self, HostileConfig, Neighbours};
+use crate::measure;
+use crate::profiler::Tools;
 use crate::readings::{memory_summary, mib, Reading};
 use crate::report::{self, num};
 use crate::verdict::{self, AgentOutcome};
+use agent::{scrape, Agent, LOST, MISSING, PANICKED, SAMPLES, STOP_DEADLINE, WRITTEN};
 
 /// Which processes the churn loops start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -73,55 +74,8 @@ pub struct ChurnConfig {
     pub hostile: Option<HostileConfig>,
 }
 
-/// How long an agent has to exit after SIGINT before it is killed.
-const STOP_DEADLINE: Duration = Duration::from_secs(60);
-/// VmRSS above which a hostile soak's agent is killed, KiB (the machine is
-/// shared: an agent growing without bound is stopped well before it hurts).
-const RSS_KILL_KIB: u64 = 1 << 20;
-
-/// One agent under test.
-struct Agent {
-    window_s: f64,
-    port: u16,
-    running: Option<Running>,
-    cpu: Option<CpuTime>,
-    readings: Vec<Reading>,
-    /// How it ended, if it exited before the end (a crash).
-    crash: Option<String>,
-    /// Its exit at the end: `exit 0`, or what went wrong.
-    exit: Option<String>,
-    /// Its `windows: closed=...` summary line, once it exited 0.
-    summary: Option<String>,
-    /// Where it writes its windows.
-    out_dir: PathBuf,
-    /// Hostile soaks: the bystander's samples in its folded files.
-    tally: Option<Tally>,
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// `GET /metrics` of the agent listening on `port`, parsed into series.
-fn scrape(client: &reqwest::blocking::Client, port: u16) -> HashMap<String, f64> {
-    let Ok(text) = client
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .and_then(|r| r.text())
-    else {
-        return HashMap::new();
-    };
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
 fn churn_script(load: ChurnLoad, workload: &Path) -> Vec<String> {
-    let w = crate::shell_quote(workload);
+    let w = shell_quote(workload);
     match load {
         ChurnLoad::Shell => vec![format!(
             "while :; do {w} 0.02 >/dev/null; /bin/true; ls / >/dev/null; sleep 0.05; done"
@@ -169,180 +123,6 @@ impl Drop for Churn {
     }
 }
 
-impl Agent {
-    fn start(tools: &Tools, config: &ChurnConfig, window_s: f64) -> Result<Self> {
-        let port = free_port()?;
-        // Hostile soaks also write folded stacks (the bystander is counted
-        // in them), and keep every file for 3 readings (at least 30 s).
-        let (formats, keep) = match config.hostile {
-            None => ("pprof", 3),
-            Some(_) => (
-                "pprof,folded",
-                (3.0 * config.every_s.max(10.0) / window_s).ceil() as usize + 3,
-            ),
-        };
-        let extra: Vec<String> = [
-            "--profile-interval",
-            &window_s.to_string(),
-            "--max-profiles",
-            &keep.to_string(),
-            "--profile-format",
-            formats,
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-        ]
-        .map(String::from)
-        .to_vec();
-        let name = format!("churn-{window_s}s");
-        let running = profiler::start(tools, Kind::Lightswitch, config.freq, &name, &extra)?;
-        Ok(Agent {
-            window_s,
-            port,
-            running: Some(running),
-            cpu: None,
-            readings: Vec::new(),
-            crash: None,
-            exit: None,
-            summary: None,
-            out_dir: tools.scratch.join(&name),
-            tally: config.hostile.as_ref().map(|_| Tally::default()),
-        })
-    }
-
-    /// Take one reading (or notice that the agent has crashed).
-    fn read(&mut self, client: &reqwest::blocking::Client, t_s: f64, every_s: f64) {
-        let Some(running) = self.running.as_mut() else {
-            return;
-        };
-        if let Err(err) = running.check_alive() {
-            let text = format!("{err:#}");
-            let panic = text.lines().find(|l| l.contains("panicked")).unwrap_or("");
-            self.crash = Some(format!("at {t_s:.0} s: {}", first_line(&text, panic)));
-            eprintln!(
-                "churn: agent with {} s windows crashed: {text}",
-                self.window_s
-            );
-            self.running = None;
-            return;
-        }
-        let pid = running.pid();
-        let cpu = measure::cpu_time(pid).ok();
-        let cpu_pct = match (&self.cpu, &cpu) {
-            (Some(a), Some(b)) => Some(measure::cpu_between(a, b) as f64 / 1e9 / every_s * 100.0),
-            _ => None,
-        };
-        self.cpu = cpu;
-        let peak_kib = measure::status_kib(pid, "VmHWM").unwrap_or(0);
-        if let Err(err) = measure::reset_peak_rss(pid) {
-            eprintln!("churn: {err:#}");
-        }
-        let vm_rss_kib = measure::status_kib(pid, "VmRSS").unwrap_or(0);
-        self.readings.push(Reading {
-            t_s,
-            peak_kib,
-            vm_rss_kib,
-            rss_anon_kib: measure::status_kib(pid, "RssAnon").unwrap_or(0),
-            cpu_pct,
-            metrics: scrape(client, self.port),
-        });
-        if let Some(tally) = self.tally.as_mut() {
-            tally.scan(&self.out_dir);
-            if vm_rss_kib > RSS_KILL_KIB {
-                // Dropping it kills it (SIGKILL).
-                self.running = None;
-                self.crash = Some(format!(
-                    "at {t_s:.0} s: killed by the harness, VmRSS {:.0} MiB > {:.0} MiB",
-                    mib(vm_rss_kib),
-                    mib(RSS_KILL_KIB)
-                ));
-                eprintln!(
-                    "churn: agent with {} s windows {}",
-                    self.window_s,
-                    self.crash.as_deref().unwrap_or("")
-                );
-            }
-        }
-    }
-
-    /// Wait until `deadline` for it to exit (after SIGINT), kill it
-    /// (SIGKILL) if it has not, and record how it ended.
-    fn finish(&mut self, tools: &Tools, deadline: Instant) {
-        let Some(running) = self.running.take() else {
-            return;
-        };
-        while running.alive() && Instant::now() < deadline {
-            sleep(Duration::from_millis(100));
-        }
-        if running.alive() {
-            let mut waiting = measure::waiting_in(running.pid());
-            if waiting.is_empty() {
-                waiting = "nothing but futex and epoll waits (busy, not blocked)".to_string();
-            }
-            // Dropping it kills it (SIGKILL) and reaps it.
-            drop(running);
-            self.exit = Some(format!(
-                "no exit within {} s of SIGINT: killed (SIGKILL); its threads were waiting in {waiting}",
-                STOP_DEADLINE.as_secs()
-            ));
-            return;
-        }
-        self.exit = Some(match running.wait(tools.perf.as_deref()) {
-            Ok(finished) => {
-                self.summary = finished
-                    .stdout
-                    .lines()
-                    .find(|l| l.starts_with("windows: "))
-                    .map(str::to_string);
-                "exit 0".to_string()
-            }
-            Err(err) => format!("failed: {}", first_line(&format!("{err:#}"), "")),
-        });
-        if let Some(tally) = self.tally.as_mut() {
-            tally.scan(&self.out_dir);
-        }
-    }
-
-    /// What the hostile verdict needs of it; `expected` bystander samples.
-    fn outcome(&self, every_s: f64, expected: f64) -> Option<AgentOutcome<'_>> {
-        Some(AgentOutcome {
-            label: self.label(),
-            window_s: self.window_s,
-            exit: self
-                .crash
-                .as_deref()
-                .or(self.exit.as_deref())
-                .unwrap_or("running"),
-            summary: self.summary.as_deref(),
-            written: self
-                .readings
-                .iter()
-                .map(|r| (r.t_s, r.metric(WRITTEN)))
-                .collect(),
-            every_s,
-            max_vm_rss_kib: self
-                .readings
-                .iter()
-                .map(|r| r.vm_rss_kib)
-                .max()
-                .unwrap_or(0),
-            tally: self.tally.as_ref()?,
-            expected,
-        })
-    }
-
-    fn label(&self) -> String {
-        format!("{} s", self.window_s)
-    }
-}
-
-fn first_line<'a>(text: &'a str, preferred: &'a str) -> &'a str {
-    if preferred.is_empty() {
-        text.lines().next().unwrap_or("")
-    } else {
-        preferred
-    }
-}
-
 /// Run the soak; the report goes to `config.doc`'s `churn` block (rewritten
 /// after every reading). Errors if an agent crashed or did not exit 0.
 pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()> {
@@ -356,7 +136,15 @@ pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()>
     let mut agents = config
         .windows_s
         .iter()
-        .map(|&w| Agent::start(tools, config, w))
+        .map(|&w| {
+            Agent::start(
+                tools,
+                config.freq,
+                config.every_s,
+                config.hostile.is_some(),
+                w,
+            )
+        })
         .collect::<Result<Vec<_>>>()?;
     // The time and load average of the start, not of each rewrite.
     let machine = report::machine_line(config.cpus, "{conditions}");
@@ -374,16 +162,7 @@ pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()>
     let churn = Churn::start(config, workload)?;
     let forks_before = measure::forks()?;
     let started = Instant::now();
-    let mut log = match &config.log {
-        Some(path) => Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("opening {}", path.display()))?,
-        ),
-        None => None,
-    };
+    let mut log = config.log.as_deref().map(open_log).transpose()?;
     let ticks = (config.seconds / config.every_s).ceil().max(1.0) as usize;
     for i in 1..=ticks {
         let due = started + Duration::from_secs_f64(config.every_s * i as f64);
@@ -442,6 +221,21 @@ pub fn churn(tools: &Tools, workload: &Path, config: &ChurnConfig) -> Result<()>
     }
     println!("{body}");
     report::write_block(&config.doc, "churn", &body)?;
+    check_agents(&agents, verdict_failed)
+}
+
+/// `--churn-log`'s file, opened for appending (created if missing).
+fn open_log(path: &Path) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+/// The soak's result: an error naming each agent that crashed, did not
+/// exit 0 or dropped windows after a panic, and a failed hostile verdict.
+fn check_agents(agents: &[Agent], verdict_failed: bool) -> Result<()> {
     let mut failed: Vec<String> = agents
         .iter()
         .filter_map(|a| {
@@ -471,12 +265,6 @@ fn panicked_windows(agent: &Agent) -> f64 {
         .and_then(|r| r.metric(PANICKED))
         .unwrap_or(0.0)
 }
-
-const SAMPLES: &str = "lightswitch_samples_total";
-const LOST: &str = "lightswitch_samples_lost_total";
-const WRITTEN: &str = "lightswitch_windows_total{outcome=\"written\"}";
-const PANICKED: &str = "lightswitch_windows_total{outcome=\"panicked\"}";
-const MISSING: &str = "lightswitch_samples_missing_mapping_total";
 
 fn log_line(agent: &Agent, r: &Reading) -> String {
     let m = |s| r.metric(s).map_or("-".to_string(), |v| format!("{v:.0}"));
@@ -599,4 +387,9 @@ fn render(
          peak VmRSS: the highest VmRSS since the previous reading (`VmHWM`, reset after each reading).\n",
     );
     out
+}
+
+/// `path` quoted for a POSIX shell.
+fn shell_quote(path: &Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
 }

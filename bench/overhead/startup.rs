@@ -114,6 +114,23 @@ fn loaded_object(message: &str, verb: &str) -> Option<String> {
     Some(after.split_once(verb)?.0.to_string())
 }
 
+/// The pprof window files in `out`, decoded, oldest first.
+fn read_windows(out: &Path) -> Result<Vec<proto::Profile>> {
+    let mut windows = Vec::new();
+    for entry in fs::read_dir(out)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "pb") {
+            let bytes = fs::read(&path)?;
+            windows.push(
+                proto::Profile::decode(bytes.as_slice())
+                    .with_context(|| format!("decoding {}", path.display()))?,
+            );
+        }
+    }
+    windows.sort_by_key(|p| p.time_nanos);
+    Ok(windows)
+}
+
 fn run_once(
     tools: &Tools,
     workload_pids: &HashSet<u32>,
@@ -152,18 +169,7 @@ fn run_once(
     }
     let ms = |t: i64| (t - spawned) as f64 / 1e6;
 
-    let mut windows = Vec::new();
-    for entry in fs::read_dir(out)? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "pb") {
-            let bytes = fs::read(&path)?;
-            windows.push(
-                proto::Profile::decode(bytes.as_slice())
-                    .with_context(|| format!("decoding {}", path.display()))?,
-            );
-        }
-    }
-    windows.sort_by_key(|p| p.time_nanos);
+    let windows = read_windows(out)?;
     let mut result = StartupResult {
         sampling_ms: log_lines(&stderr, "sampling ").next().map(|(t, _)| ms(t)),
         first_sample_ms: None,

@@ -90,3 +90,59 @@ fn report_span_takes_negative_numbers_for_the_run_to_reject() {
     };
     assert_eq!(r.from, Some(-1.0));
 }
+
+/// The command line builds the same plan a library user would build by
+/// hand for the same run (compared by their debug form, field by field).
+#[test]
+fn flags_build_the_plan_a_library_user_would() {
+    use crate::run::RunPlan;
+    use std::time::Duration;
+    let plan = |args: &[&str]| {
+        let cli = Cli::try_parse_from(["lightswitch"].iter().chain(args)).expect("parsed");
+        cli.profile.plan(false)
+    };
+    let from_flags = plan(&[
+        "-p",
+        "7,9",
+        "-F",
+        "199",
+        "-d",
+        "2s",
+        "--profile-format",
+        "folded",
+        "--profile-path",
+        "/tmp/out",
+        "--unwind-cache-dir",
+        "none",
+    ])
+    .expect("a valid plan");
+    let by_hand = RunPlan {
+        sample_freq_hz: 199,
+        pids: vec![7, 9],
+        duration: Some(Duration::from_secs(2)),
+        ..RunPlan::new("/tmp/out", ProfileFormat::Folded)
+    };
+    assert_eq!(format!("{from_flags:#?}"), format!("{by_hand:#?}"));
+    // Continuous mode carries its sender's config, built here once.
+    let continuous = plan(&["--profile-interval", "30s", "--max-profiles", "3"]).unwrap();
+    let continuous = continuous.continuous.expect("continuous");
+    assert_eq!(continuous.interval, Duration::from_secs(30));
+    assert!(
+        matches!(
+            continuous.sender,
+            crate::sender::SenderConfig::Disk {
+                max_profiles: Some(3),
+                ..
+            }
+        ),
+        "{:?}",
+        continuous.sender
+    );
+    // An empty --profile-name is named, with what to give instead.
+    let err = plan(&["--profile-name", ""]).expect_err("empty name");
+    let err = format!("{err:#}");
+    assert!(
+        err.contains("--profile-name \"\" names no file") && err.contains("- for standard output"),
+        "{err}"
+    );
+}

@@ -146,6 +146,28 @@ pub const DEFAULT_MAX_TIMELINE_SAMPLES: u64 = 10_000_000;
 /// Largest size a request body may decompress to by default, bytes.
 pub const DEFAULT_MAX_DECODED_BYTES: usize = 64 * 1024 * 1024;
 
+/// Parse `--retention`: a humantime duration (`7d`, `12h 30m`), in ns, at least 1 s.
+pub(super) fn parse_retention(text: &str) -> Result<u64, String> {
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|e| format!("{text:?} is not a duration such as 7d or 36h: {e}"))?;
+    if d < std::time::Duration::from_secs(1) {
+        return Err(format!("{text:?}: keep data at least 1s"));
+    }
+    u64::try_from(d.as_nanos()).map_err(|_| format!("{text:?} is too long"))
+}
+
+/// Parse `--max-storage`: a size with an optional unit (`20GiB`, `500MB`), bytes, at least 1 MiB.
+pub(super) fn parse_storage_size(text: &str) -> Result<u64, String> {
+    let size: bytesize::ByteSize = text
+        .trim()
+        .parse()
+        .map_err(|e| format!("{text:?} is not a size such as 20GiB or 500MB: {e}"))?;
+    if size.as_u64() < 1 << 20 {
+        return Err(format!("{text:?}: at least 1MiB"));
+    }
+    Ok(size.as_u64())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -205,7 +205,7 @@ pub fn differential_flame_graph(
     let mut svg = Vec::new();
     inferno::flamegraph::from_lines(&mut options, lines.lines(), &mut svg)
         .context("rendering the differential flame graph")?;
-    Ok(svg)
+    Ok(crate::format::flamegraph::singular_counts(svg))
 }
 
 /// `lightswitch diff`: print the comparison, write the flame graph when

@@ -206,7 +206,20 @@ pub fn encode(profile: &Profile, title: &str) -> Result<Vec<u8>> {
     let mut svg = Vec::new();
     flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
         .context("rendering the flame graph")?;
-    Ok(svg)
+    Ok(singular_counts(svg))
+}
+
+/// inferno writes every box's count with the plural `count_name`, "1
+/// samples": say "1 sample" in the titles (tooltips) of boxes of one
+/// sample. `svg` is inferno's output; boxes of more samples, and counts
+/// such as "11 samples", are left as they are.
+pub fn singular_counts(svg: Vec<u8>) -> Vec<u8> {
+    const PLURAL: &str = "(1 samples,";
+    match String::from_utf8(svg) {
+        Ok(text) if text.contains(PLURAL) => text.replace(PLURAL, "(1 sample,").into_bytes(),
+        Ok(text) => text.into_bytes(),
+        Err(err) => err.into_bytes(),
+    }
 }
 
 #[cfg(test)]
@@ -221,6 +234,19 @@ mod tests {
         assert!(svg.contains("inner_inlined"));
         assert!(svg.contains("vfs_read"));
         assert!(svg.contains("8 samples"), "total count in the root frame");
+    }
+
+    #[test]
+    fn a_box_of_one_sample_says_sample() {
+        let mut profile = sample_profile();
+        // One stack of one sample, beside the others.
+        profile.samples.truncate(1);
+        profile.samples[0].count = 1;
+        let svg = String::from_utf8(encode(&profile, "test").unwrap()).unwrap();
+        assert!(svg.contains("(1 sample, 100%)"), "{svg}");
+        assert!(!svg.contains("1 samples"), "{svg}");
+        let many = String::from_utf8(encode(&sample_profile(), "test").unwrap()).unwrap();
+        assert!(many.contains("(8 samples, 100%)"), "{many}");
     }
 
     #[test]

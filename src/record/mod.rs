@@ -12,10 +12,11 @@ mod images;
 pub mod launch;
 mod program;
 
+use std::ffi::OsString;
+
 use anyhow::Result;
 
-use crate::cli::RecordArgs;
-use crate::run::Workload;
+use crate::run::{RunPlan, Workload};
 use launch::{CannotRun, HeldCommand, Identity};
 
 impl Workload for HeldCommand {
@@ -58,6 +59,20 @@ fn foreground_of_terminal() -> bool {
     unsafe { libc::tcgetpgrp(std::os::fd::AsRawFd::as_raw_fd(&tty)) == libc::getpgrp() }
 }
 
+/// What `record` does: the command it runs and the run's plan (built from
+/// `lightswitch record`'s flags by `crate::cli`, or in code).
+#[derive(Debug, Clone)]
+pub struct RecordPlan {
+    /// How to profile. Its `pids` must be empty: the command's process,
+    /// and every process it starts, are profiled instead.
+    pub run: RunPlan,
+    /// The command and its arguments (the program is looked up in `PATH`).
+    pub command: Vec<OsString>,
+    /// Run the command as root even when started through sudo (by default
+    /// it runs as the invoking user, `SUDO_UID`/`SUDO_GID`).
+    pub as_root: bool,
+}
+
 /// `record`'s exit status when it failed itself (the profile could not be
 /// made or written, or the command could not be started for a reason other
 /// than those of 126 and 127), as `env`, `nice` and `timeout` exit 125: a
@@ -65,7 +80,7 @@ fn foreground_of_terminal() -> bool {
 /// command's own failure.
 pub const OWN_FAILURE_STATUS: i32 = 125;
 
-/// Start `args.command` held, profile it until it exits, wait for it and
+/// Start `plan.command` held, profile it until it exits, wait for it and
 /// print the run's summary on stderr (stdout is the command's). Returns
 /// lightswitch's exit status: the command's (128 + N for signal N; 126 or
 /// 127 when it could not be executed or found, as shells give); when
@@ -78,38 +93,41 @@ pub const OWN_FAILURE_STATUS: i32 = 125;
 /// found, not executable, an empty name) or another error (a bad
 /// SUDO_UID). Started through sudo, the files written are given to the
 /// invoking user.
-pub fn record(args: &RecordArgs) -> Result<i32> {
-    let (program, rest) = args.command.split_first().ok_or_else(|| {
+pub fn record(plan: &RecordPlan) -> Result<i32> {
+    if !plan.run.pids.is_empty() {
+        anyhow::bail!("record profiles its command and what it starts: --pids does not apply");
+    }
+    let (program, rest) = plan.command.split_first().ok_or_else(|| {
         anyhow::anyhow!("record needs a command: lightswitch record [OPTIONS] [--] CMD [ARGS...]")
     })?;
     let path = program::resolve_program(program)?;
-    let identity = if args.as_root {
+    let identity = if plan.as_root {
         None
     } else {
         Identity::from_sudo()?
     };
     // The profile on standard output (`--profile-name -`): the command's
     // own output goes to standard error instead.
-    let profile_on_stdout = args.profile.outputs().is_ok_and(|outputs| {
-        outputs
-            .iter()
-            .any(|(_, path)| crate::files::is_stdout(path))
-    });
+    let profile_on_stdout = plan
+        .run
+        .outputs
+        .iter()
+        .any(|(_, path)| crate::files::is_stdout(path));
     let mut held = HeldCommand::spawn(&path, program, rest, identity.as_ref(), profile_on_stdout)?;
-    let output_dir_existed = args.profile.profile_path.exists();
-    let run = crate::run::run_with(&args.profile, Some(&mut held));
+    let output_dir_existed = plan.run.output_dir.exists();
+    let run = crate::run::run_with(&plan.run, Some(&mut held));
     let failure = match &run {
         Ok(summary) => {
             eprintln!("{summary}");
             if let Some(id) = &identity {
-                give_outputs_to(id, summary, &args.profile.profile_path, output_dir_existed);
+                give_outputs_to(id, summary, &plan.run.output_dir, output_dir_existed);
             }
             summary.continuous.as_ref().and_then(|c| c.report.failure())
         }
         Err(err) if err.chain().any(|e| e.is::<crate::format::EmptyProfile>()) => Some(format!(
             "{err:#}: the command ran too briefly to be sampled at {} Hz (raise --sample-freq, \
              or write folded stacks or pprof, which can hold an empty profile)",
-            args.profile.sample_freq
+            plan.run.sample_freq_hz
         )),
         Err(err) => Some(format!("{err:#}")),
     };

@@ -18,7 +18,7 @@ use libbpf_rs::RingBuffer;
 use tracing::{debug, info};
 
 use super::hints::ChildrenSeen;
-use super::plan::RunPlan;
+use super::plan::CheckedPlan;
 use super::progress::Progress;
 use crate::process::walker::ProcessFollower;
 use crate::process::ProcessTracker;
@@ -158,7 +158,7 @@ impl<'s, 'o> Agent<'s, 'o> {
     /// Errors: the ring buffers or the unwind cache cannot be set up.
     pub fn new(
         sampler: &'s Sampler<'o>,
-        plan: &RunPlan,
+        plan: &CheckedPlan,
         cache_dir: Option<std::path::PathBuf>,
         workers: Workers,
         metrics: Arc<Metrics>,
@@ -479,7 +479,7 @@ impl<'s, 'o> Agent<'s, 'o> {
 
     /// Retire processes no open window or request can refer to, and update
     /// the metrics that are not counted per sample (lost samples, unwind
-    /// tables, windows, sampling frequency).
+    /// tables, sampling frequency).
     pub fn refresh_metrics(&mut self) {
         // Closed windows and requests took copies of what they need: what
         // no sample in an open one can refer to can go.
@@ -508,8 +508,6 @@ impl<'s, 'o> Agent<'s, 'o> {
             tables.tables_loaded,
             tables.evictions,
         );
-        let dropped = self.workers.windows.as_ref().map_or(0, |w| w.dropped());
-        self.metrics.set_windows(self.totals.windows, dropped);
         self.metrics
             .set_sampling_freq(self.sampling.freq_hz().unwrap_or(0));
         let mut deferred = self.deferred.stats();

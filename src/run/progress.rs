@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -38,11 +38,14 @@ impl StopWords {
     }
 }
 
-/// Install the stop handler: the first SIGINT, SIGTERM or SIGHUP sets the
-/// returned flag (the run then stops and writes its profile, if it writes
-/// one) and prints `stopping, ` and `words.first`; a second one ends the
-/// process at once with status 130 and says so (with `words.again`).
-/// Errors if a handler is installed already.
+/// Install the stop handler for a run: the first SIGINT, SIGTERM or SIGHUP
+/// sets the returned flag (the run then stops and writes its profile, if
+/// it writes one) and prints `stopping, ` and `words.first`; a second one
+/// ends the process at once with status 130 and says so (with
+/// `words.again`). The process's handler is installed by the first run
+/// and serves every later one (a library may run several, one at a time):
+/// each call points it at a new flag and starts the count afresh. Errors
+/// if the process has another handler (ctrlc's) already.
 ///
 /// An interrupt that arrives within [`SAME_INTERRUPT`] of the first is the
 /// first one delivered again (to the whole process group: `timeout -s INT`,
@@ -50,32 +53,62 @@ impl StopWords {
 /// ([`interrupt_reached_group`]) and otherwise ignored.
 pub fn install_stop_handler(words: StopWords) -> Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    let count = AtomicU32::new(0);
-    let terminal = std::io::stderr().is_terminal();
+    INTERRUPTS.store(0, Ordering::SeqCst);
+    FIRST_INTERRUPT_NS.store(0, Ordering::SeqCst);
+    REPEATED_INTERRUPTS.store(0, Ordering::SeqCst);
+    *lock_current() = Some((stop.clone(), words));
     // With the "termination" feature this covers SIGINT, SIGTERM and SIGHUP;
     // the handler runs on a thread of its own.
-    ctrlc::set_handler(move || {
-        let clear = if terminal { "\r\x1b[K" } else { "" };
-        let now = crate::timefmt::monotonic_ns();
-        if count.fetch_add(1, Ordering::SeqCst) == 0 {
-            FIRST_INTERRUPT_NS.store(now, Ordering::SeqCst);
-            flag.store(true, Ordering::SeqCst);
-            eprintln!(
-                "{clear}stopping, {} (interrupt again to quit at once)",
-                words.first
-            );
-        } else if now.saturating_sub(FIRST_INTERRUPT_NS.load(Ordering::SeqCst))
-            < SAME_INTERRUPT.as_nanos() as u64
-        {
-            REPEATED_INTERRUPTS.fetch_add(1, Ordering::SeqCst);
-        } else {
-            eprintln!("{clear}interrupted again: exiting now{}", words.again);
-            std::process::exit(INTERRUPTED_EXIT_STATUS);
-        }
-    })
-    .context("installing the SIGINT/SIGTERM handler")?;
+    INSTALLED
+        .get_or_init(|| ctrlc::set_handler(on_interrupt).map_err(|err| err.to_string()))
+        .clone()
+        .map_err(anyhow::Error::msg)
+        .context("installing the SIGINT/SIGTERM handler")?;
     Ok(stop)
+}
+
+/// The stop flag and words of the run the handler serves now.
+static CURRENT: Mutex<Option<(Arc<AtomicBool>, StopWords)>> = Mutex::new(None);
+
+/// Interrupts since the current run installed the handler.
+static INTERRUPTS: AtomicU32 = AtomicU32::new(0);
+
+/// Whether the process's handler was installed, or why it could not be.
+static INSTALLED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+
+fn lock_current() -> std::sync::MutexGuard<'static, Option<(Arc<AtomicBool>, StopWords)>> {
+    CURRENT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The process's handler: what an interrupt does to the current run
+/// ([`install_stop_handler`]).
+fn on_interrupt() {
+    let Some((flag, words)) = lock_current().clone() else {
+        return;
+    };
+    let clear = if std::io::stderr().is_terminal() {
+        "\r\x1b[K"
+    } else {
+        ""
+    };
+    let now = crate::timefmt::monotonic_ns();
+    if INTERRUPTS.fetch_add(1, Ordering::SeqCst) == 0 {
+        FIRST_INTERRUPT_NS.store(now, Ordering::SeqCst);
+        flag.store(true, Ordering::SeqCst);
+        eprintln!(
+            "{clear}stopping, {} (interrupt again to quit at once)",
+            words.first
+        );
+    } else if now.saturating_sub(FIRST_INTERRUPT_NS.load(Ordering::SeqCst))
+        < SAME_INTERRUPT.as_nanos() as u64
+    {
+        REPEATED_INTERRUPTS.fetch_add(1, Ordering::SeqCst);
+    } else {
+        eprintln!("{clear}interrupted again: exiting now{}", words.again);
+        std::process::exit(INTERRUPTED_EXIT_STATUS);
+    }
 }
 
 /// Interrupts closer together than this are one interrupt delivered twice:

@@ -1,3 +1,4 @@
+use super::events::parse_cpu_list;
 use super::*;
 use crate::process::walker::WalkerMaps;
 

@@ -74,8 +74,8 @@ pub fn hostname() -> String {
     }
 }
 
-/// Which sender continuous mode uses and its settings, as the command line
-/// gave them (built by [`crate::cli::Cli::sender_config`]).
+/// Which sender continuous mode uses and its settings (built from the
+/// command line's flags by `crate::cli`, or in code).
 #[derive(Debug, Clone)]
 pub enum SenderConfig {
     /// Window files in a directory.
@@ -116,6 +116,18 @@ pub enum SenderConfig {
         /// Token, timeout, queue budget.
         http: remote::HttpSettings,
     },
+}
+
+impl SenderConfig {
+    /// Which kind of sender this configures.
+    pub fn kind(&self) -> SenderKind {
+        match self {
+            SenderConfig::Disk { .. } => SenderKind::Disk,
+            SenderConfig::Remote { .. } => SenderKind::Remote,
+            SenderConfig::Pyroscope { .. } => SenderKind::Pyroscope,
+            SenderConfig::Otlp { .. } => SenderKind::Otlp,
+        }
+    }
 }
 
 /// Which sender: the kinds [`SenderConfig`] configures, for the formats

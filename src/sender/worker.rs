@@ -126,6 +126,11 @@ pub struct WindowWorker {
 /// Where the worker counts what became of each window; the agent's
 /// `/metrics` implements it (`crate::server::metrics::Metrics`).
 pub trait WindowCounters: Send + Sync {
+    /// A window closed and is being handed over; counted first, so that
+    /// no count of what became of windows exceeds it.
+    fn window_closed(&self);
+    /// A closed window was dropped because symbolization fell behind.
+    fn window_dropped(&self);
     /// A window's profile was handed to the sender (written, for the disk sender).
     fn window_written(&self);
     /// The sender failed on a window (encoding or writing).
@@ -170,6 +175,7 @@ impl WindowWorker {
     /// `tracker`). Never waits for the worker.
     pub fn submit(&mut self, closed: ClosedWindow, tracker: &ProcessTracker) {
         let started = Instant::now();
+        self.metrics.window_closed();
         let index = closed.index;
         let objects = &mut self.objects;
         let Some(snapshot) = contain(
@@ -201,20 +207,17 @@ impl WindowWorker {
             ),
             Err(TrySendError::Full(_)) => {
                 self.dropped += 1;
+                self.metrics.window_dropped();
                 warn!(
                     "symbolization is {MAX_PENDING_WINDOWS} windows behind: window {index} dropped"
                 );
             }
             Err(TrySendError::Disconnected(_)) => {
                 self.dropped += 1;
+                self.metrics.window_dropped();
                 warn!("the window worker has stopped: window {index} dropped");
             }
         }
-    }
-
-    /// Windows dropped so far because symbolization was too far behind.
-    pub fn dropped(&self) -> u64 {
-        self.dropped
     }
 
     /// Wait until every submitted window has been handled, then let the

@@ -3,9 +3,11 @@
 //! and short-held locks); the HTTP server renders them on each scrape.
 
 use std::collections::HashMap;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+
+mod families;
+use families::{family, render_debuginfod, render_jit_files, render_minidebuginfo, render_process};
 
 use crate::heap::HeapStats;
 use crate::httpd::serve::ConnectionStats;
@@ -13,8 +15,6 @@ use crate::sample::UnwindStatus;
 use crate::sampler::off_cpu::OffCpuCounts;
 use crate::sender::queue::Queue;
 use crate::sender::worker::WindowCounters;
-use crate::symbolize::debuginfod::DebuginfodStats;
-use crate::symbolize::minidebuginfo::MiniDebugInfoStats;
 use crate::unwind::deferred::DeferredStats;
 
 /// The agent's metrics, shared between the sampling loop and the server.
@@ -41,36 +41,6 @@ pub struct Metrics {
     profile_requests_active: AtomicU64,
     delivery: OnceLock<Arc<Queue>>,
     connections: Arc<ConnectionStats>,
-}
-
-/// What was refused or cut reading files profiled processes control
-/// ([`crate::process::untrusted::counters`]).
-fn render_jit_files(out: &mut String) {
-    let c = crate::process::untrusted::counters();
-    family(
-        out,
-        "lightswitch_jit_files_total",
-        "counter",
-        "Perf maps and jitdump files, which profiled processes control: files refused (not a regular \
-         file, a symlink, another user's), reads past their deadline or not started (every reader \
-         busy), names cut to 4 KiB, entries dropped for a full budget, oversized jitdump records \
-         skipped.",
-        &[
-            ("kind=\"files_refused\"", c.files_refused),
-            ("kind=\"reads_timed_out\"", c.reads_timed_out),
-            ("kind=\"reads_refused\"", c.reads_refused),
-            ("kind=\"names_cut\"", c.names_cut),
-            ("kind=\"entries_dropped\"", c.entries_dropped),
-            ("kind=\"records_skipped\"", c.records_skipped),
-        ],
-    );
-    family(
-        out,
-        "lightswitch_jit_file_bytes_unread_total",
-        "counter",
-        "Bytes of perf maps and jitdump files past their per-file read budget, left unread.",
-        &[("", c.bytes_unread)],
-    );
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -141,10 +111,16 @@ impl Metrics {
         let _ = self.bpf_variant.set(name);
     }
 
-    /// Continuous mode: windows closed and dropped so far.
-    pub fn set_windows(&self, closed: u64, dropped: u64) {
-        self.windows_closed.store(closed, Ordering::Relaxed);
-        self.windows_dropped.store(dropped, Ordering::Relaxed);
+    /// Continuous mode: a window closed (counted before it is handed on,
+    /// so that a scrape never sees more windows written than closed).
+    pub fn window_closed(&self) {
+        self.windows_closed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Continuous mode: a closed window was dropped because symbolization
+    /// fell behind.
+    pub fn window_dropped(&self) {
+        self.windows_dropped.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Continuous mode: a window was symbolized and handed to the sender
@@ -196,41 +172,18 @@ impl Metrics {
     pub fn render(&self, rss_bytes: Option<u64>, heap: Option<HeapStats>) -> String {
         let mut out = String::new();
         self.render_sampling(&mut out);
+        self.render_unwinding(&mut out);
         self.render_windows(&mut out);
         self.render_serving(&mut out);
         render_jit_files(&mut out);
         render_debuginfod(&mut out, crate::symbolize::debuginfod::stats());
         render_minidebuginfo(&mut out, crate::symbolize::minidebuginfo::stats());
-        if let Some(rss) = rss_bytes {
-            family(
-                &mut out,
-                "process_resident_memory_bytes",
-                "gauge",
-                "Resident memory size of the profiler, bytes.",
-                &[("", rss)],
-            );
-        }
-        if let Some(heap) = heap {
-            family(
-                &mut out,
-                "lightswitch_heap_bytes",
-                "gauge",
-                "The profiler's heap as jemalloc counts it, bytes: live allocations, the pages they sit in, \
-                 jemalloc's metadata, all its resident pages, address space retained unmapped.",
-                &[
-                    ("kind=\"allocated\"", heap.allocated),
-                    ("kind=\"active\"", heap.active),
-                    ("kind=\"metadata\"", heap.metadata),
-                    ("kind=\"resident\"", heap.resident),
-                    ("kind=\"retained\"", heap.retained),
-                ],
-            );
-        }
+        render_process(&mut out, rss_bytes, heap);
         out
     }
 
-    /// Samples, lost samples, unwind results and tables, sampling
-    /// frequency, the BPF programs' variant.
+    /// The BPF programs' variant, samples, lost samples, unwind results,
+    /// off-CPU waits.
     fn render_sampling(&self, out: &mut String) {
         if let Some(variant) = self.bpf_variant.get() {
             family(
@@ -291,6 +244,11 @@ impl Metrics {
                 &[("", o.short_ns)],
             );
         }
+    }
+
+    /// The walks from stack copies, the unwind tables, the process
+    /// tracker's entries and the sampling frequency.
+    fn render_unwinding(&self, out: &mut String) {
         let d = *lock(&self.deferred);
         family(
             out,
@@ -456,65 +414,16 @@ fn get(a: &AtomicU64) -> u64 {
     a.load(Ordering::Relaxed)
 }
 
-/// One metric family: `# HELP`, `# TYPE` and a line per label set (`""`
-/// for none; labels are written `key="value"` without braces).
-fn family(out: &mut String, name: &str, kind: &str, help: &str, series: &[(&str, u64)]) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-    for (labels, value) in series {
-        if labels.is_empty() {
-            let _ = writeln!(out, "{name} {value}");
-        } else {
-            let _ = writeln!(out, "{name}{{{labels}}} {value}");
-        }
-    }
-}
-
-/// The debuginfod client's counts (`stats`: none when no server is set,
-/// and then no family): what it fetched, found cached, could not get, and
-/// what its limits cut (`DEBUGINFOD_TIMEOUT`, `DEBUGINFOD_MAXSIZE`, the
-/// window's debuginfod budget).
-fn render_debuginfod(out: &mut String, stats: Option<DebuginfodStats>) {
-    let Some(d) = stats else {
-        return;
-    };
-    family(
-        out,
-        "lightswitch_debuginfod_total",
-        "counter",
-        "Debuginfod: debug files fetched, found in the cache, build IDs no server could serve, \
-         requests ended by their deadline, requests refused or cut over the size cap, build IDs \
-         left for a later window because the window's debuginfod budget was spent.",
-        &[
-            ("outcome=\"fetched\"", d.fetched),
-            ("outcome=\"cached\"", d.cached),
-            ("outcome=\"failed\"", d.failed),
-            ("outcome=\"timed_out\"", d.timed_out),
-            ("outcome=\"too_large\"", d.too_large),
-            ("outcome=\"skipped\"", d.skipped),
-        ],
-    );
-}
-
-/// MiniDebugInfo sections (`.gnu_debugdata`) read, and skipped as corrupt
-/// or too large.
-fn render_minidebuginfo(out: &mut String, m: MiniDebugInfoStats) {
-    family(
-        out,
-        "lightswitch_minidebuginfo_total",
-        "counter",
-        "MiniDebugInfo (.gnu_debugdata) sections decompressed and read, skipped as corrupt, \
-         skipped because their index announced more than the size read.",
-        &[
-            ("outcome=\"read\"", m.read),
-            ("outcome=\"corrupt\"", m.corrupt),
-            ("outcome=\"too_large\"", m.too_large),
-        ],
-    );
-}
-
 /// The window worker counts into `/metrics`.
 impl WindowCounters for Metrics {
+    fn window_closed(&self) {
+        Metrics::window_closed(self);
+    }
+
+    fn window_dropped(&self) {
+        Metrics::window_dropped(self);
+    }
+
     fn window_written(&self) {
         Metrics::window_written(self);
     }
@@ -543,72 +452,4 @@ pub fn resident_memory_bytes() -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn renders_every_family_with_help_type_and_values() {
-        let m = Metrics::default();
-        m.sample(UnwindStatus::Complete);
-        m.sample(UnwindStatus::Complete);
-        m.sample(UnwindStatus::NoTable);
-        m.set_lost(4);
-        m.set_tracker(3, 40, 7);
-        m.set_bpf_variant("compat");
-        m.profile_request("served");
-        m.set_deferred(DeferredStats {
-            held: 3,
-            finished: 2,
-            no_room: 1,
-            ..DeferredStats::default()
-        });
-        let heap = HeapStats {
-            allocated: 10,
-            active: 20,
-            metadata: 3,
-            resident: 30,
-            retained: 40,
-        };
-        let text = m.render(Some(4096), Some(heap));
-        assert!(text.contains("lightswitch_heap_bytes{kind=\"allocated\"} 10\n"));
-        assert!(text.contains("lightswitch_heap_bytes{kind=\"resident\"} 30\n"));
-        assert!(text
-            .contains("# TYPE lightswitch_samples_total counter\nlightswitch_samples_total 3\n"));
-        assert!(text.contains("lightswitch_samples_lost_total 4\n"));
-        assert!(text.contains("lightswitch_bpf_program_variant{variant=\"compat\"} 1\n"));
-        assert!(text.contains("lightswitch_tracker_entries{kind=\"mappings\"} 40\n"));
-        assert!(text.contains("lightswitch_tracker_entries{kind=\"objects\"} 7\n"));
-        assert!(text.contains("lightswitch_unwind_results_total{result=\"complete\"} 2\n"));
-        assert!(text.contains("lightswitch_unwind_results_total{result=\"no_table\"} 1\n"));
-        assert!(text.contains("lightswitch_profile_requests_total{outcome=\"served\"} 1\n"));
-        assert!(text.contains("lightswitch_stack_copy_walks_total{outcome=\"walked_on\"} 2\n"));
-        assert!(text.contains("lightswitch_stack_copy_walks_total{outcome=\"not_held\"} 1\n"));
-        assert!(text.contains("process_resident_memory_bytes 4096\n"));
-        assert!(text.contains("# TYPE lightswitch_jit_files_total counter\n"));
-        assert!(text.contains("lightswitch_jit_files_total{kind=\"records_skipped\"} "));
-        assert!(text.contains("lightswitch_jit_file_bytes_unread_total "));
-        assert!(!text.contains("lightswitch_sender_"));
-        assert!(resident_memory_bytes().is_some_and(|b| b > 0));
-    }
-
-    #[test]
-    fn renders_debuginfod_counts_only_when_a_server_is_set() {
-        let mut text = String::new();
-        render_debuginfod(&mut text, None);
-        assert_eq!(text, "");
-        let stats = DebuginfodStats {
-            fetched: 1,
-            timed_out: 2,
-            too_large: 3,
-            skipped: 4,
-            ..DebuginfodStats::default()
-        };
-        render_debuginfod(&mut text, Some(stats));
-        assert!(text.contains("# TYPE lightswitch_debuginfod_total counter\n"));
-        assert!(text.contains("lightswitch_debuginfod_total{outcome=\"fetched\"} 1\n"));
-        assert!(text.contains("lightswitch_debuginfod_total{outcome=\"timed_out\"} 2\n"));
-        assert!(text.contains("lightswitch_debuginfod_total{outcome=\"too_large\"} 3\n"));
-        assert!(text.contains("lightswitch_debuginfod_total{outcome=\"skipped\"} 4\n"));
-        assert!(text.contains("lightswitch_debuginfod_total{outcome=\"failed\"} 0\n"));
-    }
-}
+mod tests;

@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 mod run;
+#[allow(unused_imports)] // not every test crate runs the binary
 pub use run::*;
 
 use std::collections::BTreeMap;

@@ -490,3 +490,43 @@ fn listen_beside_a_run() {
     let written = common::read_folded(&dir.path().join("folded.txt"));
     assert!(common::total(&written) > 0, "{summary}");
 }
+
+/// `/metrics` never shows more windows written than closed: a window is
+/// counted closed before it is handed to the worker that writes it. Short
+/// windows, scraped as fast as the agent answers, for two seconds.
+#[test]
+fn windows_written_never_exceed_closed() {
+    let _serial = common::serial();
+    let name = common::unique_name("httpw");
+    let (_program, w) = workload(&name);
+    let dir = common::tempdir();
+    let agent = Agent::start(
+        &[
+            "--duration",
+            "3",
+            "--profile-interval",
+            "100ms",
+            "--pids",
+            &w.pid_arg(),
+            "--profile-format",
+            "folded",
+            "--profile-path",
+            common::s(dir.path()),
+        ],
+        &[],
+    );
+    let windows = |m: &BTreeMap<String, f64>, outcome: &str| {
+        m[&format!("lightswitch_windows_total{{outcome=\"{outcome}\"}}")]
+    };
+    let started = Instant::now();
+    let mut most_written = 0.0;
+    while started.elapsed() < Duration::from_secs(2) {
+        let metrics = parse_prometheus(&body(get(&agent.url("/metrics"))).1);
+        let (closed, written) = (windows(&metrics, "closed"), windows(&metrics, "written"));
+        assert!(written <= closed, "{written} written, {closed} closed");
+        most_written = f64::max(most_written, written);
+    }
+    assert!(most_written >= 3.0, "{most_written} windows written");
+    let summary = agent.wait();
+    assert!(summary.contains("windows written to"), "{summary}");
+}

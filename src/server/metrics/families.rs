@@ -1,0 +1,126 @@
+//! The metric families that are not the agent's own counters: the text
+//! format's writer ([`family`]) and the process-wide counts (memory, the
+//! files profiled processes control, debuginfod, MiniDebugInfo).
+
+use std::fmt::Write;
+
+use crate::heap::HeapStats;
+use crate::symbolize::debuginfod::DebuginfodStats;
+use crate::symbolize::minidebuginfo::MiniDebugInfoStats;
+
+/// One metric family: `# HELP`, `# TYPE` and a line per label set (`""`
+/// for none; labels are written `key="value"` without braces).
+pub(super) fn family(out: &mut String, name: &str, kind: &str, help: &str, series: &[(&str, u64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, value) in series {
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name} {value}");
+        } else {
+            let _ = writeln!(out, "{name}{{{labels}}} {value}");
+        }
+    }
+}
+
+/// The debuginfod client's counts (`stats`: none when no server is set,
+/// and then no family): what it fetched, found cached, could not get, and
+/// what its limits cut (`DEBUGINFOD_TIMEOUT`, `DEBUGINFOD_MAXSIZE`, the
+/// window's debuginfod budget).
+pub(super) fn render_debuginfod(out: &mut String, stats: Option<DebuginfodStats>) {
+    let Some(d) = stats else {
+        return;
+    };
+    family(
+        out,
+        "lightswitch_debuginfod_total",
+        "counter",
+        "Debuginfod: debug files fetched, found in the cache, build IDs no server could serve, \
+         requests ended by their deadline, requests refused or cut over the size cap, build IDs \
+         left for a later window because the window's debuginfod budget was spent.",
+        &[
+            ("outcome=\"fetched\"", d.fetched),
+            ("outcome=\"cached\"", d.cached),
+            ("outcome=\"failed\"", d.failed),
+            ("outcome=\"timed_out\"", d.timed_out),
+            ("outcome=\"too_large\"", d.too_large),
+            ("outcome=\"skipped\"", d.skipped),
+        ],
+    );
+}
+
+/// MiniDebugInfo sections (`.gnu_debugdata`) read, and skipped as corrupt
+/// or too large.
+pub(super) fn render_minidebuginfo(out: &mut String, m: MiniDebugInfoStats) {
+    family(
+        out,
+        "lightswitch_minidebuginfo_total",
+        "counter",
+        "MiniDebugInfo (.gnu_debugdata) sections decompressed and read, skipped as corrupt, \
+         skipped because their index announced more than the size read.",
+        &[
+            ("outcome=\"read\"", m.read),
+            ("outcome=\"corrupt\"", m.corrupt),
+            ("outcome=\"too_large\"", m.too_large),
+        ],
+    );
+}
+
+/// What was refused or cut reading files profiled processes control
+/// ([`crate::process::untrusted::counters`]).
+pub(super) fn render_jit_files(out: &mut String) {
+    let c = crate::process::untrusted::counters();
+    family(
+        out,
+        "lightswitch_jit_files_total",
+        "counter",
+        "Perf maps and jitdump files, which profiled processes control: files refused (not a regular \
+         file, a symlink, another user's), reads past their deadline or not started (every reader \
+         busy), names cut to 4 KiB, entries dropped for a full budget, oversized jitdump records \
+         skipped.",
+        &[
+            ("kind=\"files_refused\"", c.files_refused),
+            ("kind=\"reads_timed_out\"", c.reads_timed_out),
+            ("kind=\"reads_refused\"", c.reads_refused),
+            ("kind=\"names_cut\"", c.names_cut),
+            ("kind=\"entries_dropped\"", c.entries_dropped),
+            ("kind=\"records_skipped\"", c.records_skipped),
+        ],
+    );
+    family(
+        out,
+        "lightswitch_jit_file_bytes_unread_total",
+        "counter",
+        "Bytes of perf maps and jitdump files past their per-file read budget, left unread.",
+        &[("", c.bytes_unread)],
+    );
+}
+
+/// The profiler process's own memory: `rss_bytes` its resident memory,
+/// `heap` jemalloc's counters; a family only for what was read.
+pub(super) fn render_process(out: &mut String, rss_bytes: Option<u64>, heap: Option<HeapStats>) {
+    if let Some(rss) = rss_bytes {
+        family(
+            out,
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory size of the profiler, bytes.",
+            &[("", rss)],
+        );
+    }
+    if let Some(heap) = heap {
+        family(
+            out,
+            "lightswitch_heap_bytes",
+            "gauge",
+            "The profiler's heap as jemalloc counts it, bytes: live allocations, the pages they sit in, \
+             jemalloc's metadata, all its resident pages, address space retained unmapped.",
+            &[
+                ("kind=\"allocated\"", heap.allocated),
+                ("kind=\"active\"", heap.active),
+                ("kind=\"metadata\"", heap.metadata),
+                ("kind=\"resident\"", heap.resident),
+                ("kind=\"retained\"", heap.retained),
+            ],
+        );
+    }
+}
