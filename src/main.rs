@@ -188,7 +188,7 @@ fn run_tool(cli: &Cli) {
                 }
             }
         }
-        Some(Command::Diff(args)) => match lightswitch::compare::diff::run(args) {
+        Some(Command::Diff(args)) => match lightswitch::compare::command::diff(args) {
             Ok(code) => std::process::exit(code),
             Err(err) => {
                 eprintln!("error: {err:#}");
@@ -196,7 +196,7 @@ fn run_tool(cli: &Cli) {
             }
         },
         Some(Command::Report(args)) => {
-            if let Err(err) = lightswitch::compare::report::run(args) {
+            if let Err(err) = lightswitch::compare::command::report(args) {
                 eprintln!("error: {err:#}");
                 // As `diff` does: 2 when the input (or the output) fails.
                 std::process::exit(lightswitch::compare::diff::BAD_INPUT_EXIT_STATUS);

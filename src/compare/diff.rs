@@ -10,15 +10,12 @@
 //! directories compare.
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde::Serialize;
 
-use super::input::read_profile;
 use super::{function_table, has_objects, FunctionKey, FunctionTable};
-use crate::cli::{DiffArgs, DiffOutput};
 use crate::format::folded;
 use crate::profile::Profile;
 use crate::text::plural;
@@ -59,7 +56,8 @@ impl FunctionChange {
         self.inclusive_change.abs().max(self.self_change.abs())
     }
 
-    fn label(&self) -> String {
+    /// The function's name, with its object in parentheses when known.
+    pub fn label(&self) -> String {
         match &self.object {
             Some(object) => format!("{} ({object})", self.function),
             None => self.function.clone(),
@@ -206,75 +204,6 @@ pub fn differential_flame_graph(
     inferno::flamegraph::from_lines(&mut options, lines.lines(), &mut svg)
         .context("rendering the differential flame graph")?;
     Ok(crate::format::flamegraph::singular_counts(svg))
-}
-
-/// `lightswitch diff`: print the comparison, write the flame graph when
-/// asked, and return the exit status: 1 when `--fail-above` is exceeded,
-/// else 0. Errors (exit status [`BAD_INPUT_EXIT_STATUS`]) name the input
-/// that could not be read, or the flame graph that could not be written
-/// (mode 0600, as profiles are).
-pub fn run(args: &DiffArgs) -> Result<i32> {
-    if let Some(points) = args.fail_above {
-        if !points.is_finite() || points < 0.0 {
-            bail!("--fail-above must be a number of percentage points, at least 0, got {points}");
-        }
-    }
-    let max_bytes = u64::from(args.max_input_mb) << 20;
-    let mut base = read_profile(&args.base, max_bytes)?;
-    let mut new = read_profile(&args.new, max_bytes)?;
-    if args.off_cpu {
-        base = super::report::off_cpu_of(base, &args.base)?;
-        new = super::report::off_cpu_of(new, &args.new)?;
-    }
-    let diff = diff(&base, &new)?;
-    if let Some(path) = &args.flame_graph {
-        let svg = differential_flame_graph(
-            &base,
-            &new,
-            &args.base.display().to_string(),
-            &args.new.display().to_string(),
-        )?;
-        // As every profile: private, atomic, its directory made if missing.
-        crate::files::write_atomic(path, &svg, crate::files::PROFILE_MODE)
-            .context("writing the differential flame graph")?;
-    }
-    let grown = args
-        .fail_above
-        .map(|points| diff.grown_above(points))
-        .unwrap_or_default();
-    let mut stdout = std::io::stdout().lock();
-    match args.output {
-        DiffOutput::Json => {
-            let value = serde_json::json!({
-                "base": { "path": args.base, "samples": diff.base_samples },
-                "new": { "path": args.new, "samples": diff.new_samples },
-                "functions": diff.functions.iter().take(if args.top == 0 { usize::MAX } else { args.top }).collect::<Vec<_>>(),
-                "fail_above": args.fail_above,
-                "grown_above_threshold": grown,
-            });
-            let _ = writeln!(stdout, "{value:#}");
-        }
-        DiffOutput::Text => {
-            let _ = write!(
-                stdout,
-                "{}",
-                diff.render_text(&args.base, &args.new, args.top)
-            );
-            if let Some(points) = args.fail_above {
-                for c in &grown {
-                    let _ = writeln!(
-                        stdout,
-                        "FAIL: {} grew by {:+.2} points (inclusive {:.2}% -> {:.2}%), above {points}",
-                        c.label(),
-                        c.inclusive_change,
-                        c.base.inclusive,
-                        c.new.inclusive
-                    );
-                }
-            }
-        }
-    }
-    Ok(if grown.is_empty() { 0 } else { 1 })
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! [`input::read_profile`] decodes from pprof, folded stacks or a timeline
 //! ([`timeline`]: Firefox Profiler JSON).
 
+pub mod command;
 pub mod diff;
 pub mod input;
 pub mod report;

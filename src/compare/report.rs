@@ -3,14 +3,9 @@
 //! another output format (e.g. pprof to flame graph); for a timeline, of
 //! the span `--from`/`--to` only.
 
-use std::io::Write;
-use std::path::PathBuf;
-
 use anyhow::{bail, Result};
 
-use super::input::{read_input, InputFormat};
-use super::{function_table, FunctionTable};
-use crate::cli::ReportArgs;
+use super::FunctionTable;
 use crate::profile::{Profile, Weight};
 use crate::text::plural;
 
@@ -80,79 +75,6 @@ pub fn render_top(profile: &Profile, table: &FunctionTable, top: usize) -> Strin
     out
 }
 
-/// The span `--from`/`--to` asks for, ns after the profile's start
-/// (`None`: the whole profile). Errors: a bound that is not a finite number
-/// of seconds, at least 0, or an empty span.
-fn span(args: &ReportArgs) -> Result<Option<(i64, i64)>> {
-    if args.from.is_none() && args.to.is_none() {
-        return Ok(None);
-    }
-    let from = args.from.unwrap_or(0.0);
-    let to = args.to.unwrap_or(f64::INFINITY);
-    if !(from.is_finite() && from >= 0.0) || to.is_nan() || to <= from {
-        bail!("--from and --to must be seconds with 0 <= --from < --to, got {from} and {to}");
-    }
-    let ns = |s: f64| (s * 1e9).min(i64::MAX as f64).round() as i64;
-    Ok(Some((ns(from), ns(to))))
-}
-
-/// `lightswitch report`: print the table, or with `--format` write the
-/// profile in that format (to `--output`, `-` for stdout, else the
-/// format's default file name; written mode 0600 as profiles are); with
-/// `--from`/`--to`, of that span of a timeline only. Errors name the file
-/// that could not be read, encoded or written, or say that `--from`/`--to`
-/// needs a timeline.
-pub fn run(args: &ReportArgs) -> Result<()> {
-    let span = span(args)?;
-    let (mut profile, input) = read_input(&args.file, u64::from(args.max_input_mb) << 20)?;
-    if let Some((from, to)) = span {
-        let timed = input == InputFormat::Timeline
-            || (input == InputFormat::Otlp && !profile.timeline.is_empty());
-        if !timed {
-            bail!(
-                "--from/--to need a timeline (a Firefox or OTLP profile, e.g. written with \
-                 --profile-format firefox or otlp), but {} is {}",
-                args.file.display(),
-                match input {
-                    InputFormat::Pprof => "a pprof profile",
-                    InputFormat::Otlp => "an OTLP profile without timestamps",
-                    _ => "folded stacks",
-                }
-            );
-        }
-        profile = super::timeline::slice(&profile, from, to);
-    }
-    if args.threads {
-        let _ = std::io::stdout()
-            .lock()
-            .write_all(render_threads(&profile).as_bytes());
-        return Ok(());
-    }
-    if args.off_cpu {
-        profile = off_cpu_of(profile, &args.file)?;
-    }
-    let Some(format) = args.format else {
-        let table = function_table(&profile, false)?;
-        let text = render_top(&profile, &table, args.top);
-        // A closed pipe (`| head`) is not an error worth reporting.
-        let _ = std::io::stdout().lock().write_all(text.as_bytes());
-        return Ok(());
-    };
-    let bytes = crate::format::encode(&profile, format, args.pprof_compression)?;
-    let output = args
-        .output
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format.default_file_name()));
-    if output.as_os_str() == "-" {
-        let _ = std::io::stdout().lock().write_all(&bytes);
-        return Ok(());
-    }
-    // As every profile: private, atomic, its directory made if missing.
-    crate::files::write_atomic(&output, &bytes, crate::files::PROFILE_MODE)?;
-    eprintln!("wrote {}", output.display());
-    Ok(())
-}
-
 /// The off-CPU view of `profile` read from `file`
 /// ([`Profile::off_cpu_view`]). Errors when the profile has no off-CPU
 /// time recorded (not made with `--off-cpu`, or a format without it).
@@ -214,6 +136,7 @@ pub fn render_threads(profile: &Profile) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compare::function_table;
     use crate::compare::input::parse_folded;
 
     #[test]

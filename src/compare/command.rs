@@ -1,0 +1,158 @@
+//! The `report` and `diff` subcommands: what each does with its
+//! command-line arguments ([`ReportArgs`], [`DiffArgs`]), over the
+//! comparisons in [`super::report`] and [`super::diff`], which take plain
+//! profiles (so the web view draws its differential flame graphs with them
+//! without the command line's types).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+use super::diff::{diff as compare, differential_flame_graph};
+use super::input::{read_input, read_profile, InputFormat};
+use super::report::{off_cpu_of, render_threads, render_top};
+use super::{function_table, timeline};
+use crate::cli::{DiffArgs, DiffOutput, ReportArgs};
+
+/// The span `--from`/`--to` asks for, ns after the profile's start
+/// (`None`: the whole profile). Errors: a bound that is not a finite number
+/// of seconds, at least 0, or an empty span.
+fn span(args: &ReportArgs) -> Result<Option<(i64, i64)>> {
+    if args.from.is_none() && args.to.is_none() {
+        return Ok(None);
+    }
+    let from = args.from.unwrap_or(0.0);
+    let to = args.to.unwrap_or(f64::INFINITY);
+    if !(from.is_finite() && from >= 0.0) || to.is_nan() || to <= from {
+        bail!("--from and --to must be seconds with 0 <= --from < --to, got {from} and {to}");
+    }
+    let ns = |s: f64| (s * 1e9).min(i64::MAX as f64).round() as i64;
+    Ok(Some((ns(from), ns(to))))
+}
+
+/// `lightswitch report`: print the table, or with `--format` write the
+/// profile in that format (to `--output`, `-` for stdout, else the
+/// format's default file name; written mode 0600 as profiles are); with
+/// `--from`/`--to`, of that span of a timeline only. Errors name the file
+/// that could not be read, encoded or written, or say that `--from`/`--to`
+/// needs a timeline.
+pub fn report(args: &ReportArgs) -> Result<()> {
+    let span = span(args)?;
+    let (mut profile, input) = read_input(&args.file, u64::from(args.max_input_mb) << 20)?;
+    if let Some((from, to)) = span {
+        let timed = input == InputFormat::Timeline
+            || (input == InputFormat::Otlp && !profile.timeline.is_empty());
+        if !timed {
+            bail!(
+                "--from/--to need a timeline (a Firefox or OTLP profile, e.g. written with \
+                 --profile-format firefox or otlp), but {} is {}",
+                args.file.display(),
+                match input {
+                    InputFormat::Pprof => "a pprof profile",
+                    InputFormat::Otlp => "an OTLP profile without timestamps",
+                    _ => "folded stacks",
+                }
+            );
+        }
+        profile = timeline::slice(&profile, from, to);
+    }
+    if args.threads {
+        let _ = std::io::stdout()
+            .lock()
+            .write_all(render_threads(&profile).as_bytes());
+        return Ok(());
+    }
+    if args.off_cpu {
+        profile = off_cpu_of(profile, &args.file)?;
+    }
+    let Some(format) = args.format else {
+        let table = function_table(&profile, false)?;
+        let text = render_top(&profile, &table, args.top);
+        // A closed pipe (`| head`) is not an error worth reporting.
+        let _ = std::io::stdout().lock().write_all(text.as_bytes());
+        return Ok(());
+    };
+    let bytes = crate::format::encode(&profile, format, args.pprof_compression)?;
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format.default_file_name()));
+    if output.as_os_str() == "-" {
+        let _ = std::io::stdout().lock().write_all(&bytes);
+        return Ok(());
+    }
+    // As every profile: private, atomic, its directory made if missing.
+    crate::files::write_atomic(&output, &bytes, crate::files::PROFILE_MODE)?;
+    eprintln!("wrote {}", output.display());
+    Ok(())
+}
+
+/// `lightswitch diff`: print the comparison, write the flame graph when
+/// asked, and return the exit status: 1 when `--fail-above` is exceeded,
+/// else 0. Errors (exit status [`super::diff::BAD_INPUT_EXIT_STATUS`]) name the input
+/// that could not be read, or the flame graph that could not be written
+/// (mode 0600, as profiles are).
+pub fn diff(args: &DiffArgs) -> Result<i32> {
+    if let Some(points) = args.fail_above {
+        if !points.is_finite() || points < 0.0 {
+            bail!("--fail-above must be a number of percentage points, at least 0, got {points}");
+        }
+    }
+    let max_bytes = u64::from(args.max_input_mb) << 20;
+    let mut base = read_profile(&args.base, max_bytes)?;
+    let mut new = read_profile(&args.new, max_bytes)?;
+    if args.off_cpu {
+        base = off_cpu_of(base, &args.base)?;
+        new = off_cpu_of(new, &args.new)?;
+    }
+    let diff = compare(&base, &new)?;
+    if let Some(path) = &args.flame_graph {
+        let svg = differential_flame_graph(
+            &base,
+            &new,
+            &args.base.display().to_string(),
+            &args.new.display().to_string(),
+        )?;
+        // As every profile: private, atomic, its directory made if missing.
+        crate::files::write_atomic(path, &svg, crate::files::PROFILE_MODE)
+            .context("writing the differential flame graph")?;
+    }
+    let grown = args
+        .fail_above
+        .map(|points| diff.grown_above(points))
+        .unwrap_or_default();
+    let mut stdout = std::io::stdout().lock();
+    match args.output {
+        DiffOutput::Json => {
+            let value = serde_json::json!({
+                "base": { "path": args.base, "samples": diff.base_samples },
+                "new": { "path": args.new, "samples": diff.new_samples },
+                "functions": diff.functions.iter().take(if args.top == 0 { usize::MAX } else { args.top }).collect::<Vec<_>>(),
+                "fail_above": args.fail_above,
+                "grown_above_threshold": grown,
+            });
+            let _ = writeln!(stdout, "{value:#}");
+        }
+        DiffOutput::Text => {
+            let _ = write!(
+                stdout,
+                "{}",
+                diff.render_text(&args.base, &args.new, args.top)
+            );
+            if let Some(points) = args.fail_above {
+                for c in &grown {
+                    let _ = writeln!(
+                        stdout,
+                        "FAIL: {} grew by {:+.2} points (inclusive {:.2}% -> {:.2}%), above {points}",
+                        c.label(),
+                        c.inclusive_change,
+                        c.base.inclusive,
+                        c.new.inclusive
+                    );
+                }
+            }
+        }
+    }
+    Ok(if grown.is_empty() { 0 } else { 1 })
+}
