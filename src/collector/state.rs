@@ -12,6 +12,9 @@ use super::store::SampleStore;
 use crate::httpd::text;
 use crate::timefmt;
 
+/// The last non-empty value of a key among a query's pairs.
+pub(super) use crate::web::timeline::value as query_value;
+
 /// What every handler shares.
 #[derive(Clone)]
 pub struct AppState {
@@ -49,16 +52,6 @@ pub(super) fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
     url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect()
-}
-
-/// The last non-empty value of `key` among `pairs`.
-pub(super) fn query_value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    pairs
-        .iter()
-        .rev()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
-        .filter(|v| !v.is_empty())
 }
 
 /// The times a header or query parameter may give, for error messages.
