@@ -25,6 +25,7 @@ use object::read::elf::{ElfFile64, FileHeader};
 use object::{CompressionFormat, Endianness, Object, ObjectSection};
 
 use super::assemble::{Assembly, Span};
+use super::context_start::{mark_context_starts, Text};
 use super::early::{Ahead, EarlySink, FdeAt, CHECK_EVERY_FDES};
 use super::eh_frame_hdr;
 use super::identity::find_debug_file;
@@ -152,10 +153,15 @@ fn build_with(
 ) -> Result<UnwindTable, BuildError> {
     let file = parse_x86_64(elf_bytes)?;
     let entry = Some(file.entry()).filter(|&e| e != 0);
+    let text_bytes = file
+        .section_by_name(".text")
+        .and_then(|t| Some((t.address(), t.data().ok()?)));
+    let text = text_bytes.map(|(address, bytes)| Text { address, bytes });
+    let marks = Marks { entry, text };
     if let Some((data, bases)) = eh_frame_of(&file)? {
         let mut eh_frame = EhFrame::new(&data, LittleEndian);
         eh_frame.set_address_size(8);
-        let table = build_from_section(&eh_frame, &bases, CfiSource::EhFrame, entry, early)?;
+        let table = build_from_section(&eh_frame, &bases, CfiSource::EhFrame, marks, early)?;
         if table.stats().fdes > 0 {
             return Ok(table);
         }
@@ -168,7 +174,7 @@ fn build_with(
                 debug_frame.set_address_size(8);
                 let bases = BaseAddresses::default();
                 let table =
-                    build_from_section(&debug_frame, &bases, CfiSource::DebugFrame, entry, early)?;
+                    build_from_section(&debug_frame, &bases, CfiSource::DebugFrame, marks, early)?;
                 if table.stats().fdes > 0 {
                     return Ok(table);
                 }
@@ -338,13 +344,14 @@ fn evaluate_fde<'d, S: UnwindSection<Slice<'d>>>(
 /// straight into the [`Assembly`]. With `early`, the second pass stops
 /// every [`CHECK_EVERY_FDES`] FDEs to build and send the pages it asks for,
 /// and to send the pages it has finished; the last pages are sent as soon
-/// as the table is assembled. The object's `entry` point, where no FDE
-/// covers it, is the outermost frame ([`entry_point_rules`]).
+/// as the table is assembled. The object's entry point, where no FDE
+/// covers it, is the outermost frame ([`entry_point_rules`]), and so is
+/// the byte before a `makecontext` trampoline ([`mark_context_starts`]).
 fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     section: &S,
     bases: &BaseAddresses,
     source: CfiSource,
-    entry: Option<u64>,
+    marks: Marks<'_>,
     early: Option<&dyn EarlySink>,
 ) -> Result<UnwindTable, BuildError> {
     let cfi_err = |error| BuildError::Cfi {
@@ -356,6 +363,7 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     let mut cies = Cies::new();
     let mut fdes = Vec::new();
     let mut fde_count = 0u64;
+    let mut context_starts = Vec::new();
     let mut entries = section.entries(bases);
     while let Some(entry) = entries.next().map_err(cfi_err)? {
         let CieOrFde::Fde(partial) = entry else {
@@ -371,6 +379,9 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
             count(UnsupportedKind::AddressRange);
             continue;
         };
+        if marks.text.is_some_and(|t| t.is_context_start(start)) {
+            context_starts.push(start);
+        }
         if start < end {
             fdes.push(FdeAt {
                 start,
@@ -400,9 +411,10 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     }
     drop(fdes);
     let mut rules = assembly.finish();
-    if let Some(entry) = entry {
+    if let Some(entry) = marks.entry {
         entry_point_rules(&mut rules, entry);
     }
+    mark_context_starts(&mut rules, &context_starts);
     let table = UnwindTable::from_rules(&rules, fde_count, unsupported, source)?;
     if let Some(ahead) = ahead.as_mut() {
         // The pages not sent yet, at once: the caller may store the table
@@ -410,6 +422,15 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
         ahead.send(&table);
     }
     Ok(table)
+}
+
+/// Where, besides the CFI, a walk ends in an object.
+#[derive(Clone, Copy)]
+struct Marks<'d> {
+    /// Its entry point (ELF `e_entry`), if any.
+    entry: Option<u64>,
+    /// Its `.text`, where `makecontext` trampolines are looked for.
+    text: Option<Text<'d>>,
 }
 
 /// Most bytes from an object's entry point that [`entry_point_rules`]
