@@ -282,10 +282,9 @@ impl ElfObjects {
         }
         // Rust with line tables only: functions named without their path.
         let dwarf_path = debug_file.as_deref().unwrap_or(path);
-        let paths = (!own && debug.iter().flatten().flatten().any(rust_paths::lacks_path))
-            .then(|| ObjectFile::open(dwarf_path).filter(ObjectFile::has_dwarf))
-            .flatten()
-            .and_then(|_| RustPaths::read(dwarf_path));
+        let paths = (!own && rust_paths::wanted(&symbols, &debug))
+            .then(|| RustPaths::read(dwarf_path))
+            .flatten();
         let dynamic = file.as_ref().and_then(ObjectFile::dynamic_symbols);
         // MiniDebugInfo, after any debug file (gdb's order), read only if
         // some address is left without DWARF.

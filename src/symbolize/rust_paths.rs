@@ -73,6 +73,7 @@ impl RustPaths {
         // blazesym maps them too; a file truncated while it is read can fault.
         let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
         let file = object::File::parse(&*map).ok()?;
+        file.section_by_name(".debug_info")?;
         let symbols = function_symbols(&file);
         let endian = if file.is_little_endian() {
             RunTimeEndian::Little
@@ -170,11 +171,19 @@ impl RustPaths {
 
 /// Whether `line` names its function without a path (`spin`, not
 /// `app::spin`; generic arguments aside: `run<app::Env>` has none).
-pub(super) fn lacks_path(line: &Line) -> bool {
+fn lacks_path(line: &Line) -> bool {
     line.function
         .split('<')
         .next()
         .is_some_and(|head| !head.contains("::"))
+}
+
+/// Whether an object's DWARF is worth reading for paths: some of its
+/// `symbols` (the symbol table's lines of a batch) are Rust's (they
+/// demangle as Rust), and some of the `debug` lines (DWARF's) lack a path.
+pub(super) fn wanted(symbols: &[Option<Vec<Line>>], debug: &[Option<Vec<Line>>]) -> bool {
+    let rust = |l: &Line| rustc_demangle::try_demangle(&l.system_name).is_ok();
+    symbols.iter().flatten().flatten().any(rust) && debug.iter().flatten().flatten().any(lacks_path)
 }
 
 /// The file's `.symtab` functions by address.
