@@ -25,7 +25,7 @@ use object::read::elf::{ElfFile64, FileHeader};
 use object::{CompressionFormat, Endianness, Object, ObjectSection};
 
 use super::assemble::{Assembly, Span};
-use super::context_start::{mark_context_starts, Text};
+use super::context_start::{add_context_start_marks, Code, MARK_RULE, OUTERMOST_MARK};
 use super::early::{Ahead, EarlySink, FdeAt, CHECK_EVERY_FDES};
 use super::eh_frame_hdr;
 use super::identity::find_debug_file;
@@ -153,15 +153,12 @@ fn build_with(
 ) -> Result<UnwindTable, BuildError> {
     let file = parse_x86_64(elf_bytes)?;
     let entry = Some(file.entry()).filter(|&e| e != 0);
-    let text_bytes = file
-        .section_by_name(".text")
-        .and_then(|t| Some((t.address(), t.data().ok()?)));
-    let text = text_bytes.map(|(address, bytes)| Text { address, bytes });
-    let marks = Marks { entry, text };
+    let code = Code::of(&file);
     if let Some((data, bases)) = eh_frame_of(&file)? {
         let mut eh_frame = EhFrame::new(&data, LittleEndian);
         eh_frame.set_address_size(8);
-        let table = build_from_section(&eh_frame, &bases, CfiSource::EhFrame, marks, early)?;
+        let table =
+            build_from_section(&eh_frame, &bases, CfiSource::EhFrame, (entry, &code), early)?;
         if table.stats().fdes > 0 {
             return Ok(table);
         }
@@ -173,8 +170,13 @@ fn build_with(
                 let mut debug_frame = DebugFrame::new(&data, LittleEndian);
                 debug_frame.set_address_size(8);
                 let bases = BaseAddresses::default();
-                let table =
-                    build_from_section(&debug_frame, &bases, CfiSource::DebugFrame, marks, early)?;
+                let table = build_from_section(
+                    &debug_frame,
+                    &bases,
+                    CfiSource::DebugFrame,
+                    (entry, &code),
+                    early,
+                )?;
                 if table.stats().fdes > 0 {
                     return Ok(table);
                 }
@@ -322,6 +324,14 @@ fn evaluate_fde<'d, S: UnwindSection<Slice<'d>>>(
     count: &mut dyn FnMut(UnsupportedKind),
 ) {
     let &FdeAt { start, end, offset } = at;
+    if offset == OUTERMOST_MARK {
+        spans.push(Span {
+            start,
+            end,
+            rule: MARK_RULE,
+        });
+        return;
+    }
     let evaluated = section
         .fde_from_offset(bases, S::Offset::from(offset), |s, b, o| {
             cie_at(cies, s, b, o)
@@ -344,14 +354,14 @@ fn evaluate_fde<'d, S: UnwindSection<Slice<'d>>>(
 /// straight into the [`Assembly`]. With `early`, the second pass stops
 /// every [`CHECK_EVERY_FDES`] FDEs to build and send the pages it asks for,
 /// and to send the pages it has finished; the last pages are sent as soon
-/// as the table is assembled. The object's entry point, where no FDE
+/// as the table is assembled. The object's `entry` point, where no FDE
 /// covers it, is the outermost frame ([`entry_point_rules`]), and so is
-/// the byte before a `makecontext` trampoline ([`mark_context_starts`]).
+/// the byte before a `makecontext` trampoline ([`add_context_start_marks`]).
 fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     section: &S,
     bases: &BaseAddresses,
     source: CfiSource,
-    marks: Marks<'_>,
+    (entry, code): (Option<u64>, &Code<'_>),
     early: Option<&dyn EarlySink>,
 ) -> Result<UnwindTable, BuildError> {
     let cfi_err = |error| BuildError::Cfi {
@@ -379,7 +389,7 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
             count(UnsupportedKind::AddressRange);
             continue;
         };
-        if marks.text.is_some_and(|t| t.is_context_start(start)) {
+        if code.is_context_start(start) {
             context_starts.push(start);
         }
         if start < end {
@@ -392,6 +402,7 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     }
     // Stable: equal starts keep section order, so the later FDE is laid last.
     fdes.sort_by_key(|f| f.start);
+    add_context_start_marks(&mut fdes, &context_starts);
     let mut ctx = Box::new(UnwindContext::new());
     let mut assembly = Assembly::default();
     let mut spans = Vec::new();
@@ -411,10 +422,9 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     }
     drop(fdes);
     let mut rules = assembly.finish();
-    if let Some(entry) = marks.entry {
+    if let Some(entry) = entry {
         entry_point_rules(&mut rules, entry);
     }
-    mark_context_starts(&mut rules, &context_starts);
     let table = UnwindTable::from_rules(&rules, fde_count, unsupported, source)?;
     if let Some(ahead) = ahead.as_mut() {
         // The pages not sent yet, at once: the caller may store the table
@@ -422,15 +432,6 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
         ahead.send(&table);
     }
     Ok(table)
-}
-
-/// Where, besides the CFI, a walk ends in an object.
-#[derive(Clone, Copy)]
-struct Marks<'d> {
-    /// Its entry point (ELF `e_entry`), if any.
-    entry: Option<u64>,
-    /// Its `.text`, where `makecontext` trampolines are looked for.
-    text: Option<Text<'d>>,
 }
 
 /// Most bytes from an object's entry point that [`entry_point_rules`]
