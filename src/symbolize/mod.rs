@@ -35,6 +35,7 @@ pub mod minidebuginfo;
 mod objects;
 pub mod perf_map;
 mod plt;
+mod rust_paths;
 pub mod source;
 mod sources;
 mod vdso;

@@ -19,6 +19,7 @@ use super::debug_copy;
 use super::debuginfod::Debuginfod;
 use super::elf_file::ObjectFile;
 use super::lines::{file_name, line_of, unknown_line, Lines};
+use super::rust_paths::{self, RustPaths};
 use super::sources::{Batch, FrameRef, Site, SymbolSource};
 use super::{
     MappingSource, KEEP_PARSED_WINDOWS, KEPT_OBJECT_MAX_BYTES, PARSED_OBJECTS_BUDGET_BYTES,
@@ -279,6 +280,11 @@ impl ElfObjects {
         } else if heap_before.is_some() {
             self.note_cost(object, parsed.estimate(), false);
         }
+        // Rust with line tables only: functions named without their path.
+        let dwarf_path = debug_file.as_deref().unwrap_or(path);
+        let paths = (!own && rust_paths::wanted(&symbols, &debug))
+            .then(|| RustPaths::read(dwarf_path))
+            .flatten();
         let dynamic = file.as_ref().and_then(ObjectFile::dynamic_symbols);
         // MiniDebugInfo, after any debug file (gdb's order), read only if
         // some address is left without DWARF.
@@ -298,6 +304,9 @@ impl ElfObjects {
                     line.function = Arc::from(format!("{}@plt", line.function));
                     line.system_name = Arc::from(format!("{callee}@plt"));
                     return Some(vec![line]);
+                }
+                if let Some((lines, paths)) = lines.as_mut().zip(paths.as_ref()) {
+                    paths.qualify(lines);
                 }
                 if lines.is_none() {
                     let name = mini.as_ref().zip(vaddrs[i]).and_then(|(m, v)| m.name_of(v));

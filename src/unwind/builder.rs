@@ -25,6 +25,7 @@ use object::read::elf::{ElfFile64, FileHeader};
 use object::{CompressionFormat, Endianness, Object, ObjectSection};
 
 use super::assemble::{Assembly, Span};
+use super::context_start::{add_context_start_marks, Code, MARK_RULE, OUTERMOST_MARK};
 use super::early::{Ahead, EarlySink, FdeAt, CHECK_EVERY_FDES};
 use super::eh_frame_hdr;
 use super::identity::find_debug_file;
@@ -152,10 +153,12 @@ fn build_with(
 ) -> Result<UnwindTable, BuildError> {
     let file = parse_x86_64(elf_bytes)?;
     let entry = Some(file.entry()).filter(|&e| e != 0);
+    let code = Code::of(&file);
     if let Some((data, bases)) = eh_frame_of(&file)? {
         let mut eh_frame = EhFrame::new(&data, LittleEndian);
         eh_frame.set_address_size(8);
-        let table = build_from_section(&eh_frame, &bases, CfiSource::EhFrame, entry, early)?;
+        let table =
+            build_from_section(&eh_frame, &bases, CfiSource::EhFrame, (entry, &code), early)?;
         if table.stats().fdes > 0 {
             return Ok(table);
         }
@@ -167,8 +170,13 @@ fn build_with(
                 let mut debug_frame = DebugFrame::new(&data, LittleEndian);
                 debug_frame.set_address_size(8);
                 let bases = BaseAddresses::default();
-                let table =
-                    build_from_section(&debug_frame, &bases, CfiSource::DebugFrame, entry, early)?;
+                let table = build_from_section(
+                    &debug_frame,
+                    &bases,
+                    CfiSource::DebugFrame,
+                    (entry, &code),
+                    early,
+                )?;
                 if table.stats().fdes > 0 {
                     return Ok(table);
                 }
@@ -316,6 +324,14 @@ fn evaluate_fde<'d, S: UnwindSection<Slice<'d>>>(
     count: &mut dyn FnMut(UnsupportedKind),
 ) {
     let &FdeAt { start, end, offset } = at;
+    if offset == OUTERMOST_MARK {
+        spans.push(Span {
+            start,
+            end,
+            rule: MARK_RULE,
+        });
+        return;
+    }
     let evaluated = section
         .fde_from_offset(bases, S::Offset::from(offset), |s, b, o| {
             cie_at(cies, s, b, o)
@@ -339,12 +355,13 @@ fn evaluate_fde<'d, S: UnwindSection<Slice<'d>>>(
 /// every [`CHECK_EVERY_FDES`] FDEs to build and send the pages it asks for,
 /// and to send the pages it has finished; the last pages are sent as soon
 /// as the table is assembled. The object's `entry` point, where no FDE
-/// covers it, is the outermost frame ([`entry_point_rules`]).
+/// covers it, is the outermost frame ([`entry_point_rules`]), and so is
+/// the byte before a `makecontext` trampoline ([`add_context_start_marks`]).
 fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     section: &S,
     bases: &BaseAddresses,
     source: CfiSource,
-    entry: Option<u64>,
+    (entry, code): (Option<u64>, &Code<'_>),
     early: Option<&dyn EarlySink>,
 ) -> Result<UnwindTable, BuildError> {
     let cfi_err = |error| BuildError::Cfi {
@@ -356,6 +373,7 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     let mut cies = Cies::new();
     let mut fdes = Vec::new();
     let mut fde_count = 0u64;
+    let mut context_starts = Vec::new();
     let mut entries = section.entries(bases);
     while let Some(entry) = entries.next().map_err(cfi_err)? {
         let CieOrFde::Fde(partial) = entry else {
@@ -371,6 +389,9 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
             count(UnsupportedKind::AddressRange);
             continue;
         };
+        if code.is_context_start(start) {
+            context_starts.push(start);
+        }
         if start < end {
             fdes.push(FdeAt {
                 start,
@@ -381,6 +402,7 @@ fn build_from_section<'d, S: UnwindSection<Slice<'d>>>(
     }
     // Stable: equal starts keep section order, so the later FDE is laid last.
     fdes.sort_by_key(|f| f.start);
+    add_context_start_marks(&mut fdes, &context_starts);
     let mut ctx = Box::new(UnwindContext::new());
     let mut assembly = Assembly::default();
     let mut spans = Vec::new();

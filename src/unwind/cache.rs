@@ -42,8 +42,9 @@ pub const MAGIC: [u8; 8] = *b"LSUNWIND";
 /// meaning of rows (files of another version are rebuilt). 3: rows of
 /// [`super::rule::Rule::ReturnInRegister`], which version 2 stored as
 /// unsupported; 4: an entry point without CFI is the outermost frame
-/// (the dynamic loader's), which version 3 left without a rule.
-pub const FORMAT_VERSION: u32 = 4;
+/// (the dynamic loader's), which version 3 left without a rule; 5: the
+/// byte before a `makecontext` trampoline is the outermost frame.
+pub const FORMAT_VERSION: u32 = 5;
 /// Longest key text stored (file names are at most 255 bytes with `.unwind`).
 const MAX_KEY_LEN: usize = 248;
 /// Size of the fixed header before the key, bytes.

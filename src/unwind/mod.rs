@@ -22,6 +22,7 @@ mod assemble;
 pub mod builder;
 mod builds;
 pub mod cache;
+mod context_start;
 pub mod deferred;
 pub mod early;
 pub mod eh_frame_hdr;

@@ -395,3 +395,80 @@ fn huge_stack_frame_600k() {
     let _serial = serial();
     stack_frame_chain("lsw_uw_huge", 600);
 }
+
+/// `spin` is inlined into `run` and also kept out of line (called through
+/// a function pointer), so the symbol table names it.
+const RUST_INLINED_SOURCE: &str = r#"
+use std::hint::black_box;
+
+mod outer {
+    pub mod inner {
+        #[inline]
+        pub fn spin(n: u64) -> u64 {
+            let mut x = 0u64;
+            for i in 0..n {
+                x = std::hint::black_box(x.wrapping_add(i));
+            }
+            x
+        }
+    }
+}
+
+#[inline(never)]
+fn run(n: u64) -> u64 {
+    let mut t = 0u64;
+    loop {
+        t = t.wrapping_add(outer::inner::spin(n));
+        if black_box(false) {
+            return t;
+        }
+    }
+}
+
+fn main() {
+    let copy: fn(u64) -> u64 = black_box(outer::inner::spin);
+    let n = black_box(1000u64);
+    println!("{}", copy(n) + run(n));
+}
+"#;
+
+/// A Rust release binary with line tables only (cargo's `debug =
+/// "line-tables-only"`), whose DWARF names functions without their module
+/// (`spin`, `run`): the frame of `spin` inlined into `run` carries the
+/// full path the symbol table gives its out-of-line copy, as `run`'s own
+/// frame does, below a complete stack.
+#[test]
+fn rust_inlined_frames_have_full_paths() {
+    let _serial = serial();
+    let dir = tempdir();
+    let src = dir.path().join("main.rs");
+    fs::write(&src, RUST_INLINED_SOURCE).unwrap();
+    let bin = dir.path().join("lsw_uw_rsinl");
+    let mut cmd = Command::new("rustc");
+    cmd.args(["--edition", "2021", "--crate-name", "inline_test"])
+        .args(["-C", "opt-level=3", "-C", "debuginfo=line-tables-only"])
+        .args(["-C", "codegen-units=1", "-o"])
+        .arg(&bin)
+        .arg(&src);
+    build(cmd, "rustc");
+    let target = Target::run(&bin);
+    let p = profile(&target, "2");
+    let chain = [
+        "inline_test::main",
+        "inline_test::run",
+        "inline_test::outer::inner::spin",
+    ];
+    assert_chain(
+        &p,
+        "lsw_uw_rsinl",
+        "_start;..;inline_test::main;inline_test::run;inline_test::outer::inner::spin;..",
+        |u| {
+            let u: Vec<&str> = u
+                .iter()
+                .copied()
+                .filter(|f| !f.contains("black_box"))
+                .collect();
+            u.first() == Some(&"_start") && u.windows(3).any(|w| w == chain)
+        },
+    );
+}

@@ -191,6 +191,58 @@ int main(void) {{
     );
 }
 
+/// A coroutine on a heap-allocated `makecontext` stack: the walk ends at
+/// glibc's trampoline (`__start_context`, whose first byte `makecontext`
+/// put on the stack as the return address), as complete, not as
+/// `frame_pointer` or `stack_copy_ended` after frame pointers the
+/// coroutine never set up.
+#[test]
+fn makecontext_stack_ends_at_the_trampoline() {
+    let _serial = serial();
+    let source = format!(
+        "{DIE_WITH_PARENT}{STOP_FLAG}
+#include <stdlib.h>
+#include <ucontext.h>
+static ucontext_t main_context, coroutine;
+__attribute__((noinline)) void co_hot(void) {{ while (!stop) sink++; }}
+__attribute__((noinline)) void co_b(void) {{ co_hot(); sink++; }}
+__attribute__((noinline)) void co_a(void) {{ co_b(); sink++; }}
+__attribute__((noinline)) void co_entry(void) {{ co_a(); sink++; }}
+int main(void) {{
+    size_t size = 256 * 1024;
+    getcontext(&coroutine);
+    coroutine.uc_stack.ss_sp = malloc(size);
+    coroutine.uc_stack.ss_size = size;
+    coroutine.uc_link = &main_context;
+    makecontext(&coroutine, co_entry, 0);
+    swapcontext(&main_context, &coroutine);
+    return 0;
+}}
+"
+    );
+    let program = compile("lsw_uw_mkctx", &source, NO_FP);
+    let target = Target::run(&program.path);
+    let p = profile(&target, "2");
+    assert_chain(
+        &p,
+        &program.name,
+        "<makecontext trampoline in libc>;co_entry;co_a;co_b;co_hot (complete)",
+        |u| {
+            u.len() == 5
+                && (u[0].starts_with("libc") || u[0] == "__start_context")
+                && u[1..] == ["co_entry", "co_a", "co_b", "co_hot"]
+        },
+    );
+    let complete = p.unwind.get("complete").copied().unwrap_or(0);
+    let all: u64 = p.unwind.values().sum();
+    let waited = p.unwind.get("no_table").copied().unwrap_or(0);
+    assert!(
+        complete * 100 >= (all - waited) * 95,
+        "only {complete} of {all} walks complete:\n{}",
+        p.out
+    );
+}
+
 /// A binary deleted after it started: its table is built from the file
 /// the process still maps, and its frames are symbolized.
 #[test]
