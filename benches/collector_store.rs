@@ -7,7 +7,9 @@
 //!    encoded as `--sender otlp` sends it (gzip'd OTLP, its own dictionary),
 //!    replayed one after the other, shifted in time, until one hour is
 //!    stored; bytes on disk per sample, and the ingest rate of that hour.
-//! 2. Ingest (criterion, per sample): one 1 s and one 10 s window request
+//! 2. With `LIGHTSWITCH_BENCH_COLLECTOR_URL`, instead of 1 and 3: the users' case
+//!    against a running collector ([`users_case`]).
+//! 3. Ingest (criterion, per sample): one 1 s and one 10 s window request
 //!    into a store that already holds the recording (the steady state: its
 //!    stacks known), decoding, stack table and durable block write included.
 
@@ -23,6 +25,10 @@ use lightswitch::format::{otlp, Compression};
 use lightswitch::profile::{Profile, TimedSample};
 use prost::Message;
 
+#[path = "store_replay/users_case.rs"]
+mod users_case;
+
+/// One second, ns.
 const S: u64 = 1_000_000_000;
 /// What one request may inflate to (the collector's default).
 const MAX_DECODED: usize = 64 << 20;
@@ -163,6 +169,14 @@ fn main() {
     let bytes = std::fs::read(&path).expect("reading the recording");
     let p = otlp::read::decode(&bytes).expect("decoding the recording");
     assert!(!p.timeline.is_empty(), "the recording has no sample times");
+    if let Ok(url) = std::env::var("LIGHTSWITCH_BENCH_COLLECTOR_URL") {
+        let pid = std::env::var("LIGHTSWITCH_BENCH_COLLECTOR_PID")
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .expect("LIGHTSWITCH_BENCH_COLLECTOR_PID: the collector's pid");
+        users_case::run(&p, &url, pid);
+        return;
+    }
     if std::env::var_os("LIGHTSWITCH_BENCH_SKIP_HOUR").is_none() {
         one_hour(&p);
     }
