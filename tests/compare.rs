@@ -167,6 +167,27 @@ fn diff_of_folded_profiles_and_bad_input() {
     assert!(bad.stderr.contains("garbage is not a profile"), "{bad}");
     let missing = lightswitch(&["diff", s(&base), "/nonexistent/profile.pb"]);
     assert_eq!(missing.status.code(), Some(2), "{missing}");
+
+    // A run that ended before its first sample fails the gate (exit 2),
+    // either side; it never passes as "no function grew".
+    let never = lightswitch(&[
+        "record",
+        "--profile-format",
+        "pprof",
+        "--profile-path",
+        s(dir.path()),
+        "--profile-name",
+        "empty.pb",
+        "--",
+        "true",
+    ]);
+    assert_eq!(never.status.code(), Some(0), "{never}");
+    let empty = dir.path().join("empty.pb");
+    for pair in [[s(&base), s(&empty)], [s(&empty), s(&base)]] {
+        let out = lightswitch(&["diff", "--fail-above", "5", pair[0], pair[1]]);
+        assert_eq!(out.status.code(), Some(2), "{out}");
+        assert!(out.stderr.contains("empty.pb holds no samples"), "{out}");
+    }
 }
 
 #[test]

@@ -15,7 +15,7 @@ pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$out"; }
 trap cleanup EXIT
 cargo build --release --bin lightswitch
-gcc -O2 -g -fno-omit-frame-pointer -o "$out/burst" bench/collector/burst.c
+gcc -O2 -g -fno-omit-frame-pointer -fno-optimize-sibling-calls -o "$out/burst" bench/collector/burst.c
 "$out/burst" $((seconds + 5)) & pids+=($!)
 ./target/release/lightswitch -F 10000 --duration "$seconds" --profile-format otlp \
     --profile-path "$out" --unwind-cache-dir "$out/cache"

@@ -92,7 +92,7 @@ pub fn report(args: &ReportArgs) -> Result<()> {
 /// asked, and return the exit status: 1 when `--fail-above` is exceeded,
 /// else 0. Errors (exit status [`super::diff::BAD_INPUT_EXIT_STATUS`]) name the input
 /// that could not be read, or the flame graph that could not be written
-/// (mode 0600, as profiles are).
+/// (mode 0600, as profiles are), or an input without samples.
 pub fn diff(args: &DiffArgs) -> Result<i32> {
     if let Some(points) = args.fail_above {
         if !points.is_finite() || points < 0.0 {
@@ -102,6 +102,16 @@ pub fn diff(args: &DiffArgs) -> Result<i32> {
     let max_bytes = u64::from(args.max_input_mb) << 20;
     let mut base = read_profile(&args.base, max_bytes)?;
     let mut new = read_profile(&args.new, max_bytes)?;
+    // A gate must not pass on a run that was never sampled (a benchmark
+    // that broke, or ended before its first sample).
+    for (profile, path) in [(&base, &args.base), (&new, &args.new)] {
+        if profile.total_samples() == 0 {
+            bail!(
+                "{} holds no samples: nothing to compare (did the profiled run end before                  its first sample?)",
+                path.display()
+            );
+        }
+    }
     if args.off_cpu {
         base = off_cpu_of(base, &args.base)?;
         new = off_cpu_of(new, &args.new)?;
