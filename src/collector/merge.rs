@@ -177,7 +177,12 @@ pub fn validate(p: &proto::Profile) -> Result<(), String> {
         if let Some(id) = s.location_id.iter().find(|id| !location_ids.contains(id)) {
             return Err(format!("a sample names unknown location {id}"));
         }
-        total = total.saturating_add(s.value.get(count_index).map_or(0, |v| v.unsigned_abs()));
+        // Counts and times are never negative in a profile of a run (a
+        // `pprof -diff_base` difference has them; it cannot be merged).
+        if let Some(v) = s.value.iter().find(|&&v| v < 0) {
+            return Err(format!("a sample has the negative value {v}"));
+        }
+        total = total.saturating_add(s.value.get(count_index).map_or(0, |&v| v as u64));
         if total > MAX_VALUE_TOTAL {
             return Err(format!(
                 "sample counts add up to more than {MAX_VALUE_TOTAL} (2^40)"

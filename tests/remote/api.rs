@@ -87,10 +87,18 @@ fn collector_validates_limits_authenticates_lists_and_merges() {
     assert_eq!(post(known_profile(t0, 1), Some("nope"), "a").status(), 401);
     assert_eq!(client.get(&url).send().unwrap().status(), 401);
     // Malformed: 400 with a message, nothing stored.
+    let negative = {
+        use prost::Message;
+        let mut p =
+            lightswitch::format::pprof::proto::Profile::decode(&known_profile(t0, 1)[..]).unwrap();
+        p.sample[0].value[0] = -5;
+        p.encode_to_vec()
+    };
     for garbage in [
         b"this is not a profile".to_vec(),
         gzip(b"nor is this"),
         vec![0x1f, 0x8b, 0, 1],
+        negative,
     ] {
         let r = post(garbage, Some("t0k"), "a");
         assert_eq!(r.status(), 400);
