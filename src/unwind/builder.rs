@@ -25,7 +25,7 @@ use object::read::elf::{ElfFile64, FileHeader};
 use object::{CompressionFormat, Endianness, Object, ObjectSection};
 
 use super::assemble::{Assembly, Span};
-use super::context_start::{add_context_start_marks, Code, MARK_RULE, OUTERMOST_MARK};
+use super::context_start::{add_context_start_marks, Code, OUTERMOST_MARK};
 use super::early::{Ahead, EarlySink, FdeAt, CHECK_EVERY_FDES};
 use super::eh_frame_hdr;
 use super::identity::find_debug_file;
@@ -328,7 +328,7 @@ fn evaluate_fde<'d, S: UnwindSection<Slice<'d>>>(
         spans.push(Span {
             start,
             end,
-            rule: MARK_RULE,
+            rule: Rule::Outermost,
         });
         return;
     }

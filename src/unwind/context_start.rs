@@ -11,15 +11,14 @@
 //! Nothing is below the trampoline on that stack: the byte before it, when
 //! no FDE covers it, is given the outermost rule (a one-byte mark laid
 //! among the FDEs, so that pages sent ahead of the table have it too), and
-//! the walk ends there as complete. The trampoline is recognised by its FDE starting at code that
-//! sets rsp from rbx (`mov %rbx,%rsp`, where `makecontext` left the
+//! the walk ends there as complete. The trampoline is recognised by its
+//! FDE starting at code that sets rsp from rbx (`mov %rbx,%rsp`, where `makecontext` left the
 //! address of `uc_link`), which no compiler emits as a function's first
 //! instruction; distributions strip the symbol table that names it.
 
 use object::{Object, ObjectSegment};
 
 use super::early::FdeAt;
-use super::rule::Rule;
 
 /// `mov %rbx,%rsp` (REX.W 89 /r, ModRM rbx -> rsp): `__start_context`'s
 /// first instruction.
@@ -27,11 +26,8 @@ const MOV_RBX_TO_RSP: [u8; 3] = [0x48, 0x89, 0xdc];
 
 /// The section offset of an [`FdeAt`] that is no FDE but the outermost
 /// mark before a trampoline ([`add_context_start_marks`]): evaluated as
-/// one [`Rule::Outermost`] span, in the full build and in early pages alike.
+/// one [`Rule::Outermost`](super::rule::Rule::Outermost) span, in the full build and in early pages alike.
 pub const OUTERMOST_MARK: usize = usize::MAX;
-
-/// The rule of an [`OUTERMOST_MARK`].
-pub const MARK_RULE: Rule = Rule::Outermost;
 
 /// The object's code as the builder sees it: its `PT_LOAD` segments'
 /// addresses and file bytes (found without section headers too).
