@@ -173,6 +173,10 @@ pub struct StackCopy {
     pub sp: u64,
     /// Its rbp.
     pub bp: u64,
+    /// Its rbx, if the BPF walker recovered it (the interrupted register,
+    /// or the word a caller's save slot held): `None` after a frame-pointer
+    /// step or an rbx rule it does not follow.
+    pub bx: Option<u64>,
     /// Its index in [`RawSample::user_stack`].
     pub frame: usize,
     /// Whether `ip` is not a return address.
@@ -216,6 +220,7 @@ impl StackCopy {
             ip: copy.ip,
             sp: copy.sp,
             bp: copy.bp,
+            bx: (copy.bx_known != 0).then_some(copy.bx),
             frame: copy.frame as usize,
             exact_ip: copy.exact_ip != 0,
             bytes: bytes.to_vec(),

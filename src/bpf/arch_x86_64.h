@@ -13,8 +13,10 @@
 #define USER_ADDRESS_LIMIT 0x0000800000000000ULL
 
 /* Offsets in the ucontext a signal trampoline's rsp points at
- * (struct ucontext: uc_mcontext at 40; struct sigcontext: rbp 80, rsp 120, rip 128). */
+ * (struct ucontext: uc_mcontext at 40; struct sigcontext: rbp 80, rbx 88, rsp 120,
+ * rip 128). */
 #define UCONTEXT_RBP (40 + 80)
+#define UCONTEXT_RBX (40 + 88)
 #define UCONTEXT_RSP (40 + 120)
 #define UCONTEXT_RIP (40 + 128)
 

@@ -268,6 +268,7 @@ int BPF_PROG(off_cpu_resume, struct pt_regs *regs, long ret)
 		st->ip = ip;
 		st->sp = sp;
 		st->bp = BPF_CORE_READ(uregs, bp);
+		st->bx = BPF_CORE_READ(uregs, bx);
 		st->exact_ip = 1;
 	}
 	bool walk = ip == p->ip && sp == p->sp;

@@ -262,6 +262,13 @@ struct walk_state {
 	__u64 ip;
 	__u64 sp;
 	__u64 bp;
+	/* The current frame's rbx, which only an rbx-based CFA (CFA_RBP_OFFSET
+	 * with FP_CFA_FROM_RBX) reads: the word at bx_addr, a caller's save
+	 * slot (bx_addr 0: the interrupted register, in bx); bx_unknown when a
+	 * frame-pointer step or an unfollowed rbx rule lost it. */
+	__u64 bx;
+	__u64 bx_addr;
+	__u8 bx_unknown;
 	__u32 kernel_frames;
 	__u32 user_frames;
 	__u32 tail_calls;
@@ -285,6 +292,9 @@ struct walk_state {
 	__u64 copy_ip;
 	__u64 copy_sp;
 	__u64 copy_bp;
+	__u64 copy_bx;
+	__u64 copy_bx_addr;
+	__u8 copy_bx_unknown;
 	__u32 memo_next;
 	__u32 generation;   /* process_info.generation when the walk started */
 	__u32 rec_checks;   /* words recorded so far in the walk being remembered */
@@ -551,6 +561,9 @@ static __always_inline void note_copy_start(struct walk_state *st, __u32 frame)
 	st->copy_ip = st->ip;
 	st->copy_sp = st->sp;
 	st->copy_bp = st->bp;
+	st->copy_bx = st->bx;
+	st->copy_bx_addr = st->bx_addr;
+	st->copy_bx_unknown = st->bx_unknown;
 }
 
 /* One frame-pointer step: the caller's rbp is at [bp], its return address at [bp + 8]. */
@@ -571,6 +584,8 @@ static __always_inline void frame_pointer_step(struct walk_state *st)
 		return;
 	}
 	st->last_step_fp = 1;
+	/* Whether the callee saved rbx, and where, is unknown without CFI. */
+	st->bx_unknown = 1;
 	st->sp = st->bp + 16;
 	st->bp = saved[0];
 	st->ip = saved[1];
@@ -960,10 +975,11 @@ have_row:;
 		frame_pointer_step(st);
 		return st->done ? 1 : 0;
 	}
-	if (cfa_type != CFA_PLT && cfa_type != CFA_RETURN_IN_REGISTER) {
+	bool cfa_from_rbx = cfa_type == CFA_RBP_OFFSET && (row.fp_type & FP_CFA_FROM_RBX);
+	if (cfa_type != CFA_PLT && cfa_type != CFA_RETURN_IN_REGISTER && !cfa_from_rbx) {
 		/* Every ip of this row (within this mapping) steps the same way.
 		 * A PLT row's CFA depends on the ip itself, a return address in a
-		 * register on that register: no join there. */
+		 * register or an rbx-based CFA on that register: no join there. */
 		__u64 page_start = vaddr & ~((__u64)UNWIND_PAGE_SIZE - 1);
 		__u64 lo = page_start + row.pc_low + bias;
 		__u64 hi = page_start + row_end + bias;
@@ -984,7 +1000,19 @@ have_row:;
 		cfa = st->sp + cfa_offset;
 		break;
 	case CFA_RBP_OFFSET:
-		cfa = st->bp + cfa_offset;
+		if (cfa_from_rbx) {
+			__u64 bx = st->bx;
+			if (st->bx_unknown || (st->bx_addr != 0 && read_stack_word(sc, st->bx_addr, &bx) != 0)) {
+				count(STAT_UNSUPPORTED_BASE + UNSUPPORTED_KIND_CFA_REGISTER);
+				finish(st, UNWIND_UNSUPPORTED_RULE);
+				return 1;
+			}
+			/* rbx was read from outside the words a remembered walk checks. */
+			st->unrepeatable = 1;
+			cfa = bx + cfa_offset;
+		} else {
+			cfa = st->bp + cfa_offset;
+		}
 		break;
 	case CFA_PLT:
 		cfa = st->sp + 8 + (((st->ip & 15) >= row.cfa_offset) ? 8 : 0);
@@ -995,6 +1023,8 @@ have_row:;
 	case CFA_SIGNAL_FRAME: {
 		/* rsp points at the ucontext the kernel saved for the handler. */
 		__u64 regs[3];
+		st->bx_addr = st->sp + UCONTEXT_RBX;
+		st->bx_unknown = 0;
 		if (bpf_probe_read_user(&regs[0], 8, (void *)(st->sp + UCONTEXT_RBP)) ||
 		    bpf_probe_read_user(&regs[1], 8, (void *)(st->sp + UCONTEXT_RSP)) ||
 		    bpf_probe_read_user(&regs[2], 8, (void *)(st->sp + UCONTEXT_RIP))) {
@@ -1045,7 +1075,16 @@ have_row:;
 		if (cfa > st->rec_end)
 			st->rec_end = cfa;
 	}
-	if (row.fp_type == FP_AT_CFA_OFFSET) {
+	/* The caller's rbx: only its address is kept (a word read only if an
+	 * rbx-based CFA needs it). */
+	__u8 bx_rule = row.fp_type >> RBX_RULE_SHIFT;
+	if (bx_rule == RBX_UNKNOWN) {
+		st->bx_unknown = 1;
+	} else if (bx_rule != 0) {
+		st->bx_addr = cfa - (__u64)bx_rule * 8;
+		st->bx_unknown = 0;
+	}
+	if ((row.fp_type & FP_TYPE_MASK) == FP_AT_CFA_OFFSET) {
 		__u64 bp;
 		__u64 bp_addr = cfa + (__s64)row.fp_offset * 8;
 		if (read_stack_word(sc, bp_addr, &bp) != 0) {
@@ -1106,6 +1145,14 @@ struct copy_record {
 	__u8 stack[STACK_COPY_BYTES];
 };
 
+/* The same with room for STACK_COPY_LARGE_BYTES of stack: for stacks
+ * deeper than STACK_COPY_BYTES (a compiler's). */
+struct copy_record_large {
+	struct stack_sample sample;
+	struct stack_copy copy;
+	__u8 stack[STACK_COPY_LARGE_BYTES];
+};
+
 /* The same with room for STACK_COPY_SMALL_BYTES of stack: for a main
  * thread whose whole stack is that shallow (a young process, a shell). */
 struct copy_record_small {
@@ -1145,22 +1192,28 @@ static __always_inline void fill_copy_record(struct scratch_space *sc, __u64 siz
 	copy->ip = st->copy_ip;
 	copy->sp = st->copy_sp;
 	copy->bp = st->copy_bp;
+	/* The word a save slot holds is read here, once per copy. */
+	copy->bx = st->copy_bx;
+	copy->bx_known = !st->copy_bx_unknown;
+	if (copy->bx_known && st->copy_bx_addr != 0 &&
+	    bpf_probe_read_user(&copy->bx, sizeof(copy->bx), (void *)st->copy_bx_addr) != 0)
+		copy->bx_known = 0;
 	copy->frame = st->copy_frame;
 	copy->len = len;
 	copy->exact_ip = st->copy_exact_ip;
 }
 
-/* Whether a STACK_COPY_SMALL_BYTES copy from `sp` reaches past the top of
- * the sampled thread's stack: only for the main thread, whose stack ends at
+/* Whether a copy of `bytes` from `sp` reaches past the top of the sampled
+ * thread's stack: known only for the main thread, whose stack ends at
  * mm->start_stack (where argc lies at exec; the environment is above it),
  * with STACK_TOP_SLACK bytes above that for _start's own reads. */
-static __always_inline bool stack_fits_small_copy(struct scratch_space *sc, __u64 sp, bool compat)
+static __always_inline bool stack_fits_copy(struct scratch_space *sc, __u64 sp, __u64 bytes, bool compat)
 {
 	if (sc->sample.header.pid != sc->sample.header.tid)
 		return false;
 	struct task_struct *task = current_task(compat);
 	__u64 top = BPF_CORE_READ(task, mm, start_stack);
-	return sp < top && top + STACK_TOP_SLACK <= (sp & ~4095ULL) + STACK_COPY_SMALL_BYTES;
+	return sp < top && top + STACK_TOP_SLACK <= (sp & ~4095ULL) + bytes;
 }
 
 /* The body of send_with_copy for one record type (C has no generics):
@@ -1189,9 +1242,10 @@ static __always_inline bool stack_fits_small_copy(struct scratch_space *sc, __u6
 	})
 
 /* Send the finished record of `size` bytes (header and frames) with the
- * registers note_copy_start kept and the user stack from their rsp, in a
- * small record when the whole stack fits one (stack_fits_small_copy),
- * else in one of STACK_COPY_BYTES, while the ring stays less than half
+ * registers note_copy_start kept and the user stack from their rsp, in the
+ * smallest record the whole stack fits (stack_fits_copy: a main thread's),
+ * else in one of STACK_COPY_LARGE_BYTES, else (the ring has no room for
+ * that) in one of STACK_COPY_BYTES, while the ring stays less than half
  * full with it. The record is assembled in the ring itself (the copy does
  * not fit in per-CPU scratch). False if there is no room or not even the
  * first part of the stack can be read: the caller sends the record alone. */
@@ -1202,8 +1256,11 @@ static __always_inline bool send_with_copy(struct scratch_space *sc, void *ring,
 	__u64 half = bpf_ringbuf_query(ring, BPF_RB_RING_SIZE) / 2;
 	if (size > sizeof(struct stack_sample))
 		return false;
-	if (stack_fits_small_copy(sc, sp, compat))
+	if (stack_fits_copy(sc, sp, STACK_COPY_SMALL_BYTES, compat))
 		return SEND_COPY_RECORD(copy_record_small, STACK_COPY_SMALL_BYTES);
+	if (!stack_fits_copy(sc, sp, STACK_COPY_BYTES, compat) &&
+	    SEND_COPY_RECORD(copy_record_large, STACK_COPY_LARGE_BYTES))
+		return true;
 	return SEND_COPY_RECORD(copy_record, STACK_COPY_BYTES);
 }
 
@@ -1438,7 +1495,7 @@ static __always_inline int take_sample(struct bpf_perf_event_data *ctx, bool com
 
 	/* The registers at the interrupt. */
 	const struct sample_regs *regs = sample_regs_of(ctx);
-	__u64 ip = regs->ip, sp = regs->sp, bp = regs->bp;
+	__u64 ip = regs->ip, sp = regs->sp, bp = regs->bp, bx = regs->bx;
 	bool in_user_mode = sample_in_user_mode(regs);
 
 	/* Kernel stack, leaf first, from the kernel's own unwinder. A sample
@@ -1471,6 +1528,7 @@ static __always_inline int take_sample(struct bpf_perf_event_data *ctx, bool com
 		ip = sc->user_regs.ip;
 		sp = sc->user_regs.sp;
 		bp = sc->user_regs.bp;
+		bx = sc->user_regs.bx;
 	} else if (!in_user_mode) {
 		/* Interrupted in the kernel: the user registers are the ones
 		 * saved at kernel entry. */
@@ -1478,10 +1536,12 @@ static __always_inline int take_sample(struct bpf_perf_event_data *ctx, bool com
 		ip = BPF_CORE_READ(uregs, ip);
 		sp = BPF_CORE_READ(uregs, sp);
 		bp = BPF_CORE_READ(uregs, bp);
+		bx = BPF_CORE_READ(uregs, bx);
 	}
 	st->ip = ip;
 	st->sp = sp;
 	st->bp = bp;
+	st->bx = bx;
 	st->exact_ip = 1;
 
 	return walk_from(ctx, sc, task, &walker_programs, compat);

@@ -114,6 +114,12 @@ struct off_cpu_start {
  * a compiler's stack is often deeper). */
 #define STACK_COPY_BYTES 32768
 
+/* Bytes of user stack the large stack_copy holds: a compiler's main
+ * thread (rustc's runs about 50 KiB deep). Sent while the ring stays less
+ * than half full with it (rings of 256 KiB, 999 Hz and more); else the
+ * STACK_COPY_BYTES one. */
+#define STACK_COPY_LARGE_BYTES 65536
+
 /* Bytes of user stack the small stack_copy holds: a main thread's whole
  * stack often fits (a young process, a shell), and a record this size
  * leaves room in the ring for 2.5 times as many copies. */
@@ -165,10 +171,13 @@ struct stack_copy {
 	__u64 ip;                   /* the frame's pc (a return address unless exact_ip) */
 	__u64 sp;                   /* its rsp: the first stack byte that follows is at this address */
 	__u64 bp;                   /* its rbp */
+	__u64 bx;                   /* its rbx, if bx_known */
 	__u32 frame;                /* its index among the sample's user frames */
-	__u32 len;                  /* bytes of stack that follow (at most STACK_COPY_BYTES) */
+	__u32 len;                  /* bytes of stack that follow (at most STACK_COPY_LARGE_BYTES) */
 	__u8 exact_ip;              /* ip is the sampled pc or a signal frame's, not a return address */
-	__u8 padding[7];
+	__u8 bx_known;              /* the walk recovered its rbx (no frame-pointer step or
+	                             * unfollowed rbx rule below it) */
+	__u8 padding[6];
 };
 
 /*
@@ -198,6 +207,9 @@ enum cfa_type {
 /* The unsupported kind counted when a CFA_RETURN_IN_REGISTER row is met
  * outside the interrupted frame (Rust: UnsupportedKind::ReturnAddress). */
 #define UNSUPPORTED_KIND_RETURN_ADDRESS 4
+/* The unsupported kind counted when an rbx-based CFA meets an rbx the walk
+ * could not recover (Rust: UnsupportedKind::CfaRegister). */
+#define UNSUPPORTED_KIND_CFA_REGISTER 2
 #define CFA_TYPE_MASK 0x07
 /* Set in unwind_row.cfa_type when the CFA offset is in units of 8 bytes;
  * bits 3-6 then hold bits 16-19 of the scaled offset (up to 8 MiB - 8). */
@@ -205,18 +217,27 @@ enum cfa_type {
 #define CFA_OFFSET_HIGH_SHIFT 3
 #define CFA_OFFSET_HIGH_MASK 0x0f
 
-/* How the caller's rbp is recovered. */
+/* How the caller's rbp is recovered (bits 0-1 of unwind_row.fp_type). */
 enum fp_type {
 	FP_UNCHANGED = 0,        /* rbp keeps its value (same value / not saved) */
 	FP_AT_CFA_OFFSET = 1,    /* rbp = *(CFA + fp_offset * 8) */
 	FP_UNSUPPORTED = 2,      /* any other rule; the walk can continue while rbp is not needed */
 };
+#define FP_TYPE_MASK 0x03
+/* Set in unwind_row.fp_type of a CFA_RBP_OFFSET row: CFA = rbx + offset
+ * (glibc's lazy-binding trampolines keep the caller's rsp in rbx). */
+#define FP_CFA_FROM_RBX 0x04
+/* Bits 3-7 of unwind_row.fp_type: how the caller's rbx is recovered.
+ * 0: it keeps its value; 1-30: saved at CFA - 8 * that; RBX_UNKNOWN: any
+ * other rule (an rbx-based CFA further up cannot be computed). */
+#define RBX_RULE_SHIFT 3
+#define RBX_UNKNOWN 31
 
 /* One unwind row: the rule in effect from this pc up to the next row. 8 bytes. */
 struct unwind_row {
 	__u16 pc_low;     /* pc - page start, bytes */
 	__u8 cfa_type;    /* enum cfa_type | high offset bits << 3 | CFA_OFFSET_SCALED */
-	__u8 fp_type;     /* enum fp_type */
+	__u8 fp_type;     /* enum fp_type | FP_CFA_FROM_RBX | rbx rule << RBX_RULE_SHIFT */
 	__u16 cfa_offset; /* bytes, or units of 8 bytes with CFA_OFFSET_SCALED; PLT: the threshold */
 	__s16 fp_offset;  /* units of 8 bytes (FP_AT_CFA_OFFSET); unsupported kind (CFA_UNSUPPORTED);
 	                   * DWARF register (CFA_RETURN_IN_REGISTER) */

@@ -112,12 +112,13 @@ fn overlay(laid: &mut Vec<Span>, new: &[Span], start: u64, end: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::unwind::rule::{CfaOffset, Fp};
+    use crate::unwind::rule::{Bx, CfaOffset, Fp};
 
     fn rsp(off: i64) -> Rule {
         Rule::RspOffset {
             cfa: CfaOffset::new(off).expect("fits"),
             fp: Fp::Unchanged,
+            bx: Bx::Unchanged,
         }
     }
 

@@ -541,6 +541,7 @@ mod tests {
         Rule::RspOffset {
             cfa: super::super::rule::CfaOffset::new(8).expect("fits"),
             fp: super::super::rule::Fp::Unchanged,
+            bx: super::super::rule::Bx::Unchanged,
         }
     }
 

@@ -43,8 +43,10 @@ pub const MAGIC: [u8; 8] = *b"LSUNWIND";
 /// [`super::rule::Rule::ReturnInRegister`], which version 2 stored as
 /// unsupported; 4: an entry point without CFI is the outermost frame
 /// (the dynamic loader's), which version 3 left without a rule; 5: the
-/// byte before a `makecontext` trampoline is the outermost frame.
-pub const FORMAT_VERSION: u32 = 5;
+/// byte before a `makecontext` trampoline is the outermost frame; 6: rows
+/// carry the rbx rule and rbx-based CFAs ([`super::rule::Rule::RbxOffset`]),
+/// which version 5 stored as unsupported.
+pub const FORMAT_VERSION: u32 = 6;
 /// Longest key text stored (file names are at most 255 bytes with `.unwind`).
 const MAX_KEY_LEN: usize = 248;
 /// Size of the fixed header before the key, bytes.
@@ -347,12 +349,13 @@ pub fn decode(key: &ObjectKey, bytes: &[u8]) -> Result<UnwindTable, CacheError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::unwind::rule::{CfaOffset, Fp, Rule};
+    use crate::unwind::rule::{Bx, CfaOffset, Fp, Rule};
 
     fn sample() -> UnwindTable {
         let rsp = |off| Rule::RspOffset {
             cfa: CfaOffset::new(off).expect("fits"),
             fp: Fp::AtCfaOffset(-2),
+            bx: Bx::Unchanged,
         };
         let rules = [
             (0x1_fff0, rsp(8)),

@@ -30,7 +30,7 @@ use std::collections::VecDeque;
 use crate::process::ProcessTracker;
 use crate::sample::{RawSample, StackCopy, UnwindStatus};
 use crate::sampler::{RowLookup, Sampler};
-use crate::unwind::rule::{Fp, Rule};
+use crate::unwind::rule::{Bx, Fp, Rule};
 
 /// How long a sample is held at most waiting for rows, ns. A cold table of
 /// a large object (`librustc_driver`, 150 MB) is loaded 0.4-0.9 s after
@@ -55,8 +55,9 @@ const USER_MIN_ADDRESS: u64 = 4096;
 const USER_ADDRESS_LIMIT: u64 = 0x0000_8000_0000_0000;
 
 /// Where the kernel's signal frame (`struct ucontext` at rsp) keeps the
-/// interrupted rbp, rsp and rip (`UCONTEXT_*` in `src/bpf/arch_x86_64.h`).
+/// interrupted rbp, rbx, rsp and rip (`UCONTEXT_*` in `src/bpf/arch_x86_64.h`).
 const UCONTEXT_RBP: u64 = 40 + 80;
+const UCONTEXT_RBX: u64 = 40 + 88;
 const UCONTEXT_RSP: u64 = 40 + 120;
 const UCONTEXT_RIP: u64 = 40 + 128;
 
@@ -110,7 +111,21 @@ struct Regs {
     ip: u64,
     sp: u64,
     bp: u64,
+    bx: BxAt,
     exact_ip: bool,
+}
+
+/// Where the frame's rbx is, as the BPF walker keeps it (`bx`, `bx_addr`,
+/// `bx_unknown` of `struct walk_state`): read only when an rbx-based CFA
+/// needs it.
+#[derive(Debug, Clone, Copy)]
+enum BxAt {
+    /// Its value.
+    Value(u64),
+    /// The stack word at this address (a caller's save slot).
+    Slot(u64),
+    /// Lost: a frame-pointer step or an rbx rule not followed.
+    Unknown,
 }
 
 /// Walk on from `copy`'s frame with the rows and mappings `view` gives, as
@@ -120,6 +135,7 @@ pub fn walk_on(copy: &StackCopy, view: &mut impl WalkView) -> Replay {
         ip: copy.ip,
         sp: copy.sp,
         bp: copy.bp,
+        bx: copy.bx.map_or(BxAt::Unknown, BxAt::Value),
         exact_ip: copy.exact_ip,
     };
     let mut frames = Vec::new();
@@ -213,6 +229,7 @@ fn frame_pointer_step(copy: &StackCopy, r: &mut Regs) -> Step {
     }
     r.sp = r.bp.wrapping_add(16);
     r.bp = saved_bp;
+    r.bx = BxAt::Unknown;
     r.ip = ra;
     r.exact_ip = false;
     Step::Next
@@ -220,20 +237,31 @@ fn frame_pointer_step(copy: &StackCopy, r: &mut Regs) -> Step {
 
 /// One step by the CFI row `rule`.
 fn cfi_step(copy: &StackCopy, r: &mut Regs, rule: Rule) -> Step {
-    let (cfa, fp) = match rule {
-        Rule::RspOffset { cfa, fp } => (r.sp.wrapping_add(u64::from(cfa.bytes())), fp),
-        Rule::RbpOffset { cfa, fp } => (r.bp.wrapping_add(u64::from(cfa.bytes())), fp),
-        Rule::Plt { threshold, fp } => {
+    let (cfa, fp, bx) = match rule {
+        Rule::RspOffset { cfa, fp, bx } => (r.sp.wrapping_add(u64::from(cfa.bytes())), fp, bx),
+        Rule::RbpOffset { cfa, fp, bx } => (r.bp.wrapping_add(u64::from(cfa.bytes())), fp, bx),
+        Rule::RbxOffset { cfa, fp, bx } => {
+            let base = match r.bx {
+                BxAt::Value(value) => value,
+                BxAt::Slot(addr) => match copy.word(addr) {
+                    Some(value) => value,
+                    None => return Step::OutOfCopy,
+                },
+                BxAt::Unknown => return Step::Unsupported,
+            };
+            (base.wrapping_add(u64::from(cfa.bytes())), fp, bx)
+        }
+        Rule::Plt { threshold, fp, bx } => {
             let pushed = if r.ip & 15 >= u64::from(threshold) {
                 8
             } else {
                 0
             };
-            (r.sp.wrapping_add(8 + pushed), fp)
+            (r.sp.wrapping_add(8 + pushed), fp, bx)
         }
         Rule::Outermost => return Step::End,
-        // The copy holds ip, sp and bp only: the register is not known
-        // here (the BPF walker follows the rule in the interrupted frame).
+        // The copy holds ip, sp, bp and rbx only: the return-address register is
+        // not known here (the BPF walker follows the rule in the interrupted frame).
         Rule::Unsupported(_) | Rule::ReturnInRegister { .. } => return Step::Unsupported,
         Rule::SignalFrame => {
             let word = |offset| copy.word(r.sp.wrapping_add(offset));
@@ -246,6 +274,7 @@ fn cfi_step(copy: &StackCopy, r: &mut Regs, rule: Rule) -> Step {
                 ip,
                 sp,
                 bp,
+                bx: BxAt::Slot(r.sp.wrapping_add(UCONTEXT_RBX)),
                 exact_ip: true,
             };
             return Step::Next;
@@ -255,6 +284,11 @@ fn cfi_step(copy: &StackCopy, r: &mut Regs, rule: Rule) -> Step {
     let Some(ra) = copy.word(cfa.wrapping_sub(8)) else {
         return Step::OutOfCopy;
     };
+    match bx {
+        Bx::Unchanged => {}
+        Bx::BelowCfa(slots) => r.bx = BxAt::Slot(cfa.wrapping_sub(8 * u64::from(slots))),
+        Bx::Unknown => r.bx = BxAt::Unknown,
+    }
     if let Fp::AtCfaOffset(slots) = fp {
         let Some(bp) = copy.word(cfa.wrapping_add_signed(i64::from(slots) * 8)) else {
             return Step::OutOfCopy;

@@ -16,7 +16,7 @@ use object::{Object, ObjectSection};
 
 use super::builder::build_table_with_debug_file;
 use super::identity::find_debug_file;
-use super::rule::{Fp, Rule, UnsupportedKind};
+use super::rule::{Bx, Fp, Rule, UnsupportedKind};
 use super::table::{CfiSource, UnwindTable};
 
 mod programs;
@@ -178,6 +178,7 @@ impl Report {
     }
 }
 
+const RBX: Register = Register(3);
 const RBP: Register = Register(6);
 const RSP: Register = Register(7);
 const RA: Register = Register(16);
@@ -216,6 +217,17 @@ fn agrees<'d, S: UnwindSection<Slice<'d>>>(
         ) => Ok(()),
         (fp, r) => Err(format!("rbp: table {fp:?}, gimli {r:?}")),
     };
+    let bx_agrees = |bx: Bx| match (bx, row.register(RBX)) {
+        (Bx::Unchanged, None | Some(RegisterRule::Undefined | RegisterRule::SameValue)) => Ok(()),
+        (Bx::BelowCfa(slots), Some(RegisterRule::Offset(n))) if n == -8 * i64::from(slots) => {
+            Ok(())
+        }
+        // Any other rule, or a save slot a row cannot hold (not below the
+        // CFA, or deeper than 30 words).
+        (Bx::Unknown, Some(RegisterRule::Offset(n))) if n >= 0 || n % 8 != 0 || n < -240 => Ok(()),
+        (Bx::Unknown, Some(r)) if !matches!(r, RegisterRule::Offset(_)) => Ok(()),
+        (bx, r) => Err(format!("rbx: table {bx:?}, gimli {r:?}")),
+    };
     if fde.is_signal_trampoline() {
         return ensure(rule == Rule::SignalFrame, "signal trampoline");
     }
@@ -223,11 +235,13 @@ fn agrees<'d, S: UnwindSection<Slice<'d>>>(
         Rule::EndOfFunction => Err("end-of-function inside an FDE".into()),
         Rule::SignalFrame => Err("signal frame outside a signal trampoline".into()),
         Rule::Outermost => ensure(ra == Some(RegisterRule::Undefined), "outermost"),
-        Rule::RspOffset { cfa, fp } | Rule::RbpOffset { cfa, fp } => {
-            let register = if matches!(rule, Rule::RspOffset { .. }) {
-                RSP
-            } else {
-                RBP
+        Rule::RspOffset { cfa, fp, bx }
+        | Rule::RbpOffset { cfa, fp, bx }
+        | Rule::RbxOffset { cfa, fp, bx } => {
+            let register = match rule {
+                Rule::RspOffset { .. } => RSP,
+                Rule::RbpOffset { .. } => RBP,
+                _ => RBX,
             };
             let expected = CfaRule::RegisterAndOffset {
                 register,
@@ -235,7 +249,8 @@ fn agrees<'d, S: UnwindSection<Slice<'d>>>(
             };
             ensure(*row.cfa() == expected, "cfa")?;
             ensure(ra_normal, "return address")?;
-            fp_agrees(fp)
+            fp_agrees(fp)?;
+            bx_agrees(bx)
         }
         Rule::ReturnInRegister { cfa, register } => {
             let expected = CfaRule::RegisterAndOffset {
@@ -249,7 +264,7 @@ fn agrees<'d, S: UnwindSection<Slice<'d>>>(
             )?;
             fp_agrees(Fp::Unchanged)
         }
-        Rule::Plt { threshold, fp } => {
+        Rule::Plt { threshold, fp, bx } => {
             let CfaRule::Expression(expression) = row.cfa() else {
                 return Err("plt without an expression".into());
             };
@@ -265,14 +280,16 @@ fn agrees<'d, S: UnwindSection<Slice<'d>>>(
                 )?;
             }
             ensure(ra_normal, "return address")?;
-            fp_agrees(fp)
+            fp_agrees(fp)?;
+            bx_agrees(bx)
         }
         Rule::Unsupported(kind) => {
             let cfa = row.cfa();
             let ok = match kind {
                 UnsupportedKind::CfaExpression => matches!(cfa, CfaRule::Expression(_)),
                 UnsupportedKind::CfaRegister => matches!(cfa,
-                    CfaRule::RegisterAndOffset { register, .. } if *register != RSP && *register != RBP),
+                    CfaRule::RegisterAndOffset { register, .. }
+                        if *register != RSP && *register != RBP && *register != RBX),
                 UnsupportedKind::CfaOffset => matches!(cfa,
                     CfaRule::RegisterAndOffset { offset, .. } if *offset < 0 || *offset > 65535),
                 UnsupportedKind::ReturnAddress => !ra_normal,

@@ -39,7 +39,8 @@ pub const CFA_OFFSET_SCALED: u8 = 0x80;
 /// Shift of the high scaled-offset bits in the raw `cfa_type` byte.
 pub const CFA_OFFSET_HIGH_SHIFT: u8 = 3;
 
-/// How the caller's rbp is recovered (`enum fp_type`).
+/// How the caller's rbp is recovered (`enum fp_type`, bits 0-1 of the raw
+/// `fp_type` byte; see [`FP_TYPE_MASK`] for the other bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum FpType {
@@ -51,6 +52,21 @@ pub enum FpType {
     Unsupported = 2,
 }
 
+/// Bits of the raw `fp_type` byte that hold the [`FpType`].
+pub const FP_TYPE_MASK: u8 = 0x03;
+/// Flag in the raw `fp_type` byte of a [`CfaType::RbpOffset`] row: the CFA
+/// is rbx + offset, not rbp + offset (glibc's lazy-binding trampolines
+/// realign rsp and keep the old one in rbx).
+pub const FP_CFA_FROM_RBX: u8 = 0x04;
+/// Shift of the rbx rule in the raw `fp_type` byte (bits 3-7): 0, rbx keeps
+/// its value; 1-[`MAX_RBX_SLOT`], the caller's rbx is saved at CFA - 8 *
+/// that; [`RBX_UNKNOWN`], any other rule.
+pub const RBX_RULE_SHIFT: u8 = 3;
+/// Deepest save slot of rbx below the CFA a row can hold, in 8-byte units.
+pub const MAX_RBX_SLOT: u8 = 30;
+/// The rbx rule value for a rule the walker does not follow.
+pub const RBX_UNKNOWN: u8 = 31;
+
 /// One row as the BPF program reads it (`struct unwind_row`, 8 bytes,
 /// native endian).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -60,7 +76,7 @@ pub struct RawRow {
     pub pc_low: u16,
     /// [`CfaType`] | high offset bits << [`CFA_OFFSET_HIGH_SHIFT`] | [`CFA_OFFSET_SCALED`].
     pub cfa_type: u8,
-    /// [`FpType`].
+    /// [`FpType`] | [`FP_CFA_FROM_RBX`] | rbx rule << [`RBX_RULE_SHIFT`].
     pub fp_type: u8,
     /// CFA offset in bytes (or units of 8 with [`CFA_OFFSET_SCALED`]); PLT threshold.
     pub cfa_offset: u16,

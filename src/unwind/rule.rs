@@ -9,6 +9,7 @@ use std::fmt;
 
 use super::row::{
     CfaType, FpType, RawRow, CFA_OFFSET_HIGH_SHIFT, CFA_OFFSET_SCALED, CFA_TYPE_MASK,
+    FP_CFA_FROM_RBX, FP_TYPE_MASK, MAX_RBX_SLOT, RBX_RULE_SHIFT, RBX_UNKNOWN,
 };
 
 /// Largest CFA offset a row can hold, bytes: `u16::MAX` units of 8 bytes.
@@ -25,7 +26,9 @@ pub const MAX_CFA_OFFSET: u32 = ((1 << 20) - 1) * 8;
 pub enum UnsupportedKind {
     /// `DW_CFA_def_cfa_expression` other than the two PLT expressions.
     CfaExpression = 1,
-    /// CFA computed from a register other than rsp or rbp.
+    /// CFA computed from a register other than rsp, rbp or rbx; counted
+    /// by the walker also when an rbx-based CFA meets an rbx it cannot
+    /// recover (a frame-pointer step or an unfollowed rbx rule below it).
     CfaRegister = 2,
     /// CFA offset negative, above [`MAX_CFA_OFFSET`], or above 65535 and not a
     /// multiple of 8.
@@ -137,6 +140,50 @@ pub enum Fp {
     Unsupported,
 }
 
+/// How the caller's rbx is recovered (for rules that compute a CFA). The
+/// walker carries rbx only for an rbx-based CFA further up
+/// ([`Rule::RbxOffset`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Bx {
+    /// rbx keeps its value (DWARF: not set, undefined or same value).
+    Unchanged,
+    /// rbx = *(CFA - 8 * slots), slots in 1..=[`MAX_RBX_SLOT`].
+    BelowCfa(u8),
+    /// Any other rule: an rbx-based CFA further up cannot be computed.
+    Unknown,
+}
+
+impl Bx {
+    /// The rule for "rbx saved at CFA + `offset` bytes": [`Bx::BelowCfa`]
+    /// when a row can hold it, else [`Bx::Unknown`].
+    pub fn saved_at(offset: i64) -> Bx {
+        let slots = offset.checked_neg().filter(|n| n % 8 == 0).map(|n| n / 8);
+        match slots.and_then(|n| u8::try_from(n).ok()) {
+            Some(n @ 1..=MAX_RBX_SLOT) => Bx::BelowCfa(n),
+            _ => Bx::Unknown,
+        }
+    }
+
+    /// The rule's bits in the raw `fp_type` byte.
+    fn encode(self) -> u8 {
+        let code = match self {
+            Bx::Unchanged => 0,
+            Bx::BelowCfa(slots) => slots,
+            Bx::Unknown => RBX_UNKNOWN,
+        };
+        code << RBX_RULE_SHIFT
+    }
+
+    /// Inverse of [`Bx::encode`] (the other bits of `fp_type` are ignored).
+    fn decode(fp_type: u8) -> Bx {
+        match fp_type >> RBX_RULE_SHIFT {
+            0 => Bx::Unchanged,
+            RBX_UNKNOWN => Bx::Unknown,
+            slots => Bx::BelowCfa(slots),
+        }
+    }
+}
+
 /// The unwind rule in effect at a pc: one decoded row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Rule {
@@ -148,6 +195,8 @@ pub enum Rule {
         cfa: CfaOffset,
         /// Caller's rbp.
         fp: Fp,
+        /// Caller's rbx.
+        bx: Bx,
     },
     /// CFA = rbp + offset; the return address is at CFA - 8.
     RbpOffset {
@@ -155,6 +204,19 @@ pub enum Rule {
         cfa: CfaOffset,
         /// Caller's rbp.
         fp: Fp,
+        /// Caller's rbx.
+        bx: Bx,
+    },
+    /// CFA = rbx + offset; the return address is at CFA - 8. glibc's
+    /// lazy-binding trampolines (`_dl_runtime_resolve_xsave*`) keep the
+    /// caller's rsp in rbx while rsp is realigned for `xsave`.
+    RbxOffset {
+        /// Offset added to rbx.
+        cfa: CfaOffset,
+        /// Caller's rbp.
+        fp: Fp,
+        /// Caller's rbx.
+        bx: Bx,
     },
     /// PLT stub: CFA = rsp + 8 + ((rip & 15) >= threshold ? 8 : 0).
     Plt {
@@ -162,6 +224,8 @@ pub enum Rule {
         threshold: u8,
         /// Caller's rbp.
         fp: Fp,
+        /// Caller's rbx.
+        bx: Bx,
     },
     /// Signal trampoline: the interrupted registers are in the ucontext at rsp.
     SignalFrame,
@@ -199,17 +263,21 @@ impl Rule {
             pc_low,
             ..RawRow::default()
         };
-        let set_fp = |fp: Fp, raw: &mut RawRow| match fp {
-            Fp::Unchanged => raw.fp_type = FpType::Unchanged as u8,
-            Fp::AtCfaOffset(slots) => {
-                raw.fp_type = FpType::AtCfaOffset as u8;
-                raw.fp_offset = slots;
-            }
-            Fp::Unsupported => raw.fp_type = FpType::Unsupported as u8,
+        let set_saved = |fp: Fp, bx: Bx, raw: &mut RawRow| {
+            raw.fp_type = match fp {
+                Fp::Unchanged => FpType::Unchanged as u8,
+                Fp::AtCfaOffset(slots) => {
+                    raw.fp_offset = slots;
+                    FpType::AtCfaOffset as u8
+                }
+                Fp::Unsupported => FpType::Unsupported as u8,
+            } | bx.encode();
         };
         match self {
             Rule::EndOfFunction => raw.cfa_type = CfaType::EndOfFunction as u8,
-            Rule::RspOffset { cfa, fp } | Rule::RbpOffset { cfa, fp } => {
+            Rule::RspOffset { cfa, fp, bx }
+            | Rule::RbpOffset { cfa, fp, bx }
+            | Rule::RbxOffset { cfa, fp, bx } => {
                 let kind = if matches!(self, Rule::RspOffset { .. }) {
                     CfaType::RspOffset
                 } else {
@@ -218,12 +286,15 @@ impl Rule {
                 let (offset, flags) = cfa.encode();
                 raw.cfa_type = kind as u8 | flags;
                 raw.cfa_offset = offset;
-                set_fp(fp, &mut raw);
+                set_saved(fp, bx, &mut raw);
+                if matches!(self, Rule::RbxOffset { .. }) {
+                    raw.fp_type |= FP_CFA_FROM_RBX;
+                }
             }
-            Rule::Plt { threshold, fp } => {
+            Rule::Plt { threshold, fp, bx } => {
                 raw.cfa_type = CfaType::Plt as u8;
                 raw.cfa_offset = u16::from(threshold);
-                set_fp(fp, &mut raw);
+                set_saved(fp, bx, &mut raw);
             }
             Rule::ReturnInRegister { cfa, register } => {
                 let (offset, flags) = cfa.encode();
@@ -247,12 +318,14 @@ impl Rule {
     pub fn from_raw(raw: RawRow) -> Result<Rule, InvalidRow> {
         let bad = || InvalidRow(raw);
         let scaled = raw.cfa_type & CFA_OFFSET_SCALED != 0;
-        let fp = || match raw.fp_type {
+        let fp = || match raw.fp_type & FP_TYPE_MASK {
             t if t == FpType::Unchanged as u8 && raw.fp_offset == 0 => Ok(Fp::Unchanged),
             t if t == FpType::AtCfaOffset as u8 => Ok(Fp::AtCfaOffset(raw.fp_offset)),
             t if t == FpType::Unsupported as u8 && raw.fp_offset == 0 => Ok(Fp::Unsupported),
             _ => Err(bad()),
         };
+        let bx = Bx::decode(raw.fp_type);
+        let from_rbx = raw.fp_type & FP_CFA_FROM_RBX != 0;
         let no_fields = raw.fp_type == 0 && raw.cfa_offset == 0 && raw.fp_offset == 0;
         let high = u32::from((raw.cfa_type & !CFA_OFFSET_SCALED) >> CFA_OFFSET_HIGH_SHIFT);
         if high != 0 && !scaled {
@@ -267,14 +340,24 @@ impl Rule {
             CfaOffset::new(i64::from(bytes)).ok_or_else(bad)
         };
         let kind = raw.cfa_type & CFA_TYPE_MASK;
+        if from_rbx && kind != CfaType::RbpOffset as u8 {
+            return Err(bad());
+        }
         let rule = match kind {
             k if k == CfaType::RspOffset as u8 => Rule::RspOffset {
                 cfa: cfa(raw.cfa_offset)?,
                 fp: fp()?,
+                bx,
+            },
+            k if k == CfaType::RbpOffset as u8 && from_rbx => Rule::RbxOffset {
+                cfa: cfa(raw.cfa_offset)?,
+                fp: fp()?,
+                bx,
             },
             k if k == CfaType::RbpOffset as u8 => Rule::RbpOffset {
                 cfa: cfa(raw.cfa_offset)?,
                 fp: fp()?,
+                bx,
             },
             k if k == CfaType::ReturnInRegister as u8 && raw.fp_type == FpType::Unchanged as u8 => {
                 Rule::ReturnInRegister {
@@ -292,6 +375,7 @@ impl Rule {
                     .filter(|t| *t <= 16)
                     .ok_or_else(bad)?,
                 fp: fp()?,
+                bx,
             },
             k if k == CfaType::EndOfFunction as u8 && no_fields => Rule::EndOfFunction,
             k if k == CfaType::SignalFrame as u8 && no_fields => Rule::SignalFrame,
@@ -308,16 +392,29 @@ impl Rule {
     /// The rbp rule, for rules that compute a CFA from a register.
     pub fn fp(self) -> Option<Fp> {
         match self {
-            Rule::RspOffset { fp, .. } | Rule::RbpOffset { fp, .. } | Rule::Plt { fp, .. } => {
-                Some(fp)
-            }
+            Rule::RspOffset { fp, .. }
+            | Rule::RbpOffset { fp, .. }
+            | Rule::RbxOffset { fp, .. }
+            | Rule::Plt { fp, .. } => Some(fp),
             Rule::ReturnInRegister { .. } => Some(Fp::Unchanged),
+            _ => None,
+        }
+    }
+
+    /// The rbx rule, for rules that compute a CFA from a register.
+    pub fn bx(self) -> Option<Bx> {
+        match self {
+            Rule::RspOffset { bx, .. }
+            | Rule::RbpOffset { bx, .. }
+            | Rule::RbxOffset { bx, .. }
+            | Rule::Plt { bx, .. } => Some(bx),
+            Rule::ReturnInRegister { .. } => Some(Bx::Unchanged),
             _ => None,
         }
     }
 }
 
-/// The CFA part of a rule as `show-unwind` prints it: `rsp+8`, `rbp+16`,
+/// The CFA part of a rule as `show-unwind` prints it: `rsp+8`, `rbp+16`, `rbx+56`,
 /// `plt(11)`, `rsp+8 ra=r5` (return address in DWARF register 5),
 /// `signal-frame`, `end-of-function`, `outermost`, `unsupported(kind)`.
 impl fmt::Display for Rule {
@@ -326,6 +423,7 @@ impl fmt::Display for Rule {
             Rule::EndOfFunction => f.write_str("end-of-function"),
             Rule::RspOffset { cfa, .. } => write!(f, "rsp+{}", cfa.bytes()),
             Rule::RbpOffset { cfa, .. } => write!(f, "rbp+{}", cfa.bytes()),
+            Rule::RbxOffset { cfa, .. } => write!(f, "rbx+{}", cfa.bytes()),
             Rule::Plt { threshold, .. } => write!(f, "plt({threshold})"),
             Rule::ReturnInRegister { cfa, register } => {
                 write!(f, "rsp+{} ra=r{register}", cfa.bytes())
@@ -355,6 +453,17 @@ impl fmt::Display for Fp {
     }
 }
 
+/// `rbx=unchanged`, `rbx=*(cfa-56)`, `rbx=unknown`.
+impl fmt::Display for Bx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Bx::Unchanged => f.write_str("rbx=unchanged"),
+            Bx::BelowCfa(slots) => write!(f, "rbx=*(cfa-{})", u32::from(*slots) * 8),
+            Bx::Unknown => f.write_str("rbx=unknown"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -368,14 +477,29 @@ mod tests {
         ];
         let mut rules = vec![Rule::EndOfFunction, Rule::SignalFrame, Rule::Outermost];
         rules.extend(UnsupportedKind::ALL.map(Rule::Unsupported));
-        for fp in fps {
+        let bxs = [
+            Bx::Unchanged,
+            Bx::BelowCfa(1),
+            Bx::BelowCfa(MAX_RBX_SLOT),
+            Bx::Unknown,
+        ];
+        for (fp, bx) in fps.into_iter().flat_map(|fp| bxs.map(|bx| (fp, bx))) {
             for bytes in [0, 8, 16, 65535, 65536, 102416, i64::from(MAX_CFA_OFFSET)] {
                 let cfa = CfaOffset::new(bytes).expect("representable");
-                rules.push(Rule::RspOffset { cfa, fp });
-                rules.push(Rule::RbpOffset { cfa, fp });
+                rules.push(Rule::RspOffset { cfa, fp, bx });
+                rules.push(Rule::RbpOffset { cfa, fp, bx });
+                rules.push(Rule::RbxOffset { cfa, fp, bx });
             }
-            rules.push(Rule::Plt { threshold: 11, fp });
-            rules.push(Rule::Plt { threshold: 10, fp });
+            rules.push(Rule::Plt {
+                threshold: 11,
+                fp,
+                bx,
+            });
+            rules.push(Rule::Plt {
+                threshold: 10,
+                fp,
+                bx,
+            });
         }
         for register in [0, 5, MAX_RETURN_REGISTER] {
             for bytes in [0, 8, i64::from(MAX_CFA_OFFSET)] {
@@ -401,6 +525,7 @@ mod tests {
         let raw = Rule::RspOffset {
             cfa: CfaOffset::new(102416).expect("100 KiB frame fits"),
             fp: Fp::Unchanged,
+            bx: Bx::Unchanged,
         }
         .to_raw(0);
         assert_eq!(raw.cfa_type, CfaType::RspOffset as u8 | CFA_OFFSET_SCALED);
@@ -408,6 +533,7 @@ mod tests {
         let raw = Rule::RbpOffset {
             cfa: CfaOffset::new(65535).expect("fits"),
             fp: Fp::Unchanged,
+            bx: Bx::Unchanged,
         }
         .to_raw(0);
         assert_eq!(
@@ -452,10 +578,45 @@ mod tests {
                 fp_type: 3,
                 ..RawRow::default()
             },
+            // Only an rbp-typed row may take its CFA from rbx.
+            RawRow {
+                cfa_type: CfaType::RspOffset as u8,
+                fp_type: FP_CFA_FROM_RBX,
+                ..RawRow::default()
+            },
+            // Rows without a CFA carry no rbx rule.
+            RawRow {
+                cfa_type: CfaType::Outermost as u8,
+                fp_type: 1 << RBX_RULE_SHIFT,
+                ..RawRow::default()
+            },
         ];
         for raw in bad {
             assert!(Rule::from_raw(raw).is_err(), "{raw:?}");
         }
+    }
+
+    #[test]
+    fn rbx_rules_hold_the_save_slots_rows_can_encode() {
+        assert_eq!(Bx::saved_at(-56), Bx::BelowCfa(7));
+        assert_eq!(Bx::saved_at(-240), Bx::BelowCfa(MAX_RBX_SLOT));
+        for unrepresentable in [0, 8, -4, -248, 128, i64::MIN] {
+            assert_eq!(
+                Bx::saved_at(unrepresentable),
+                Bx::Unknown,
+                "{unrepresentable}"
+            );
+        }
+        let rule = Rule::RbxOffset {
+            cfa: CfaOffset::new(56).expect("fits"),
+            fp: Fp::Unchanged,
+            bx: Bx::BelowCfa(7),
+        };
+        assert_eq!(rule.to_string(), "rbx+56");
+        assert_eq!(
+            rule.bx().map(|b| b.to_string()).as_deref(),
+            Some("rbx=*(cfa-56)")
+        );
     }
 
     #[test]
@@ -464,6 +625,7 @@ mod tests {
         let rule = Rule::RbpOffset {
             cfa,
             fp: Fp::AtCfaOffset(-2),
+            bx: Bx::Unchanged,
         };
         assert_eq!(rule.to_string(), "rbp+16");
         assert_eq!(
@@ -473,7 +635,8 @@ mod tests {
         assert_eq!(
             Rule::Plt {
                 threshold: 11,
-                fp: Fp::Unchanged
+                fp: Fp::Unchanged,
+                bx: Bx::Unchanged,
             }
             .to_string(),
             "plt(11)"

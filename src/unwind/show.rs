@@ -23,7 +23,8 @@ pub fn show_unwind(path: &Path) -> anyhow::Result<String> {
 /// The table as text: a header naming `title`, one line per row (start
 /// address in hex, CFA rule such as `rsp+8`, `rbp+16`, `plt(11)`,
 /// `signal-frame`, `end-of-function`, `outermost`, `unsupported(kind)`, and
-/// for CFA rules the rbp rule such as `rbp=*(cfa-16)` or `rbp=unchanged`),
+/// for CFA rules the rbp rule such as `rbp=*(cfa-16)` or `rbp=unchanged`
+/// and the rbx rule such as `rbx=*(cfa-56)`),
 /// then the summary: rows, pages, bytes, FDEs, unsupported rules by kind and
 /// the source section.
 pub fn render(title: &str, table: &UnwindTable) -> String {
@@ -31,11 +32,17 @@ pub fn render(title: &str, table: &UnwindTable) -> String {
     let mut out = String::with_capacity(table.rows().len() * 40 + 512);
     // Writing to a String cannot fail.
     let _ = writeln!(out, "unwind table of {title}");
-    let _ = writeln!(out, "{:<18} {:<28} rbp", "address", "cfa");
+    let _ = writeln!(out, "{:<18} {:<28} {:<20} rbx", "address", "cfa", "rbp");
     for row in table.iter_rows() {
-        let _ = match row.rule.fp() {
-            Some(fp) => writeln!(out, "{:<#18x} {:<28} {fp}", row.start, row.rule.to_string()),
-            None => writeln!(out, "{:<#18x} {}", row.start, row.rule),
+        let _ = match (row.rule.fp(), row.rule.bx()) {
+            (Some(fp), Some(bx)) => writeln!(
+                out,
+                "{:<#18x} {:<28} {:<20} {bx}",
+                row.start,
+                row.rule.to_string(),
+                fp.to_string()
+            ),
+            _ => writeln!(out, "{:<#18x} {}", row.start, row.rule),
         };
     }
     let _ = writeln!(out, "rows: {}", stats.rows);
@@ -82,6 +89,8 @@ mod tests {
             "end-of-function",
             "rbp=*(cfa-16)",
             "rbp=unchanged",
+            "rbx=*(cfa-56)",
+            "rbx=unchanged",
             "\nrows: ",
             "\npages: ",
             "\nbytes: ",

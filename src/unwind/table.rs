@@ -309,12 +309,13 @@ fn decode(row: RawRow) -> Rule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::unwind::rule::{CfaOffset, Fp};
+    use crate::unwind::rule::{Bx, CfaOffset, Fp};
 
     fn rsp(off: i64) -> Rule {
         Rule::RspOffset {
             cfa: CfaOffset::new(off).expect("fits"),
             fp: Fp::Unchanged,
+            bx: Bx::Unchanged,
         }
     }
 

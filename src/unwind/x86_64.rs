@@ -7,11 +7,13 @@
 use gimli::{CfaRule, Reader, Register, RegisterRule, UnwindSection, UnwindTableRow};
 use object::elf;
 
-use super::rule::{CfaOffset, Fp, Rule, UnsupportedKind, MAX_RETURN_REGISTER};
+use super::rule::{Bx, CfaOffset, Fp, Rule, UnsupportedKind, MAX_RETURN_REGISTER};
 
 /// The ELF `e_machine` of the objects this file's rules describe.
 pub(super) const ELF_MACHINE: elf::Machine = elf::EM_X86_64;
 
+/// rbx, where glibc's lazy-binding trampolines keep the caller's rsp.
+const RBX: Register = Register(3);
 /// rbp, the frame pointer.
 const RBP: Register = Register(6);
 /// rsp, the stack pointer.
@@ -31,7 +33,9 @@ pub(super) fn translate<R: Reader<Offset = usize>, S: UnwindSection<R>>(
         return (Rule::Outermost, None);
     }
     let cfa = match *row.cfa() {
-        CfaRule::RegisterAndOffset { register, offset } if register == RSP || register == RBP => {
+        CfaRule::RegisterAndOffset { register, offset }
+            if register == RSP || register == RBP || register == RBX =>
+        {
             match CfaOffset::new(offset) {
                 Some(cfa) => Ok((register, cfa)),
                 None => return unsupported(UnsupportedKind::CfaOffset),
@@ -75,10 +79,16 @@ pub(super) fn translate<R: Reader<Offset = usize>, S: UnwindSection<R>>(
     };
     let kind = fp.is_none().then_some(UnsupportedKind::RbpRule);
     let fp = fp.unwrap_or(Fp::Unsupported);
+    let bx = match row.register(RBX) {
+        None | Some(RegisterRule::Undefined | RegisterRule::SameValue) => Bx::Unchanged,
+        Some(RegisterRule::Offset(n)) => Bx::saved_at(n),
+        Some(_) => Bx::Unknown,
+    };
     let rule = match cfa {
-        Ok((RSP, cfa)) => Rule::RspOffset { cfa, fp },
-        Ok((_, cfa)) => Rule::RbpOffset { cfa, fp },
-        Err(threshold) => Rule::Plt { threshold, fp },
+        Ok((RSP, cfa)) => Rule::RspOffset { cfa, fp, bx },
+        Ok((RBX, cfa)) => Rule::RbxOffset { cfa, fp, bx },
+        Ok((_, cfa)) => Rule::RbpOffset { cfa, fp, bx },
+        Err(threshold) => Rule::Plt { threshold, fp, bx },
     };
     (rule, kind)
 }

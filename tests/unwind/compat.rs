@@ -50,6 +50,13 @@ fn compat_dlopen_after_start() {
     with_bpf_variant("compat", processes::dlopen_after_start);
 }
 
+/// The trampoline's rbx-based CFA: rbx from the kernel-entry registers
+/// (no `bpf_task_pt_regs`) or from `_dl_fixup`'s save slot.
+#[test]
+fn compat_lazy_binding_trampoline_cfa_in_rbx() {
+    with_bpf_variant("compat", processes::lazy_binding_trampoline_cfa_in_rbx);
+}
+
 #[test]
 fn compat_go_frame_pointers() {
     with_bpf_variant("compat", processes::go_frame_pointers);

@@ -243,6 +243,60 @@ int main(void) {{
     );
 }
 
+/// Lazy binding on every call (`LD_BIND_NOT=1`: the resolved address is
+/// never written back): the samples land in glibc's trampoline
+/// `_dl_runtime_resolve_xsave*`, whose CFA is rbx + 56 while it realigns
+/// rsp, and in `_dl_fixup` and the symbol lookup it calls, which save that
+/// rbx. Every stack goes through the trampoline to `main;a;b`, complete.
+#[test]
+pub(super) fn lazy_binding_trampoline_cfa_in_rbx() {
+    let _serial = serial();
+    let lib_source = "volatile unsigned long lib_sink;
+__attribute__((noinline)) void lib_noop(void) { lib_sink++; }
+";
+    let mut lib_flags = vec!["-shared", "-fPIC"];
+    lib_flags.extend_from_slice(NO_FP);
+    let lib = compile("liblswbind.so", lib_source, &lib_flags);
+    let main_source = format!(
+        "{DIE_WITH_PARENT}{STOP_FLAG}
+void lib_noop(void);
+__attribute__((noinline)) void b(void) {{ while (!stop) {{ lib_noop(); sink++; }} }}
+__attribute__((noinline)) void a(void) {{ b(); sink++; }}
+int main(void) {{ a(); return 0; }}
+"
+    );
+    // The library goes before the source on gcc's command line: keep it
+    // even where the linker defaults to --as-needed.
+    let mut flags = NO_FP.to_vec();
+    let link = lib.path.display().to_string();
+    flags.extend(["-Wl,--no-as-needed", &link]);
+    let program = compile("lsw_uw_bind", &main_source, &flags);
+    let mut cmd = Command::new(&program.path);
+    cmd.env("LD_BIND_NOT", "1");
+    let target = Target::spawn(cmd, &program.name, false);
+    let p = profile(&target, "2");
+    let through_resolver = |u: &[&str]| {
+        let Some(main) = u.iter().position(|f| *f == "main") else {
+            return false;
+        };
+        u.first() == Some(&"_start")
+            && u[main..].starts_with(&["main", "a", "b"])
+            && u.get(main + 3)
+                .is_some_and(|f| f.starts_with("_dl_runtime_resolve"))
+    };
+    let t = tally(&p.stacks, &program.name, through_resolver);
+    // Most of the time goes to the trampoline's xsave/xrstor and the lookup.
+    assert_share(
+        &p,
+        &program.name,
+        "_start;[libc start;]main;a;b;_dl_runtime_resolve_xsave*[;...]",
+        0.9,
+        t,
+    );
+    let unsupported = p.unwind.get("unsupported_rule").copied().unwrap_or(0);
+    assert_eq!(unsupported, 0, "walks stopped by a rule:\n{}", p.out);
+}
+
 /// A binary deleted after it started: its table is built from the file
 /// the process still maps, and its frames are symbolized.
 #[test]

@@ -4,7 +4,7 @@
 use std::cell::Cell;
 
 use super::*;
-use crate::unwind::rule::CfaOffset;
+use crate::unwind::rule::{Bx, CfaOffset};
 
 const STACK: u64 = 0x7ffc_0000_1000;
 
@@ -53,6 +53,7 @@ fn rsp(bytes: u32) -> Rule {
     Rule::RspOffset {
         cfa: CfaOffset::new(bytes.into()).unwrap(),
         fp: Fp::Unchanged,
+        bx: Bx::Unchanged,
     }
 }
 
@@ -62,6 +63,7 @@ fn copy(ip: u64, bp: u64, words: &[u64]) -> StackCopy {
         ip,
         sp: STACK,
         bp,
+        bx: None,
         frame: 1,
         exact_ip: true,
         bytes: words.iter().flat_map(|w| w.to_ne_bytes()).collect(),
@@ -81,6 +83,7 @@ fn three_frames() -> (View, StackCopy) {
                 Rule::RbpOffset {
                     cfa: CfaOffset::new(16).unwrap(),
                     fp: Fp::AtCfaOffset(-2),
+                    bx: Bx::Unchanged,
                 },
             ),
             (2, 0x500, rsp(16)),
@@ -103,6 +106,64 @@ fn a_walk_goes_on_from_the_copy_by_the_same_rules() {
         Replay::Finished {
             frames: vec![0x7f00_0000_0600, 0x401234, 0x400100],
             status: UnwindStatus::Complete,
+        }
+    );
+}
+
+/// glibc's lazy-binding trampoline: the leaf in object 2 (CFA = rsp + 16)
+/// saved rbx at CFA - 16 and returns into object 1 at 0x401234, whose CFA
+/// is rbx + 16 (the rsp it kept in rbx before realigning its own), and
+/// whose caller at 0x400100 is outermost.
+fn rbx_based_frames(leaf_saves_rbx: bool) -> (View, StackCopy) {
+    let leaf = Rule::RspOffset {
+        cfa: CfaOffset::new(16).unwrap(),
+        fp: Fp::Unchanged,
+        bx: if leaf_saves_rbx {
+            Bx::BelowCfa(2)
+        } else {
+            Bx::Unchanged
+        },
+    };
+    let resolver = Rule::RbxOffset {
+        cfa: CfaOffset::new(16).unwrap(),
+        fp: Fp::Unchanged,
+        bx: Bx::BelowCfa(2),
+    };
+    let view = View {
+        rows: vec![
+            (1, 0x400000, Rule::Outermost),
+            (1, 0x401000, resolver),
+            (2, 0x500, leaf),
+        ],
+        unloaded: vec![],
+    };
+    // STACK+0: the leaf's save of rbx (STACK + 0x20), +8: return into
+    // object 1, +16/+24: the trampoline's realigned area, +32: its save of
+    // its caller's rbx, +40: return to 0x400100. rbp is never used.
+    let words = [STACK + 0x20, 0x401234, 0xdead, 0xdead, 0, 0x400100, 0];
+    (view, copy(0x7f00_0000_0600, 0, &words))
+}
+
+#[test]
+fn an_rbx_based_cfa_uses_the_rbx_the_walk_carried() {
+    let complete = Replay::Finished {
+        frames: vec![0x7f00_0000_0600, 0x401234, 0x400100],
+        status: UnwindStatus::Complete,
+    };
+    // rbx from the leaf's save slot.
+    let (mut view, copy) = rbx_based_frames(true);
+    assert_eq!(walk_on(&copy, &mut view), complete);
+    // rbx kept by the leaf: the copy's own (the BPF walker's) value.
+    let (mut view, mut copy) = rbx_based_frames(false);
+    copy.bx = Some(STACK + 0x20);
+    assert_eq!(walk_on(&copy, &mut view), complete);
+    // Lost below the copy's frame: the walk stops there, as unsupported.
+    copy.bx = None;
+    assert_eq!(
+        walk_on(&copy, &mut view),
+        Replay::Finished {
+            frames: vec![0x7f00_0000_0600, 0x401234],
+            status: UnwindStatus::UnsupportedRule,
         }
     );
 }

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::process::Command;
 
 use super::*;
-use crate::unwind::rule::{CfaOffset, Fp};
+use crate::unwind::rule::{Bx, CfaOffset, Fp};
 
 /// The body of a `JIT_CODE_UNWINDING_INFO` record CPython 3.13.0
 /// `-X perf_jit` wrote for its 11-byte trampoline (`sub $8,%rsp;
@@ -38,6 +38,7 @@ fn rsp(bytes: i64) -> Rule {
     Rule::RspOffset {
         cfa: CfaOffset::new(bytes).expect("offset"),
         fp: Fp::Unchanged,
+        bx: Bx::Unchanged,
     }
 }
 

@@ -141,7 +141,7 @@ fn frame_pointer_functions_use_rbp_rules() {
         .map(|r| r.rule)
         .collect();
     let framed = rules.iter().any(
-        |r| matches!(r, Rule::RbpOffset { cfa, fp: Fp::AtCfaOffset(-2) } if cfa.bytes() == 16),
+        |r| matches!(r, Rule::RbpOffset { cfa, fp: Fp::AtCfaOffset(-2), .. } if cfa.bytes() == 16),
     );
     assert!(framed, "{rules:?}");
 }
