@@ -273,6 +273,120 @@ fn minidebuginfo_names_static_functions() {
     assert_profiled_chain(program, &["--debug-dirs", &dirs], &with_inlined);
 }
 
+/// Windows of a continuous symbolizer (one agent's, for days) that each
+/// bring new addresses in the Fedora-built program and library
+/// ([`FedoraBuild`], debug files not searched): every window names the
+/// static functions from `.gnu_debugdata` and the PLT stub, and each
+/// object's tables (its section inflated, its stubs read) are built once,
+/// not once a window (`lightswitch_symbol_tables_built_total`).
+#[test]
+fn minidebuginfo_is_read_once_per_object_across_windows() {
+    use lightswitch::process::ProcessTracker;
+    use lightswitch::profile::{aggregate::Aggregator, Window};
+    use lightswitch::sample::{RawSample, UnwindStatus};
+    use lightswitch::symbolize::{minidebuginfo, object_tables, Symbolizer};
+
+    let _serial = serial();
+    let build = FedoraBuild::new();
+    let workload = Workload::spawn(&build.program);
+    let pid = workload.pid();
+    // Where each function is in the process: its object's base (the
+    // mapping of file offset 0) plus its address in the debug file.
+    let base_in = |maps: &[lightswitch::process::maps::MapsEntry], file: &std::path::Path| {
+        maps.iter()
+            .find(|m| std::path::Path::new(&m.path) == file && m.file_offset == 0)
+            .map(|m| m.start)
+    };
+    // The library is mapped by ld.so after the exec the workload waited for.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let maps = loop {
+        let maps = lightswitch::process::maps::read_maps(pid).expect("maps");
+        let text = |m: &lightswitch::process::maps::MapsEntry| {
+            m.executable && std::path::Path::new(&m.path) == build.library
+        };
+        if base_in(&maps, &build.library).is_some() && maps.iter().any(text) {
+            break maps;
+        }
+        assert!(std::time::Instant::now() < deadline, "libmdi.so not mapped");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let base_of = |file: &std::path::Path| base_in(&maps, file).expect("mapped");
+    let address_of = |file: &std::path::Path, name: &str| {
+        let debug = build.debug_file(file);
+        let nm = Command::new("nm").arg(&debug).output().expect("nm");
+        let symbols = String::from_utf8_lossy(&nm.stdout).into_owned();
+        let vaddr = symbols
+            .lines()
+            .find(|l| l.ends_with(&format!(" {name}")))
+            .and_then(|l| u64::from_str_radix(l.split(' ').next()?, 16).ok())
+            .unwrap_or_else(|| panic!("{name} in {symbols}"));
+        base_of(file) + vaddr
+    };
+    let objdump = Command::new("objdump")
+        .arg("-d")
+        .arg(&build.program.path)
+        .output()
+        .expect("objdump");
+    let disassembly = String::from_utf8_lossy(&objdump.stdout).into_owned();
+    let stub = disassembly
+        .lines()
+        .find(|l| l.ends_with("<lib_entry@plt>:"))
+        .and_then(|l| u64::from_str_radix(l.split(' ').next()?, 16).ok())
+        .expect("lib_entry@plt");
+    let mut functions: Vec<(&str, u64)> = ["main", "prog_a", "prog_b", "prog_c"]
+        .into_iter()
+        .map(|f| (f, address_of(&build.program.path, f)))
+        .chain(["lib_mid", "lib_leaf"].map(|f| (f, address_of(&build.library, f))))
+        .collect();
+    functions.push(("lib_entry@plt", base_of(&build.program.path) + stub));
+
+    let symbolizer = Symbolizer::new();
+    let mut tracker = ProcessTracker::new();
+    let (read_before, built_before) = (minidebuginfo::stats().read, object_tables::builds());
+    for window in 0..5u64 {
+        let mut aggregator = Aggregator::new();
+        for &(_, address) in &functions {
+            let sample = RawSample {
+                timestamp_ns: 0,
+                pid,
+                tid: pid,
+                cpu: 0,
+                process_comm: build.program.name.as_str().into(),
+                thread_comm: build.program.name.as_str().into(),
+                kernel_thread: false,
+                kernel_stack: Vec::new(),
+                // A new address each window, inside the function.
+                user_stack: vec![address + window],
+                user_status: UnwindStatus::Complete,
+                stack_copy: None,
+                wait: None,
+            };
+            aggregator.add(&sample, &mut tracker);
+        }
+        let span = Window {
+            start_unix_ns: window * 1_000_000_000,
+            duration_ns: 1_000_000_000,
+            sample_freq_hz: 99,
+            off_cpu: false,
+        };
+        let profile = symbolizer.build_profile(&aggregator, &tracker, span);
+        let mut names: Vec<&str> = profile
+            .frames
+            .iter()
+            .map(|f| &*f.lines.last().expect("a line").function)
+            .collect();
+        let mut wanted: Vec<&str> = functions.iter().map(|&(f, _)| f).collect();
+        names.sort();
+        wanted.sort();
+        assert_eq!(names, wanted, "window {window}");
+    }
+    let read = minidebuginfo::stats().read - read_before;
+    assert_eq!(read, 2, "sections inflated in 5 windows (2 objects)");
+    let built = object_tables::builds();
+    assert_eq!(built.minidebuginfo - built_before.minidebuginfo, 2);
+    assert_eq!(built.plt - built_before.plt, 1, "the program's stubs");
+}
+
 /// A library that moves the caller's text to anonymous memory at the same
 /// addresses, as `hugectl --text` and hugify do: in place (anonymous memory
 /// mapped over it with `MAP_FIXED`, huge pages asked for, the text copied
