@@ -175,25 +175,76 @@ int main(void) {{ for (;;) {{ prog_a(200000); sink++; }} }}
     )
 }
 
-/// What Fedora's find-debuginfo does to each ELF file `$1` (strip_to_debug
-/// with binutils for eu-strip, then add_minidebug, the commands as it runs
-/// them): the debug file `$1.debug` split off and linked, the file
-/// stripped, and the functions of the debug file's `.symtab` that
-/// `.dynsym` lacks kept xz-compressed in `.gnu_debugdata`.
-const FEDORA_RECIPE: &str = r#"set -e
-binary="$1"; debuginfo="$1.debug"
-objcopy --only-keep-debug "$binary" "$debuginfo"
-strip --strip-all --remove-section=.comment "$binary"
-objcopy --add-gnu-debuglink="$debuginfo" "$binary"
-dynsyms="$binary.dynsyms"; funcsyms="$binary.funcsyms"; keep_symbols="$binary.keep"
-mini_debuginfo="$binary.mini"
-nm -D "$binary" --format=posix --defined-only | awk '{ print $1 }' | sort > "$dynsyms"
-nm "$debuginfo" --format=sysv --defined-only | awk -F \| '{ if ($4 ~ "FUNC") print $1 }' | sort > "$funcsyms"
-comm -13 "$dynsyms" "$funcsyms" > "$keep_symbols"
-objcopy -S --remove-section .gdb_index --remove-section .comment --keep-symbols="$keep_symbols" "$debuginfo" "$mini_debuginfo"
-xz --threads=1 "$mini_debuginfo"
-objcopy --add-section .gnu_debugdata="$mini_debuginfo.xz" "$binary"
-"#;
+/// What Fedora's find-debuginfo does to each ELF file `$1`: the debug file
+/// `$1.debug` split off and linked, the file stripped, and the functions
+/// `.dynsym` lacks kept xz-compressed in `.gnu_debugdata` (the script says
+/// how; the symbolizer's benchmark builds its library with it too).
+const FEDORA_RECIPE: &str = include_str!("../scripts/fedora-minidebuginfo.sh");
+
+/// The MiniDebugInfo program (`lsw_mdi`) and its library (`libmdi.so`),
+/// built and stripped the Fedora way ([`FEDORA_RECIPE`]), their debug
+/// files moved to `DEBUG_ROOT/.build-id/xx/yyyy.debug` (as when no
+/// debuginfo package is installed, unless that root is searched).
+struct FedoraBuild {
+    program: Program,
+    library: std::path::PathBuf,
+    /// Holds the library (removed on drop).
+    _lib_dir: tempfile::TempDir,
+    debug_root: tempfile::TempDir,
+}
+
+impl FedoraBuild {
+    fn new() -> Self {
+        let lib_dir = tempdir();
+        let library = lib_dir.path().join("libmdi.so");
+        let lib_source = lib_dir.path().join("mdi.c");
+        fs::write(&lib_source, MDI_LIBRARY).expect("write");
+        let mut lib_args = FLAGS.to_vec();
+        lib_args.extend(["-fPIC", "-shared", "-Wl,--build-id=sha1", "-o"]);
+        lib_args.extend([s(&library), s(&lib_source)]);
+        tool("gcc", &lib_args);
+        let mut flags = FLAGS.to_vec();
+        let rpath = format!("-Wl,-rpath,{}", s(lib_dir.path()));
+        let link = format!("-L{}", s(lib_dir.path()));
+        flags.extend([
+            "-Wl,--build-id=sha1",
+            "-Wl,--no-as-needed",
+            &link,
+            "-lmdi",
+            &rpath,
+        ]);
+        let program = compile("lsw_mdi", &mdi_program_source(), &flags);
+        let debug_root = tempdir();
+        let build = FedoraBuild {
+            program,
+            library,
+            _lib_dir: lib_dir,
+            debug_root,
+        };
+        for file in [&build.program.path, &build.library] {
+            tool("sh", &["-c", FEDORA_RECIPE, "fedora", s(file)]);
+            let debug = file.with_extension(match file.extension() {
+                Some(ext) => format!("{}.debug", ext.to_string_lossy()),
+                None => "debug".to_string(),
+            });
+            let moved = build.debug_file(file);
+            fs::create_dir_all(moved.parent().expect("parent")).expect("mkdir");
+            fs::rename(&debug, moved).expect("move");
+            let sections = Command::new("readelf").arg("-S").arg(file).output();
+            let sections = String::from_utf8_lossy(&sections.expect("readelf").stdout).into_owned();
+            assert!(sections.contains(".gnu_debugdata"), "{sections}");
+            assert!(!sections.contains(".symtab"), "{sections}");
+        }
+        build
+    }
+
+    /// Where the debug file of `file` (the program or the library) is.
+    fn debug_file(&self, file: &std::path::Path) -> std::path::PathBuf {
+        let id = build_id(file);
+        let dir = self.debug_root.path().join(".build-id").join(&id[..2]);
+        dir.join(format!("{}.debug", &id[2..]))
+    }
+}
 
 /// A program and a shared library built and stripped the Fedora way, their
 /// debug files gone (as when no debuginfo package is installed): every
@@ -203,43 +254,8 @@ objcopy --add-section .gnu_debugdata="$mini_debuginfo.xz" "$binary"
 #[test]
 fn minidebuginfo_names_static_functions() {
     let _serial = serial();
-    let lib_dir = tempdir();
-    let library = lib_dir.path().join("libmdi.so");
-    let lib_source = lib_dir.path().join("mdi.c");
-    fs::write(&lib_source, MDI_LIBRARY).expect("write");
-    let mut lib_args = FLAGS.to_vec();
-    lib_args.extend(["-fPIC", "-shared", "-Wl,--build-id=sha1", "-o"]);
-    lib_args.extend([s(&library), s(&lib_source)]);
-    tool("gcc", &lib_args);
-    let mut flags = FLAGS.to_vec();
-    let rpath = format!("-Wl,-rpath,{}", s(lib_dir.path()));
-    let link = format!("-L{}", s(lib_dir.path()));
-    flags.extend([
-        "-Wl,--build-id=sha1",
-        "-Wl,--no-as-needed",
-        &link,
-        "-lmdi",
-        &rpath,
-    ]);
-    let program = compile("lsw_mdi", &mdi_program_source(), &flags);
-
-    let debug_root = tempdir();
-    for file in [&program.path, &library] {
-        tool("sh", &["-c", FEDORA_RECIPE, "fedora", s(file)]);
-        let id = build_id(file);
-        let dir = debug_root.path().join(".build-id").join(&id[..2]);
-        fs::create_dir_all(&dir).expect("mkdir");
-        let debug = file.with_extension(match file.extension() {
-            Some(ext) => format!("{}.debug", ext.to_string_lossy()),
-            None => "debug".to_string(),
-        });
-        fs::rename(&debug, dir.join(format!("{}.debug", &id[2..]))).expect("move");
-        let sections = Command::new("readelf").arg("-S").arg(file).output();
-        let sections = String::from_utf8_lossy(&sections.expect("readelf").stdout).into_owned();
-        assert!(sections.contains(".gnu_debugdata"), "{sections}");
-        assert!(!sections.contains(".symtab"), "{sections}");
-    }
-
+    let build = FedoraBuild::new();
+    let program = &build.program;
     let chain = [
         "main",
         "prog_a",
@@ -251,10 +267,124 @@ fn minidebuginfo_names_static_functions() {
     ];
     // libc's debug file names its static start-up functions.
     let no_debug_files = "/nonexistent,/usr/lib/debug";
-    assert_profiled_chain(&program, &["--debug-dirs", no_debug_files], &chain);
-    let dirs = format!("{},/usr/lib/debug", s(debug_root.path()));
+    assert_profiled_chain(program, &["--debug-dirs", no_debug_files], &chain);
+    let dirs = format!("{},/usr/lib/debug", s(build.debug_root.path()));
     let with_inlined = [&chain[..], &["lib_mix"]].concat();
-    assert_profiled_chain(&program, &["--debug-dirs", &dirs], &with_inlined);
+    assert_profiled_chain(program, &["--debug-dirs", &dirs], &with_inlined);
+}
+
+/// Windows of a continuous symbolizer (one agent's, for days) that each
+/// bring new addresses in the Fedora-built program and library
+/// ([`FedoraBuild`], debug files not searched): every window names the
+/// static functions from `.gnu_debugdata` and the PLT stub, and each
+/// object's tables (its section inflated, its stubs read) are built once,
+/// not once a window (`lightswitch_symbol_tables_built_total`).
+#[test]
+fn minidebuginfo_is_read_once_per_object_across_windows() {
+    use lightswitch::process::ProcessTracker;
+    use lightswitch::profile::{aggregate::Aggregator, Window};
+    use lightswitch::sample::{RawSample, UnwindStatus};
+    use lightswitch::symbolize::{minidebuginfo, object_tables, Symbolizer};
+
+    let _serial = serial();
+    let build = FedoraBuild::new();
+    let workload = Workload::spawn(&build.program);
+    let pid = workload.pid();
+    // Where each function is in the process: its object's base (the
+    // mapping of file offset 0) plus its address in the debug file.
+    let base_in = |maps: &[lightswitch::process::maps::MapsEntry], file: &std::path::Path| {
+        maps.iter()
+            .find(|m| std::path::Path::new(&m.path) == file && m.file_offset == 0)
+            .map(|m| m.start)
+    };
+    // The library is mapped by ld.so after the exec the workload waited for.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let maps = loop {
+        let maps = lightswitch::process::maps::read_maps(pid).expect("maps");
+        let text = |m: &lightswitch::process::maps::MapsEntry| {
+            m.executable && std::path::Path::new(&m.path) == build.library
+        };
+        if base_in(&maps, &build.library).is_some() && maps.iter().any(text) {
+            break maps;
+        }
+        assert!(std::time::Instant::now() < deadline, "libmdi.so not mapped");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let base_of = |file: &std::path::Path| base_in(&maps, file).expect("mapped");
+    let address_of = |file: &std::path::Path, name: &str| {
+        let debug = build.debug_file(file);
+        let nm = Command::new("nm").arg(&debug).output().expect("nm");
+        let symbols = String::from_utf8_lossy(&nm.stdout).into_owned();
+        let vaddr = symbols
+            .lines()
+            .find(|l| l.ends_with(&format!(" {name}")))
+            .and_then(|l| u64::from_str_radix(l.split(' ').next()?, 16).ok())
+            .unwrap_or_else(|| panic!("{name} in {symbols}"));
+        base_of(file) + vaddr
+    };
+    let objdump = Command::new("objdump")
+        .arg("-d")
+        .arg(&build.program.path)
+        .output()
+        .expect("objdump");
+    let disassembly = String::from_utf8_lossy(&objdump.stdout).into_owned();
+    let stub = disassembly
+        .lines()
+        .find(|l| l.ends_with("<lib_entry@plt>:"))
+        .and_then(|l| u64::from_str_radix(l.split(' ').next()?, 16).ok())
+        .expect("lib_entry@plt");
+    let mut functions: Vec<(&str, u64)> = ["main", "prog_a", "prog_b", "prog_c"]
+        .into_iter()
+        .map(|f| (f, address_of(&build.program.path, f)))
+        .chain(["lib_mid", "lib_leaf"].map(|f| (f, address_of(&build.library, f))))
+        .collect();
+    functions.push(("lib_entry@plt", base_of(&build.program.path) + stub));
+
+    let symbolizer = Symbolizer::new();
+    let mut tracker = ProcessTracker::new();
+    let (read_before, built_before) = (minidebuginfo::stats().read, object_tables::builds());
+    for window in 0..5u64 {
+        let mut aggregator = Aggregator::new();
+        for &(_, address) in &functions {
+            let sample = RawSample {
+                timestamp_ns: 0,
+                pid,
+                tid: pid,
+                cpu: 0,
+                process_comm: build.program.name.as_str().into(),
+                thread_comm: build.program.name.as_str().into(),
+                kernel_thread: false,
+                kernel_stack: Vec::new(),
+                // A new address each window, inside the function.
+                user_stack: vec![address + window],
+                user_status: UnwindStatus::Complete,
+                stack_copy: None,
+                wait: None,
+            };
+            aggregator.add(&sample, &mut tracker);
+        }
+        let span = Window {
+            start_unix_ns: window * 1_000_000_000,
+            duration_ns: 1_000_000_000,
+            sample_freq_hz: 99,
+            off_cpu: false,
+        };
+        let profile = symbolizer.build_profile(&aggregator, &tracker, span);
+        let mut names: Vec<&str> = profile
+            .frames
+            .iter()
+            .map(|f| &*f.lines.last().expect("a line").function)
+            .collect();
+        let mut wanted: Vec<&str> = functions.iter().map(|&(f, _)| f).collect();
+        names.sort();
+        wanted.sort();
+        assert_eq!(names, wanted, "window {window}");
+    }
+    let read = minidebuginfo::stats().read - read_before;
+    assert_eq!(read, 2, "sections inflated in 5 windows (2 objects)");
+    let built = object_tables::builds();
+    assert_eq!(built.minidebuginfo - built_before.minidebuginfo, 2);
+    assert_eq!(built.plt - built_before.plt, 1, "the program's stubs");
 }
 
 /// A library that moves the caller's text to anonymous memory at the same

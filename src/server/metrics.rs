@@ -7,7 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 mod families;
-use families::{family, render_debuginfod, render_jit_files, render_minidebuginfo, render_process};
+use families::{
+    family, render_debuginfod, render_jit_files, render_minidebuginfo, render_process,
+    render_symbol_tables,
+};
 
 use crate::heap::HeapStats;
 use crate::httpd::serve::ConnectionStats;
@@ -178,6 +181,7 @@ impl Metrics {
         render_jit_files(&mut out);
         render_debuginfod(&mut out, crate::symbolize::debuginfod::stats());
         render_minidebuginfo(&mut out, crate::symbolize::minidebuginfo::stats());
+        render_symbol_tables(&mut out, crate::symbolize::object_tables::builds());
         render_process(&mut out, rss_bytes, heap);
         out
     }

@@ -41,15 +41,17 @@ impl ObjectFile {
         Some(object)
     }
 
-    /// The `name@plt` of each PLT stub ([`PltStubs`]), when one of the
-    /// virtual `addresses` is in a PLT section (the relocations are read
-    /// only then); `None` otherwise, or when no stub can be named.
-    pub fn plt_stubs_for(&self, addresses: &[u64]) -> Option<PltStubs> {
-        let elf = self.elf()?;
-        if !plt::any_in_plt(&elf, addresses) {
-            return None;
-        }
-        PltStubs::of(&elf)
+    /// Whether any of the virtual `addresses` is in a PLT section (section
+    /// headers only: the test before [`Self::plt_stubs`] reads relocations).
+    pub fn in_plt(&self, addresses: &[u64]) -> bool {
+        self.elf()
+            .is_some_and(|elf| plt::any_in_plt(&elf, addresses))
+    }
+
+    /// The `name@plt` of each PLT stub ([`PltStubs`]); `None` when no stub
+    /// can be named.
+    pub fn plt_stubs(&self) -> Option<PltStubs> {
+        PltStubs::of(&self.elf()?)
     }
 
     /// Whether the file has DWARF debugging information of its own (a

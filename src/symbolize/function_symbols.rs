@@ -1,7 +1,12 @@
 //! A function symbol table held in memory, sorted by address: what the
-//! symbolizer builds from symbols blazesym cannot reach (a dynamic symbol
-//! table found through `PT_DYNAMIC` in [`super::elf_file`], or the `.symtab`
-//! of a MiniDebugInfo section in [`super::minidebuginfo`]).
+//! symbolizer builds from symbols blazesym cannot reach or does not give
+//! out (a dynamic symbol table found through `PT_DYNAMIC` in
+//! [`super::elf_file`], the `.symtab` of a MiniDebugInfo section in
+//! [`super::minidebuginfo`], an object's own `.symtab` for
+//! [`super::rust_paths`]). The one reader of `.symtab` functions outside
+//! blazesym is [`FunctionSymbols::of_symtab`].
+
+use object::{Object, ObjectSymbol, SymbolKind};
 
 /// One function of a symbol table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,7 +20,7 @@ struct FunctionSymbol {
 }
 
 /// The function symbols of a symbol table (a dynamic symbol table read
-/// through `PT_DYNAMIC`, or a MiniDebugInfo `.symtab`), sorted by address.
+/// through `PT_DYNAMIC`, or a `.symtab`), sorted by address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct FunctionSymbols {
     symbols: Vec<FunctionSymbol>,
@@ -37,9 +42,34 @@ impl FunctionSymbols {
         FunctionSymbols { symbols }
     }
 
+    /// The functions of `file`'s `.symtab` (text symbols defined in it;
+    /// virtual addresses of the object). Empty when it has none.
+    pub fn of_symtab<'data>(file: &impl Object<'data>) -> Self {
+        let functions = file
+            .symbols()
+            .filter(|s| s.kind() == SymbolKind::Text && s.is_definition())
+            .filter_map(|s| Some((s.address(), s.size(), s.name_bytes().ok()?)));
+        Self::new(functions)
+    }
+
     /// How many functions the table has.
     pub fn len(&self) -> usize {
         self.symbols.len()
+    }
+
+    /// The heap the table holds, bytes (its entries and their names).
+    pub fn heap_bytes(&self) -> u64 {
+        let names: usize = self.symbols.iter().map(|s| s.name.capacity()).sum();
+        (self.symbols.capacity() * std::mem::size_of::<FunctionSymbol>() + names) as u64
+    }
+
+    /// The name of a function starting exactly at virtual address
+    /// `address` (of several aliases there, the largest, then the first in
+    /// the table).
+    pub fn starting_at(&self, address: u64) -> Option<&str> {
+        let first = self.symbols.partition_point(|s| s.start < address);
+        let symbol = self.symbols.get(first)?;
+        (symbol.start == address).then_some(symbol.name.as_str())
     }
 
     /// The name of the function whose range holds virtual address
@@ -55,5 +85,33 @@ impl FunctionSymbols {
             .take_while(|s| s.start == nearest)
             .find(|s| s.start == address || address < s.start.saturating_add(s.size))
             .map(|s| s.name.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A covering lookup finds the function around an address; an exact
+    /// one only a function starting there (the largest of aliases).
+    #[test]
+    fn exact_and_covering_lookups_read_one_table() {
+        let table = FunctionSymbols::new(
+            [
+                (0x1000, 0x10, &b"small_alias"[..]),
+                (0x1000, 0x20, b"big"),
+                (0x1040, 0, b"sizeless"),
+                (0, 0x10, b"undefined"),
+            ]
+            .into_iter(),
+        );
+        assert_eq!(table.len(), 3);
+        assert_eq!(table.starting_at(0x1000), Some("big"));
+        assert_eq!(table.starting_at(0x1008), None);
+        assert_eq!(table.starting_at(0x1040), Some("sizeless"));
+        assert_eq!(table.starting_at(0), None);
+        assert_eq!(table.name_of(0x1018), Some("big"));
+        assert_eq!(table.name_of(0x1041), None);
+        assert!(table.heap_bytes() >= 3 * std::mem::size_of::<FunctionSymbol>() as u64);
     }
 }

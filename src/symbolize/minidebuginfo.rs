@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use liblzma::stream::{Action, Status, Stream, CONCATENATED};
 use object::read::elf::ElfFile64;
-use object::{Endianness, Object, ObjectSection, ObjectSymbol, SymbolKind};
+use object::{Endianness, Object, ObjectSection};
 use tracing::debug;
 
 use super::function_symbols::FunctionSymbols;
@@ -40,8 +40,9 @@ static CORRUPT: AtomicU64 = AtomicU64::new(0);
 static TOO_LARGE: AtomicU64 = AtomicU64::new(0);
 
 /// What reading MiniDebugInfo sections did since the process started
-/// (`/metrics`). A section is read again for each window that brings new
-/// addresses in its object, and counted each time.
+/// (`/metrics`). A section is read once per object while a continuous
+/// symbolizer keeps the object's parsed data ([`super::object_tables`]),
+/// and once per batch for objects it does not keep; counted each time.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct MiniDebugInfoStats {
     /// Sections decompressed and their symbols read.
@@ -120,11 +121,7 @@ fn read_symbols(xz: &[u8]) -> Result<FunctionSymbols, Unreadable> {
     }
     let bytes = inflate(xz, size)?;
     let file = ElfFile64::<Endianness>::parse(&*bytes).map_err(corrupt)?;
-    let functions = file
-        .symbols()
-        .filter(|s| s.kind() == SymbolKind::Text && s.is_definition())
-        .filter_map(|s| Some((s.address(), s.size(), s.name_bytes().ok()?)));
-    Ok(FunctionSymbols::new(functions))
+    Ok(FunctionSymbols::of_symtab(&file))
 }
 
 /// The decompressed size of the xz data `xz`, bytes, as its last stream's

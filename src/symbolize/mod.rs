@@ -32,6 +32,7 @@ mod keep_tests;
 pub mod kernel;
 mod lines;
 pub mod minidebuginfo;
+pub mod object_tables;
 mod objects;
 pub mod perf_map;
 mod plt;
@@ -71,7 +72,9 @@ pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
 /// everything else is evicted after each window (also `/proc/kallsyms`,
 /// after a window without new kernel addresses), so memory follows the
 /// objects still being discovered, not every object that ever came and went
-/// (process churn). Objects get half a window's length of wall time; those
+/// (process churn). The tables derived from a kept object (Rust paths,
+/// MiniDebugInfo, dynamic symbols, PLT stubs: [`object_tables`]) stay with
+/// it and count in its cost. Objects get half a window's length of wall time; those
 /// that do not fit wait for a later window.
 /// [`Symbolizer::one_shot`] releases each object's data as soon as its
 /// addresses are done, so that memory peaks at the largest object, not at
@@ -95,7 +98,8 @@ pub struct Symbolizer {
 }
 
 /// Total memory (bytes: their files, which blazesym maps, plus the heap
-/// their parsed data was measured to hold) of the objects whose parsed
+/// their parsed data was measured to hold, plus that of their derived
+/// tables, [`object_tables`]) of the objects whose parsed
 /// data a continuous [`Symbolizer`] keeps between windows. Issue 18: with
 /// a budget of 32 MiB of file sizes, libc (2 MB) was always kept, with its
 /// separate debug file's 14 MB of decompressed sections and 10-16 MB of

@@ -1,12 +1,14 @@
 //! ELF objects as a symbol source: symbolization of each object's
 //! addresses (blazesym's ELF source, helped by [`super::elf_file`] where
-//! blazesym finds nothing), and the cache of parsed objects a continuous
-//! [`super::Symbolizer`] keeps between windows.
+//! blazesym finds nothing, and by the tables of [`super::object_tables`]),
+//! and the cache of parsed objects a continuous [`super::Symbolizer`] keeps
+//! between windows, with their tables.
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,8 +20,8 @@ use super::blaze::{self, InputKind, ParsedBytes};
 use super::debug_copy;
 use super::debuginfod::Debuginfod;
 use super::elf_file::ObjectFile;
-use super::lines::{file_name, line_of, unknown_line, Lines};
-use super::rust_paths::{self, RustPaths};
+use super::lines::{file_name, unknown_line, Lines};
+use super::object_tables::{ObjectTables, Passes};
 use super::sources::{Batch, FrameRef, Site, SymbolSource};
 use super::{
     MappingSource, KEEP_PARSED_WINDOWS, KEPT_OBJECT_MAX_BYTES, PARSED_OBJECTS_BUDGET_BYTES,
@@ -29,13 +31,16 @@ use crate::profile::Line;
 
 /// The files blazesym parsed for one object: their paths (its cache keys:
 /// the object as opened, and the separate debug file this module found by
-/// build ID).
+/// build ID), and the tables derived from them so far.
 pub(super) struct ParsedObject {
     path: PathBuf,
     debug_file: Option<PathBuf>,
     /// The latest window ([`ElfObjects`]'s count) that brought new
     /// addresses in it.
     last_new: u64,
+    /// Rust paths, MiniDebugInfo, dynamic symbols, PLT stubs: built once
+    /// while the object stays parsed (with the same debug file).
+    tables: Rc<ObjectTables>,
 }
 
 impl ParsedObject {
@@ -213,7 +218,9 @@ impl ElfObjects {
     /// functions DWARF does not name are looked up in the object's
     /// MiniDebugInfo ([`super::minidebuginfo`]) before its symbol tables.
     /// Objects without section headers are named from their dynamic symbol
-    /// table (found through `PT_DYNAMIC`).
+    /// table (found through `PT_DYNAMIC`). These tables, Rust paths and PLT
+    /// stub names ([`ObjectTables::complete`]) are built once for a kept
+    /// object and kept with it; otherwise for this batch only.
     fn symbolize_object(
         &self,
         tracker: &dyn MappingSource,
@@ -240,12 +247,12 @@ impl ElfObjects {
                 .or_else(|| debug_copy::uncompressed_copy(path))
         };
         let kept_guard;
-        let kept: Option<&BlazeSymbolizer> = if keep {
-            self.note_parsed(object, path, debug_file.clone());
+        let (kept, tables): (Option<&BlazeSymbolizer>, _) = if keep {
+            let tables = self.note_parsed(object, path, debug_file.clone());
             kept_guard = self.inner.borrow();
-            Some(&kept_guard)
+            (Some(&kept_guard), tables)
         } else {
-            None
+            (None, Rc::default())
         };
         let (dirs, meter) = (self.debug_dirs.as_slice(), self.heap_meter);
         let mut parsed = ParsedBytes::default();
@@ -280,66 +287,16 @@ impl ElfObjects {
         } else if heap_before.is_some() {
             self.note_cost(object, parsed.estimate(), false);
         }
-        // Rust with line tables only: functions named without their path.
-        let dwarf_path = debug_file.as_deref().unwrap_or(path);
-        let paths = (!own && rust_paths::wanted(&symbols, &debug))
-            .then(|| RustPaths::read(dwarf_path))
-            .flatten();
-        let dynamic = file.as_ref().and_then(ObjectFile::dynamic_symbols);
-        // MiniDebugInfo, after any debug file (gdb's order), read only if
-        // some address is left without DWARF.
-        let mini = (debug_file.is_none() && !own && debug.iter().any(Option::is_none))
-            .then(|| file.as_ref()?.mini_debug_info(path))
-            .flatten();
-        let plt = file.as_ref().and_then(|f| f.plt_stubs_for(&known));
-        debug
-            .into_iter()
-            .enumerate()
-            .map(|(i, mut lines)| {
-                // A PLT stub has no symbol: the one before it (`_init`) is
-                // not its name.
-                let stub = plt.as_ref().zip(vaddrs[i]).and_then(|(p, v)| p.name_of(v));
-                if let Some(callee) = stub {
-                    let mut line = line_of(callee, None);
-                    line.function = Arc::from(format!("{}@plt", line.function));
-                    line.system_name = Arc::from(format!("{callee}@plt"));
-                    return Some(vec![line]);
-                }
-                if let Some((lines, paths)) = lines.as_mut().zip(paths.as_ref()) {
-                    paths.qualify(lines);
-                }
-                if lines.is_none() {
-                    let name = mini.as_ref().zip(vaddrs[i]).and_then(|(m, v)| m.name_of(v));
-                    lines = name.map(|name| vec![line_of(name, None)]);
-                }
-                // The symbol table's line for the address, if it has one.
-                let symbol = symbols.get(i).and_then(|s| s.as_ref()?.last());
-                match (&mut lines, symbol) {
-                    (Some(lines), Some(symbol)) => {
-                        // Only where DWARF's name is the short form of the
-                        // same function (`hot` for `unwind_test::hot`): other
-                        // toolchains' symbol names carry their own decorations
-                        // (Go's `.abi0`) that DWARF rightly leaves out.
-                        if let Some(outer) = lines.last_mut() {
-                            if symbol.function.ends_with(&format!("::{}", outer.function)) {
-                                outer.function = symbol.function.clone();
-                                outer.system_name = symbol.system_name.clone();
-                            }
-                        }
-                    }
-                    (None, Some(symbol)) => lines = Some(vec![symbol.clone()]),
-                    (None, None) => {
-                        let name = dynamic
-                            .as_ref()
-                            .zip(vaddrs[i])
-                            .and_then(|(d, v)| d.name_of(v));
-                        lines = name.map(|name| vec![line_of(name, None)]);
-                    }
-                    _ => {}
-                }
-                lines
-            })
-            .collect()
+        tables.complete(Passes {
+            path,
+            dwarf_path: debug_file.as_deref().unwrap_or(path),
+            file: file.as_ref(),
+            own,
+            has_debug_file: debug_file.is_some(),
+            vaddrs: &vaddrs,
+            symbols,
+            debug,
+        })
     }
 
     /// The debug file of `object` (opened as `file`) from debuginfod, when
@@ -372,7 +329,7 @@ impl ElfObjects {
             let parsed = self.parsed.borrow();
             parsed
                 .get(&object)
-                .and_then(|p| self.cost_of(object, p.paths()))
+                .and_then(|p| self.cost_of_parsed(object, p))
         };
         let others: u64 = kept
             .iter()
@@ -412,26 +369,36 @@ impl ElfObjects {
     /// Records that blazesym now holds parsed data for `object`, opened at
     /// `path` (with `debug_file`); data it held for the same object under
     /// other paths is evicted (unless another object is reached through
-    /// them).
-    fn note_parsed(&self, object: ObjectId, path: &Path, debug_file: Option<PathBuf>) {
-        if !self.parsed.borrow().contains_key(&object) {
-            // Measured from here on, as blazesym parses it afresh.
-            self.costs.borrow_mut().remove(&object);
-        }
+    /// them). Returns the object's tables: those built before, unless its
+    /// debug file changed (found, or fetched, since).
+    fn note_parsed(
+        &self,
+        object: ObjectId,
+        path: &Path,
+        debug_file: Option<PathBuf>,
+    ) -> Rc<ObjectTables> {
+        let tables = match self.parsed.borrow().get(&object) {
+            Some(p) if p.debug_file == debug_file => Rc::clone(&p.tables),
+            Some(_) => Rc::default(),
+            None => {
+                // Measured from here on, as blazesym parses it afresh.
+                self.costs.borrow_mut().remove(&object);
+                Rc::default()
+            }
+        };
         let previous = self.parsed.borrow_mut().insert(
             object,
             ParsedObject {
                 path: path.to_path_buf(),
                 debug_file,
                 last_new: self.window.get(),
+                tables: Rc::clone(&tables),
             },
         );
-        let Some(previous) = previous else {
-            return;
-        };
-        for old in previous.paths() {
+        for old in previous.iter().flat_map(ParsedObject::paths) {
             self.evict_unless_in_use(old);
         }
+        tables
     }
 
     /// Record that symbolizing addresses of `object` left `bytes` more heap
@@ -469,6 +436,12 @@ impl ElfObjects {
         Some(files + self.costs.borrow().get(&object).copied().unwrap_or(0))
     }
 
+    /// [`Self::cost_of`] a parsed object `p` (`object`), with the heap its
+    /// tables hold ([`ObjectTables::heap_bytes`]).
+    fn cost_of_parsed(&self, object: ObjectId, p: &ParsedObject) -> Option<u64> {
+        Some(self.cost_of(object, p.paths())? + p.tables.heap_bytes())
+    }
+
     /// Drop blazesym's data for `path` (a file it opened before).
     fn evict(&self, path: &Path) {
         if let Err(err) = self
@@ -503,7 +476,7 @@ impl ElfObjects {
             .borrow()
             .iter()
             .filter(|(_, p)| p.last_new + KEEP_PARSED_WINDOWS >= window)
-            .map(|(&object, p)| (object, self.cost_of(object, p.paths())))
+            .map(|(&object, p)| (object, self.cost_of_parsed(object, p)))
             .collect::<Vec<_>>();
         let fresh = new.keys().map(|&object| {
             (

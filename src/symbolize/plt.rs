@@ -123,6 +123,14 @@ impl PltStubs {
         (!plt.stubs.is_empty()).then_some(plt)
     }
 
+    /// The heap the table holds, bytes (estimated from its capacities).
+    pub fn heap_bytes(&self) -> u64 {
+        let slot = std::mem::size_of::<(u64, String)>() + 1;
+        let names: usize = self.stubs.values().map(String::capacity).sum();
+        let sections = self.sections.capacity() * std::mem::size_of::<(u64, u64, u64)>();
+        (self.stubs.capacity() * slot + names + sections) as u64
+    }
+
     /// The function the stub holding virtual address `address` calls
     /// (mangled; a frame shows it as `name@plt`); `None`
     /// outside the PLT sections and for stubs that jump through no named

@@ -25,8 +25,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use gimli::{AttributeValue, Dwarf, EndianSlice, RunTimeEndian, Unit};
-use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection};
 
+use super::function_symbols::FunctionSymbols;
 use super::lines::{demangle, file_name, line_of};
 use crate::profile::Line;
 
@@ -74,7 +75,7 @@ impl RustPaths {
         let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
         let file = object::File::parse(&*map).ok()?;
         file.section_by_name(".debug_info")?;
-        let symbols = function_symbols(&file);
+        let symbols = FunctionSymbols::of_symtab(&file);
         let endian = if file.is_little_endian() {
             RunTimeEndian::Little
         } else {
@@ -107,6 +108,24 @@ impl RustPaths {
             }
         }
         Some(paths)
+    }
+
+    /// The heap the table holds, bytes (estimated from its capacities:
+    /// the map's slots, each name's copies, their strings).
+    pub fn heap_bytes(&self) -> u64 {
+        let slot = std::mem::size_of::<(String, Vec<OutOfLine>)>() + 1;
+        let entries: usize = self
+            .copies
+            .iter()
+            .map(|(name, copies)| {
+                let strings: usize = copies
+                    .iter()
+                    .map(|c| c.file.capacity() + c.symbol.capacity())
+                    .sum();
+                name.capacity() + copies.capacity() * std::mem::size_of::<OutOfLine>() + strings
+            })
+            .sum();
+        (self.copies.capacity() * slot + entries) as u64
     }
 
     /// Find each of `functions`' own source lines in `unit`'s line table.
@@ -186,14 +205,6 @@ pub(super) fn wanted(symbols: &[Option<Vec<Line>>], debug: &[Option<Vec<Line>>])
     symbols.iter().flatten().flatten().any(rust) && debug.iter().flatten().flatten().any(lacks_path)
 }
 
-/// The file's `.symtab` functions by address.
-fn function_symbols(file: &object::File<'_>) -> HashMap<u64, String> {
-    file.symbols()
-        .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0)
-        .filter_map(|s| Some((s.address(), s.name().ok()?.to_string())))
-        .collect()
-}
-
 /// Whether `unit` is Rust (`DW_AT_language` of its root DIE).
 fn is_rust(unit: &Unit<Slice<'_>>) -> bool {
     let mut entries = unit.entries();
@@ -211,7 +222,7 @@ fn is_rust(unit: &Unit<Slice<'_>>) -> bool {
 fn concrete_functions(
     dwarf: &Dwarf<Slice<'_>>,
     unit: &Unit<Slice<'_>>,
-    symbols: &HashMap<u64, String>,
+    symbols: &FunctionSymbols,
     budget: &mut usize,
 ) -> Vec<Concrete> {
     let mut found = Vec::new();
@@ -253,12 +264,12 @@ fn concrete_functions(
         let Some(high) = high.or_else(|| size.map(|n| low.saturating_add(n))) else {
             continue;
         };
-        if let Some(symbol) = symbols.get(&low) {
+        if let Some(symbol) = symbols.starting_at(low) {
             found.push(Concrete {
                 name,
                 low,
                 high,
-                symbol: symbol.clone(),
+                symbol: symbol.to_string(),
             });
         }
     }

@@ -262,6 +262,8 @@ fn on_demand_profiles() {
     assert!(heap("allocated") <= heap("active") && heap("active") <= heap("resident"));
     assert!(metrics_after.contains_key("lightswitch_samples_lost_total"));
     assert!(metrics_after.contains_key("lightswitch_unwind_table_bytes"));
+    assert!(metrics_after
+        .contains_key("lightswitch_symbol_tables_built_total{table=\"minidebuginfo\"}"));
     // Issue 18: what a retired mapping or a panic in one window cost.
     assert_eq!(
         metrics_after["lightswitch_samples_missing_mapping_total"],

@@ -1,12 +1,14 @@
 //! The metric families that are not the agent's own counters: the text
 //! format's writer ([`family`]) and the process-wide counts (memory, the
-//! files profiled processes control, debuginfod, MiniDebugInfo).
+//! files profiled processes control, debuginfod, MiniDebugInfo, the
+//! symbolizer's derived tables).
 
 use std::fmt::Write;
 
 use crate::heap::HeapStats;
 use crate::symbolize::debuginfod::DebuginfodStats;
 use crate::symbolize::minidebuginfo::MiniDebugInfoStats;
+use crate::symbolize::object_tables::TableBuilds;
 
 /// One metric family: `# HELP`, `# TYPE` and a line per label set (`""`
 /// for none; labels are written `key="value"` without braces).
@@ -61,6 +63,26 @@ pub(super) fn render_minidebuginfo(out: &mut String, m: MiniDebugInfoStats) {
             ("outcome=\"read\"", m.read),
             ("outcome=\"corrupt\"", m.corrupt),
             ("outcome=\"too_large\"", m.too_large),
+        ],
+    );
+}
+
+/// The symbolizer's tables derived from objects, built: once per object
+/// while its parsed data is kept, so a count that keeps growing with the
+/// same objects means they are not kept (over the parsed-object budget).
+pub(super) fn render_symbol_tables(out: &mut String, b: TableBuilds) {
+    family(
+        out,
+        "lightswitch_symbol_tables_built_total",
+        "counter",
+        "Symbol tables the symbolizer derived from objects, by kind: Rust paths (DWARF and \
+         .symtab), dynamic symbols of objects without section headers, MiniDebugInfo \
+         (.gnu_debugdata inflated), PLT stub names (dynamic relocations).",
+        &[
+            ("table=\"rust_paths\"", b.rust_paths),
+            ("table=\"dynamic_symbols\"", b.dynamic_symbols),
+            ("table=\"minidebuginfo\"", b.minidebuginfo),
+            ("table=\"plt\"", b.plt),
         ],
     );
 }
