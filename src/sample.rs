@@ -181,19 +181,57 @@ pub struct StackCopy {
     pub frame: usize,
     /// Whether `ip` is not a return address.
     pub exact_ip: bool,
-    /// The user stack from `sp` up: at most `STACK_COPY_BYTES` (32 KiB;
-    /// `STACK_COPY_SMALL_BYTES`, 8 KiB, when that reaches past the top of
-    /// a main thread's stack), up to the first page the BPF program could
-    /// not read.
+    /// The user stack from `sp` up: `STACK_COPY_SMALL_BYTES` (8 KiB)
+    /// when that reaches past the top of a main thread's stack,
+    /// `STACK_COPY_LARGE_BYTES` (96 KiB) when the ring had room, else
+    /// `STACK_COPY_BYTES` (32 KiB); 32 KiB in a split copy ([`Self::upper`]).
     pub bytes: Vec<u8>,
+    /// Pages of `bytes` the BPF program could not read (holes: a stack
+    /// page never touched is not present): bit i for the i-th page from the
+    /// one holding `sp`.
+    pub missing_pages: u32,
+    /// A split copy's upper part, the 64 KiB below the end of the stack
+    /// (the outermost frames), when the stack is deeper than 96 KiB and its
+    /// end is known; `None` for a copy in one part.
+    pub upper: Option<UpperPart>,
+}
+
+/// The upper part of a split [`StackCopy`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpperPart {
+    /// The user address of `bytes[0]` (page aligned).
+    pub start: u64,
+    /// The stack from `start` up.
+    pub bytes: Vec<u8>,
+    /// Pages of `bytes` that could not be read, bit i for the i-th page.
+    pub missing_pages: u32,
+}
+
+/// The 8-byte word at `addr` of a copy of the memory from `start`
+/// (`bytes`, with `missing` pages as holes), if the copy holds all of it.
+fn word_of(start: u64, bytes: &[u8], missing: u32, addr: u64) -> Option<u64> {
+    let offset = usize::try_from(addr.checked_sub(start)?).ok()?;
+    let word = bytes.get(offset..offset.checked_add(8)?)?;
+    let in_hole = [addr, addr + 7].iter().any(|a| {
+        let page = (a >> 12) - (start >> 12);
+        page < 32 && missing & (1 << page) != 0
+    });
+    (!in_hole).then(|| u64::from_ne_bytes(word.try_into().expect("8 bytes")))
 }
 
 impl StackCopy {
-    /// The 8-byte word at user address `addr`, if the copy holds all of it.
+    /// The 8-byte word at user address `addr`, if the copy holds all of it
+    /// (in either part, not in a hole).
     pub fn word(&self, addr: u64) -> Option<u64> {
-        let offset = usize::try_from(addr.checked_sub(self.sp)?).ok()?;
-        let bytes = self.bytes.get(offset..offset.checked_add(8)?)?;
-        Some(u64::from_ne_bytes(bytes.try_into().ok()?))
+        word_of(self.sp, &self.bytes, self.missing_pages, addr).or_else(|| {
+            let upper = self.upper.as_ref()?;
+            word_of(upper.start, &upper.bytes, upper.missing_pages, addr)
+        })
+    }
+
+    /// Bytes of stack the copy holds (both parts).
+    pub fn stack_bytes(&self) -> usize {
+        self.bytes.len() + self.upper.as_ref().map_or(0, |u| u.bytes.len())
     }
 
     /// Parse the `struct stack_copy` at the start of `data` (the bytes of a
@@ -216,6 +254,11 @@ impl StackCopy {
                 head + len
             );
         };
+        let upper_len = copy.upper_len as usize;
+        if upper_len > len {
+            bail!("stack copy of {len} bytes, its upper part has {upper_len}");
+        }
+        let (lower, upper) = bytes.split_at(len - upper_len);
         Ok(StackCopy {
             ip: copy.ip,
             sp: copy.sp,
@@ -223,7 +266,13 @@ impl StackCopy {
             bx: (copy.bx_known != 0).then_some(copy.bx),
             frame: copy.frame as usize,
             exact_ip: copy.exact_ip != 0,
-            bytes: bytes.to_vec(),
+            bytes: lower.to_vec(),
+            missing_pages: copy.missing,
+            upper: (upper_len > 0).then(|| UpperPart {
+                start: copy.upper_start,
+                bytes: upper.to_vec(),
+                missing_pages: copy.upper_missing,
+            }),
         })
     }
 }

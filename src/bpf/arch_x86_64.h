@@ -111,4 +111,17 @@ static __always_inline long read_interrupted_user_register(struct sample_regs *b
 	return 0;
 }
 
+/* Where a thread's stack ends, from its TLS pointer (fs base), for when
+ * the mapping that holds its rsp cannot be looked up: glibc and musl put a
+ * thread's control block at the top of its stack mapping, with the static
+ * TLS just below it and the outermost frames below that. The end of the
+ * page fs points into (which is mapped: the block starts there), if that
+ * is above sp and less than 64 MiB above it; else 0. */
+static __always_inline __u64 stack_end_from_tls(struct task_struct *task, __u64 sp)
+{
+	__u64 fs = BPF_CORE_READ(task, thread.fsbase);
+	__u64 end = (fs & ~4095ULL) + 4096;
+	return fs > sp && fs - sp < (64ULL << 20) ? end : 0;
+}
+
 #endif

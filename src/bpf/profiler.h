@@ -114,11 +114,18 @@ struct off_cpu_start {
  * a compiler's stack is often deeper). */
 #define STACK_COPY_BYTES 32768
 
-/* Bytes of user stack the large stack_copy holds: a compiler's main
- * thread (rustc's runs about 50 KiB deep). Sent while the ring stays less
- * than half full with it (rings of 256 KiB, 999 Hz and more); else the
- * STACK_COPY_BYTES one. */
-#define STACK_COPY_LARGE_BYTES 65536
+/* Bytes of user stack the large stack_copy holds. Where the stack's end is
+ * known (a main thread's mm->start_stack; else the end of the mapping that
+ * holds rsp, from bpf_find_vma) and more than this above rsp, it is split:
+ * STACK_COPY_BYTES from rsp up, and the STACK_COPY_UPPER_BYTES below the
+ * end, where the outermost frames are: rustc's compiler thread has a
+ * 540 KiB frame between the two, and its outermost return address is
+ * 52 KiB below its mapping's end (static TLS and struct pthread take the
+ * top 30 KiB). Sent while the ring stays less than half full with it
+ * (rings of 256 KiB, 999 Hz, when nearly empty; 512 KiB and more); else
+ * the STACK_COPY_BYTES one. */
+#define STACK_COPY_LARGE_BYTES 98304
+#define STACK_COPY_UPPER_BYTES (STACK_COPY_LARGE_BYTES - STACK_COPY_BYTES)
 
 /* Bytes of user stack the small stack_copy holds: a main thread's whole
  * stack often fits (a young process, a shell), and a record this size
@@ -172,12 +179,18 @@ struct stack_copy {
 	__u64 sp;                   /* its rsp: the first stack byte that follows is at this address */
 	__u64 bp;                   /* its rbp */
 	__u64 bx;                   /* its rbx, if bx_known */
+	__u64 upper_start;          /* a split copy: the address of its upper part's first byte */
 	__u32 frame;                /* its index among the sample's user frames */
-	__u32 len;                  /* bytes of stack that follow (at most STACK_COPY_LARGE_BYTES) */
+	__u32 len;                  /* bytes of stack that follow (at most STACK_COPY_LARGE_BYTES):
+	                             * from sp up, then the upper part */
+	__u32 upper_len;            /* bytes of the upper part, at the end (0: one part) */
+	__u32 missing;              /* pages of the part from sp that could not be read (holes):
+	                             * bit i for the i-th page from the one holding sp */
+	__u32 upper_missing;        /* the same for the upper part, from upper_start's page */
 	__u8 exact_ip;              /* ip is the sampled pc or a signal frame's, not a return address */
 	__u8 bx_known;              /* the walk recovered its rbx (no frame-pointer step or
 	                             * unfollowed rbx rule below it) */
-	__u8 padding[6];
+	__u8 padding[2];
 };
 
 /*

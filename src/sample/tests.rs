@@ -47,30 +47,60 @@ fn a_stack_copy_follows_the_whole_sample_record() {
     data[24] = 6; // no_table
     data[25] = SAMPLE_FLAG_STACK_COPY;
     data[72..80].copy_from_slice(&0x401234u64.to_ne_bytes());
-    // struct stack_copy by hand: ip, sp, bp, frame, len, exact_ip, padding.
-    for word in [0x401234u64, 0x7ffc_0000_1000, 0x7ffc_0000_1100] {
+    // struct stack_copy by hand: ip, sp, bp, bx, upper_start, frame, len,
+    // upper_len, missing, upper_missing, exact_ip, bx_known, padding; then
+    // 16 bytes from sp and 8 bytes of the upper part.
+    let upper_start = 0x7ffc_0010_0000u64;
+    for word in [
+        0x401234u64,
+        0x7ffc_0000_1000,
+        0x7ffc_0000_1100,
+        0x5555,
+        upper_start,
+    ] {
         data.extend_from_slice(&word.to_ne_bytes());
     }
-    data.extend_from_slice(&0u32.to_ne_bytes());
-    data.extend_from_slice(&16u32.to_ne_bytes());
-    data.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
+    for field in [0u32, 24, 8, 0, 0] {
+        data.extend_from_slice(&field.to_ne_bytes());
+    }
+    data.extend_from_slice(&[1, 1, 0, 0]);
     data.extend_from_slice(&0x4015ffu64.to_ne_bytes());
     data.extend_from_slice(&0u64.to_ne_bytes());
+    data.extend_from_slice(&0x400100u64.to_ne_bytes());
     let s = RawSample::parse(&data).unwrap();
     assert_eq!(s.user_stack, vec![0x401234]);
     assert_eq!(s.user_status, UnwindStatus::NoTable);
     let copy = s.stack_copy.as_deref().unwrap();
     assert_eq!(
-        (copy.ip, copy.sp, copy.bp),
-        (0x401234, 0x7ffc_0000_1000, 0x7ffc_0000_1100)
+        (copy.ip, copy.sp, copy.bp, copy.bx),
+        (0x401234, 0x7ffc_0000_1000, 0x7ffc_0000_1100, Some(0x5555))
     );
     assert_eq!((copy.frame, copy.exact_ip), (0, true));
     assert_eq!(copy.word(0x7ffc_0000_1000), Some(0x4015ff));
     assert_eq!(copy.word(0x7ffc_0000_1008), Some(0));
     assert_eq!(copy.word(0x7ffc_0000_1009), None);
     assert_eq!(copy.word(0x7ffc_0000_0ff8), None);
+    assert_eq!(
+        copy.word(0x7ffc_0000_1010),
+        None,
+        "the gap between the parts"
+    );
+    assert_eq!(copy.word(upper_start), Some(0x400100));
+    assert_eq!(copy.word(upper_start + 1), None);
     // Shorter than its len says.
     assert!(RawSample::parse(&data[..data.len() - 1]).is_err());
+    // A page the BPF program could not read is a hole.
+    let missing_at = size_of::<types::stack_sample>() + 5 * 8 + 12;
+    let mut holed = data.clone();
+    holed[missing_at..missing_at + 4].copy_from_slice(&1u32.to_ne_bytes());
+    let holed = RawSample::parse(&holed).unwrap();
+    let copy = holed.stack_copy.as_deref().unwrap();
+    assert_eq!(copy.word(0x7ffc_0000_1000), None);
+    assert_eq!(copy.word(upper_start), Some(0x400100));
+    // An upper part longer than the whole copy.
+    let upper_len_at = size_of::<types::stack_sample>() + 5 * 8 + 8;
+    data[upper_len_at..upper_len_at + 4].copy_from_slice(&25u32.to_ne_bytes());
+    assert!(RawSample::parse(&data).is_err());
 }
 
 #[test]

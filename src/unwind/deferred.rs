@@ -4,9 +4,11 @@
 //! A walk that reaches a frame whose object's table is not loaded yet, a pc
 //! in no mapping the walker knows, or a process not described yet ends as
 //! `no_table`, `no_mapping` or `mappings_unknown`; the BPF program then sends
-//! the registers of that frame and up to 32 KiB of the stack above them
+//! the registers of that frame and up to 96 KiB of the stack above them
 //! ([`StackCopy`]; 8 KiB when that holds a main thread's whole stack, so
-//! that more copies fit), while its CPU's ring is less than half full (the others
+//! that more copies fit; 32 KiB when the ring has no room for 96; a
+//! stack deeper than 96 KiB whose end is known is copied as its lowest
+//! 32 KiB and its highest 64 KiB, where the outermost frames are), while its CPU's ring is less than half full (the others
 //! are counted: `BpfStats::stack_copies_skipped`). Instead of counting such a sample at once, the agent
 //! holds it ([`DeferredWalks`]: at most [`HOLD_NS`], and [`HOLD_MAX_BYTES`]
 //! of samples in all) until the rows it needs are loaded, then walks on
@@ -39,7 +41,8 @@ pub const HOLD_NS: u64 = 1_500_000_000;
 
 /// Bytes of held samples (their stack copies and frames) at most: a sample
 /// that would go past it is counted at once, as the BPF program sent it.
-pub const HOLD_MAX_BYTES: usize = 4 << 20;
+/// 8 MiB: about 80 samples with 96 KiB copies.
+pub const HOLD_MAX_BYTES: usize = 8 << 20;
 
 /// How long a walk that met a pc in no mapping waits before it looks
 /// again, ns.
@@ -425,7 +428,7 @@ impl DeferredWalks {
         let Some(copy) = sample.stack_copy.as_deref() else {
             return Some(sample);
         };
-        let bytes = copy.bytes.len() + 8 * sample.user_stack.len() + size_of::<RawSample>();
+        let bytes = copy.stack_bytes() + 8 * sample.user_stack.len() + size_of::<RawSample>();
         if self.bytes + bytes > HOLD_MAX_BYTES {
             self.stats.no_room += 1;
             let mut sample = sample;

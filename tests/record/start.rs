@@ -70,6 +70,83 @@ pub(super) fn record_walks_a_new_program_a_shell_script_starts_from_its_start() 
     assert!(walked_on > 0, "no walk finished from a stack copy");
 }
 
+/// A thread whose stack is deeper than any one copy: a 600 KiB frame
+/// between its hot leaf and its outermost frames (rustc's compiler thread
+/// has a 540 KiB one). Its first samples, before the program's table is
+/// loaded, come with a split copy: the 32 KiB from rsp and the 64 KiB below
+/// the end of the thread's stack mapping, and the walks user space
+/// finishes from them are complete. With one 32 KiB copy, each ended at
+/// the large frame as `stack_copy_ended` (0 walked on, 6-13 ended a run);
+/// now 9-12 are walked on and 0-1 ends a run.
+#[test]
+fn record_walks_a_thread_with_a_600_kib_frame_from_its_start() {
+    let _serial = serial();
+    let mut share = CompleteShare::default();
+    let (mut walked_on, mut ended) = (0, 0);
+    // Filler functions make the program's table take longer to build, so
+    // that more of its first samples need the copy.
+    let filler: String = (0..4000)
+        .map(|i| format!("void lsw_filler_{i}(void) {{ sink += {i}; }}\n"))
+        .collect();
+    for run_index in 0..3 {
+        let source = format!(
+            r#"#include <pthread.h>
+#include <time.h>
+volatile unsigned long sink;
+const char *lsw_run_tag = "{run_index}-{pid}";
+{filler}
+static double now(void) {{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}}
+__attribute__((noinline)) void deep_hot(double until) {{ while (now() < until) sink++; }}
+__attribute__((noinline)) void deep_b(double until) {{ deep_hot(until); sink++; }}
+__attribute__((noinline)) void deep_a(double until) {{ deep_b(until); sink++; }}
+__attribute__((noinline)) void huge_frame(double until) {{
+    volatile char big[600 * 1024];
+    big[0] = 1;
+    big[sizeof big - 1] = 2;
+    deep_a(until);
+    sink += big[0] + big[sizeof big - 1];
+}}
+void *thread_main(void *arg) {{ huge_frame(now() + 0.08); return arg; }}
+int main(void) {{
+    pthread_t t;
+    if (pthread_create(&t, 0, thread_main, 0) != 0) return 1;
+    return pthread_join(t, 0);
+}}
+"#,
+            pid = std::process::id()
+        );
+        let program = compile(&format!("rec_deep{run_index}"), &source, NO_FP_FLAGS);
+        let dir = tempdir();
+        let script = dir.path().join("wrapper.sh");
+        std::fs::write(&script, format!("#!/bin/sh\n{}\n", s(&program.path))).unwrap();
+        chmod(&script, 0o755);
+        let out = run(&record_args(dir.path(), "4999", &[s(&script)]), TIMEOUT);
+        assert_eq!(out.status.code(), Some(0), "{out}");
+        let copies = |name: &str| {
+            out.stderr
+                .split(&format!("{name}="))
+                .nth(1)
+                .and_then(|rest| rest.split(' ').next()?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        walked_on += copies("walked_on");
+        ended += copies("deeper_than_copy");
+        share.add(&dir.path().join("folded.txt"), &program.name, &out);
+    }
+    share.check(97);
+    // A copy the ring has no room for at 96 KiB is sent at 32 KiB, in one
+    // part, and ends at the large frame: a few a run.
+    assert!(
+        walked_on > 3 * ended,
+        "{walked_on} walks finished from stack copies, {ended} ended with their copy:\n{}",
+        share.report.join("\n")
+    );
+}
+
 /// The profiler's own BPF programs follow every exec, fork and exit, so a
 /// command that execs thousands of times is sampled inside them. Their
 /// kernel frames are named after the programs (`bpf_prog_TAG_on_exec`),

@@ -4,6 +4,7 @@
 use std::cell::Cell;
 
 use super::*;
+use crate::sample::UpperPart;
 use crate::unwind::rule::{Bx, CfaOffset};
 
 const STACK: u64 = 0x7ffc_0000_1000;
@@ -67,6 +68,8 @@ fn copy(ip: u64, bp: u64, words: &[u64]) -> StackCopy {
         frame: 1,
         exact_ip: true,
         bytes: words.iter().flat_map(|w| w.to_ne_bytes()).collect(),
+        missing_pages: 0,
+        upper: None,
     }
 }
 
@@ -164,6 +167,43 @@ fn an_rbx_based_cfa_uses_the_rbx_the_walk_carried() {
         Replay::Finished {
             frames: vec![0x7f00_0000_0600, 0x401234],
             status: UnwindStatus::UnsupportedRule,
+        }
+    );
+}
+
+/// A split copy: the leaf's frame in the lower part (CFA = rsp + 16), a
+/// 1 MiB frame in object 1 at 0x401234 whose return address is in the
+/// upper part, and an outermost caller at 0x400100.
+#[test]
+fn a_split_copy_reaches_the_outermost_frames_across_its_gap() {
+    let huge = 1 << 20;
+    let mut view = View {
+        rows: vec![
+            (1, 0x400000, Rule::Outermost),
+            (1, 0x401000, rsp(huge + 8)),
+            (2, 0x500, rsp(16)),
+        ],
+        unloaded: vec![],
+    };
+    let mut split = copy(0x7f00_0000_0600, 0, &[0, 0x401234]);
+    let cfa = STACK + 16 + u64::from(huge) + 8;
+    let upper: Vec<u64> = vec![0x400100, 0];
+    split.upper = Some(UpperPart {
+        start: cfa - 8,
+        bytes: upper.iter().flat_map(|w| w.to_ne_bytes()).collect(),
+        missing_pages: 0,
+    });
+    let complete = Replay::Finished {
+        frames: vec![0x7f00_0000_0600, 0x401234, 0x400100],
+        status: UnwindStatus::Complete,
+    };
+    assert_eq!(walk_on(&split, &mut view), complete);
+    // Without its upper part the walk ends with the lower one.
+    split.upper = None;
+    assert_eq!(
+        walk_on(&split, &mut view),
+        Replay::CopyEnded {
+            frames: vec![0x7f00_0000_0600, 0x401234]
         }
     );
 }
