@@ -94,7 +94,7 @@ fn merged_blocking(state: &AppState, query: Option<String>) -> Response {
     };
     let start = span_start.max(selection.from);
     let end = span_end.min(selection.to).max(start);
-    let profile = assembler.finish(start, end - start, scanned.freq_hz);
+    let profile = assembler.finish(start, end - start, &scanned);
     // pprof and OTLP answers are gzip'd, as the agent's on-demand ones
     // (what `go tool pprof` fetches; `report` reads both); the other
     // formats have one encoding.
