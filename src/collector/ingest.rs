@@ -406,3 +406,97 @@ pub async fn otlp(State(state): State<AppState>, headers: HeaderMap, body: Bytes
     })
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collector::store::assemble::Assembler;
+    use crate::collector::store::query::Selection;
+    use crate::collector::store::timeline::Density;
+    use crate::files::PROFILE_MODE;
+    use crate::format::off_cpu::tests::waited_profile;
+    use crate::format::{encode, Compression, ProfileFormat};
+
+    /// Everything stored, as `merged` assembles it (with a timeline), and
+    /// the timeline's total.
+    fn everything(store: &SampleStore) -> (Profile, u64) {
+        let all = Selection {
+            from: 0,
+            to: u64::MAX,
+            ..Default::default()
+        };
+        let blocks = store.blocks_for(&all);
+        let mut assembler = Assembler::new(true);
+        let scanned = store.scan(&all, &blocks, &mut assembler);
+        let (start, end) = scanned.span.unwrap();
+        let mut density = Density::new(start, end - start, 1);
+        store.scan(&all, &blocks, &mut density);
+        let counted = density.finish(end).hosts.iter().map(|h| h.total).sum();
+        (assembler.finish(start, end - start, &scanned), counted)
+    }
+
+    /// The sum of the counts of folded `text`.
+    fn folded_total(text: &[u8]) -> u64 {
+        let text = String::from_utf8_lossy(text);
+        let counts = text.lines().map(|l| l.rsplit_once(' ').unwrap().1);
+        counts.map(|n| n.parse::<u64>().unwrap()).sum()
+    }
+
+    #[test]
+    fn otlp_waits_are_stored_with_their_ns_and_start_and_come_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SampleStore::open(dir.path(), PROFILE_MODE).unwrap();
+        let sent = waited_profile();
+        let body = crate::format::otlp::to_request(&sent)
+            .unwrap()
+            .encode_to_vec();
+        let (response, stored) = store_otlp(&store, &body, 1 << 20, "h").unwrap();
+        assert_eq!(response.partial_success, None);
+        assert_eq!((stored.samples, stored.waits), (sent.total_samples(), 3));
+        let (back, counted) = everything(&store);
+        assert!(back.off_cpu);
+        assert_eq!(back.total_samples(), sent.total_samples());
+        assert_eq!(
+            counted,
+            sent.total_samples(),
+            "waits are not timeline samples"
+        );
+        assert_eq!(back.total_off_cpu_ns(), 9_000_000);
+        let waits = |p: &Profile| -> Vec<(u64, u64)> {
+            let at = |w: &crate::profile::TimedWait| {
+                p.start_unix_ns.wrapping_add_signed(w.start_offset_ns)
+            };
+            p.waits.iter().map(|w| (at(w), w.duration_ns)).collect()
+        };
+        assert_eq!(waits(&back), waits(&sent));
+        // The agent's formats: pprof's third sample type, the folded twin.
+        let pprof = crate::format::pprof::to_proto(&back);
+        let off_cpu: i64 = pprof.sample.iter().map(|s| s.value[2]).sum();
+        let names: Vec<&str> = (pprof.sample_type.iter())
+            .map(|t| pprof.string_table[t.r#type as usize].as_str())
+            .collect();
+        assert_eq!(
+            (names, off_cpu),
+            (vec!["samples", "cpu", "off_cpu"], 9_000_000)
+        );
+        let folded = encode(&back, ProfileFormat::FoldedOffCpu, Compression::None).unwrap();
+        assert_eq!(folded_total(&folded), 9_000_000);
+        let on = encode(&back, ProfileFormat::Folded, Compression::None).unwrap();
+        assert_eq!(folded_total(&on), sent.total_samples());
+    }
+
+    #[test]
+    fn pprof_off_cpu_time_is_stored_as_one_wait_per_stack_at_the_window_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SampleStore::open(dir.path(), PROFILE_MODE).unwrap();
+        let sent = waited_profile();
+        let model = merge::profile_from_pprof(&crate::format::pprof::to_proto(&sent));
+        let window = (sent.start_unix_ns, sent.start_unix_ns + sent.duration_ns);
+        let stored = store_pprof(&store, "h", window, &model).unwrap();
+        assert_eq!((stored.samples, stored.waits), (sent.total_samples(), 2));
+        let (back, _) = everything(&store);
+        assert!(back.off_cpu);
+        assert_eq!(back.total_off_cpu_ns(), 9_000_000);
+        assert!(back.waits.iter().all(|w| w.start_offset_ns == 0));
+    }
+}
