@@ -150,6 +150,7 @@ fn sample_times(s: &otlp::Sample, count: u64, start: u64, period: i64) -> Result
     Ok(out)
 }
 
+/// Why a sample whose values and timestamps do not pair up is refused.
 const NOT_PAIRED: &str = "values and timestamps of a sample do not pair up";
 
 /// The waits of OTLP sample `s` of an off-CPU profile (off_cpu/nanoseconds)

@@ -383,6 +383,9 @@ mod tests {
         v1.extend_from_slice(&bytes[start..]);
         let d = decode(&v1).unwrap();
         assert_eq!(rows_of(&d), rows);
+        // Without waits, version 2 costs two header bytes per block (the
+        // off-CPU column's two lengths, 0), nothing per sample.
+        assert_eq!(bytes.len() - v1.len(), 2);
         let mut other = v1.clone();
         other[7] = b'9';
         let e = decode(&other).unwrap_err().to_string();
