@@ -419,7 +419,8 @@ mod tests {
     use crate::format::{encode, Compression, ProfileFormat};
 
     /// Everything stored, as `merged` assembles it (with a timeline), and
-    /// the timeline's total.
+    /// the timeline's total (counted row by row, then from the blocks'
+    /// headers: the same).
     fn everything(store: &SampleStore) -> (Profile, u64) {
         let all = Selection {
             from: 0,
@@ -432,7 +433,11 @@ mod tests {
         let (start, end) = scanned.span.unwrap();
         let mut density = Density::new(start, end - start, 1);
         store.scan(&all, &blocks, &mut density);
-        let counted = density.finish(end).hosts.iter().map(|h| h.total).sum();
+        // The threads are known now: the blocks are counted from their headers.
+        store.scan(&all, &blocks, &mut density);
+        let twice: u64 = density.finish(end).hosts.iter().map(|h| h.total).sum();
+        let counted = scanned.samples;
+        assert_eq!(twice, 2 * counted);
         (assembler.finish(start, end - start, &scanned), counted)
     }
 

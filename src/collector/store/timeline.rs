@@ -191,12 +191,10 @@ impl Visitor for Density {
         if first != self.bucket(header.last_time) {
             return false;
         }
-        // Threads not seen yet need their names: only known ones are counted here.
-        if header
-            .thread_ids
-            .iter()
-            .any(|t| wanted[*t as usize] && !self.threads.contains_key(t))
-        {
+        // Threads not seen yet need their names: only known ones are
+        // counted here (threads that only waited are not counted at all).
+        let mut threads = header.thread_ids.iter().zip(header.thread_samples());
+        if threads.any(|(t, n)| n > 0 && wanted[*t as usize] && !self.threads.contains_key(t)) {
             return false;
         }
         for (&t, n) in header.thread_ids.iter().zip(header.thread_samples()) {
