@@ -34,7 +34,8 @@ pub const MAGIC_V1: &[u8; 8] = b"LSWBLK01";
 pub const ZSTD_LEVEL: i32 = 3;
 
 /// Most samples in one block; a larger ingest is split. Bounds what a
-/// query decodes at once (about 16 bytes per sample).
+/// query decodes at once (about 16 bytes per row, 24 in a block with
+/// off-CPU waits).
 pub const MAX_BLOCK_SAMPLES: usize = 1 << 20;
 
 /// A block's header: what a listing or a time-density query needs without
