@@ -14,6 +14,9 @@ pub const WINDOW_END_HEADER: &str = "X-Lightswitch-Window-End";
 pub const SAMPLES_HEADER: &str = "X-Lightswitch-Samples";
 /// Response header of a merge: how many stored profiles it merged.
 pub const MERGED_PROFILES_HEADER: &str = "X-Lightswitch-Merged-Profiles";
+/// Response header of a merge: the off-CPU waits (`--off-cpu`) in it
+/// (`X-Lightswitch-Samples` counts on-CPU samples only).
+pub const OFF_CPU_WAITS_HEADER: &str = "X-Lightswitch-Off-Cpu-Waits";
 /// Response header of a merge: stored profiles that could not be read or
 /// decoded and were left out.
 pub const SKIPPED_PROFILES_HEADER: &str = "X-Lightswitch-Skipped-Profiles";

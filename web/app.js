@@ -416,6 +416,10 @@ async function loadFlame() {
   const svg = await response.blob();
   if (seq !== flameSeq) return;
   const samples = response.headers.get('x-lightswitch-samples');
+  // Off-CPU waits in the range (an --off-cpu agent's): their flame graph too.
+  const waits = Number(response.headers.get('x-lightswitch-off-cpu-waits') ?? 0);
+  $('dl-svg-off-cpu').hidden = !!state.base || !(waits > 0);
+  $('dl-svg-off-cpu').href = mergedUrl('flame-graph-off-cpu');
   $('flame-status').textContent = '';
   $('flame-status').dataset.samples = samples ?? '';
   if (flameUrl) URL.revokeObjectURL(flameUrl);

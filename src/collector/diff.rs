@@ -42,7 +42,7 @@ fn range_profile(
     }
     let mut assembler = Assembler::new(false);
     let scanned = state.store.scan(&selection, &blocks, &mut assembler);
-    Ok(assembler.finish(from, to - from, scanned.freq_hz))
+    Ok(assembler.finish(from, to - from, &scanned))
 }
 
 /// `GET /v1/profiles/diff`: see [`crate::web::diff`].

@@ -1,7 +1,10 @@
 //! Received profiles -> the sample store ([`super::store`]): OTLP
 //! requests (`POST /v1development/profiles`, every sample at its own
 //! time) and pprof windows (`POST /v1/profiles`, no per-sample time: each
-//! sample is placed at its window's start).
+//! sample is placed at its window's start). Off-CPU waits (`--off-cpu`)
+//! are stored as waits with their ns: from OTLP's off_cpu/nanoseconds
+//! profile each wait at its own start, from pprof's `off_cpu/nanoseconds`
+//! sample type each stack's total as one wait at the window's start.
 
 use std::sync::Arc;
 
@@ -15,12 +18,14 @@ use tracing::{info, warn};
 
 use super::merge::{self, BodyError};
 use super::state::AppState;
-use super::store::writer::{Batch, Ingested};
+use super::store::writer::{Batch, Ingested, Wait};
 use super::store::SampleStore;
 use crate::format::otlp::proto::collector::{
     ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
 };
+use crate::format::otlp::proto::profiles as otlp;
 use crate::format::otlp::read::{self, Names};
+use crate::format::otlp::OFF_CPU_TYPE;
 use crate::httpd::{blocking, text};
 use crate::profile::{Profile, Sample};
 use crate::wire::HOST_HEADER;
@@ -51,7 +56,8 @@ fn too_many(n: u64) -> Refusal {
 }
 
 /// Store a pprof window of `host`, `[start, end)`: each of its samples at
-/// `start` (pprof has no per-sample time). Errors: more than
+/// `start` (pprof has no per-sample time), and each stack's off-CPU ns
+/// ([`Sample::off_cpu_ns`]) as one wait at `start`. Errors: more than
 /// [`MAX_INGEST_SAMPLES`] (413), the store's (500).
 pub fn store_pprof(
     store: &SampleStore,
@@ -69,11 +75,20 @@ pub fn store_pprof(
         .enumerate()
         .flat_map(|(i, s)| std::iter::repeat_n((window.0, i as u32), s.count as usize))
         .collect();
+    let waits = (profile.samples.iter().enumerate())
+        .filter(|(_, s)| s.off_cpu_ns > 0)
+        .map(|(i, s)| Wait {
+            time: window.0,
+            sample: i as u32,
+            ns: s.off_cpu_ns,
+        })
+        .collect();
     let batch = Batch {
         host,
         window,
         profile,
         times,
+        waits,
     };
     store.ingest(batch).map_err(internal)
 }
@@ -92,6 +107,7 @@ struct ResourceBatch {
     window: (u64, u64),
     profile: Profile,
     times: Vec<(u64, u32)>,
+    waits: Vec<Wait>,
 }
 
 /// What an OTLP request gave: batches, and the samples and profiles refused.
@@ -108,12 +124,7 @@ struct Converted {
 /// `period`) when values and timestamps pair up; without timestamps,
 /// `count` samples at `start`. Errors: values and timestamps do not pair
 /// up, or more than [`MAX_INGEST_SAMPLES`].
-fn sample_times(
-    s: &crate::format::otlp::proto::profiles::Sample,
-    count: u64,
-    start: u64,
-    period: i64,
-) -> Result<Vec<u64>, String> {
+fn sample_times(s: &otlp::Sample, count: u64, start: u64, period: i64) -> Result<Vec<u64>, String> {
     let ts = &s.timestamps_unix_nano;
     let too_many = || format!("a sample counts more than {MAX_INGEST_SAMPLES} samples");
     if ts.is_empty() {
@@ -126,7 +137,7 @@ fn sample_times(
         return Ok(ts.clone());
     }
     if s.values.len() != ts.len() || s.values.iter().any(|&v| v < 0) {
-        return Err("values and timestamps of a sample do not pair up".into());
+        return Err(NOT_PAIRED.into());
     }
     let each = |v: i64| (v / period.max(1)) as u64;
     if s.values.iter().map(|&v| each(v)).sum::<u64>() > MAX_INGEST_SAMPLES {
@@ -139,11 +150,76 @@ fn sample_times(
     Ok(out)
 }
 
+/// Why a sample whose values and timestamps do not pair up is refused.
+const NOT_PAIRED: &str = "values and timestamps of a sample do not pair up";
+
+/// The waits of OTLP sample `s` of an off-CPU profile (off_cpu/nanoseconds)
+/// starting at `start`, as (start, ns): each value a wait at its timestamp;
+/// without timestamps, one wait of the values' sum at `start`. Waits of 0
+/// ns are left out. Errors: values and timestamps do not pair up, or a
+/// value is negative.
+fn wait_times(s: &otlp::Sample, start: u64) -> Result<Vec<(u64, u64)>, String> {
+    let ts = &s.timestamps_unix_nano;
+    if s.values.iter().any(|&v| v < 0) || (!ts.is_empty() && ts.len() != s.values.len()) {
+        return Err(NOT_PAIRED.into());
+    }
+    let waits: Vec<(u64, u64)> = if ts.is_empty() {
+        vec![(start, s.values.iter().map(|&v| v as u64).sum())]
+    } else {
+        ts.iter()
+            .zip(&s.values)
+            .map(|(&t, &v)| (t, v as u64))
+            .collect()
+    };
+    Ok(waits.into_iter().filter(|w| w.1 > 0).collect())
+}
+
+/// Whether OTLP profile `p` is off-CPU time (sample type
+/// off_cpu/nanoseconds, as the agent's `--off-cpu` sends it).
+fn is_off_cpu(names: &Names<'_>, p: &otlp::Profile) -> bool {
+    p.sample_type.as_ref().is_some_and(|t| {
+        names.str(t.type_strindex).ok() == Some(OFF_CPU_TYPE)
+            && names.str(t.unit_strindex).ok() == Some("nanoseconds")
+    })
+}
+
+/// OTLP sample `s` of profile `p` as a profile sample and its rows,
+/// (time, off-CPU ns) with 0 ns for an on-CPU sample. `period`: ns per
+/// value of an on-CPU profile in ns, else 1. Errors: the sample's, to
+/// refuse it alone.
+fn convert_sample(
+    names: &Names<'_>,
+    frames: &[crate::profile::Frame],
+    s: &otlp::Sample,
+    p: &otlp::Profile,
+    period: i64,
+    off_cpu: bool,
+) -> Result<(Sample, Vec<(u64, u64)>), String> {
+    let unit = if off_cpu { 1 } else { period };
+    let sample = read::sample(names, frames, s, unit).map_err(|e| format!("{e:#}"))?;
+    if off_cpu {
+        let waits = wait_times(s, p.time_unix_nano)?;
+        let sample = Sample {
+            count: 0,
+            off_cpu_ns: waits.iter().map(|w| w.1).sum(),
+            ..sample
+        };
+        return Ok((sample, waits));
+    }
+    let times = sample_times(s, sample.count, p.time_unix_nano, period)?;
+    let sample = Sample {
+        count: times.len() as u64,
+        ..sample
+    };
+    Ok((sample, times.into_iter().map(|t| (t, 0)).collect()))
+}
+
 /// The samples of `request`, one batch per resource (its `host.name`, else
-/// `fallback_host`). Errors (the whole request refused): a broken
-/// dictionary (400) or too many samples (413). Samples whose indices are out
-/// of range or whose values and timestamps do not pair up are refused one
-/// by one and counted.
+/// `fallback_host`); the waits of its off_cpu/nanoseconds profiles as
+/// waits. Errors (the whole request refused): a broken dictionary (400) or
+/// too many samples and waits (413). Samples whose indices are out of range
+/// or whose values and timestamps do not pair up are refused one by one
+/// and counted.
 fn convert(
     request: &ExportProfilesServiceRequest,
     fallback_host: &str,
@@ -181,6 +257,7 @@ fn convert(
                 ..Default::default()
             },
             times: Vec::new(),
+            waits: Vec::new(),
         };
         for p in resource.scope_profiles.iter().flat_map(|s| &s.profiles) {
             let in_ns = p
@@ -188,7 +265,9 @@ fn convert(
                 .as_ref()
                 .is_some_and(|t| names.str(t.unit_strindex).ok() == Some("nanoseconds"));
             let period = if in_ns { p.period.max(1) } else { 1 };
-            if batch.profile.sample_freq_hz == 0 && p.period > 0 {
+            let off_cpu = is_off_cpu(&names, p);
+            batch.profile.off_cpu |= off_cpu;
+            if batch.profile.sample_freq_hz == 0 && p.period > 0 && !off_cpu {
                 batch.profile.sample_freq_hz = (1_000_000_000 / p.period as u64).max(1);
             }
             batch.window.0 = batch.window.0.min(p.time_unix_nano);
@@ -198,24 +277,14 @@ fn convert(
                 .max(p.time_unix_nano.saturating_add(p.duration_nano));
             let mut rejected_here = 0;
             for s in &p.samples {
-                let converted = read::sample(&names, &batch.profile.frames, s, period)
-                    .map_err(|e| format!("{e:#}"))
-                    .and_then(|sample| {
-                        let times = sample_times(s, sample.count, p.time_unix_nano, period)?;
-                        Ok((sample, times))
-                    });
-                match converted {
-                    Ok((sample, times)) => {
-                        total += times.len() as u64;
+                let frames = &batch.profile.frames;
+                match convert_sample(&names, frames, s, p, period, off_cpu) {
+                    Ok((sample, rows)) => {
+                        total += rows.len() as u64;
                         if total > MAX_INGEST_SAMPLES {
                             return Err(too_many(total));
                         }
-                        let index = batch.profile.samples.len() as u32;
-                        batch.times.extend(times.iter().map(|&t| (t, index)));
-                        batch.profile.samples.push(Sample {
-                            count: times.len() as u64,
-                            ..sample
-                        });
+                        batch.add(sample, rows);
                     }
                     Err(reason) => {
                         rejected_here += s.timestamps_unix_nano.len().max(1) as u64;
@@ -228,11 +297,30 @@ fn convert(
                 out.rejected_profiles += 1;
             }
         }
-        if !batch.times.is_empty() {
+        if !batch.times.is_empty() || !batch.waits.is_empty() {
             out.batches.push(batch);
         }
     }
     Ok(out)
+}
+
+impl ResourceBatch {
+    /// Add `sample` and its rows (time, off-CPU ns; 0: an on-CPU sample).
+    fn add(&mut self, sample: Sample, rows: Vec<(u64, u64)>) {
+        let index = self.profile.samples.len() as u32;
+        for (time, ns) in rows {
+            if ns == 0 {
+                self.times.push((time, index));
+            } else {
+                self.waits.push(Wait {
+                    time,
+                    sample: index,
+                    ns,
+                });
+            }
+        }
+        self.profile.samples.push(sample);
+    }
 }
 
 /// Store the OTLP export request `body` (raw or gzip'd protobuf, at most
@@ -264,9 +352,11 @@ pub fn store_otlp(
             window: b.window,
             profile: &b.profile,
             times: b.times,
+            waits: b.waits,
         };
         let done = store.ingest(batch).map_err(internal)?;
         stored.samples += done.samples;
+        stored.waits += done.waits;
         stored.blocks += done.blocks;
     }
     let partial_success = (converted.rejected_samples > 0).then(|| {
@@ -294,8 +384,8 @@ fn otlp_blocking(
         .unwrap_or("unknown");
     let (response, stored) = store_otlp(&state.store, body, state.max_decoded_bytes, fallback)?;
     info!(
-        "stored {} OTLP samples in {} blocks",
-        stored.samples, stored.blocks
+        "stored {} OTLP samples and {} off-CPU waits in {} blocks",
+        stored.samples, stored.waits, stored.blocks
     );
     Ok(response)
 }
@@ -316,4 +406,103 @@ pub async fn otlp(State(state): State<AppState>, headers: HeaderMap, body: Bytes
         Err((status, message)) => text(status, message),
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collector::store::assemble::Assembler;
+    use crate::collector::store::query::Selection;
+    use crate::collector::store::timeline::Density;
+    use crate::files::PROFILE_MODE;
+    use crate::format::off_cpu::tests::waited_profile;
+    use crate::format::{encode, Compression, ProfileFormat};
+
+    /// Everything stored, as `merged` assembles it (with a timeline), and
+    /// the timeline's total (counted row by row, then from the blocks'
+    /// headers: the same).
+    fn everything(store: &SampleStore) -> (Profile, u64) {
+        let all = Selection {
+            from: 0,
+            to: u64::MAX,
+            ..Default::default()
+        };
+        let blocks = store.blocks_for(&all);
+        let mut assembler = Assembler::new(true);
+        let scanned = store.scan(&all, &blocks, &mut assembler);
+        let (start, end) = scanned.span.unwrap();
+        let mut density = Density::new(start, end - start, 1);
+        store.scan(&all, &blocks, &mut density);
+        // The threads are known now: the blocks are counted from their headers.
+        store.scan(&all, &blocks, &mut density);
+        let twice: u64 = density.finish(end).hosts.iter().map(|h| h.total).sum();
+        let counted = scanned.samples;
+        assert_eq!(twice, 2 * counted);
+        (assembler.finish(start, end - start, &scanned), counted)
+    }
+
+    /// The sum of the counts of folded `text`.
+    fn folded_total(text: &[u8]) -> u64 {
+        let text = String::from_utf8_lossy(text);
+        let counts = text.lines().map(|l| l.rsplit_once(' ').unwrap().1);
+        counts.map(|n| n.parse::<u64>().unwrap()).sum()
+    }
+
+    #[test]
+    fn otlp_waits_are_stored_with_their_ns_and_start_and_come_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SampleStore::open(dir.path(), PROFILE_MODE).unwrap();
+        let sent = waited_profile();
+        let body = crate::format::otlp::to_request(&sent)
+            .unwrap()
+            .encode_to_vec();
+        let (response, stored) = store_otlp(&store, &body, 1 << 20, "h").unwrap();
+        assert_eq!(response.partial_success, None);
+        assert_eq!((stored.samples, stored.waits), (sent.total_samples(), 3));
+        let (back, counted) = everything(&store);
+        assert!(back.off_cpu);
+        assert_eq!(back.total_samples(), sent.total_samples());
+        assert_eq!(
+            counted,
+            sent.total_samples(),
+            "waits are not timeline samples"
+        );
+        assert_eq!(back.total_off_cpu_ns(), 9_000_000);
+        let waits = |p: &Profile| -> Vec<(u64, u64)> {
+            let at = |w: &crate::profile::TimedWait| {
+                p.start_unix_ns.wrapping_add_signed(w.start_offset_ns)
+            };
+            p.waits.iter().map(|w| (at(w), w.duration_ns)).collect()
+        };
+        assert_eq!(waits(&back), waits(&sent));
+        // The agent's formats: pprof's third sample type, the folded twin.
+        let pprof = crate::format::pprof::to_proto(&back);
+        let off_cpu: i64 = pprof.sample.iter().map(|s| s.value[2]).sum();
+        let names: Vec<&str> = (pprof.sample_type.iter())
+            .map(|t| pprof.string_table[t.r#type as usize].as_str())
+            .collect();
+        assert_eq!(
+            (names, off_cpu),
+            (vec!["samples", "cpu", "off_cpu"], 9_000_000)
+        );
+        let folded = encode(&back, ProfileFormat::FoldedOffCpu, Compression::None).unwrap();
+        assert_eq!(folded_total(&folded), 9_000_000);
+        let on = encode(&back, ProfileFormat::Folded, Compression::None).unwrap();
+        assert_eq!(folded_total(&on), sent.total_samples());
+    }
+
+    #[test]
+    fn pprof_off_cpu_time_is_stored_as_one_wait_per_stack_at_the_window_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SampleStore::open(dir.path(), PROFILE_MODE).unwrap();
+        let sent = waited_profile();
+        let model = merge::profile_from_pprof(&crate::format::pprof::to_proto(&sent));
+        let window = (sent.start_unix_ns, sent.start_unix_ns + sent.duration_ns);
+        let stored = store_pprof(&store, "h", window, &model).unwrap();
+        assert_eq!((stored.samples, stored.waits), (sent.total_samples(), 2));
+        let (back, _) = everything(&store);
+        assert!(back.off_cpu);
+        assert_eq!(back.total_off_cpu_ns(), 9_000_000);
+        assert!(back.waits.iter().all(|w| w.start_offset_ns == 0));
+    }
 }

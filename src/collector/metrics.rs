@@ -17,7 +17,16 @@ pub fn text(state: &AppState) -> String {
     let s = &store.stats;
     let mut out = String::new();
     let counters = [
-        ("samples_stored_total", "Samples stored.", &s.samples_stored),
+        (
+            "samples_stored_total",
+            "On-CPU samples stored.",
+            &s.samples_stored,
+        ),
+        (
+            "off_cpu_waits_stored_total",
+            "Off-CPU waits stored (--off-cpu).",
+            &s.waits_stored,
+        ),
         ("blocks_written_total", "Blocks written.", &s.blocks_written),
         (
             "blocks_skipped_total",

@@ -14,7 +14,9 @@ use super::store::query::Selection;
 use super::store::timeline::{Density, MAX_BUCKETS};
 use crate::format::{self, Compression, ProfileFormat};
 use crate::httpd::{blocking, text};
-use crate::wire::{MERGED_PROFILES_HEADER, SAMPLES_HEADER, SKIPPED_PROFILES_HEADER};
+use crate::wire::{
+    MERGED_PROFILES_HEADER, OFF_CPU_WAITS_HEADER, SAMPLES_HEADER, SKIPPED_PROFILES_HEADER,
+};
 
 /// A numeric query parameter; errors are the 400 message.
 fn number<T: std::str::FromStr>(
@@ -89,12 +91,12 @@ fn merged_blocking(state: &AppState, query: Option<String>) -> Response {
     let Some((span_start, span_end)) = scanned.span else {
         return text(
             StatusCode::NOT_FOUND,
-            "no stored sample matches from/to/host/pid/tid/comm",
+            "no stored sample or off-CPU wait matches from/to/host/pid/tid/comm",
         );
     };
     let start = span_start.max(selection.from);
     let end = span_end.min(selection.to).max(start);
-    let profile = assembler.finish(start, end - start, scanned.freq_hz);
+    let profile = assembler.finish(start, end - start, &scanned);
     // pprof and OTLP answers are gzip'd, as the agent's on-demand ones
     // (what `go tool pprof` fetches; `report` reads both); the other
     // formats have one encoding.
@@ -105,6 +107,7 @@ fn merged_blocking(state: &AppState, query: Option<String>) -> Response {
             .header(MERGED_PROFILES_HEADER, scanned.windows.to_string())
             .header(SKIPPED_PROFILES_HEADER, scanned.skipped.to_string())
             .header(SAMPLES_HEADER, scanned.samples.to_string())
+            .header(OFF_CPU_WAITS_HEADER, scanned.waits.to_string())
             .body(Body::from(bytes))
             .unwrap_or_else(|e| text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
         Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")),

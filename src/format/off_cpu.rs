@@ -58,7 +58,7 @@ pub fn is_empty(profile: &Profile) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::io::Read;
 
     use super::*;
@@ -69,7 +69,7 @@ mod tests {
     /// The Firefox tests' profile with off-CPU time: its third stack
     /// (thread 8, truncated) waited twice, 3 ms and 5 ms, and a fourth
     /// stack of thread 9 only waited (1 ms).
-    fn waited_profile() -> Profile {
+    pub(crate) fn waited_profile() -> Profile {
         let mut profile = timed_profile();
         profile.off_cpu = true;
         profile.samples[2].off_cpu_ns = 8_000_000;

@@ -11,6 +11,9 @@
 mod run;
 #[allow(unused_imports)] // not every test crate runs the binary
 pub use run::*;
+mod waiter;
+#[allow(unused_imports)] // not every test crate waits
+pub use waiter::*;
 
 use std::collections::BTreeMap;
 use std::fs;

@@ -11,6 +11,7 @@ mod api;
 mod common;
 mod delivery;
 mod misbehaving;
+mod off_cpu;
 mod samples;
 
 use std::collections::BTreeMap;

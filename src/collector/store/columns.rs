@@ -16,28 +16,40 @@
 //!   many local ids back it was given;
 //! - **stack list** (column 0): the stack table's id of each local id, in
 //!   order of first use, as zigzag deltas (stacks that appeared together
-//!   once get neighbouring ids, so deltas are small).
+//!   once get neighbouring ids, so deltas are small);
+//! - **off-CPU** (column 5): each row's off-CPU ns (varints; 0 for an
+//!   on-CPU sample, so a wait of 0 ns is not stored), or nothing at all
+//!   when the block holds no wait: on-CPU-only blocks cost no byte more.
 
 use std::collections::HashMap;
 
 use anyhow::{ensure, Context, Result};
 
-/// One stored sample: time (ns since the Unix epoch), stack id, thread id.
+/// One stored row: an on-CPU sample, or an off-CPU wait (`--off-cpu`)
+/// with its length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Row {
-    /// Time, ns since the Unix epoch.
+    /// Time, ns since the Unix epoch: when the sample was taken, or when
+    /// the waiting thread left its CPU.
     pub time: u64,
     /// Stack id (stack table).
     pub stack: u32,
     /// Thread id (stack table).
     pub thread: u32,
+    /// 0: an on-CPU sample; else an off-CPU wait of this many ns (the
+    /// agent's `off_cpu/nanoseconds` value).
+    pub off_cpu_ns: u64,
 }
 
 /// Stacks each thread's move-to-front list holds.
 pub const MTF_LEN: usize = 64;
 
 /// Number of columns.
-pub const COLUMNS: usize = 5;
+pub const COLUMNS: usize = 6;
+
+/// Columns of a version-1 block (`LSWBLK01`, before off-CPU waits): all
+/// but the off-CPU column.
+pub const COLUMNS_V1: usize = 5;
 
 /// Rows coded as columns, with what the header records of them.
 #[derive(Debug, Default)]
@@ -48,6 +60,9 @@ pub struct Coded {
     pub thread_ids: Vec<u32>,
     /// Rows of each of `thread_ids`.
     pub thread_counts: Vec<u64>,
+    /// Off-CPU waits among the rows of each of `thread_ids` (empty when
+    /// the block has none).
+    pub thread_waits: Vec<u64>,
     /// Earliest and latest time.
     pub first_time: u64,
     /// Latest time.
@@ -63,6 +78,9 @@ pub struct Rows {
     pub stacks: Vec<u32>,
     /// Each row's thread id (stack table).
     pub threads: Vec<u32>,
+    /// Each row's off-CPU ns (0: an on-CPU sample); empty when the block
+    /// has no wait.
+    pub off_cpu_ns: Vec<u64>,
 }
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -121,15 +139,23 @@ pub fn code(rows: &mut [Row], period: u64) -> Coded {
     let mut previous_stack = 0u32;
     let (mut thread, mut previous, mut mtf) = (None, 0, Vec::with_capacity(MTF_LEN));
     let mut jitter = Vec::with_capacity(rows.len());
+    let waits = rows.iter().any(|r| r.off_cpu_ns > 0);
     for r in rows.iter() {
         if thread != Some(r.thread) {
             thread = Some(r.thread);
             c.thread_ids.push(r.thread);
             c.thread_counts.push(0);
+            if waits {
+                c.thread_waits.push(0);
+            }
             previous = c.first_time;
             mtf.clear();
         }
         *c.thread_counts.last_mut().unwrap_or(&mut 0) += 1;
+        if waits {
+            put_varint(&mut c.columns[5], r.off_cpu_ns);
+            *c.thread_waits.last_mut().unwrap_or(&mut 0) += u64::from(r.off_cpu_ns > 0);
+        }
         let d = r.time - previous;
         previous = r.time;
         let k = (d + period / 2) / period;
@@ -162,17 +188,28 @@ pub fn code(rows: &mut [Row], period: u64) -> Coded {
     c
 }
 
-/// Decode `columns` of `n` rows whose threads run as `thread_ids` and
-/// `thread_counts`, times from `first_time`, `period` ns apart. Errors: any
-/// column too short or too long, or an index out of range.
-pub fn decode(
-    columns: &[Vec<u8>],
-    thread_ids: &[u32],
-    thread_counts: &[u64],
-    first_time: u64,
-    period: u64,
-) -> Result<Rows> {
+/// How a block's rows run: the threads in order, with their rows and
+/// their off-CPU waits (the header's lists).
+#[derive(Debug, Clone, Copy)]
+pub struct Runs<'a> {
+    /// The stack table's thread ids, in the rows' order.
+    pub thread_ids: &'a [u32],
+    /// Rows of each thread.
+    pub thread_counts: &'a [u64],
+    /// Off-CPU waits among each thread's rows (empty: the block has none).
+    pub thread_waits: &'a [u64],
+}
+
+/// Decode `columns` of the rows that run as `runs`, times from
+/// `first_time`, `period` ns apart. Errors: any column too short or too
+/// long, an index out of range, or waits that differ from `runs`.
+pub fn decode(columns: &[Vec<u8>], runs: Runs<'_>, first_time: u64, period: u64) -> Result<Rows> {
     ensure!(columns.len() == COLUMNS, "a block needs {COLUMNS} columns");
+    let Runs {
+        thread_ids,
+        thread_counts,
+        thread_waits,
+    } = runs;
     let n: usize = thread_counts.iter().map(|&c| c as usize).sum();
     let period = period.max(1);
     ensure!(
@@ -198,7 +235,16 @@ pub fn decode(
         times: Vec::with_capacity(n),
         stacks: Vec::with_capacity(n),
         threads: Vec::with_capacity(n),
+        off_cpu_ns: Vec::new(),
     };
+    if !thread_waits.is_empty() {
+        out.off_cpu_ns = off_cpu_column(&columns[5], thread_counts, thread_waits)?;
+    } else {
+        ensure!(
+            columns[5].is_empty(),
+            "off-CPU waits the header does not count"
+        );
+    }
     let mut assigned = 0usize;
     let mut mtf: Vec<u32> = Vec::with_capacity(MTF_LEN);
     let mut row = 0;
@@ -242,6 +288,31 @@ pub fn decode(
             && escapes.bytes.is_empty()
             && assigned == list.len(),
         "a column is longer than its rows"
+    );
+    Ok(out)
+}
+
+/// Column 5 of rows that run as `thread_counts`, checked against
+/// `thread_waits` (the rows of each thread that are waits).
+fn off_cpu_column(column: &[u8], thread_counts: &[u64], thread_waits: &[u64]) -> Result<Vec<u64>> {
+    ensure!(
+        thread_waits.len() == thread_counts.len(),
+        "the header's waits do not match its threads"
+    );
+    let mut values = Varints { bytes: column };
+    let mut out = Vec::new();
+    for (&count, &waits) in thread_counts.iter().zip(thread_waits) {
+        let mut seen = 0;
+        for _ in 0..count {
+            let ns = values.next()?;
+            seen += u64::from(ns > 0);
+            out.push(ns);
+        }
+        ensure!(seen == waits, "a thread's waits differ from the header's");
+    }
+    ensure!(
+        values.bytes.is_empty(),
+        "the off-CPU column is longer than its rows"
     );
     Ok(out)
 }

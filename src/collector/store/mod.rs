@@ -65,6 +65,8 @@ pub struct BlockMeta {
 pub struct StoreStats {
     /// Samples stored.
     pub samples_stored: AtomicU64,
+    /// Off-CPU waits stored.
+    pub waits_stored: AtomicU64,
     /// Blocks written.
     pub blocks_written: AtomicU64,
     /// Blocks a query found damaged or unreadable and skipped.

@@ -9,6 +9,7 @@ use anyhow::{ensure, Context, Result};
 use tracing::warn;
 
 use super::block::{self, BlockHeader, Decoded};
+use super::columns::Row;
 use super::dict::Dictionary;
 use super::{BlockMeta, SampleStore};
 use crate::collector::storage::sanitize_host;
@@ -34,9 +35,14 @@ pub struct Selection {
 /// What a scan read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Scanned {
-    /// Samples selected.
+    /// On-CPU samples selected.
     pub samples: u64,
-    /// Blocks (ingested windows) that gave at least one of them.
+    /// Off-CPU waits selected.
+    pub waits: u64,
+    /// Whether any block that gave a sample or wait was recorded with
+    /// off-CPU waits (`--off-cpu`), even if none of them waited.
+    pub off_cpu: bool,
+    /// Blocks (ingested windows) that gave at least one sample or wait.
     pub windows: usize,
     /// Blocks that could not be read or did not check (logged, counted).
     pub skipped: usize,
@@ -55,9 +61,16 @@ pub trait Visitor {
         false
     }
 
-    /// One selected sample: time (ns since the Unix epoch), stack id and
-    /// thread id, with the stack table to resolve them.
-    fn sample(&mut self, dict: &Dictionary, time: u64, stack: u32, thread: u32);
+    /// One selected row (an on-CPU sample, or an off-CPU wait when its
+    /// `off_cpu_ns` is not 0), with the stack table to resolve its ids.
+    fn sample(&mut self, dict: &Dictionary, row: Row);
+}
+
+/// Rows of one block a scan selected.
+#[derive(Debug, Clone, Copy, Default)]
+struct Selected {
+    samples: u64,
+    waits: u64,
 }
 
 impl Selection {
@@ -103,8 +116,10 @@ impl SampleStore {
         for meta in blocks {
             match self.scan_block(selection, meta, &wanted, visitor) {
                 Ok(Some((n, header))) => {
-                    if n > 0 {
-                        out.samples += n;
+                    if n.samples + n.waits > 0 {
+                        out.samples += n.samples;
+                        out.waits += n.waits;
+                        out.off_cpu |= header.off_cpu;
                         out.windows += 1;
                         let (s, e) = out.span.unwrap_or((u64::MAX, 0));
                         out.span = Some((s.min(header.window_start), e.max(header.window_end)));
@@ -124,15 +139,15 @@ impl SampleStore {
         out
     }
 
-    /// One block: the samples it gave and its header (`None`: deleted
-    /// meanwhile by retention).
+    /// One block: the samples and waits it gave and its header (`None`:
+    /// deleted meanwhile by retention).
     fn scan_block(
         &self,
         selection: &Selection,
         meta: &BlockMeta,
         wanted: &[bool],
         visitor: &mut dyn Visitor,
-    ) -> Result<Option<(u64, BlockHeader)>> {
+    ) -> Result<Option<(Selected, BlockHeader)>> {
         let mut file = match File::open(&meta.path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -154,13 +169,14 @@ impl SampleStore {
         );
         let inside = header.first_time >= selection.from && header.last_time < selection.to;
         if inside && visitor.whole_block(&header, wanted) {
-            let n = header
-                .thread_ids
-                .iter()
-                .zip(&header.thread_counts)
-                .filter(|(&t, _)| wanted[t as usize])
-                .map(|(_, &c)| c)
-                .sum();
+            let mut n = Selected::default();
+            let threads = header.thread_ids.iter().zip(&header.thread_counts);
+            for ((&t, &rows), samples) in threads.zip(header.thread_samples()) {
+                if wanted[t as usize] {
+                    n.samples += samples;
+                    n.waits += rows - samples;
+                }
+            }
             return Ok(Some((n, header)));
         }
         file.read_to_end(&mut bytes).context("reading it")?;
@@ -176,19 +192,32 @@ impl SampleStore {
         d: &Decoded,
         wanted: &[bool],
         visitor: &mut dyn Visitor,
-    ) -> Result<u64> {
+    ) -> Result<Selected> {
         let dict = self.dict.read().unwrap_or_else(|e| e.into_inner());
         let stacks = dict.sizes().0;
         ensure!(
             d.stacks.iter().all(|&s| s < stacks),
             "it names stacks the stack table lacks"
         );
-        let mut n = 0;
+        let mut n = Selected::default();
         for i in 0..d.times.len() {
             let time = d.times[i];
             if (selection.from..selection.to).contains(&time) && wanted[d.threads[i] as usize] {
-                visitor.sample(&dict, time, d.stacks[i], d.threads[i]);
-                n += 1;
+                let off_cpu_ns = d.off_cpu_ns.get(i).copied().unwrap_or(0);
+                visitor.sample(
+                    &dict,
+                    Row {
+                        time,
+                        stack: d.stacks[i],
+                        thread: d.threads[i],
+                        off_cpu_ns,
+                    },
+                );
+                if off_cpu_ns > 0 {
+                    n.waits += 1;
+                } else {
+                    n.samples += 1;
+                }
             }
         }
         Ok(n)

@@ -36,6 +36,7 @@ fn store_window(store: &SampleStore, host: &str, start: u64, n: u32) -> Vec<(u64
         window: (start, start + S),
         profile: &p,
         times: times.clone(),
+        waits: Vec::new(),
     };
     let done = store.ingest(batch).unwrap();
     assert_eq!(done.samples, u64::from(n));
@@ -55,7 +56,7 @@ fn merged(store: &SampleStore, selection: &Selection) -> (Profile, query::Scanne
     let mut assembler = Assembler::new(true);
     let scanned = store.scan(selection, &blocks, &mut assembler);
     let (start, _) = scanned.span.unwrap_or((selection.from, 0));
-    (assembler.finish(start, 0, 99), scanned)
+    (assembler.finish(start, 0, &scanned), scanned)
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! Sample density over time, per host, process and thread, for
-//! `GET /v1/timeline` (the web view's timeline).
+//! `GET /v1/timeline` (the web view's timeline): on-CPU samples only; the
+//! off-CPU waits of `--off-cpu` are not samples and are not counted here
+//! (`merged` answers them).
 //!
 //! Bucket `i` covers `[from + i*step, from + (i+1)*step)`. Counts are kept
 //! sparse per thread: one cell per (thread, bucket) that has samples, at
@@ -16,6 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use super::block::BlockHeader;
+use super::columns::Row;
 use super::dict::Dictionary;
 use super::query::Visitor;
 
@@ -188,25 +191,25 @@ impl Visitor for Density {
         if first != self.bucket(header.last_time) {
             return false;
         }
-        // Threads not seen yet need their names: only known ones are counted here.
-        if header
-            .thread_ids
-            .iter()
-            .any(|t| wanted[*t as usize] && !self.threads.contains_key(t))
-        {
+        // Threads not seen yet need their names: only known ones are
+        // counted here (threads that only waited are not counted at all).
+        let mut threads = header.thread_ids.iter().zip(header.thread_samples());
+        if threads.any(|(t, n)| n > 0 && wanted[*t as usize] && !self.threads.contains_key(t)) {
             return false;
         }
-        for (&t, &n) in header.thread_ids.iter().zip(&header.thread_counts) {
-            if wanted[t as usize] {
+        for (&t, n) in header.thread_ids.iter().zip(header.thread_samples()) {
+            if wanted[t as usize] && n > 0 {
                 self.add(None, t, first, n);
             }
         }
         true
     }
 
-    fn sample(&mut self, dict: &Dictionary, time: u64, _stack: u32, thread: u32) {
-        let bucket = self.bucket(time);
-        self.add(Some(dict), thread, bucket, 1);
+    fn sample(&mut self, dict: &Dictionary, row: Row) {
+        if row.off_cpu_ns == 0 {
+            let bucket = self.bucket(row.time);
+            self.add(Some(dict), row.thread, bucket, 1);
+        }
     }
 }
 

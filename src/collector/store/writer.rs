@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
 
-use super::block::{self, MAX_BLOCK_SAMPLES};
+use super::block::{self, WindowInfo, MAX_BLOCK_SAMPLES};
 use super::columns::Row;
 use super::{BlockMeta, SampleStore};
 use crate::collector::storage::{create_dirs, sanitize_host};
@@ -20,16 +20,32 @@ pub struct Batch<'a> {
     pub window: (u64, u64),
     /// The window's stacks, processes and threads ([`Profile::samples`]).
     pub profile: &'a Profile,
-    /// Every sample: its time (ns since the Unix epoch) and its index into
-    /// `profile.samples`; any order.
+    /// Every on-CPU sample: its time (ns since the Unix epoch) and its
+    /// index into `profile.samples`; any order.
     pub times: Vec<(u64, u32)>,
+    /// Every off-CPU wait (`--off-cpu`); any order.
+    pub waits: Vec<Wait>,
+}
+
+/// One off-CPU wait of a [`Batch`], as the agent's off_cpu/nanoseconds
+/// values give it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    /// When the thread left its CPU, ns since the Unix epoch.
+    pub time: u64,
+    /// Its index into the batch's `profile.samples` (its stack and thread).
+    pub sample: u32,
+    /// How long it waited, ns (at least 1: a wait of 0 ns is not stored).
+    pub ns: u64,
 }
 
 /// What an ingest stored.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Ingested {
-    /// Samples stored.
+    /// On-CPU samples stored.
     pub samples: u64,
+    /// Off-CPU waits stored.
+    pub waits: u64,
     /// Blocks written.
     pub blocks: usize,
 }
@@ -62,16 +78,18 @@ impl SampleStore {
             dict.persist()?;
             (stacks, threads)
         };
-        let mut rows: Vec<Row> = batch
-            .times
-            .iter()
-            .filter_map(|&(time, i)| {
-                Some(Row {
-                    time,
-                    stack: *stacks.get(i as usize)?,
-                    thread: threads[i as usize],
-                })
+        let row = |time, i: u32, off_cpu_ns| {
+            Some(Row {
+                time,
+                stack: *stacks.get(i as usize)?,
+                thread: threads[i as usize],
+                off_cpu_ns,
             })
+        };
+        let samples = batch.times.iter().filter_map(|&(t, i)| row(t, i, 0));
+        let waits = batch.waits.iter().filter(|w| w.ns > 0);
+        let mut rows: Vec<Row> = samples
+            .chain(waits.filter_map(|w| row(w.time, w.sample, w.ns)))
             .collect();
         rows.sort_unstable();
         let host_dir = sanitize_host(batch.host);
@@ -80,7 +98,13 @@ impl SampleStore {
         for chunk in rows.chunks_mut(MAX_BLOCK_SAMPLES) {
             // Sorted by time: the chunk's first and last are its extremes.
             let (first, last) = (chunk[0].time, chunk[chunk.len() - 1].time);
-            let bytes = block::encode(batch.host, batch.window, profile.sample_freq_hz, chunk)?;
+            let info = WindowInfo {
+                host: batch.host,
+                window: batch.window,
+                freq_hz: profile.sample_freq_hz,
+                off_cpu: profile.off_cpu,
+            };
+            let bytes = block::encode(info, chunk)?;
             let dir = blocks_dir.join(&host_dir).join(crate::timefmt::day(first));
             create_dirs(&blocks_dir, &dir, self.file_mode)?;
             let path = dir.join(format!("{first}-{last}-{}-{}.blk", chunk.len(), *seq));
@@ -95,12 +119,17 @@ impl SampleStore {
                 samples: chunk.len() as u64,
                 bytes: bytes.len() as u64,
             });
-            done.samples += chunk.len() as u64;
+            let waits = chunk.iter().filter(|r| r.off_cpu_ns > 0).count() as u64;
+            done.waits += waits;
+            done.samples += chunk.len() as u64 - waits;
             done.blocks += 1;
         }
         self.stats
             .samples_stored
             .fetch_add(done.samples, Ordering::Relaxed);
+        self.stats
+            .waits_stored
+            .fetch_add(done.waits, Ordering::Relaxed);
         self.stats
             .blocks_written
             .fetch_add(done.blocks as u64, Ordering::Relaxed);

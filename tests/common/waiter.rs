@@ -1,0 +1,41 @@
+//! The off-CPU workload shared by tests/off_cpu and tests/remote: a
+//! program that waits a known time under a known function.
+
+use super::DIE_WITH_PARENT;
+
+/// Sleeps 10 × 100 ms in `waiter`, then computes for 0.5 s of wall time in
+/// `burner`; writes its wall time from start to end (ms) to `argv[1]`.
+pub fn waiter_burner_source() -> String {
+    format!(
+        r#"{DIE_WITH_PARENT}
+#include <stdio.h>
+#include <time.h>
+static double now_ms(void) {{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}}
+static double started;
+__attribute__((constructor)) static void start(void) {{ started = now_ms(); }}
+__attribute__((noinline)) void waiter(void) {{
+    for (int i = 0; i < 10; i++) {{
+        struct timespec t = {{0, 100 * 1000 * 1000}};
+        nanosleep(&t, 0);
+    }}
+}}
+volatile unsigned long spin;
+__attribute__((noinline)) void burner(void) {{
+    double until = now_ms() + 500;
+    while (now_ms() < until) spin++;
+}}
+int main(int argc, char **argv) {{
+    waiter();
+    burner();
+    FILE *f = fopen(argv[1], "w");
+    fprintf(f, "%.3f\n", now_ms() - started);
+    fclose(f);
+    return 0;
+}}
+"#
+    )
+}
