@@ -6,7 +6,12 @@
 # A context-switch-heavy workload, `perf bench sched pipe -T -l LOOPS` (two
 # threads passing a token through pipes: every op is two blocking reads),
 # run alone and under each off-CPU profiler, ROUNDS times (default 3,
-# 200000 loops), each profiler running the workload as its command:
+# 200000 loops), each profiler running the workload as its command, pinned
+# to CPU 0 (`taskset -c 0`): unpinned, its two threads ran either on one
+# CPU (about 5 us/op here) or on two (about 40 us/op, every wakeup an
+# interrupt to the other CPU), and a round's mode was chance, so runs of
+# one round were not comparable (2026-12-06: 9 rounds, the run alone took
+# 4.5 to 42.3 us/op). The profilers themselves are not pinned.
 #   - lightswitch record --off-cpu (its default --off-cpu-min), folded output;
 #   - bpftrace: sched_switch, the leaving thread's kstack/ustack kept, the
 #     blocked time summed per (kstack, ustack) when it runs again, as bcc's
@@ -29,7 +34,7 @@ loops="${2:-200000}"
 target="${CARGO_TARGET_DIR:-target}"
 lightswitch="$target/release/lightswitch"
 [ -x "$lightswitch" ] || cargo build --release --quiet --bin lightswitch
-for tool in perf bpftrace /usr/bin/time; do
+for tool in perf bpftrace taskset /usr/bin/time; do
     command -v "$tool" >/dev/null || { echo "error: $tool is missing (scripts/setup.sh)" >&2; exit 1; }
 done
 work="$(mktemp -d)"
@@ -54,7 +59,7 @@ tracepoint:sched:sched_switch
 }
 EOF
 
-workload=(perf bench sched pipe -T -l "$loops")
+workload=(taskset -c 0 perf bench sched pipe -T -l "$loops")
 
 # run NAME CMD...: the workload's usecs/op and the run's CPU seconds (user + system).
 run() {
@@ -93,7 +98,7 @@ for round in $(seq "$rounds"); do
     echo "round $round $(run lightswitch "$lightswitch" record --off-cpu --profile-format folded \
         --profile-path "$work/ls" -- "${workload[@]}")" >> "$results"
     mount_tracefs
-    echo "round $round $(run bpftrace bpftrace -c "$(command -v perf) ${workload[*]:1}" "$work/offcpu.bt")" >> "$results"
+    echo "round $round $(run bpftrace bpftrace -c "$(command -v taskset) ${workload[*]:1}" "$work/offcpu.bt")" >> "$results"
     echo "round $round $(run perf perf record -q -o "$work/perf.data" -e sched:sched_switch -g \
         -- "${workload[@]}")" >> "$results"
     unmount_tracefs
