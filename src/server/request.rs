@@ -122,6 +122,22 @@ impl Requests {
         })
     }
 
+    /// A `POST /v1/recordings` query (`seconds`, `pids`, `sample_freq`,
+    /// `offcpu`): as a profile query, but a recording has the off-CPU
+    /// waits whenever the agent records them (`--off-cpu`) unless it says
+    /// `offcpu=false`, so the web view's ranges show where threads waited.
+    /// Errors are the 400 message.
+    pub(super) fn parse_recording_query(
+        &self,
+        query: Option<&str>,
+    ) -> Result<ProfileQuery, String> {
+        let mut parsed = self.parse_profile_query(query, RECORDING_PARAMETERS)?;
+        if value(&query_pairs(query, RECORDING_PARAMETERS)?, "offcpu").is_none() {
+            parsed.off_cpu = self.off_cpu;
+        }
+        Ok(parsed)
+    }
+
     /// Hand `query` to the sampling loop (as `format`; `None`: the profile
     /// itself, for the web view's recordings) and wait for its answer,
     /// counting it in the metrics. Errors are the response to send: 404 for a
@@ -265,6 +281,9 @@ const MIN_SECONDS: f64 = 0.01;
 pub(super) const PROFILE_PARAMETERS: &[&str] =
     &["seconds", "pids", "format", "sample_freq", "offcpu"];
 
+/// The parameters of `POST /v1/recordings`.
+const RECORDING_PARAMETERS: &[&str] = &["seconds", "pids", "sample_freq", "offcpu"];
+
 /// Counts a profile request as in progress while it lives.
 struct InProgress(Arc<Metrics>);
 
@@ -281,6 +300,10 @@ mod tests {
     use super::*;
 
     fn state(pids: Vec<u32>) -> Requests {
+        state_with(pids, false)
+    }
+
+    fn state_with(pids: Vec<u32>, off_cpu: bool) -> Requests {
         let (tx, _rx) = std::sync::mpsc::channel();
         Requests::new(
             &ServerConfig {
@@ -291,7 +314,7 @@ mod tests {
                 max_connections: 8,
                 pids,
                 max_sample_freq_hz: 1000,
-                off_cpu: false,
+                off_cpu,
             },
             tx,
             Arc::new(Metrics::default()),
@@ -348,5 +371,17 @@ mod tests {
             .parse_profile_query(Some("pids=7"), PROFILE_PARAMETERS)
             .unwrap_err();
         assert!(err.contains("pid 7"), "{err}");
+    }
+
+    #[test]
+    fn recordings_have_waits_when_the_agent_records_them() {
+        let off_cpu = |s: &Requests, q| s.parse_recording_query(q).map(|q| q.off_cpu);
+        let plain = state(vec![]);
+        assert_eq!(off_cpu(&plain, None), Ok(false));
+        assert!(off_cpu(&plain, Some("offcpu=true")).is_err());
+        let waits = state_with(vec![], true);
+        assert_eq!(off_cpu(&waits, Some("seconds=2")), Ok(true));
+        assert_eq!(off_cpu(&waits, Some("offcpu=false")), Ok(false));
+        assert!(off_cpu(&waits, Some("format=svg")).is_err());
     }
 }
