@@ -43,13 +43,12 @@ use super::ondemand::Answer;
 use super::request::Requests;
 use crate::collector::merge;
 use crate::compare::timeline::slice;
-use crate::format::{self, Compression, ProfileFormat};
 use crate::httpd::{blocking, text};
 use crate::profile::{Profile, TimedSample, TimedWait};
 use crate::timefmt;
 use crate::web::diff::{answer as diff_answer, DiffQuery};
+use crate::web::merged;
 use crate::web::timeline::{self, value, QueryError, SampleFilter, TimelineQuery};
-use crate::wire::{MERGED_PROFILES_HEADER, OFF_CPU_WAITS_HEADER, SAMPLES_HEADER};
 
 /// Most samples and off-CPU waits the recordings hold together (about 24
 /// MB of timeline when all are samples); the oldest recordings go first
@@ -261,12 +260,7 @@ pub(super) async fn merged(
     blocking(move || {
         let pairs = pairs(query.as_deref());
         let parsed = timeline::range(&pairs, "from", "to").and_then(|range| {
-            let format = match value(&pairs, "format") {
-                None => ProfileFormat::Pprof,
-                Some(name) => {
-                    ProfileFormat::from_name(name).map_err(|e| format!("format={name:?}: {e}"))?
-                }
-            };
+            let format = merged::format(value(&pairs, "format"))?;
             Ok((range, format, SampleFilter::from_pairs(&pairs)?))
         });
         let (range, format, filter) = match parsed {
@@ -284,23 +278,12 @@ pub(super) async fn merged(
                 "no recorded sample or off-CPU wait in from/to",
             );
         }
-        match format::encode(&profile, format, Compression::Gzip) {
-            Ok(bytes) => (
-                StatusCode::OK,
-                [
-                    (
-                        header::CONTENT_TYPE.as_str(),
-                        format.mime_type().to_string(),
-                    ),
-                    (SAMPLES_HEADER, profile.total_samples().to_string()),
-                    (MERGED_PROFILES_HEADER, inputs.to_string()),
-                    (OFF_CPU_WAITS_HEADER, waits.to_string()),
-                ],
-                bytes,
-            )
-                .into_response(),
-            Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")),
-        }
+        let counts = merged::Counts {
+            inputs: inputs as u64,
+            samples: profile.total_samples(),
+            waits,
+        };
+        merged::answer(&profile, format, counts)
     })
     .await
 }

@@ -15,6 +15,7 @@ use super::ondemand::{Answer, ProfileRequest, RequestError};
 use super::{ServerConfig, DEFAULT_SECONDS};
 use crate::format::ProfileFormat;
 use crate::httpd::text;
+use crate::web::merged;
 
 /// Hands profile requests to the sampling loop, within the server's
 /// limits (`--listen-max-seconds`, `--listen-max-requests`, `--pids`, the
@@ -116,7 +117,7 @@ impl Requests {
         Ok(ProfileQuery {
             duration_ns: (seconds * 1e9) as u64,
             pids,
-            format: profile_format(value(&pairs, "format"))?,
+            format: merged::format(value(&pairs, "format"))?,
             sample_freq_hz,
             off_cpu,
         })
@@ -252,14 +253,6 @@ pub(super) fn value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a 
         .iter()
         .find(|(k, _)| k == key)
         .map(|(_, v)| v.as_str())
-}
-
-/// `format=` of a CPU profile: any name or alias in the format registry;
-/// pprof when absent.
-pub(super) fn profile_format(value: Option<&str>) -> Result<ProfileFormat, String> {
-    value.map_or(Ok(ProfileFormat::Pprof), |name| {
-        ProfileFormat::from_name(name).map_err(|e| format!("format={name:?}: {e}"))
-    })
 }
 
 /// A validated `/debug/pprof/profile` query.
