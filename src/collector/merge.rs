@@ -465,7 +465,9 @@ type FrameKey = (FrameKind, Option<usize>, u64, Vec<Arc<str>>);
 type SampleKey = (u32, u32, Arc<str>, Arc<str>, Vec<usize>);
 
 /// Merge profiles: identical mappings, frames (kind, mapping, address,
-/// function names) and stacks (process, thread, frames) become one, counts add up.
+/// function names) and stacks (process, thread, frames) become one, counts
+/// and off-CPU ns add up (the result has off-CPU time when an input has);
+/// timelines and waits are not kept.
 pub fn merge(profiles: impl IntoIterator<Item = Profile>) -> Merged {
     let mut out = Merged::default();
     let mut mappings: HashMap<ProfileMapping, usize> = HashMap::new();
@@ -481,6 +483,7 @@ pub fn merge(profiles: impl IntoIterator<Item = Profile>) -> Merged {
             out.mixed_frequencies = true;
         }
         out.inputs += 1;
+        merged.off_cpu |= p.off_cpu;
         merged.start_unix_ns = merged.start_unix_ns.min(p.start_unix_ns);
         end = end.max(p.start_unix_ns + p.duration_ns);
         let mapping_map: Vec<usize> = p
@@ -521,8 +524,9 @@ pub fn merge(profiles: impl IntoIterator<Item = Profile>) -> Merged {
             );
             match samples.get(&key) {
                 Some(&i) => {
-                    let count = &mut merged.samples[i].count;
-                    *count = count.saturating_add(s.count);
+                    let into = &mut merged.samples[i];
+                    into.count = into.count.saturating_add(s.count);
+                    into.off_cpu_ns = into.off_cpu_ns.saturating_add(s.off_cpu_ns);
                 }
                 None => {
                     samples.insert(key, merged.samples.len());

@@ -3,20 +3,17 @@
 //! Routes are in [`super::server::router`]; the endpoints are described in
 //! docs/collector.md.
 
-use axum::body::Body;
 use axum::extract::{RawQuery, State};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::state::{json, query_pairs, query_value, time_param, AppState};
 use super::store::assemble::Assembler;
 use super::store::query::Selection;
 use super::store::timeline::{Density, MAX_BUCKETS};
-use crate::format::{self, Compression, ProfileFormat};
 use crate::httpd::{blocking, text};
-use crate::wire::{
-    MERGED_PROFILES_HEADER, OFF_CPU_WAITS_HEADER, SAMPLES_HEADER, SKIPPED_PROFILES_HEADER,
-};
+use crate::web::merged;
+use crate::wire::{SAMPLES_HEADER, SKIPPED_PROFILES_HEADER};
 
 /// A numeric query parameter; errors are the 400 message.
 fn number<T: std::str::FromStr>(
@@ -55,9 +52,7 @@ fn merged_blocking(state: &AppState, query: Option<String>) -> Response {
         Ok(s) => s,
         Err(message) => return text(StatusCode::BAD_REQUEST, message),
     };
-    let format = match query_value(&pairs, "format").map_or(Ok(ProfileFormat::Pprof), |name| {
-        ProfileFormat::from_name(name).map_err(|e| format!("format={name:?}: {e}"))
-    }) {
+    let format = match merged::format(query_value(&pairs, "format")) {
         Ok(format) => format,
         Err(message) => return text(StatusCode::BAD_REQUEST, message),
     };
@@ -97,21 +92,18 @@ fn merged_blocking(state: &AppState, query: Option<String>) -> Response {
     let start = span_start.max(selection.from);
     let end = span_end.min(selection.to).max(start);
     let profile = assembler.finish(start, end - start, &scanned);
-    // pprof and OTLP answers are gzip'd, as the agent's on-demand ones
-    // (what `go tool pprof` fetches; `report` reads both); the other
-    // formats have one encoding.
-    match format::encode(&profile, format, Compression::Gzip) {
-        Ok(bytes) => Response::builder()
-            .status(StatusCode::OK)
-            .header(header::CONTENT_TYPE, format.mime_type())
-            .header(MERGED_PROFILES_HEADER, scanned.windows.to_string())
-            .header(SKIPPED_PROFILES_HEADER, scanned.skipped.to_string())
-            .header(SAMPLES_HEADER, scanned.samples.to_string())
-            .header(OFF_CPU_WAITS_HEADER, scanned.waits.to_string())
-            .body(Body::from(bytes))
-            .unwrap_or_else(|e| text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
-        Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")),
+    let counts = merged::Counts {
+        inputs: scanned.windows as u64,
+        samples: scanned.samples,
+        waits: scanned.waits,
+    };
+    let mut response = merged::answer(&profile, format, counts);
+    if response.status() == StatusCode::OK {
+        if let Ok(v) = scanned.skipped.to_string().parse() {
+            response.headers_mut().insert(SKIPPED_PROFILES_HEADER, v);
+        }
     }
+    response
 }
 
 /// `GET /v1/profiles/merged`: see docs/collector.md.

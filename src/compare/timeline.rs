@@ -29,7 +29,7 @@ use crate::collector::merge::STATUSES;
 use crate::format::firefox::{LOST_MARKER_TYPE, PROCESS_MARKER_TYPE};
 use crate::profile::{
     unwind_marker_name, Frame, FrameKind, Line, LostSamples, ProcessMarker, ProcessMarkerKind,
-    Profile, ProfileMapping, Sample, TimedSample,
+    Profile, ProfileMapping, Sample, TimedSample, TimedWait,
 };
 use crate::sample::UnwindStatus;
 
@@ -467,9 +467,11 @@ fn sample_times(samples: &Samples) -> Result<Vec<f64>> {
 }
 
 /// The part of a timeline `profile` from `from_ns` to `to_ns` (ns after
-/// its start, `to_ns` excluded): only the samples, markers and lost-sample
-/// spans taken in it, counted again; times and start moved so that the
-/// slice starts at `from_ns`.
+/// its start, `to_ns` excluded): only the samples, off-CPU waits (by their
+/// start, as the collector selects them), markers and lost-sample spans
+/// taken in it, counted again (each stack's [`Sample::off_cpu_ns`] the sum
+/// of its waits in the slice); times and start moved so that the slice
+/// starts at `from_ns`.
 pub fn slice(profile: &Profile, from_ns: i64, to_ns: i64) -> Profile {
     let inside = |t: i64| (from_ns..to_ns).contains(&t);
     let mut out = Profile {
@@ -480,24 +482,40 @@ pub fn slice(profile: &Profile, from_ns: i64, to_ns: i64) -> Profile {
         frames: profile.frames.clone(),
         subject: profile.subject.clone(),
         host: profile.host.clone(),
+        off_cpu: profile.off_cpu,
         ..Default::default()
     };
     let mut new_index: Vec<Option<u32>> = vec![None; profile.samples.len()];
-    for timed in profile.timeline.iter().filter(|t| inside(t.offset_ns)) {
-        let Some(sample) = profile.samples.get(timed.sample as usize) else {
-            continue;
-        };
-        let index = *new_index[timed.sample as usize].get_or_insert_with(|| {
+    let mut index_of = |out: &mut Profile, i: u32| -> Option<u32> {
+        let sample = profile.samples.get(i as usize)?;
+        Some(*new_index[i as usize].get_or_insert_with(|| {
             out.samples.push(Sample {
                 count: 0,
+                off_cpu_ns: 0,
                 ..sample.clone()
             });
             (out.samples.len() - 1) as u32
-        });
+        }))
+    };
+    for timed in profile.timeline.iter().filter(|t| inside(t.offset_ns)) {
+        let Some(index) = index_of(&mut out, timed.sample) else {
+            continue;
+        };
         out.samples[index as usize].count += 1;
         out.timeline.push(TimedSample {
             offset_ns: timed.offset_ns - from_ns,
             sample: index,
+        });
+    }
+    for wait in profile.waits.iter().filter(|w| inside(w.start_offset_ns)) {
+        let Some(index) = index_of(&mut out, wait.sample) else {
+            continue;
+        };
+        out.samples[index as usize].off_cpu_ns += wait.duration_ns;
+        out.waits.push(TimedWait {
+            start_offset_ns: wait.start_offset_ns - from_ns,
+            sample: index,
+            ..*wait
         });
     }
     out.markers = profile

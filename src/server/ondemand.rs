@@ -443,8 +443,8 @@ fn answer(
                 Some(empty) => RequestError::NoSamples(empty.to_string()),
                 None => RequestError::Failed(format!("{e:#}")),
             }),
-        None if samples == 0 => Err(RequestError::NoSamples(
-            "no samples were taken in the recording".into(),
+        None if samples == 0 && profile.waits.is_empty() => Err(RequestError::NoSamples(
+            "no samples were taken and no off-CPU wait recorded in the recording".into(),
         )),
         None => Ok(Answer::Profile(Box::new(profile))),
     };

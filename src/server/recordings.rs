@@ -4,20 +4,27 @@
 //! sample's time, so the page's timeline and flame graphs can cut any
 //! range of it at sample resolution, as the collector's do. The latest
 //! recordings are held in memory, oldest dropped first once they hold more
-//! than [`MAX_SAMPLES`] samples (about 12 bytes a sample for the timeline,
-//! plus the distinct stacks).
+//! than [`MAX_SAMPLES`] samples and off-CPU waits together (about 12 bytes
+//! a sample and 24 a wait, plus the distinct stacks). On an agent started
+//! with `--off-cpu`, recordings keep every off-CPU wait with its start and
+//! ns (unless asked `offcpu=false`), so a range's profile has the waits
+//! that began in it, as the collector's merged profiles have.
 //!
-//! - `POST /v1/recordings?seconds=N[&pids=1,2][&sample_freq=HZ]`: record
-//!   the next N seconds (as `/debug/pprof/profile`, same limits), keep it,
-//!   and answer its span and samples as JSON once it is done:
-//!   `{"from":"NS","to":"NS","host":"h","samples":n}`.
+//! - `POST /v1/recordings?seconds=N[&pids=1,2][&sample_freq=HZ][&offcpu=false]`:
+//!   record the next N seconds (as `/debug/pprof/profile`, same limits), keep it,
+//!   and answer its span, samples and waits as JSON once it is done:
+//!   `{"from":"NS","to":"NS","host":"h","samples":n,"waits":n}`.
+//!
 //! - `GET /v1/recordings`: the recordings held, oldest first, each as
 //!   above: `{"recordings":[...]}`.
 //! - `GET /v1/timeline?from=&to=&step=[&host=&pid=&tid=&comm=]`: sample
 //!   density of the recordings ([`crate::web::timeline`]).
 //! - `GET /v1/profiles/merged?from=&to=&format=[&host=&pid=&tid=&comm=]`:
-//!   exactly the recorded samples in `[from, to)`, in any format of
-//!   [`crate::format`] (pprof gzip'd); 404 when there are none. A range
+//!   exactly the recorded samples and waits in `[from, to)`, in any format
+//!   of [`crate::format`] (pprof gzip'd; `folded-off-cpu` and
+//!   `flame-graph-off-cpu` for the waits), with the collector's headers
+//!   `X-Lightswitch-Samples` (on-CPU samples) and
+//!   `X-Lightswitch-Off-Cpu-Waits`; 404 when there are none. A range
 //!   over one recording keeps every sample's time (a Firefox Profiler
 //!   timeline); one over several is merged, and then only the aggregated
 //!   formats can show it.
@@ -36,16 +43,16 @@ use super::ondemand::Answer;
 use super::request::Requests;
 use crate::collector::merge;
 use crate::compare::timeline::slice;
-use crate::format::{self, Compression, ProfileFormat};
 use crate::httpd::{blocking, text};
-use crate::profile::{Profile, TimedSample};
+use crate::profile::{Profile, TimedSample, TimedWait};
 use crate::timefmt;
 use crate::web::diff::{answer as diff_answer, DiffQuery};
+use crate::web::merged;
 use crate::web::timeline::{self, value, QueryError, SampleFilter, TimelineQuery};
-use crate::wire::{MERGED_PROFILES_HEADER, SAMPLES_HEADER};
 
-/// Most samples the recordings hold together (about 24 MB of timeline);
-/// the oldest recordings go first beyond it (the newest is always kept).
+/// Most samples and off-CPU waits the recordings hold together (about 24
+/// MB of timeline when all are samples); the oldest recordings go first
+/// beyond it (the newest is always kept).
 pub const MAX_SAMPLES: u64 = 2_000_000;
 
 /// The recordings held, oldest first.
@@ -56,14 +63,15 @@ pub struct Recordings {
 
 impl Recordings {
     /// Keep `profile`, dropping the oldest recordings while all of them
-    /// together hold more than [`MAX_SAMPLES`].
+    /// together hold more than [`MAX_SAMPLES`] samples and waits.
     pub fn add(&self, profile: Profile) {
+        let size = |p: &Profile| p.total_samples() + p.waits.len() as u64;
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         held.push_back(Arc::new(profile));
-        let mut total: u64 = held.iter().map(|p| p.total_samples()).sum();
+        let mut total: u64 = held.iter().map(|p| size(p)).sum();
         while total > MAX_SAMPLES && held.len() > 1 {
             if let Some(dropped) = held.pop_front() {
-                total -= dropped.total_samples();
+                total -= size(&dropped);
             }
         }
     }
@@ -82,6 +90,7 @@ struct Described {
     to: String,
     host: String,
     samples: u64,
+    waits: u64,
 }
 
 fn describe(p: &Profile) -> Described {
@@ -90,6 +99,7 @@ fn describe(p: &Profile) -> Described {
         to: (p.start_unix_ns + p.duration_ns).to_string(),
         host: p.host.as_deref().unwrap_or("unknown").to_string(),
         samples: p.total_samples(),
+        waits: p.waits.len() as u64,
     }
 }
 
@@ -118,8 +128,7 @@ pub(super) async fn record(
     RawQuery(query): RawQuery,
 ) -> Response {
     let arrived_mono_ns = timefmt::monotonic_ns();
-    let allowed = &["seconds", "pids", "sample_freq"];
-    let query = match requests.parse_profile_query(query.as_deref(), allowed) {
+    let query = match requests.parse_recording_query(query.as_deref()) {
         Ok(q) => q,
         Err(message) => return text(StatusCode::BAD_REQUEST, message),
     };
@@ -167,7 +176,7 @@ pub(super) async fn timeline(
 }
 
 /// `profile` with only the samples `filter` passes (host: the profile's),
-/// its timeline kept for them.
+/// its timeline and waits kept for them.
 fn filtered(mut profile: Profile, filter: &SampleFilter) -> Profile {
     let host = profile.host.as_deref().unwrap_or("unknown").to_string();
     let mut index = vec![None; profile.samples.len()];
@@ -190,17 +199,26 @@ fn filtered(mut profile: Profile, filter: &SampleFilter) -> Profile {
             })
         })
         .collect();
+    profile.waits = profile
+        .waits
+        .iter()
+        .filter_map(|w| {
+            let sample = index.get(w.sample as usize).copied().flatten()?;
+            Some(TimedWait { sample, ..*w })
+        })
+        .collect();
     profile
 }
 
-/// The recorded samples in `[from, to)` that `filter` passes: one
-/// recording's cut with its timeline, several merged (timeline dropped).
-/// Returns the profile and how many recordings went in.
+/// The recorded samples and off-CPU waits (by their start) in `[from, to)`
+/// that `filter` passes, as [`Range`]: one recording's cut with its
+/// timeline and waits, several merged (timeline and waits dropped, each
+/// stack's off-CPU ns kept).
 fn range_profile(
     recordings: &[Arc<Profile>],
     (from, to): (u64, u64),
     filter: &SampleFilter,
-) -> (Profile, usize) {
+) -> Range {
     let mut cuts: Vec<Profile> = recordings
         .iter()
         .filter(|p| p.start_unix_ns < to && from < p.start_unix_ns + p.duration_ns.max(1))
@@ -208,15 +226,30 @@ fn range_profile(
             let offset = |t: u64| (i128::from(t) - i128::from(p.start_unix_ns)) as i64;
             filtered(slice(p, offset(from), offset(to)), filter)
         })
-        .filter(|p| p.total_samples() > 0)
+        .filter(|p| p.total_samples() > 0 || !p.waits.is_empty())
         .collect();
     let inputs = cuts.len();
+    let waits = cuts.iter().map(|p| p.waits.len() as u64).sum();
     let profile = if inputs == 1 {
         cuts.pop().unwrap_or_default()
     } else {
         merge::merge(cuts).profile
     };
-    (profile, inputs)
+    Range {
+        profile,
+        inputs,
+        waits,
+    }
+}
+
+/// What [`range_profile`] found.
+struct Range {
+    /// The samples and waits of the range.
+    profile: Profile,
+    /// How many recordings went in.
+    inputs: usize,
+    /// Off-CPU waits that began in the range (`X-Lightswitch-Off-Cpu-Waits`).
+    waits: u64,
 }
 
 /// `GET /v1/profiles/merged`.
@@ -227,38 +260,30 @@ pub(super) async fn merged(
     blocking(move || {
         let pairs = pairs(query.as_deref());
         let parsed = timeline::range(&pairs, "from", "to").and_then(|range| {
-            let format = match value(&pairs, "format") {
-                None => ProfileFormat::Pprof,
-                Some(name) => {
-                    ProfileFormat::from_name(name).map_err(|e| format!("format={name:?}: {e}"))?
-                }
-            };
+            let format = merged::format(value(&pairs, "format"))?;
             Ok((range, format, SampleFilter::from_pairs(&pairs)?))
         });
         let (range, format, filter) = match parsed {
             Ok(p) => p,
             Err(message) => return text(StatusCode::BAD_REQUEST, message),
         };
-        let (profile, inputs) = range_profile(&recordings.snapshot(), range, &filter);
+        let Range {
+            profile,
+            inputs,
+            waits,
+        } = range_profile(&recordings.snapshot(), range, &filter);
         if inputs == 0 {
-            return text(StatusCode::NOT_FOUND, "no recorded samples in from/to");
+            return text(
+                StatusCode::NOT_FOUND,
+                "no recorded sample or off-CPU wait in from/to",
+            );
         }
-        match format::encode(&profile, format, Compression::Gzip) {
-            Ok(bytes) => (
-                StatusCode::OK,
-                [
-                    (
-                        header::CONTENT_TYPE.as_str(),
-                        format.mime_type().to_string(),
-                    ),
-                    (SAMPLES_HEADER, profile.total_samples().to_string()),
-                    (MERGED_PROFILES_HEADER, inputs.to_string()),
-                ],
-                bytes,
-            )
-                .into_response(),
-            Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")),
-        }
+        let counts = merged::Counts {
+            inputs: inputs as u64,
+            samples: profile.total_samples(),
+            waits,
+        };
+        merged::answer(&profile, format, counts)
     })
     .await
 }
@@ -274,8 +299,8 @@ pub(super) async fn diff(
             Err(message) => return text(StatusCode::BAD_REQUEST, message),
         };
         let recordings = recordings.snapshot();
-        let (base, _) = range_profile(&recordings, query.base, &query.filter);
-        let (new, _) = range_profile(&recordings, query.new, &query.filter);
+        let base = range_profile(&recordings, query.base, &query.filter).profile;
+        let new = range_profile(&recordings, query.new, &query.filter).profile;
         diff_answer(&query, &base, &new)
     })
     .await
@@ -316,16 +341,62 @@ mod tests {
         let a = Arc::new(recording(1_000, &[(1, 0), (2, 10), (1, 500)]));
         let b = Arc::new(recording(5_000, &[(1, 0)]));
         let all = SampleFilter::default();
-        let (p, inputs) = range_profile(&[a.clone(), b.clone()], (1_000, 1_500), &all);
-        assert_eq!((p.total_samples(), inputs, p.timeline.len()), (2, 1, 2));
+        let r = range_profile(&[a.clone(), b.clone()], (1_000, 1_500), &all);
+        assert_eq!((r.profile.total_samples(), r.inputs), (2, 1));
+        assert_eq!(r.profile.timeline.len(), 2);
         let only_1 = SampleFilter {
             pid: Some(1),
             ..Default::default()
         };
-        let (p, inputs) = range_profile(&[a.clone(), b.clone()], (1_000, 6_000), &only_1);
-        assert_eq!((p.total_samples(), inputs), (3, 2));
-        let (_, inputs) = range_profile(&[a, b], (3_000, 4_000), &all);
-        assert_eq!(inputs, 0);
+        let r = range_profile(&[a.clone(), b.clone()], (1_000, 6_000), &only_1);
+        assert_eq!((r.profile.total_samples(), r.inputs), (3, 2));
+        let r = range_profile(&[a, b], (3_000, 4_000), &all);
+        assert_eq!(r.inputs, 0);
+    }
+
+    /// `recording`, with off-CPU waits (sample, start offset, ns).
+    fn waited(start: u64, pids: &[(u32, i64)], waits: &[(u32, i64, u64)]) -> Profile {
+        let mut p = recording(start, pids);
+        p.off_cpu = true;
+        for &(sample, start_offset_ns, duration_ns) in waits {
+            p.samples[sample as usize].off_cpu_ns += duration_ns;
+            p.waits.push(TimedWait {
+                start_offset_ns,
+                duration_ns,
+                sample,
+            });
+        }
+        p
+    }
+
+    #[test]
+    fn a_range_keeps_the_waits_that_began_in_it() {
+        // Pid 2 only waited in the range: its stack is kept with 0 samples.
+        let a = Arc::new(waited(
+            1_000,
+            &[(1, 0), (2, 600)],
+            &[(0, 100, 7), (1, 200, 5), (0, 700, 11)],
+        ));
+        let b = Arc::new(waited(5_000, &[(1, 0)], &[(0, 10, 3)]));
+        let all = SampleFilter::default();
+        let r = range_profile(&[a.clone(), b.clone()], (1_050, 1_500), &all);
+        assert!(r.profile.off_cpu);
+        assert_eq!((r.profile.total_samples(), r.inputs, r.waits), (0, 1, 2));
+        assert_eq!(r.profile.total_off_cpu_ns(), 12);
+        let starts: Vec<i64> = r.profile.waits.iter().map(|w| w.start_offset_ns).collect();
+        assert_eq!(starts, [50, 150]);
+        let only_2 = SampleFilter {
+            pid: Some(2),
+            ..Default::default()
+        };
+        let r = range_profile(&[a.clone(), b.clone()], (1_000, 2_000), &only_2);
+        assert_eq!((r.profile.total_samples(), r.waits), (1, 1));
+        assert_eq!(r.profile.total_off_cpu_ns(), 5);
+        // Two recordings merge: waits dropped, each stack's ns added up.
+        let r = range_profile(&[a, b], (0, 10_000), &all);
+        assert_eq!((r.inputs, r.waits, r.profile.waits.len()), (2, 4, 0));
+        assert!(r.profile.off_cpu);
+        assert_eq!(r.profile.total_off_cpu_ns(), 26);
     }
 
     #[test]

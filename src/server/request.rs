@@ -15,6 +15,7 @@ use super::ondemand::{Answer, ProfileRequest, RequestError};
 use super::{ServerConfig, DEFAULT_SECONDS};
 use crate::format::ProfileFormat;
 use crate::httpd::text;
+use crate::web::merged;
 
 /// Hands profile requests to the sampling loop, within the server's
 /// limits (`--listen-max-seconds`, `--listen-max-requests`, `--pids`, the
@@ -116,10 +117,26 @@ impl Requests {
         Ok(ProfileQuery {
             duration_ns: (seconds * 1e9) as u64,
             pids,
-            format: profile_format(value(&pairs, "format"))?,
+            format: merged::format(value(&pairs, "format"))?,
             sample_freq_hz,
             off_cpu,
         })
+    }
+
+    /// A `POST /v1/recordings` query (`seconds`, `pids`, `sample_freq`,
+    /// `offcpu`): as a profile query, but a recording has the off-CPU
+    /// waits whenever the agent records them (`--off-cpu`) unless it says
+    /// `offcpu=false`, so the web view's ranges show where threads waited.
+    /// Errors are the 400 message.
+    pub(super) fn parse_recording_query(
+        &self,
+        query: Option<&str>,
+    ) -> Result<ProfileQuery, String> {
+        let mut parsed = self.parse_profile_query(query, RECORDING_PARAMETERS)?;
+        if value(&query_pairs(query, RECORDING_PARAMETERS)?, "offcpu").is_none() {
+            parsed.off_cpu = self.off_cpu;
+        }
+        Ok(parsed)
     }
 
     /// Hand `query` to the sampling loop (as `format`; `None`: the profile
@@ -238,14 +255,6 @@ pub(super) fn value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a 
         .map(|(_, v)| v.as_str())
 }
 
-/// `format=` of a CPU profile: any name or alias in the format registry;
-/// pprof when absent.
-pub(super) fn profile_format(value: Option<&str>) -> Result<ProfileFormat, String> {
-    value.map_or(Ok(ProfileFormat::Pprof), |name| {
-        ProfileFormat::from_name(name).map_err(|e| format!("format={name:?}: {e}"))
-    })
-}
-
 /// A validated `/debug/pprof/profile` query.
 #[derive(Debug, PartialEq)]
 pub(super) struct ProfileQuery {
@@ -265,6 +274,9 @@ const MIN_SECONDS: f64 = 0.01;
 pub(super) const PROFILE_PARAMETERS: &[&str] =
     &["seconds", "pids", "format", "sample_freq", "offcpu"];
 
+/// The parameters of `POST /v1/recordings`.
+const RECORDING_PARAMETERS: &[&str] = &["seconds", "pids", "sample_freq", "offcpu"];
+
 /// Counts a profile request as in progress while it lives.
 struct InProgress(Arc<Metrics>);
 
@@ -281,6 +293,10 @@ mod tests {
     use super::*;
 
     fn state(pids: Vec<u32>) -> Requests {
+        state_with(pids, false)
+    }
+
+    fn state_with(pids: Vec<u32>, off_cpu: bool) -> Requests {
         let (tx, _rx) = std::sync::mpsc::channel();
         Requests::new(
             &ServerConfig {
@@ -291,7 +307,7 @@ mod tests {
                 max_connections: 8,
                 pids,
                 max_sample_freq_hz: 1000,
-                off_cpu: false,
+                off_cpu,
             },
             tx,
             Arc::new(Metrics::default()),
@@ -348,5 +364,17 @@ mod tests {
             .parse_profile_query(Some("pids=7"), PROFILE_PARAMETERS)
             .unwrap_err();
         assert!(err.contains("pid 7"), "{err}");
+    }
+
+    #[test]
+    fn recordings_have_waits_when_the_agent_records_them() {
+        let off_cpu = |s: &Requests, q| s.parse_recording_query(q).map(|q| q.off_cpu);
+        let plain = state(vec![]);
+        assert_eq!(off_cpu(&plain, None), Ok(false));
+        assert!(off_cpu(&plain, Some("offcpu=true")).is_err());
+        let waits = state_with(vec![], true);
+        assert_eq!(off_cpu(&waits, Some("seconds=2")), Ok(true));
+        assert_eq!(off_cpu(&waits, Some("offcpu=false")), Ok(false));
+        assert!(off_cpu(&waits, Some("format=svg")).is_err());
     }
 }

@@ -33,13 +33,14 @@ use axum::Router;
 use super::metrics::{resident_memory_bytes, Metrics};
 use super::ondemand::{Answer, ProfileRequest};
 use super::recordings::{self, Recordings};
-use super::request::{profile_format, query_pairs, value, Requests, PROFILE_PARAMETERS};
+use super::request::{query_pairs, value, Requests, PROFILE_PARAMETERS};
 use super::ServerConfig;
 use crate::format::ProfileFormat;
 use crate::heap::{self, HeapFormat};
 use crate::httpd::{blocking, text};
 use crate::timefmt;
 use crate::web::assets::check_request;
+use crate::web::merged;
 
 /// What every handler shares: the token, the on-demand requester and the
 /// web view's recordings (handlers take the last two as their own state,
@@ -179,7 +180,7 @@ struct HeapSettings {
 
 async fn heap_profile(RawQuery(query): RawQuery) -> Response {
     let format = match query_pairs(query.as_deref(), &["format"])
-        .and_then(|pairs| profile_format(value(&pairs, "format")))
+        .and_then(|pairs| merged::format(value(&pairs, "format")))
         .and_then(|format| match format {
             ProfileFormat::Pprof => Ok((HeapFormat::Pprof, format)),
             ProfileFormat::FlameGraph => Ok((HeapFormat::FlameGraph, format)),

@@ -1,5 +1,6 @@
-//! The off-CPU workload shared by tests/off_cpu and tests/remote: a
-//! program that waits a known time under a known function.
+//! The off-CPU workload shared by tests/off_cpu, tests/remote and
+//! tests/http: a program that waits a known time under a known function,
+//! and how to read its time back from `go tool pprof`.
 
 use super::DIE_WITH_PARENT;
 
@@ -38,4 +39,16 @@ int main(int argc, char **argv) {{
 }}
 "#
     )
+}
+
+/// The cumulative ms of `function` in `go tool pprof -top -unit=ms` output.
+pub fn pprof_cumulative_ms(top: &str, function: &str) -> f64 {
+    let line = top
+        .lines()
+        .find(|l| l.trim_end().ends_with(&format!(" {function}")))
+        .unwrap_or_else(|| panic!("no {function} in pprof's top:\n{top}"));
+    line.split_whitespace()
+        .nth(3)
+        .and_then(|c| c.trim_end_matches("ms").parse().ok())
+        .unwrap_or_else(|| panic!("no cumulative ms in {line:?}:\n{top}"))
 }

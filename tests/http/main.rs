@@ -1,8 +1,9 @@
 //! The agent's HTTP API (`--listen`), on loopback only: on-demand CPU
 //! profiles of real programs read by `go tool pprof` and as folded stacks
 //! and flame graphs, overlapping requests with their own pid filters, the
-//! profiler's own heap profile, metrics, and the error answers (token, bad
-//! query, unknown path, too many requests, frequency conflict).
+//! profiler's own heap profile, metrics, the error answers (token, bad
+//! query, unknown path, too many requests, frequency conflict), and the
+//! off-CPU waits of the web view's recordings (`off_cpu.rs`).
 //!
 //! Needs root (BPF), gcc and Go (`go tool pprof`). Every request and wait is
 //! bounded in time.
@@ -10,6 +11,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod heap;
+mod off_cpu;
 
 use std::collections::BTreeMap;
 use std::fs;

@@ -26,18 +26,6 @@ fn get_body(url: &str) -> Vec<u8> {
     body
 }
 
-/// The cumulative ms of `function` in `go tool pprof -top` output (in ms).
-fn cumulative_ms(top: &str, function: &str) -> f64 {
-    let line = top
-        .lines()
-        .find(|l| l.trim_end().ends_with(&format!(" {function}")))
-        .unwrap_or_else(|| panic!("no {function} in pprof's top:\n{top}"));
-    line.split_whitespace()
-        .nth(3)
-        .and_then(|c| c.trim_end_matches("ms").parse().ok())
-        .unwrap_or_else(|| panic!("no cumulative ms in {line:?}:\n{top}"))
-}
-
 /// The sleeper's 10 × 100 ms, recorded with `--off-cpu` and sent over
 /// OTLP, come back from the collector's merged profile of the run's range
 /// as 1.0 s (±10%) off-CPU under `waiter` in `clock_nanosleep`: in pprof's
@@ -77,12 +65,13 @@ fn off_cpu_waits_sent_over_otlp_come_back_from_the_collector() {
         all.extend(["-sample_index=off_cpu", "-unit=ms", common::s(&pprof_file)]);
         common::go_pprof(&all)
     };
-    let waited_ms = cumulative_ms(&pprof(&["-top"]), "waiter");
+    let waited_ms = common::pprof_cumulative_ms(&pprof(&["-top"]), "waiter");
     assert!(
         (900.0..=1100.0).contains(&waited_ms),
         "pprof off_cpu: {waited_ms} ms under waiter, not 1.0 s ±10%:\n{out}"
     );
-    let sleeping_ms = cumulative_ms(&pprof(&["-top", "-focus=clock_nanosleep"]), "waiter");
+    let sleeping_ms =
+        common::pprof_cumulative_ms(&pprof(&["-top", "-focus=clock_nanosleep"]), "waiter");
     assert!(
         (900.0..=1100.0).contains(&sleeping_ms),
         "pprof off_cpu: {sleeping_ms} ms under waiter in clock_nanosleep"
