@@ -133,14 +133,20 @@ pub fn check_interval(value: f64) -> std::result::Result<(), String> {
 /// directories made for the check (the profile's writer makes them again,
 /// so that a run that writes nothing leaves no empty directory).
 pub fn check_output(dir: &Path, file: &Path) -> Result<()> {
+    let profile_path = dir;
     let dir = file
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(dir);
     if dir.exists() && !dir.is_dir() {
+        // Name the option that put a file where a directory must be.
+        let culprit = if dir == profile_path {
+            "--profile-path names a directory; --profile-name the file in it"
+        } else {
+            "--profile-name's directory part names it"
+        };
         bail!(
-            "output directory {} is not a directory (--profile-path names a directory; \
-             --profile-name the file in it)",
+            "output directory {} is not a directory ({culprit})",
             dir.display()
         );
     }
@@ -478,6 +484,14 @@ mod tests {
             check_output(&not_dir, &not_dir.join("x")).unwrap_err()
         );
         assert!(err.contains("is not a directory"), "{err}");
+        assert!(err.contains("--profile-path names a directory"), "{err}");
+        // A file where --profile-name's directory part should be is blamed
+        // on --profile-name.
+        let err = format!(
+            "{:#}",
+            check_output(dir.path(), &not_dir.join("x.svg")).unwrap_err()
+        );
+        assert!(err.contains("--profile-name's directory part"), "{err}");
         // A name with directories gets them; an absolute one leaves the
         // profile path alone.
         let unused = dir.path().join("unused");
