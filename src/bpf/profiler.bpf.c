@@ -1314,7 +1314,8 @@ static __always_inline void copy_upper_part(__u8 *stack, struct stack_copy *copy
  * smallest record the whole stack fits (stack_fits_copy), else in one of
  * STACK_COPY_LARGE_BYTES (split where the stack's end is known and
  * further), else (the ring has no room for that) in one of
- * STACK_COPY_BYTES, while the ring stays less than half full with it. The record is assembled in the ring itself (the copy does
+ * STACK_COPY_BYTES, while the ring stays less than half full with it.
+ * The record is assembled in the ring itself (the copy does
  * not fit in per-CPU scratch). False if there is no room or not even the
  * first part of the stack can be read: the caller sends the record alone. */
 static __always_inline bool send_with_copy(struct scratch_space *sc, void *ring, __u64 size,

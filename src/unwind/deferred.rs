@@ -8,9 +8,10 @@
 //! ([`StackCopy`]; 8 KiB when that holds a main thread's whole stack, so
 //! that more copies fit; 32 KiB when the ring has no room for 96; a
 //! stack deeper than 96 KiB whose end is known is copied as its lowest
-//! 32 KiB and its highest 64 KiB, where the outermost frames are), while its CPU's ring is less than half full (the others
-//! are counted: `BpfStats::stack_copies_skipped`). Instead of counting such a sample at once, the agent
-//! holds it ([`DeferredWalks`]: at most [`HOLD_NS`], and [`HOLD_MAX_BYTES`]
+//! 32 KiB and its highest 64 KiB, where the outermost frames are; pages
+//! it could not read are holes), while its CPU's ring is less than half
+//! full (the others are counted: `BpfStats::stack_copies_skipped`).
+//! Instead of counting such a sample at once, the agent holds it ([`DeferredWalks`]: at most [`HOLD_NS`], and [`HOLD_MAX_BYTES`]
 //! of samples in all) until the rows it needs are loaded, then walks on
 //! from the copy ([`walk_on`]) with the rows the BPF program reads
 //! ([`Sampler::lookup_row`]) and the mappings the process tracker has for
