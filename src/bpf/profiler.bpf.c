@@ -1257,20 +1257,8 @@ static __always_inline bool stack_fits_copy(__u64 sp, __u64 end, __u64 bytes)
 	return end != 0 && end <= (sp & ~4095ULL) + bytes;
 }
 
-/* Whether a copy record of `size` bytes may go into a ring of `ring_size`
- * bytes that holds `waiting` bytes: if the ring stays less than half full
- * with it, or, for a record larger than that (a 96 KiB copy in the 128 KiB
- * rings below 513 Hz), if the ring is nearly empty (under 1/16) and keeps
- * an eighth free. Copies wake user space at once, so the room left holds
- * the samples of its drain (at 99 Hz, 16 KiB are 40 samples a CPU). */
-static __always_inline bool copy_fits(__u64 waiting, __u64 size, __u64 ring_size)
-{
-	return waiting + size < ring_size / 2 ||
-	       (waiting < ring_size / 16 && waiting + size <= ring_size - ring_size / 8);
-}
-
 /* The body of send_with_copy for one record type (C has no generics):
- * reserve a RECORD while copy_fits, copy
+ * reserve a RECORD while the ring stays less than half full with it, copy
  * up to BYTES of stack into it (SPLIT: BYTES from sp, then the
  * STACK_COPY_UPPER_BYTES below `end`), fill it and submit it, waking user
  * space at once (such records fill a ring fast); evaluates to false when
@@ -1279,7 +1267,7 @@ static __always_inline bool copy_fits(__u64 waiting, __u64 size, __u64 ring_size
 	({                                                                             \
 		bool sent = false;                                                     \
 		struct RECORD *rec = NULL;                                             \
-		if (copy_fits(waiting, sizeof(struct RECORD), ring_size))              \
+		if (waiting + sizeof(struct RECORD) < half)                            \
 			rec = bpf_ringbuf_reserve(ring, sizeof(struct RECORD), 0);     \
 		if (rec) {                                                             \
 			__u32 missing = 0;                                             \
@@ -1334,7 +1322,7 @@ static __always_inline bool send_with_copy(struct scratch_space *sc, void *ring,
 					   __u64 waiting, bool compat)
 {
 	__u64 sp = sc->state.copy_sp;
-	__u64 ring_size = bpf_ringbuf_query(ring, BPF_RB_RING_SIZE);
+	__u64 half = bpf_ringbuf_query(ring, BPF_RB_RING_SIZE) / 2;
 	if (size > sizeof(struct stack_sample))
 		return false;
 	__u64 end = stack_end(sc, sp, compat);
