@@ -52,3 +52,18 @@ pub fn pprof_cumulative_ms(top: &str, function: &str) -> f64 {
         .and_then(|c| c.trim_end_matches("ms").parse().ok())
         .unwrap_or_else(|| panic!("no cumulative ms in {line:?}:\n{top}"))
 }
+
+/// The off-CPU ns of process `comm` under `waiter` in `clock_nanosleep`,
+/// from `folded` off-CPU stacks (ns weights, as `folded-off-cpu` writes).
+pub fn folded_ns_under_waiter(folded: &str, comm: &str) -> u64 {
+    let stacks = super::parse_folded(folded);
+    super::of_process(&stacks, comm)
+        .into_iter()
+        .filter(|(f, _)| {
+            ["waiter", "clock_nanosleep"]
+                .iter()
+                .all(|w| f.iter().any(|g| g.contains(w)))
+        })
+        .map(|(_, n)| n)
+        .sum()
+}

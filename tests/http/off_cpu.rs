@@ -88,16 +88,7 @@ fn a_recording_keeps_where_threads_waited() {
 
     let (folded, _) = merged(&url("folded-off-cpu"));
     let folded = String::from_utf8(folded).unwrap();
-    let stacks = common::parse_folded(&folded);
-    let slept: u64 = common::of_process(&stacks, &program.name)
-        .into_iter()
-        .filter(|(f, _)| {
-            ["waiter", "clock_nanosleep"]
-                .iter()
-                .all(|w| f.iter().any(|g| g.contains(w)))
-        })
-        .map(|(_, n)| n)
-        .sum();
+    let slept = common::folded_ns_under_waiter(&folded, &program.name);
     assert!(
         (0.9e9..=1.1e9).contains(&(slept as f64)),
         "{slept} ns off-CPU under waiter in clock_nanosleep:\n{folded}"

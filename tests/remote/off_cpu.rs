@@ -79,16 +79,7 @@ fn off_cpu_waits_sent_over_otlp_come_back_from_the_collector() {
 
     // The off-CPU folded twin, as `record --off-cpu` writes it.
     let folded = String::from_utf8(merged("folded-off-cpu")).unwrap();
-    let stacks = common::parse_folded(&folded);
-    let slept: u64 = common::of_process(&stacks, &program.name)
-        .into_iter()
-        .filter(|(f, _)| {
-            ["waiter", "clock_nanosleep"]
-                .iter()
-                .all(|w| f.iter().any(|g| g.contains(w)))
-        })
-        .map(|(_, n)| n)
-        .sum();
+    let slept = common::folded_ns_under_waiter(&folded, &program.name);
     assert!(
         (0.9e9..=1.1e9).contains(&(slept as f64)),
         "{slept} ns off-CPU under waiter in clock_nanosleep:\n{folded}"
