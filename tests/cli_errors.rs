@@ -247,11 +247,19 @@ fn a_target_gone_before_any_sample_fails_and_writes_nothing() {
 }
 
 /// A profile that cannot be written at the end of the run: the error names
-/// the file, not just the errno.
+/// the file, not just the errno. The run profiles a spinning program, so the
+/// profile has bytes to write even on an idle machine (an empty folded
+/// profile is zero bytes, and writing zero bytes to `/dev/full` succeeds).
 #[test]
 fn a_write_error_names_the_file() {
+    let program = compile("writeerr", &chain_forever_source(), &["-O1"]);
+    let spinner = Workload::spawn(&program);
+    let pid = spinner.pid_arg();
     let out = run(
-        &args_with(Path::new("/dev"), &["--profile-name", "full"]),
+        &args_with(
+            Path::new("/dev"),
+            &["--profile-name", "full", "--pids", &pid],
+        ),
         TIMEOUT,
     );
     out.assert_error(&["writing /dev/full: No space left on device"]);
