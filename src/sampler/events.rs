@@ -11,17 +11,26 @@ use perf_event_open_sys as perf;
 use super::variant::ProgramVariant;
 use crate::skel::ProfilerSkel;
 
+/// Bytes of user stack in the largest stack-copy record, the BPF side's
+/// `STACK_COPY_LARGE_BYTES` (`src/bpf/profiler.h`): 96 KiB.
+const STACK_COPY_LARGE_BYTES: u64 = 96 << 10;
+
 /// Size of each CPU's ring buffer in `samples`, bytes: room for a quarter
 /// second of samples at 1 KiB each (a 30-frame stack takes 350 bytes, a
-/// 1024-frame one 8 KiB) at `freq_hz`, as a power of two between 128 KiB
-/// and 64 MiB. User space drains the rings at least every 100 ms, and the
-/// BPF program wakes user space early once a ring is a quarter full. Their
-/// memory is the kernel's, but user space maps each ring (twice, for
-/// wrap-around reads), so it counts twice in the profiler's resident set:
+/// 1024-frame one 8 KiB) at `freq_hz`, as a power of two between 256 KiB
+/// and 64 MiB. The floor is the least power of two over twice the largest
+/// stack-copy record, because the BPF program sends a copy only while the
+/// ring stays less than half full with it: with 128 KiB rings (below
+/// 513 Hz) a stack deeper than 32 KiB was never copied whole or split.
+/// User space drains the rings at least every 100 ms, and the BPF program
+/// wakes user space early once a ring is a quarter full. Their memory is
+/// the kernel's, but user space maps each ring (twice, for wrap-around
+/// reads), and the pages it has read count in the profiler's resident set:
 /// small is better.
 pub fn samples_ring_bytes_per_cpu(freq_hz: u64) -> u32 {
     let wanted = freq_hz.saturating_mul(1024) / 4;
-    wanted.clamp(128 << 10, 64 << 20).next_power_of_two() as u32
+    let floor = (2 * STACK_COPY_LARGE_BYTES).next_power_of_two();
+    wanted.clamp(floor, 64 << 20).next_power_of_two() as u32
 }
 
 /// Online CPUs, from `/sys/devices/system/cpu/online` (a range list such as `0-3,6`).

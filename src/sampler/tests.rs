@@ -4,7 +4,8 @@ use crate::process::walker::WalkerMaps;
 
 #[test]
 fn ring_buffers_grow_with_frequency() {
-    assert_eq!(samples_ring_bytes_per_cpu(99), 128 << 10);
+    assert_eq!(samples_ring_bytes_per_cpu(1), 256 << 10);
+    assert_eq!(samples_ring_bytes_per_cpu(99), 256 << 10);
     assert_eq!(samples_ring_bytes_per_cpu(999), 256 << 10);
     assert_eq!(samples_ring_bytes_per_cpu(4_000), 1 << 20);
     assert_eq!(samples_ring_bytes_per_cpu(10_000), 4 << 20);

@@ -80,21 +80,52 @@ pub(super) fn record_walks_a_new_program_a_shell_script_starts_from_its_start() 
 /// now 9-12 are walked on and 0-1 ends a run.
 #[test]
 fn record_walks_a_thread_with_a_600_kib_frame_from_its_start() {
-    let _serial = serial();
-    let mut share = CompleteShare::default();
-    let (mut walked_on, mut ended) = (0, 0);
-    // Filler functions make the program's table take longer to build, so
-    // that more of its first samples need the copy.
-    let filler: String = (0..4000)
-        .map(|i| format!("void lsw_filler_{i}(void) {{ sink += {i}; }}\n"))
-        .collect();
-    for run_index in 0..3 {
-        let source = format!(
-            r#"#include <pthread.h>
+    let runs = DeepFrameRuns::record("4999", 0.08, 4000);
+    // A copy the ring has no room for at 96 KiB is sent at 32 KiB, in one
+    // part, and ends at the large frame: a few a run.
+    runs.check(|walked_on, ended| walked_on > 3 * ended);
+}
+
+/// The same at the default 99 Hz, where the rings were 128 KiB and a
+/// 96 KiB copy never fitted under the half-full rule: every copy was
+/// 32 KiB and ended at the large frame (1-2 a run, 0 walked on, 93-96% of
+/// samples complete). With the 256 KiB floor every one is walked on. The
+/// 100 000 filler FDEs make the table take long enough to build that each
+/// run has about two samples before it is in.
+#[test]
+fn record_walks_a_thread_with_a_600_kib_frame_at_99_hz() {
+    let runs = DeepFrameRuns::record("99", 0.3, 100_000);
+    runs.check(|walked_on, ended| walked_on >= 2 && ended == 0);
+}
+
+/// Three `record` runs of a script that starts a new program (a new build
+/// ID each run, so no table is cached) whose thread spins under a 600 KiB
+/// frame, with the copies user space walked on and the ones that ended.
+struct DeepFrameRuns {
+    share: CompleteShare,
+    walked_on: u64,
+    ended: u64,
+}
+
+impl DeepFrameRuns {
+    /// Run at `freq` Hz; the thread spins `seconds`; the program has
+    /// `filler_fdes` one-instruction functions, each with an FDE, so that
+    /// its table takes longer to build and more of its first samples need
+    /// the copy.
+    fn record(freq: &str, seconds: f64, filler_fdes: u32) -> Self {
+        let _serial = serial();
+        let mut runs = DeepFrameRuns {
+            share: CompleteShare::default(),
+            walked_on: 0,
+            ended: 0,
+        };
+        for run_index in 0..3 {
+            let source = format!(
+                r#"#include <pthread.h>
 #include <time.h>
 volatile unsigned long sink;
-const char *lsw_run_tag = "{run_index}-{pid}";
-{filler}
+const char *lsw_run_tag = "{run_index}-{pid}-{freq}";
+__asm__(".text\n.rept {filler_fdes}\n.cfi_startproc\nnop\nret\n.cfi_endproc\n.endr\n");
 static double now(void) {{
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -110,41 +141,48 @@ __attribute__((noinline)) void huge_frame(double until) {{
     deep_a(until);
     sink += big[0] + big[sizeof big - 1];
 }}
-void *thread_main(void *arg) {{ huge_frame(now() + 0.08); return arg; }}
+void *thread_main(void *arg) {{ huge_frame(now() + {seconds}); return arg; }}
 int main(void) {{
     pthread_t t;
     if (pthread_create(&t, 0, thread_main, 0) != 0) return 1;
     return pthread_join(t, 0);
 }}
 "#,
-            pid = std::process::id()
-        );
-        let program = compile(&format!("rec_deep{run_index}"), &source, NO_FP_FLAGS);
-        let dir = tempdir();
-        let script = dir.path().join("wrapper.sh");
-        std::fs::write(&script, format!("#!/bin/sh\n{}\n", s(&program.path))).unwrap();
-        chmod(&script, 0o755);
-        let out = run(&record_args(dir.path(), "4999", &[s(&script)]), TIMEOUT);
-        assert_eq!(out.status.code(), Some(0), "{out}");
-        let copies = |name: &str| {
-            out.stderr
-                .split(&format!("{name}="))
-                .nth(1)
-                .and_then(|rest| rest.split(' ').next()?.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        walked_on += copies("walked_on");
-        ended += copies("deeper_than_copy");
-        share.add(&dir.path().join("folded.txt"), &program.name, &out);
+                pid = std::process::id()
+            );
+            let program = compile(&format!("rec_deep{run_index}"), &source, NO_FP_FLAGS);
+            let dir = tempdir();
+            let script = dir.path().join("wrapper.sh");
+            std::fs::write(&script, format!("#!/bin/sh\n{}\n", s(&program.path))).unwrap();
+            chmod(&script, 0o755);
+            let out = run(&record_args(dir.path(), freq, &[s(&script)]), TIMEOUT);
+            assert_eq!(out.status.code(), Some(0), "{out}");
+            let copies = |name: &str| {
+                out.stderr
+                    .split(&format!("{name}="))
+                    .nth(1)
+                    .and_then(|rest| rest.split(' ').next()?.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            runs.walked_on += copies("walked_on");
+            runs.ended += copies("deeper_than_copy");
+            runs.share
+                .add(&dir.path().join("folded.txt"), &program.name, &out);
+        }
+        runs
     }
-    share.check(97);
-    // A copy the ring has no room for at 96 KiB is sent at 32 KiB, in one
-    // part, and ends at the large frame: a few a run.
-    assert!(
-        walked_on > 3 * ended,
-        "{walked_on} walks finished from stack copies, {ended} ended with their copy:\n{}",
-        share.report.join("\n")
-    );
+
+    /// 97% of the samples complete, and `copies_ok(walked_on, ended)`.
+    fn check(&self, copies_ok: impl Fn(u64, u64) -> bool) {
+        self.share.check(97);
+        assert!(
+            copies_ok(self.walked_on, self.ended),
+            "{} walks finished from stack copies, {} ended with their copy:\n{}",
+            self.walked_on,
+            self.ended,
+            self.share.report.join("\n")
+        );
+    }
 }
 
 /// The profiler's own BPF programs follow every exec, fork and exit, so a
