@@ -32,6 +32,7 @@ pub mod sampler;
 pub mod sender;
 pub mod server;
 mod skel;
+pub mod sudo;
 pub mod symbolize;
 pub mod text;
 pub mod timefmt;

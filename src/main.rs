@@ -36,8 +36,27 @@ fn main() {
             return;
         }
     };
+    // Started through sudo, the files the run writes are given to the user
+    // who ran sudo (as `record` does); an unreadable SUDO_UID is an error
+    // before sampling, not a surprise after it.
+    let invoker = match lightswitch::sudo::Identity::from_sudo() {
+        Ok(invoker) => invoker,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::exit(1);
+        }
+    };
+    let output_dir_existed = plan.output_dir.exists();
     match lightswitch::run::run(&plan) {
         Ok(summary) => {
+            if let Some(id) = &invoker {
+                lightswitch::sudo::give_outputs_to(
+                    id,
+                    &summary.outputs,
+                    &plan.output_dir,
+                    output_dir_existed,
+                );
+            }
             // With the profile itself on stdout (`--profile-name
             // /dev/stdout`), the summary goes to stderr.
             let profile_on_stdout = plan

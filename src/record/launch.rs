@@ -10,11 +10,10 @@
 //! thread of its own while the caller reads the pid from the first pipe;
 //! that thread then waits for the child and reports its exit.
 
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
@@ -22,99 +21,7 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-/// The user and groups the command runs as (from `SUDO_UID`/`SUDO_GID`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
-    /// User id.
-    pub uid: u32,
-    /// Primary group id.
-    pub gid: u32,
-    /// Supplementary groups (the user's groups from the group database;
-    /// just `gid` when they cannot be read).
-    pub groups: Vec<u32>,
-    /// The user's name (`SUDO_USER`), for `USER` and `LOGNAME`.
-    pub name: Option<OsString>,
-    /// The user's home directory (password database), for `HOME`.
-    pub home: Option<PathBuf>,
-}
-
-impl Identity {
-    /// Who started lightswitch through sudo: `SUDO_UID` and `SUDO_GID`
-    /// (both set by sudo), with `SUDO_USER`'s supplementary groups. `None`
-    /// when not started by sudo or when running as root already.
-    pub fn from_sudo() -> Result<Option<Self>> {
-        let (Some(uid), Some(gid)) = (std::env::var_os("SUDO_UID"), std::env::var_os("SUDO_GID"))
-        else {
-            return Ok(None);
-        };
-        let parse = |name: &str, value: &OsStr| -> Result<u32> {
-            value
-                .to_str()
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| anyhow!("{name}={value:?} is not a numeric id"))
-        };
-        let uid = parse("SUDO_UID", &uid)?;
-        let gid = parse("SUDO_GID", &gid)?;
-        if uid == 0 {
-            return Ok(None);
-        }
-        let name = std::env::var_os("SUDO_USER");
-        let groups = name
-            .as_deref()
-            .and_then(|user| user_groups(user, gid))
-            .unwrap_or_else(|| vec![gid]);
-        Ok(Some(Identity {
-            uid,
-            gid,
-            groups,
-            name,
-            home: home_directory(uid),
-        }))
-    }
-}
-
-/// `uid`'s home directory from the password database (getpwuid_r).
-fn home_directory(uid: u32) -> Option<PathBuf> {
-    let mut buffer = vec![0 as libc::c_char; 16 * 1024];
-    // SAFETY: an all-zero passwd is a valid value to be overwritten.
-    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut result = std::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call; `buffer` outlives `entry`'s use.
-    let rc = unsafe {
-        libc::getpwuid_r(
-            uid,
-            &mut entry,
-            buffer.as_mut_ptr(),
-            buffer.len(),
-            &mut result,
-        )
-    };
-    if rc != 0 || result.is_null() || entry.pw_dir.is_null() {
-        return None;
-    }
-    // SAFETY: getpwuid_r filled pw_dir with a NUL-terminated string in `buffer`.
-    let dir = unsafe { std::ffi::CStr::from_ptr(entry.pw_dir) };
-    Some(PathBuf::from(OsStr::from_bytes(dir.to_bytes())))
-}
-
-/// `user`'s groups from the group database (getgrouplist), `gid` included.
-fn user_groups(user: &OsStr, gid: u32) -> Option<Vec<u32>> {
-    let name = CString::new(user.as_bytes()).ok()?;
-    let mut count: libc::c_int = 64;
-    loop {
-        let mut groups = vec![0 as libc::gid_t; count as usize];
-        let before = count;
-        // SAFETY: `groups` has room for `count` entries; `name` is NUL-terminated.
-        let n = unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut count) };
-        if n >= 0 {
-            groups.truncate(count as usize);
-            return Some(groups);
-        }
-        if count <= before || count > 65_536 {
-            return None;
-        }
-    }
-}
+use crate::sudo::Identity;
 
 /// Exit status for a command that was not found, as shells give it.
 pub const NOT_FOUND_EXIT_STATUS: i32 = 127;

@@ -17,7 +17,8 @@ use std::ffi::OsString;
 use anyhow::Result;
 
 use crate::run::{RunPlan, Workload};
-use launch::{CannotRun, HeldCommand, Identity};
+use crate::sudo::{give_outputs_to, Identity};
+use launch::{CannotRun, HeldCommand};
 
 impl Workload for HeldCommand {
     fn pid(&self) -> u32 {
@@ -120,7 +121,12 @@ pub fn record(plan: &RecordPlan) -> Result<i32> {
         Ok(summary) => {
             eprintln!("{summary}");
             if let Some(id) = &identity {
-                give_outputs_to(id, summary, &plan.run.output_dir, output_dir_existed);
+                give_outputs_to(
+                    id,
+                    &summary.outputs,
+                    &plan.run.output_dir,
+                    output_dir_existed,
+                );
             }
             summary.continuous.as_ref().and_then(|c| c.report.failure())
         }
@@ -151,35 +157,4 @@ pub fn record(plan: &RecordPlan) -> Result<i32> {
     } else {
         code
     })
-}
-
-/// Started through sudo, the command ran as the invoking user: the files
-/// the run wrote (and `dir`, when the run created it) become theirs too
-/// (`SUDO_UID`/`SUDO_GID`), so that they can read and remove them. A file
-/// that cannot be given away is left as it is, with a warning.
-fn give_outputs_to(
-    id: &Identity,
-    summary: &crate::run::RunSummary,
-    dir: &std::path::Path,
-    dir_existed: bool,
-) {
-    let created_dir = (!dir_existed).then_some(dir);
-    for path in summary
-        .outputs
-        .iter()
-        .map(|p| p.as_path())
-        .chain(created_dir)
-    {
-        match std::os::unix::fs::chown(path, Some(id.uid), Some(id.gid)) {
-            Ok(()) => {}
-            // Pruned by --max-profiles since it was written.
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-            Err(err) => tracing::warn!(
-                "could not give {} to uid {} gid {}: {err}",
-                path.display(),
-                id.uid,
-                id.gid
-            ),
-        }
-    }
 }

@@ -73,6 +73,49 @@ fn profiles_and_collector_storage_are_private_under_a_lax_umask() {
     }
 }
 
+/// `sudo lightswitch` (SUDO_UID/SUDO_GID set) leaves profiles the user who
+/// ran sudo can open without sudo: they and a `--profile-path` the run
+/// created become that user's, still mode 0600. Before, they stayed
+/// root's, and the README's first command left a flame graph its user
+/// could not open; only `record` gave its files away.
+#[test]
+fn a_run_through_sudo_gives_its_profiles_to_the_invoking_user() {
+    use std::os::unix::fs::MetadataExt;
+    let _serial = common::serial();
+    let dir = common::tempdir();
+    let created = dir.path().join("made-by-the-run");
+    let owner = |path: &Path| {
+        let meta = fs::metadata(path).unwrap();
+        (meta.uid(), meta.gid(), meta.mode() & 0o777)
+    };
+    let through_sudo = |path: &Path, uid: &str| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--duration", "0.5", "--profile-format", "pprof,folded"])
+            .args(["--unwind-cache-dir", "none", "--profile-path"])
+            .arg(path)
+            .env("SUDO_UID", uid)
+            .env("SUDO_GID", "65534")
+            .env("SUDO_USER", "nobody");
+        common::run_command(cmd, Duration::from_secs(60)).assert_success();
+    };
+    through_sudo(dir.path(), "65534");
+    for name in ["profile.pb", "folded.txt"] {
+        assert_eq!(
+            owner(&dir.path().join(name)),
+            (65534, 65534, 0o600),
+            "{name}"
+        );
+    }
+    // The directory existed before the run: it stays root's.
+    assert_eq!(owner(dir.path()).0, 0);
+    through_sudo(&created, "65534");
+    assert_eq!(owner(&created).0, 65534);
+    assert_eq!(owner(&created.join("folded.txt")).0, 65534);
+    // sudo from root (SUDO_UID=0): root's files.
+    through_sudo(dir.path(), "0");
+    assert_eq!(owner(&dir.path().join("folded.txt")).0, 0);
+}
+
 #[test]
 fn windows_that_cannot_be_written_fail_the_run_and_are_not_counted_written() {
     let _serial = common::serial();
