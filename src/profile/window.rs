@@ -204,7 +204,9 @@ impl Windows {
             open.earliest_ns
                 .map_or(sample.timestamp_ns, |t| t.min(sample.timestamp_ns)),
         );
-        self.total += 1;
+        if sample.wait.is_none() {
+            self.total += 1;
+        }
     }
 
     /// The earliest timestamp (CLOCK_MONOTONIC ns) a sample in an open
@@ -285,7 +287,8 @@ impl Windows {
         self.late
     }
 
-    /// Samples added so far, over all windows.
+    /// On-CPU samples added so far, over all windows (off-CPU waits are
+    /// counted by the summary's `off-CPU:` line, not here).
     pub fn total(&self) -> u64 {
         self.total
     }
@@ -332,6 +335,25 @@ mod tests {
         assert_eq!(all[0].window.start_unix_ns, 5_000 * S);
         assert_eq!(all[2].window.duration_ns, S / 2);
         assert_eq!(w.total(), 6);
+    }
+
+    /// The run's sample count (the summary's "N samples") is of on-CPU
+    /// samples; an off-CPU wait goes into its window but is counted on the
+    /// summary's `off-CPU:` line. Before, a continuous `--off-cpu` run
+    /// said 926 samples where 360 were on-CPU and 566 were waits.
+    #[test]
+    fn waits_are_not_counted_as_samples() {
+        let mut tracker = ProcessTracker::new();
+        let mut w = Windows::new(0, 0, Some(S), None, 99);
+        w.add(&sample(5), &mut tracker);
+        let mut wait = sample(6);
+        wait.wait = Some(crate::sample::Wait {
+            ns: 1_000_000,
+            runnable: false,
+        });
+        w.add(&wait, &mut tracker);
+        assert_eq!(w.total(), 1);
+        assert_eq!(w.finish(S / 2).len(), 1);
     }
 
     #[test]

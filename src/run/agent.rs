@@ -417,12 +417,15 @@ impl<'s, 'o> Agent<'s, 'o> {
         }
     }
 
-    /// Count one sample whose walk is as final as it gets, and hand it to
-    /// the subscriptions and the windows.
+    /// Count one sample whose walk is as final as it gets (an on-CPU one:
+    /// off-CPU waits have their own counters), and hand it to the
+    /// subscriptions and the windows.
     fn deliver(&mut self, sample: RawSample, frames: Box<[UserFrame]>) {
-        self.metrics.sample(sample.user_status);
-        if let Some(progress) = self.progress.as_mut() {
-            progress.sample(sample.pid, sample.user_status);
+        if sample.wait.is_none() {
+            self.metrics.sample(sample.user_status);
+            if let Some(progress) = self.progress.as_mut() {
+                progress.sample(sample.pid, sample.user_status);
+            }
         }
         self.subscriptions.add(&sample, &frames);
         if !self.listen_only {

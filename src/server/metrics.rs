@@ -52,7 +52,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Metrics {
-    /// A sample read from the ring buffer, with how its user-stack walk ended.
+    /// An on-CPU sample read from the ring buffer, with how its user-stack
+    /// walk ended (off-CPU waits are counted by [`Self::set_off_cpu`]).
     pub fn sample(&self, status: UnwindStatus) {
         self.samples.fetch_add(1, Ordering::Relaxed);
         *lock(&self.unwind).entry(status).or_default() += 1;
@@ -203,7 +204,8 @@ impl Metrics {
             out,
             "lightswitch_samples_total",
             "counter",
-            "Samples read from the BPF ring buffer.",
+            "On-CPU samples read from the BPF ring buffer (off-CPU waits: \
+             lightswitch_off_cpu_waits_total).",
             &[("", get(&self.samples))],
         );
         family(

@@ -237,3 +237,54 @@ fn each_side_of_a_pipe_ping_pong_waits_in_read() {
         );
     }
 }
+
+/// A continuous run's summary counts on-CPU samples as samples and waits
+/// on their own line: with `--profile-interval`, the headline's "N
+/// samples" is the sum of the `user stacks:` line (on-CPU walks), and the
+/// waits are on the `off-CPU:` line. Before, the headline added every
+/// recorded wait to the samples (926 "samples": 360 on-CPU and 566 waits).
+#[test]
+fn a_continuous_run_counts_waits_apart_from_samples() {
+    let _serial = serial();
+    let program = compile("offcpu_windows", &waiter_burner_source(), FP_FLAGS);
+    let dir = tempdir();
+    let wall_file = dir.path().join("wall_ms");
+    let args = [
+        "record",
+        "--off-cpu",
+        "--sample-freq",
+        "999",
+        "--profile-interval",
+        "0.5",
+        "--profile-format",
+        "folded",
+        "--profile-path",
+        s(dir.path()),
+        "--",
+        s(&program.path),
+        s(&wall_file),
+    ];
+    let out = run(&args, TIMEOUT);
+    out.assert_success();
+    let headline = out
+        .stderr
+        .lines()
+        .find(|l| l.contains(" written to "))
+        .unwrap_or_else(|| panic!("no summary:\n{out}"));
+    let samples: u64 = headline
+        .rsplit_once(": ")
+        .and_then(|(_, counts)| counts.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no sample count in {headline:?}"));
+    let walks: u64 = unwind_counts(&out.stderr)
+        .unwrap_or_else(|| panic!("no user stacks line:\n{out}"))
+        .values()
+        .sum();
+    let waits: u64 = out
+        .stderr
+        .split("off-CPU: ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no off-CPU line:\n{out}"));
+    assert!(waits >= 10, "{waits} waits recorded:\n{out}");
+    assert_eq!(samples, walks, "{out}");
+}
