@@ -85,7 +85,7 @@ impl FrameClass {
 }
 
 /// The class of every name the folded stacks of `profile` have (process
-/// names, then frames as [`folded::folded_stacks`] names them). A name of
+/// names, then frames as [`folded::write`] names them). A name of
 /// two classes (rare: a process named like a function) keeps the first.
 pub fn frame_classes(profile: &Profile) -> HashMap<String, FrameClass> {
     let mut classes = HashMap::new();
@@ -185,11 +185,19 @@ pub fn subtitle(profile: &Profile) -> String {
 }
 
 /// Render `profile` as an SVG flame graph. `title` is drawn at the top, the
-/// [`subtitle`] under it; boxes are coloured by [`FrameClass`]. Errors if
-/// inferno cannot render (e.g. the profile has no samples).
+/// [`subtitle`] under it; boxes are coloured by [`FrameClass`]. Boxes
+/// narrower than inferno's `min_width` (0.01% of the total) are not drawn,
+/// and the stacks under them are merged before inferno reads them
+/// ([`folded::flame_graph_lines`]), so memory follows what is drawn.
+/// Errors if inferno cannot render (e.g. the profile has no samples).
 pub fn encode(profile: &Profile, title: &str) -> Result<Vec<u8>> {
-    let stacks = folded::folded_stacks(profile);
-    let lines: Vec<String> = stacks.iter().map(|(s, c)| format!("{s} {c}")).collect();
+    let lines = folded::flame_graph_lines(profile, Options::default().min_width);
+    render(profile, title, &lines)
+}
+
+/// The SVG of folded `lines` (`stack count`) of `profile`, as [`encode`]
+/// draws it.
+fn render(profile: &Profile, title: &str, lines: &[String]) -> Result<Vec<u8>> {
     let mut palette = PaletteMap::default();
     for (name, class) in frame_classes(profile) {
         palette.insert(&name, class.color(&name));
@@ -203,6 +211,9 @@ pub fn encode(profile: &Profile, title: &str) -> Result<Vec<u8>> {
     }
     .to_string();
     options.palette_map = Some(&mut palette);
+    // Names the palette lacks (the root, `all`) take a colour from their
+    // hash, not at random: the same profile gives the same bytes.
+    options.deterministic = true;
     let mut svg = Vec::new();
     flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
         .context("rendering the flame graph")?;
@@ -226,6 +237,106 @@ pub fn singular_counts(svg: Vec<u8>) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::format::folded::tests::sample_profile;
+    use crate::profile::Frame;
+
+    /// A profile of 300 wide stacks and 20 000 narrow ones (1-3 samples
+    /// each, 0.01% being about 300), over names that sort oddly as text
+    /// (`work b` and `work.cold` sort between `work` and `work;...`), some
+    /// ending where others go on.
+    fn many_narrow_stacks() -> Profile {
+        use std::sync::Arc;
+        let names = [
+            "work",
+            "work b",
+            "work.cold",
+            "parse",
+            "lex",
+            "emit",
+            "alloc",
+            "hash",
+        ];
+        let mut frames: Vec<Frame> = Vec::new();
+        let mut frame_of = HashMap::new();
+        let mut frame = |name: String| -> usize {
+            *frame_of.entry(name.clone()).or_insert_with(|| {
+                frames.push(Frame {
+                    kind: FrameKind::User,
+                    address: 0x1000 + frames.len() as u64,
+                    mapping: None,
+                    lines: vec![crate::profile::Line {
+                        function: Arc::from(name.as_str()),
+                        system_name: Arc::from(name.as_str()),
+                        file: None,
+                        line: None,
+                    }]
+                    .into(),
+                    symbolized: true,
+                });
+                frames.len() - 1
+            })
+        };
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |n: u64| {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) % n
+        };
+        let mut samples = Vec::new();
+        for i in 0..20_300u64 {
+            let mut stack = vec![frame("main".to_string())];
+            for _ in 0..1 + next(7) {
+                stack.push(frame(names[next(names.len() as u64) as usize].to_string()));
+            }
+            if next(2) == 0 {
+                stack.push(frame(format!("leaf{}", next(5_000))));
+            }
+            stack.reverse();
+            let template = &sample_profile().samples[0];
+            samples.push(crate::profile::Sample {
+                frames: stack,
+                count: if i < 300 {
+                    2_000 + next(20_000)
+                } else {
+                    1 + next(3)
+                },
+                ..template.clone()
+            });
+        }
+        Profile {
+            frames,
+            samples,
+            ..sample_profile()
+        }
+    }
+
+    /// Merging the stacks under boxes too narrow to draw changes nothing
+    /// drawn: the SVG is the one from every stack's line, byte for byte,
+    /// and inferno reads half the lines or fewer.
+    #[test]
+    fn narrow_boxes_merge_before_inferno_and_the_svg_stays_the_same() {
+        let profile = many_narrow_stacks();
+        let every: Vec<String> = folded::folded_stacks(&profile)
+            .iter()
+            .map(|(stack, count)| format!("{stack} {count}"))
+            .collect();
+        let merged = folded::flame_graph_lines(&profile, Options::default().min_width);
+        assert!(
+            merged.len() * 2 <= every.len(),
+            "{} lines of {}",
+            merged.len(),
+            every.len()
+        );
+        assert!(merged.iter().any(|l| l.contains(folded::NARROW_FRAMES)));
+        let want = render(&profile, "t", &every).unwrap();
+        let got = encode(&profile, "t").unwrap();
+        assert!(
+            want == got,
+            "the SVGs differ:\n{}\n---\n{}",
+            String::from_utf8_lossy(&want),
+            String::from_utf8_lossy(&got)
+        );
+    }
 
     #[test]
     fn svg_contains_frames_and_total() {

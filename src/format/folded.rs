@@ -7,7 +7,7 @@
 //! (e.g. `[unwind: truncated]`) right after the process name.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::{self, Write};
 
 use super::FormatSpec;
@@ -89,6 +89,40 @@ impl Folded {
         Folded { names, stacks }
     }
 
+    /// For each stack (in order), the depth of the first box on its path
+    /// that a flame graph does not draw, being narrower than `threshold`
+    /// (in counts), if any. A box is a run of consecutive stacks with the
+    /// same names down to its depth, as a flame graph merges them. Time:
+    /// each (stack, depth) is written at most once per box over it.
+    fn narrow_cuts(&self, threshold: f64) -> Vec<Option<usize>> {
+        let mut cuts = vec![None; self.stacks.len()];
+        // The boxes open at the current stack: (name, first stack, count).
+        let mut open: Vec<(u32, usize, u64)> = Vec::new();
+        let close = |open: &mut Vec<(u32, usize, u64)>, depth, end, cuts: &mut [Option<usize>]| {
+            while open.len() > depth {
+                let (_, first, count) = open.pop().expect("open is longer than depth");
+                if (count as f64) < threshold {
+                    // A box higher up, closed later, overwrites this.
+                    cuts[first..end].fill(Some(open.len()));
+                }
+            }
+        };
+        for (i, (ids, count)) in self.stacks.iter().enumerate() {
+            let common = open
+                .iter()
+                .zip(ids.iter())
+                .take_while(|(node, &id)| node.0 == id)
+                .count();
+            close(&mut open, common, i, &mut cuts);
+            open.extend(ids[common..].iter().map(|&id| (id, i, 0)));
+            for node in &mut open {
+                node.2 += count;
+            }
+        }
+        close(&mut open, 0, self.stacks.len(), &mut cuts);
+        cuts
+    }
+
     /// The text of stack `ids`: its names joined by `;`.
     fn text(&self, ids: &[u32]) -> String {
         let names: Vec<&str> = ids
@@ -124,13 +158,57 @@ fn joined_bytes<'a>(names: &'a [String], ids: &'a [u32]) -> impl Iterator<Item =
 }
 
 /// The folded stacks of `profile`, merged (identical stacks of different
-/// threads add up) and sorted, as `(stack, count)`.
-pub fn folded_stacks(profile: &Profile) -> BTreeMap<String, u64> {
+/// threads add up) and sorted, as `(stack, count)`: what [`write`] writes,
+/// for tests to compare.
+#[cfg(test)]
+pub(crate) fn folded_stacks(profile: &Profile) -> std::collections::BTreeMap<String, u64> {
     let folded = Folded::new(profile);
     folded
         .stacks
         .iter()
         .map(|(ids, count)| (folded.text(ids), *count))
+        .collect()
+}
+
+/// Name of the frame that stands, in [`flame_graph_lines`], for all the
+/// frames under a box too narrow to be drawn. It is never drawn itself: it
+/// is no wider than the box above it.
+pub const NARROW_FRAMES: &str = "[narrower than the flame graph draws]";
+
+/// `profile`'s folded lines (`stack count`, in the order [`write`]
+/// writes them) for a flame graph that leaves out every box narrower
+/// than `min_percent` of the total (inferno's `Options::min_width`, a
+/// percent of the image width; and so every box under such a box). The
+/// boxes such a flame graph draws come out the same, with the same counts
+/// and places, as from every stack's line, but below a box it does not
+/// draw all of a stack's frames become one [`NARROW_FRAMES`] frame, so the
+/// lines under it merge into one. The memory is that of the lines drawn,
+/// not of every distinct stack: an hour of a collector's samples has
+/// hundreds of thousands of distinct stacks, whose text is gigabytes.
+pub fn flame_graph_lines(profile: &Profile, min_percent: f64) -> Vec<String> {
+    let folded = Folded::new(profile);
+    let total: u64 = folded.stacks.iter().map(|(_, count)| count).sum();
+    let cuts = folded.narrow_cuts(total as f64 * min_percent / 100.0);
+    let mut kept: Vec<(&[u32], bool, u64)> = Vec::new();
+    for ((ids, count), cut) in folded.stacks.iter().zip(cuts) {
+        let (ids, narrow) = match cut {
+            Some(depth) if ids.len() > depth + 1 => (&ids[..=depth], true),
+            _ => (&ids[..], false),
+        };
+        match kept.last_mut() {
+            Some(last) if last.0 == ids && last.1 == narrow => last.2 += count,
+            _ => kept.push((ids, narrow, *count)),
+        }
+    }
+    kept.into_iter()
+        .map(|(ids, narrow, count)| {
+            let mut text = folded.text(ids);
+            if narrow {
+                text.push(';');
+                text.push_str(NARROW_FRAMES);
+            }
+            format!("{text} {count}")
+        })
         .collect()
 }
 
@@ -160,6 +238,7 @@ pub fn encode(profile: &Profile) -> String {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use std::collections::BTreeMap;
     use std::sync::Arc;
 
     use super::*;
