@@ -20,7 +20,8 @@
 //! - `GET /v1/timeline?from=&to=&step=[&host=&pid=&tid=&comm=]`: sample
 //!   density of the recordings ([`crate::web::timeline`]).
 //! - `GET /v1/profiles/merged?from=&to=&format=[&host=&pid=&tid=&comm=]`:
-//!   exactly the recorded samples and waits in `[from, to)`, in any format
+//!   exactly the recorded samples and waits in `[from, to)` (defaults: all
+//!   time, as on the collector), in any format
 //!   of [`crate::format`] (pprof gzip'd; `folded-off-cpu` and
 //!   `flame-graph-off-cpu` for the waits), with the collector's headers
 //!   `X-Lightswitch-Samples` (on-CPU samples) and
@@ -213,15 +214,31 @@ fn filtered(mut profile: Profile, filter: &SampleFilter) -> Profile {
 /// The recorded samples and off-CPU waits (by their start) in `[from, to)`
 /// that `filter` passes, as [`Range`]: one recording's cut with its
 /// timeline and waits, several merged (timeline and waits dropped, each
-/// stack's off-CPU ns kept).
+/// stack's off-CPU ns kept). The range is first narrowed to the span of
+/// the recordings it meets, so that an open range (all time) spans them,
+/// not 1970 to 2554.
 fn range_profile(
     recordings: &[Arc<Profile>],
     (from, to): (u64, u64),
     filter: &SampleFilter,
 ) -> Range {
-    let mut cuts: Vec<Profile> = recordings
+    let end_of = |p: &Profile| p.start_unix_ns.saturating_add(p.duration_ns.max(1));
+    let met: Vec<&Arc<Profile>> = recordings
         .iter()
-        .filter(|p| p.start_unix_ns < to && from < p.start_unix_ns + p.duration_ns.max(1))
+        .filter(|p| p.start_unix_ns < to && from < end_of(p))
+        .collect();
+    let from = met
+        .iter()
+        .map(|p| p.start_unix_ns)
+        .min()
+        .map_or(from, |s| s.max(from));
+    let to = met
+        .iter()
+        .map(|p| end_of(p))
+        .max()
+        .map_or(to, |e| e.min(to));
+    let mut cuts: Vec<Profile> = met
+        .into_iter()
         .map(|p| {
             let offset = |t: u64| (i128::from(t) - i128::from(p.start_unix_ns)) as i64;
             filtered(slice(p, offset(from), offset(to)), filter)
@@ -259,7 +276,7 @@ pub(super) async fn merged(
 ) -> Response {
     blocking(move || {
         let pairs = pairs(query.as_deref());
-        let parsed = timeline::range(&pairs, "from", "to").and_then(|range| {
+        let parsed = timeline::range_or_all(&pairs, "from", "to").and_then(|range| {
             let format = merged::format(value(&pairs, "format"))?;
             Ok((range, format, SampleFilter::from_pairs(&pairs)?))
         });
@@ -397,6 +414,24 @@ mod tests {
         assert_eq!((r.inputs, r.waits, r.profile.waits.len()), (2, 4, 0));
         assert!(r.profile.off_cpu);
         assert_eq!(r.profile.total_off_cpu_ns(), 26);
+    }
+
+    /// An open range (no from or to: 0 to `u64::MAX`) spans the
+    /// recordings it meets, not 1970 to 2554, and keeps every sample at
+    /// its time.
+    #[test]
+    fn an_open_range_spans_the_recordings() {
+        let a = Arc::new(recording(1_000, &[(1, 0), (2, 10)]));
+        let b = Arc::new(recording(5_000, &[(1, 999)]));
+        let all = SampleFilter::default();
+        let r = range_profile(std::slice::from_ref(&a), (0, u64::MAX), &all);
+        let span = (r.profile.start_unix_ns, r.profile.duration_ns);
+        assert_eq!(span, (1_000, 1_000));
+        let offsets: Vec<i64> = r.profile.timeline.iter().map(|t| t.offset_ns).collect();
+        assert_eq!(offsets, [0, 10]);
+        let r = range_profile(&[a, b], (0, u64::MAX), &all);
+        assert_eq!((r.inputs, r.profile.total_samples()), (2, 3));
+        assert_eq!(r.profile.start_unix_ns, 1_000);
     }
 
     #[test]

@@ -93,6 +93,25 @@ pub fn time(pairs: &[(String, String)], key: &str) -> Result<u64, String> {
     })
 }
 
+/// A range `[FROM_KEY, TO_KEY)` whose ends may be left out: from the
+/// start of time (0) and to its end (`u64::MAX`), as both servers' merged
+/// profiles take it; errors are the 400 message.
+pub fn range_or_all(
+    pairs: &[(String, String)],
+    from: &str,
+    to: &str,
+) -> Result<(u64, u64), String> {
+    let end = |key: &str, absent: u64| match value(pairs, key) {
+        Some(_) => time(pairs, key),
+        None => Ok(absent),
+    };
+    let (a, b) = (end(from, 0)?, end(to, u64::MAX)?);
+    if b <= a {
+        return Err(format!("{to}= must be after {from}="));
+    }
+    Ok((a, b))
+}
+
 /// A required range `[FROM_KEY, TO_KEY)`; errors are the 400 message.
 pub fn range(pairs: &[(String, String)], from: &str, to: &str) -> Result<(u64, u64), String> {
     let (a, b) = (time(pairs, from)?, time(pairs, to)?);

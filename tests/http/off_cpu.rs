@@ -93,6 +93,11 @@ fn a_recording_keeps_where_threads_waited() {
         (0.9e9..=1.1e9).contains(&(slept as f64)),
         "{slept} ns off-CPU under waiter in clock_nanosleep:\n{folded}"
     );
+    // Without from and to, the range is all the recordings (here one), as
+    // on the collector: the same profile (before: 400, "from= is missing").
+    let (open, open_waits) = merged(&agent.url("/v1/profiles/merged?format=folded-off-cpu"));
+    assert_eq!(String::from_utf8(open).unwrap(), folded);
+    assert_eq!(open_waits, waits);
     let (svg, _) = merged(&url("flame-graph-off-cpu"));
     let svg = String::from_utf8(svg).unwrap();
     assert!(svg.contains("Off-CPU") && svg.contains("waiter"));
