@@ -46,16 +46,11 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let output_dir_existed = plan.output_dir.exists();
+    let created = lightswitch::sudo::directories_to_create(&plan);
     match lightswitch::run::run(&plan) {
         Ok(summary) => {
             if let Some(id) = &invoker {
-                lightswitch::sudo::give_outputs_to(
-                    id,
-                    &summary.outputs,
-                    &plan.output_dir,
-                    output_dir_existed,
-                );
+                lightswitch::sudo::give_outputs_to(id, &summary.outputs, &created);
             }
             // With the profile itself on stdout (`--profile-name
             // /dev/stdout`), the summary goes to stderr.

@@ -6,7 +6,7 @@
 
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{anyhow, Result};
 
@@ -105,15 +105,36 @@ fn user_groups(user: &OsStr, gid: u32) -> Option<Vec<u32>> {
     }
 }
 
-/// The files a run wrote (`outputs`: profiles, window files) and `dir`,
-/// when the run created it, become `id`'s (its uid and primary gid), so
-/// that the user who ran sudo can read and remove them. A file that cannot
-/// be given away is left as it is, with a warning; one already gone (pruned
-/// by `--max-profiles` since it was written) is skipped.
-pub fn give_outputs_to(id: &Identity, outputs: &[PathBuf], dir: &Path, dir_existed: bool) {
-    let created_dir = (!dir_existed).then_some(dir);
-    for path in outputs.iter().map(PathBuf::as_path).chain(created_dir) {
-        match std::os::unix::fs::chown(path, Some(id.uid), Some(id.gid)) {
+/// The directories that do not exist yet on the way to `plan`'s profiles
+/// (`--profile-path`, and the directories in a `--profile-name`),
+/// outermost first: those the run will create, to be given away with what
+/// it writes. Call it before the run.
+pub fn directories_to_create(plan: &crate::run::RunPlan) -> Vec<PathBuf> {
+    let parents = plan.outputs.iter().filter_map(|(_, path)| path.parent());
+    let mut missing = Vec::new();
+    for path in std::iter::once(plan.output_dir.as_path()).chain(parents) {
+        let mut dir = Some(path);
+        while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+            missing.push(d.to_path_buf());
+            dir = d.parent();
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    missing
+}
+
+/// The files a run wrote (`outputs`: profiles, window files) and the
+/// directories it created (`created`, from [`directories_to_create`] before
+/// the run) become `id`'s (its uid and primary gid), so that the user who
+/// ran sudo can read and remove them. A symbolic link is given away, not
+/// what it points to (`lchown`). A file that cannot be given away is left
+/// as it is, with a warning; one already gone (pruned by `--max-profiles`
+/// since it was written; a directory the run did not create after all) is
+/// skipped.
+pub fn give_outputs_to(id: &Identity, outputs: &[PathBuf], created: &[PathBuf]) {
+    for path in outputs.iter().chain(created) {
+        match std::os::unix::fs::lchown(path, Some(id.uid), Some(id.gid)) {
             Ok(()) => {}
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => tracing::warn!(

@@ -115,18 +115,13 @@ pub fn record(plan: &RecordPlan) -> Result<i32> {
         .iter()
         .any(|(_, path)| crate::files::is_stdout(path));
     let mut held = HeldCommand::spawn(&path, program, rest, identity.as_ref(), profile_on_stdout)?;
-    let output_dir_existed = plan.run.output_dir.exists();
+    let created = crate::sudo::directories_to_create(&plan.run);
     let run = crate::run::run_with(&plan.run, Some(&mut held));
     let failure = match &run {
         Ok(summary) => {
             eprintln!("{summary}");
             if let Some(id) = &identity {
-                give_outputs_to(
-                    id,
-                    &summary.outputs,
-                    &plan.run.output_dir,
-                    output_dir_existed,
-                );
+                give_outputs_to(id, &summary.outputs, &created);
             }
             summary.continuous.as_ref().and_then(|c| c.report.failure())
         }

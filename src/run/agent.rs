@@ -57,7 +57,7 @@ const ALIVE_CHECK_PERIOD: Duration = Duration::from_secs(1);
 pub struct Totals {
     /// Windows closed.
     pub windows: u64,
-    /// Distinct processes with samples.
+    /// Distinct processes with on-CPU samples (not those that only waited).
     pub pids: HashSet<u32>,
     /// Samples per unwind result.
     pub status: HashMap<UnwindStatus, u64>,
@@ -67,8 +67,8 @@ impl Totals {
     /// Count `closed` in.
     pub fn account(&mut self, closed: &ClosedWindow) {
         self.windows += 1;
-        self.pids
-            .extend(closed.aggregator.stacks().map(|(key, _)| key.pid));
+        let sampled = closed.aggregator.stacks().filter(|(_, count)| *count > 0);
+        self.pids.extend(sampled.map(|(key, _)| key.pid));
         for (status, n) in closed.aggregator.status_counts() {
             *self.status.entry(*status).or_default() += n;
         }
@@ -595,3 +595,7 @@ impl<'s, 'o> Agent<'s, 'o> {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "agent_tests.rs"]
+mod tests;

@@ -14,7 +14,7 @@ pub struct RunSummary {
     pub outputs: Vec<std::path::PathBuf>,
     /// Samples in the profile.
     pub samples: u64,
-    /// Distinct processes with samples.
+    /// Distinct processes with on-CPU samples.
     pub processes: usize,
     /// Samples lost (a ring buffer full, or records that did not parse).
     pub lost: u64,

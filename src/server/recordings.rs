@@ -215,8 +215,9 @@ fn filtered(mut profile: Profile, filter: &SampleFilter) -> Profile {
 /// that `filter` passes, as [`Range`]: one recording's cut with its
 /// timeline and waits, several merged (timeline and waits dropped, each
 /// stack's off-CPU ns kept). The range is first narrowed to the span of
-/// the recordings it meets, so that an open range (all time) spans them,
-/// not 1970 to 2554.
+/// the recordings it meets (from the start of the earliest wait they
+/// hold, which may have begun before its recording did), so that an open
+/// range (all time) spans them, not 1970 to 2554.
 fn range_profile(
     recordings: &[Arc<Profile>],
     (from, to): (u64, u64),
@@ -227,9 +228,14 @@ fn range_profile(
         .iter()
         .filter(|p| p.start_unix_ns < to && from < end_of(p))
         .collect();
+    // A wait that began before its recording did (offset < 0) is in it.
+    let first = |p: &Profile| {
+        let earliest = p.waits.iter().map(|w| w.start_offset_ns).min().unwrap_or(0);
+        p.start_unix_ns.saturating_add_signed(earliest.min(0))
+    };
     let from = met
         .iter()
-        .map(|p| p.start_unix_ns)
+        .map(|p| first(p))
         .min()
         .map_or(from, |s| s.max(from));
     let to = met
@@ -432,6 +438,10 @@ mod tests {
         let r = range_profile(&[a, b], (0, u64::MAX), &all);
         assert_eq!((r.inputs, r.profile.total_samples()), (2, 3));
         assert_eq!(r.profile.start_unix_ns, 1_000);
+        // A wait that began 300 ns before its recording is in all time.
+        let c = Arc::new(waited(1_000, &[(1, 0)], &[(0, -300, 50)]));
+        let r = range_profile(&[c], (0, u64::MAX), &all);
+        assert_eq!((r.waits, r.profile.start_unix_ns), (1, 700));
     }
 
     #[test]

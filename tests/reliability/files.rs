@@ -83,7 +83,7 @@ fn a_run_through_sudo_gives_its_profiles_to_the_invoking_user() {
     use std::os::unix::fs::MetadataExt;
     let _serial = common::serial();
     let dir = common::tempdir();
-    let created = dir.path().join("made-by-the-run");
+    let created = dir.path().join("made/by/the-run");
     let owner = |path: &Path| {
         let meta = fs::metadata(path).unwrap();
         (meta.uid(), meta.gid(), meta.mode() & 0o777)
@@ -109,8 +109,24 @@ fn a_run_through_sudo_gives_its_profiles_to_the_invoking_user() {
     // The directory existed before the run: it stays root's.
     assert_eq!(owner(dir.path()).0, 0);
     through_sudo(&created, "65534");
-    assert_eq!(owner(&created).0, 65534);
-    assert_eq!(owner(&created.join("folded.txt")).0, 65534);
+    // Every directory the run made on the way, so the user can remove
+    // them (before, only the innermost was given away).
+    for made in [
+        "made",
+        "made/by",
+        "made/by/the-run",
+        "made/by/the-run/folded.txt",
+    ] {
+        assert_eq!(owner(&dir.path().join(made)).0, 65534, "{made}");
+    }
+    // A profile path that is a symbolic link: the link is given away, not
+    // the file it points to.
+    let links = common::tempdir();
+    let victim = dir.path().join("victim");
+    fs::write(&victim, "root's").unwrap();
+    std::os::unix::fs::symlink(&victim, links.path().join("profile.pb")).unwrap();
+    through_sudo(links.path(), "65534");
+    assert_eq!(owner(&victim).0, 0);
     // sudo from root (SUDO_UID=0): root's files.
     through_sudo(dir.path(), "0");
     assert_eq!(owner(&dir.path().join("folded.txt")).0, 0);
