@@ -46,7 +46,10 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let created = lightswitch::sudo::directories_to_create(&plan);
+    let created = invoker
+        .as_ref()
+        .map(|_| lightswitch::sudo::directories_to_create(&plan))
+        .unwrap_or_default();
     match lightswitch::run::run(&plan) {
         Ok(summary) => {
             if let Some(id) = &invoker {

@@ -244,7 +244,6 @@ mod tests {
     /// (`work b` and `work.cold` sort between `work` and `work;...`), some
     /// ending where others go on.
     fn many_narrow_stacks() -> Profile {
-        use std::sync::Arc;
         let names = [
             "work",
             "work b",
@@ -259,19 +258,8 @@ mod tests {
         let mut frame_of = HashMap::new();
         let mut frame = |name: String| -> usize {
             *frame_of.entry(name.clone()).or_insert_with(|| {
-                frames.push(Frame {
-                    kind: FrameKind::User,
-                    address: 0x1000 + frames.len() as u64,
-                    mapping: None,
-                    lines: vec![crate::profile::Line {
-                        function: Arc::from(name.as_str()),
-                        system_name: Arc::from(name.as_str()),
-                        file: None,
-                        line: None,
-                    }]
-                    .into(),
-                    symbolized: true,
-                });
+                let address = 0x1000 + frames.len() as u64;
+                frames.push(folded::tests::frame(FrameKind::User, address, &[&name]));
                 frames.len() - 1
             })
         };

@@ -254,7 +254,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn frame(kind: FrameKind, address: u64, names: &[&str]) -> Frame {
+    pub(crate) fn frame(kind: FrameKind, address: u64, names: &[&str]) -> Frame {
         Frame {
             kind,
             address,

@@ -115,7 +115,10 @@ pub fn record(plan: &RecordPlan) -> Result<i32> {
         .iter()
         .any(|(_, path)| crate::files::is_stdout(path));
     let mut held = HeldCommand::spawn(&path, program, rest, identity.as_ref(), profile_on_stdout)?;
-    let created = crate::sudo::directories_to_create(&plan.run);
+    let created = identity
+        .as_ref()
+        .map(|_| crate::sudo::directories_to_create(&plan.run))
+        .unwrap_or_default();
     let run = crate::run::run_with(&plan.run, Some(&mut held));
     let failure = match &run {
         Ok(summary) => {

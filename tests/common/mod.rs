@@ -324,12 +324,20 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Find and parse the summary line in `stdout`.
+    /// Find and parse the summary line in `stdout`: a one-shot run's
+    /// `profile written to PATH: ...`, or a continuous run's `N windows
+    /// written to DIR: ...`.
     pub fn parse(stdout: &str) -> Option<Summary> {
-        let line = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("profile written to "))?;
+        let line = stdout.lines().find_map(|l| {
+            l.strip_prefix("profile written to ").or_else(|| {
+                let (windows, rest) = l.split_once(" written to ")?;
+                let (n, noun) = windows.split_once(' ')?;
+                (n.parse::<u64>().is_ok() && noun.starts_with("window")).then_some(rest)
+            })
+        })?;
         let (path, counts) = line.rsplit_once(": ")?;
+        // A continuous run may add `(N more windows had no samples, ...)`.
+        let counts = counts.split(" (").next()?;
         let mut numbers = counts.split(", ").map(|part| {
             let (n, what) = part.split_once(' ')?;
             Some((n.parse::<u64>().ok()?, what))

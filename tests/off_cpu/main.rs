@@ -97,8 +97,15 @@ int main(void) {{
     )
 }
 
-/// `lightswitch record --off-cpu` at `freq` Hz with `formats` into `dir`.
-fn record_off_cpu(dir: &Path, freq: &str, formats: &str, command: &[&str]) -> Output {
+/// `lightswitch record --off-cpu` at `freq` Hz with `formats` into `dir`,
+/// and `options` besides.
+fn record_off_cpu(
+    dir: &Path,
+    freq: &str,
+    formats: &str,
+    options: &[&str],
+    command: &[&str],
+) -> Output {
     let mut args: Vec<String> = [
         "record",
         "--off-cpu",
@@ -108,10 +115,11 @@ fn record_off_cpu(dir: &Path, freq: &str, formats: &str, command: &[&str]) -> Ou
         formats,
         "--profile-path",
         s(dir),
-        "--",
     ]
     .map(String::from)
     .to_vec();
+    args.extend(options.iter().map(|a| a.to_string()));
+    args.push("--".to_string());
     args.extend(command.iter().map(|a| a.to_string()));
     let out = run(&args, TIMEOUT);
     out.assert_success();
@@ -143,6 +151,7 @@ fn a_sleeper_waits_a_second_under_waiter_and_burns_under_burner() {
         dir.path(),
         &freq.to_string(),
         "folded,pprof",
+        &[],
         &[s(&program.path), s(&wall_file)],
     );
     assert!(out.stderr.contains("off-CPU: "), "{out}");
@@ -208,7 +217,7 @@ fn a_contended_mutex_is_waited_for_under_contended_in_futex() {
     let _serial = serial();
     let program = compile("offcpu_mutex", &mutex_source(), &["-O2", "-g", "-pthread"]);
     let dir = tempdir();
-    record_off_cpu(dir.path(), "99", "folded", &[s(&program.path)]);
+    record_off_cpu(dir.path(), "99", "folded", &[], &[s(&program.path)]);
     let off = read_folded(&dir.path().join("folded-off-cpu.txt"));
     let waited = ns_with(&off, &program.name, &["contended", "futex"]);
     // 10 holds of 50 ms; the wanting thread waits most of each.
@@ -225,7 +234,7 @@ fn each_side_of_a_pipe_ping_pong_waits_in_read() {
     let _serial = serial();
     let program = compile("offcpu_pingpong", &ping_pong_source(), FP_FLAGS);
     let dir = tempdir();
-    record_off_cpu(dir.path(), "99", "folded", &[s(&program.path)]);
+    record_off_cpu(dir.path(), "99", "folded", &[], &[s(&program.path)]);
     let off = read_folded(&dir.path().join("folded-off-cpu.txt"));
     for side in ["ping", "pong"] {
         let waited = ns_with(&off, &program.name, &[side, "ksys_read"]);
@@ -249,32 +258,16 @@ fn a_continuous_run_counts_waits_apart_from_samples() {
     let program = compile("offcpu_windows", &waiter_burner_source(), FP_FLAGS);
     let dir = tempdir();
     let wall_file = dir.path().join("wall_ms");
-    let args = [
-        "record",
-        "--off-cpu",
-        "--sample-freq",
+    let out = record_off_cpu(
+        dir.path(),
         "999",
-        "--profile-interval",
-        "0.5",
-        "--profile-format",
         "folded",
-        "--profile-path",
-        s(dir.path()),
-        "--",
-        s(&program.path),
-        s(&wall_file),
-    ];
-    let out = run(&args, TIMEOUT);
-    out.assert_success();
-    let headline = out
-        .stderr
-        .lines()
-        .find(|l| l.contains(" written to "))
-        .unwrap_or_else(|| panic!("no summary:\n{out}"));
-    let samples: u64 = headline
-        .rsplit_once(": ")
-        .and_then(|(_, counts)| counts.split(' ').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no sample count in {headline:?}"));
+        &["--profile-interval", "0.5"],
+        &[s(&program.path), s(&wall_file)],
+    );
+    let samples = Summary::parse(&out.stderr)
+        .unwrap_or_else(|| panic!("no summary:\n{out}"))
+        .samples;
     let walks: u64 = unwind_counts(&out.stderr)
         .unwrap_or_else(|| panic!("no user stacks line:\n{out}"))
         .values()
