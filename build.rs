@@ -2,14 +2,14 @@
 //! skeleton (libbpf-cargo), and generates with prost the pprof message
 //! types from `proto/profile.proto`, Pyroscope's push API types from
 //! `proto/pyroscope/` and the OpenTelemetry profiles types from
-//! `proto/otlp/` (module tree in `otlp.rs`, see `src/format/otlp/mod.rs`).
+//! `proto/otlp/` (module tree in `otlp.rs`, see `src/profile/format/otlp/mod.rs`).
 
 use std::env;
 use std::path::PathBuf;
 
 use libbpf_cargo::SkeletonBuilder;
 
-const BPF_SRC: &str = "src/bpf/profiler.bpf.c";
+const BPF_SRC: &str = "src/sampling/bpf/profiler.bpf.c";
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
@@ -21,10 +21,10 @@ fn main() {
     println!("cargo:rerun-if-env-changed=CLANG");
     builder
         .source(BPF_SRC)
-        .clang_args(["-Isrc/bpf", "-Wall", "-Wno-unused-function"])
+        .clang_args(["-Isrc/sampling/bpf", "-Wall", "-Wno-unused-function"])
         .build_and_generate(out.join("profiler.skel.rs"))
         .expect("compiling the BPF program (is clang installed? see scripts/setup.sh)");
-    println!("cargo:rerun-if-changed=src/bpf");
+    println!("cargo:rerun-if-changed=src/sampling/bpf");
 
     // pprof (`perftools.profiles`), and Pyroscope's push API (`push.v1`,
     // `types.v1`; its imports are relative to `proto/pyroscope`).

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use lightswitch::collector::ingest::store_otlp;
-use lightswitch::collector::store::SampleStore;
-use lightswitch::format::otlp::proto::collector::ExportProfilesServiceRequest;
-use lightswitch::format::{otlp, Compression};
+use lightswitch::collector::sample_store::SampleStore;
+use lightswitch::profile::format::otlp::proto::collector::ExportProfilesServiceRequest;
+use lightswitch::profile::format::{otlp, Compression};
 use lightswitch::profile::{Profile, TimedSample};
 use prost::Message;
 

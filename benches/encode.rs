@@ -8,9 +8,9 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use lightswitch::format::{firefox, flamegraph, folded, otlp, pprof, Compression};
+use lightswitch::profile::format::{firefox, flamegraph, folded, otlp, pprof, Compression};
 use lightswitch::profile::{Frame, FrameKind, Line, Profile, ProfileMapping, Sample, TimedSample};
-use lightswitch::sample::UnwindStatus;
+use lightswitch::sampling::records::UnwindStatus;
 
 const FUNCTIONS: usize = 500;
 const DEPTH: usize = 20;

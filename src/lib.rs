@@ -1,41 +1,48 @@
 //! lightswitch: a standalone eBPF CPU profiler for Linux.
 //!
-//! The pipeline (see `docs/architecture.md`): [`sampler`] (BPF program on perf events,
-//! ring buffer of [`sample::RawSample`]s) -> [`process`] (mappings and
-//! objects) -> [`profile::aggregate`] (exact stacks) -> [`symbolize`]
-//! (blazesym) -> [`profile::Profile`] -> [`format`] encoders -> [`sender`]s.
-//! [`run`] drives one profiling run; [`cli`] parses the command line and
-//! builds the stages' config structs; [`server`] answers on-demand profile,
-//! heap ([`heap`]) and metrics requests over HTTP (`--listen`);
-//! [`collector`] receives profiles from [`sender::remote`] ([`wire`] names
-//! the headers between them); [`files`] writes every file atomically;
-//! [`text`] words the summaries.
+//! The top-level modules are the pipeline's stages, in the order data flows
+//! (`docs/architecture.md` has the table of stage, folder, key type and doc
+//! page):
+//!
+//! 1. [`sampling`]: the BPF program on perf events, its loader
+//!    ([`sampling::sampler::Sampler`]), pre-flight checks, and the records it
+//!    reports ([`sampling::records::RawSample`]).
+//! 2. [`unwind`]: unwind tables built from each object's CFI, loaded into the
+//!    BPF walker, and the walks user space finishes.
+//! 3. [`process`]: processes, their mappings and the objects they map.
+//! 4. [`symbolize`]: addresses to function names, files and lines.
+//! 5. [`profile`]: the format-neutral [`profile::Profile`], exact-stack
+//!    aggregation, windows, and the encoders and decoders of
+//!    [`profile::format`].
+//! 6. [`output`]: profile files, the sudo hand-over, and the senders.
+//! 7. [`agent`]: one profiling run ([`agent::run`]), the on-demand HTTP API
+//!    ([`agent::api`]), the HTTP plumbing and web page both servers share.
+//! 8. [`collector`]: `lightswitch collector`, the receiving server.
+//! 9. [`commands`]: the command line ([`commands::cli`], which alone sees
+//!    clap and builds each command's plan), `record`, `report` and `diff`.
+//!
+//! [`util`] holds what every stage shares (panic containment, time and text
+//! formatting, the HTTP header names between sender and collector).
 
 #![deny(missing_docs)]
 
-pub mod bpf_info;
-pub mod cli;
-pub mod collector;
-pub mod compare;
-pub mod files;
-pub mod format;
-pub mod guard;
-pub mod heap;
-pub mod httpd;
-pub mod preflight;
-pub mod process;
-pub mod profile;
-pub mod record;
-pub mod run;
-pub mod sample;
-pub mod sampler;
-pub mod sender;
-pub mod server;
-mod skel;
-pub mod sudo;
-pub mod symbolize;
-pub mod text;
-pub mod timefmt;
+// In the order data flows (rustfmt keeps the order of separate groups).
+pub mod sampling;
+
 pub mod unwind;
-pub mod web;
-pub mod wire;
+
+pub mod process;
+
+pub mod symbolize;
+
+pub mod profile;
+
+pub mod output;
+
+pub mod agent;
+
+pub mod collector;
+
+pub mod commands;
+
+pub mod util;

@@ -1,20 +1,20 @@
-//! The `lightswitch` binary: parses the command line and hands over to [`lightswitch::run`].
+//! The `lightswitch` binary: parses the command line and hands over to [`lightswitch::agent::run`].
 
 use clap::Parser;
-use lightswitch::cli::{Cli, Command, LogLevel};
-use lightswitch::record::RecordPlan;
-use lightswitch::run::RunPlan;
+use lightswitch::agent::run::RunPlan;
+use lightswitch::commands::cli::{Cli, Command, LogLevel};
+use lightswitch::commands::record::RecordPlan;
 
 /// Every allocation of the profiler goes through jemalloc, so that its own
-/// heap can be profiled (`lightswitch::heap`, `GET /debug/pprof/heap`).
+/// heap can be profiled (`lightswitch::agent::heap`, `GET /debug/pprof/heap`).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc reads its compiled-in configuration from this symbol at start
-/// ([`lightswitch::heap::DEFAULT_MALLOC_CONF`]; `_RJEM_MALLOC_CONF` overrides it).
+/// ([`lightswitch::agent::heap::DEFAULT_MALLOC_CONF`]; `_RJEM_MALLOC_CONF` overrides it).
 #[allow(non_upper_case_globals)]
 #[export_name = "_rjem_malloc_conf"]
-pub static malloc_conf: &[u8] = lightswitch::heap::DEFAULT_MALLOC_CONF;
+pub static malloc_conf: &[u8] = lightswitch::agent::heap::DEFAULT_MALLOC_CONF;
 
 fn main() {
     let cli = Cli::parse();
@@ -39,7 +39,7 @@ fn main() {
     // Started through sudo, the files the run writes are given to the user
     // who ran sudo (as `record` does); an unreadable SUDO_UID is an error
     // before sampling, not a surprise after it.
-    let invoker = match lightswitch::sudo::Identity::from_sudo() {
+    let invoker = match lightswitch::output::sudo::Identity::from_sudo() {
         Ok(invoker) => invoker,
         Err(err) => {
             eprintln!("error: {err:#}");
@@ -48,19 +48,19 @@ fn main() {
     };
     let created = invoker
         .as_ref()
-        .map(|_| lightswitch::sudo::directories_to_create(&plan))
+        .map(|_| lightswitch::output::sudo::directories_to_create(&plan))
         .unwrap_or_default();
-    match lightswitch::run::run(&plan) {
+    match lightswitch::agent::run::run(&plan) {
         Ok(summary) => {
             if let Some(id) = &invoker {
-                lightswitch::sudo::give_outputs_to(id, &summary.outputs, &created);
+                lightswitch::output::sudo::give_outputs_to(id, &summary.outputs, &created);
             }
             // With the profile itself on stdout (`--profile-name
             // /dev/stdout`), the summary goes to stderr.
             let profile_on_stdout = plan
                 .outputs
                 .iter()
-                .any(|(_, path)| lightswitch::files::is_stdout(path));
+                .any(|(_, path)| lightswitch::output::files::is_stdout(path));
             if profile_on_stdout {
                 eprintln!("{summary}");
             } else {
@@ -95,7 +95,7 @@ enum Plan {
 /// Exits with a usage error (status 2, clap's format) when the flags
 /// conflict with each other: mistakes in the command line itself, told
 /// apart from a run that failed (1, or `record`'s
-/// [`lightswitch::record::OWN_FAILURE_STATUS`]).
+/// [`lightswitch::commands::record::OWN_FAILURE_STATUS`]).
 fn plan_or_usage_error(cli: &Cli) -> Plan {
     let (plan, subcommand) = match &cli.command {
         None => (cli.profile.plan(false).map(Plan::Profile), None),
@@ -128,7 +128,7 @@ fn usage_error(conflict: &anyhow::Error, subcommand: Option<&str>) -> ! {
 
 /// Run `record` as `plan` says and exit with its status.
 fn record(plan: &RecordPlan) -> ! {
-    match lightswitch::record::record(plan) {
+    match lightswitch::commands::record::record(plan) {
         Ok(code) => std::process::exit(code),
         Err(err) => {
             eprintln!("error: {err:#}");
@@ -136,10 +136,11 @@ fn record(plan: &RecordPlan) -> ! {
             // run (126); anything else is record's own failure.
             let status = err
                 .chain()
-                .find_map(|e| e.downcast_ref::<lightswitch::record::launch::CannotRun>())
-                .map_or(lightswitch::record::OWN_FAILURE_STATUS, |cannot| {
-                    cannot.status
-                });
+                .find_map(|e| e.downcast_ref::<lightswitch::commands::record::launch::CannotRun>())
+                .map_or(
+                    lightswitch::commands::record::OWN_FAILURE_STATUS,
+                    |cannot| cannot.status,
+                );
             std::process::exit(status);
         }
     }
@@ -150,11 +151,13 @@ fn record(plan: &RecordPlan) -> ! {
 /// up. Whether it was; exits 1 when writing fails.
 fn generate(cli: &Cli) -> bool {
     let generated = match &cli.command {
-        Some(Command::Completions { shell }) => Some(lightswitch::cli::generate::completions(
-            *shell,
-            &mut std::io::stdout().lock(),
-        )),
-        Some(Command::Man { subcommand }) => Some(lightswitch::cli::generate::man_page(
+        Some(Command::Completions { shell }) => {
+            Some(lightswitch::commands::cli::generate::completions(
+                *shell,
+                &mut std::io::stdout().lock(),
+            ))
+        }
+        Some(Command::Man { subcommand }) => Some(lightswitch::commands::cli::generate::man_page(
             subcommand.as_deref(),
             &mut std::io::stdout().lock(),
         )),
@@ -205,18 +208,18 @@ fn run_tool(cli: &Cli) {
                 }
             }
         }
-        Some(Command::Diff(args)) => match lightswitch::compare::command::diff(args) {
+        Some(Command::Diff(args)) => match lightswitch::commands::compare::command::diff(args) {
             Ok(code) => std::process::exit(code),
             Err(err) => {
                 eprintln!("error: {err:#}");
-                std::process::exit(lightswitch::compare::diff::BAD_INPUT_EXIT_STATUS);
+                std::process::exit(lightswitch::commands::compare::diff::BAD_INPUT_EXIT_STATUS);
             }
         },
         Some(Command::Report(args)) => {
-            if let Err(err) = lightswitch::compare::command::report(args) {
+            if let Err(err) = lightswitch::commands::compare::command::report(args) {
                 eprintln!("error: {err:#}");
                 // As `diff` does: 2 when the input (or the output) fails.
-                std::process::exit(lightswitch::compare::diff::BAD_INPUT_EXIT_STATUS);
+                std::process::exit(lightswitch::commands::compare::diff::BAD_INPUT_EXIT_STATUS);
             }
         }
         Some(Command::Collector {
@@ -244,7 +247,7 @@ fn run_tool(cli: &Cli) {
                 max_merge_profiles: *max_merge_profiles,
                 max_connections: *max_connections,
                 max_timeline_samples: *max_timeline_samples,
-                retention: lightswitch::collector::store::retention::Retention {
+                retention: lightswitch::collector::sample_store::retention::Retention {
                     max_age_ns: *retention,
                     max_bytes: *max_storage,
                 },

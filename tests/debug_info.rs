@@ -283,7 +283,7 @@ fn minidebuginfo_names_static_functions() {
 fn minidebuginfo_is_read_once_per_object_across_windows() {
     use lightswitch::process::ProcessTracker;
     use lightswitch::profile::{aggregate::Aggregator, Window};
-    use lightswitch::sample::{RawSample, UnwindStatus};
+    use lightswitch::sampling::records::{RawSample, UnwindStatus};
     use lightswitch::symbolize::{minidebuginfo, object_tables, Symbolizer};
 
     let _serial = serial();

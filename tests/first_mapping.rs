@@ -15,7 +15,7 @@ use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 
-use lightswitch::format::pprof::proto;
+use lightswitch::profile::format::pprof::proto;
 use prost::Message;
 
 use common::*;

@@ -7,9 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use lightswitch::format::{Compression, ProfileFormat};
-use lightswitch::run::{Continuous, RunPlan};
-use lightswitch::sender::SenderConfig;
+use lightswitch::agent::run::{Continuous, RunPlan};
+use lightswitch::output::sender::SenderConfig;
+use lightswitch::profile::format::{Compression, ProfileFormat};
 
 /// A plan built in code for one process, one second, folded stacks: the
 /// run writes the file it names, with the program's call chain, and its
@@ -28,7 +28,7 @@ fn a_plan_built_in_code_profiles_a_program() {
         ..RunPlan::new(dir.path(), ProfileFormat::Folded)
     };
     plan.check().expect("a valid plan");
-    let summary = lightswitch::run::run(&plan).expect("the run succeeds");
+    let summary = lightswitch::agent::run::run(&plan).expect("the run succeeds");
     let output = dir.path().join("folded.txt");
     assert_eq!(summary.outputs, vec![output.clone()]);
     assert!(summary.continuous.is_none(), "one profile of the run");
@@ -67,7 +67,7 @@ fn a_plan_built_in_code_profiles_a_program() {
         }),
         ..plan
     };
-    let summary = lightswitch::run::run(&plan).expect("a second run in the same process");
+    let summary = lightswitch::agent::run::run(&plan).expect("a second run in the same process");
     let continuous = summary.continuous.as_ref().expect("continuous");
     assert!(continuous.windows >= 3, "{summary}");
     let files = std::fs::read_dir(windows.path()).unwrap().count();
@@ -84,7 +84,7 @@ fn a_plan_built_in_code_is_checked() {
     let dir = tempdir();
     let mut plan = RunPlan::new(dir.path(), ProfileFormat::Folded);
     plan.outputs.clear();
-    let err = lightswitch::run::run(&plan).expect_err("no output");
+    let err = lightswitch::agent::run::run(&plan).expect_err("no output");
     assert!(
         format!("{err:#}").contains("at least one output format"),
         "{err:#}"

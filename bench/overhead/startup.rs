@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use lightswitch::format::pprof::proto;
+use lightswitch::profile::format::pprof::proto;
 use prost::Message;
 
 use crate::profiler::Tools;

@@ -8,7 +8,7 @@
 //! sampling (`VmHWM` at the stop) and over the whole life (`wait4`
 //! ru_maxrss), and checks that the timeline keeps every sample: its
 //! per-thread sample counts (the gzip'd JSON decoded with serde_json; the
-//! OTLP file read back by `lightswitch::format::otlp::read`, counting
+//! OTLP file read back by `lightswitch::profile::format::otlp::read`, counting
 //! timestamps), summed per process name, against the folded counts of the
 //! same run.
 
@@ -167,7 +167,7 @@ fn otlp_counts(path: &Path) -> Result<(usize, BTreeMap<String, u64>)> {
             .with_context(|| format!("gunzipping {}", path.display()))?;
         bytes = raw;
     }
-    let profile = lightswitch::format::otlp::read::decode(&bytes)
+    let profile = lightswitch::profile::format::otlp::read::decode(&bytes)
         .with_context(|| format!("decoding {}", path.display()))?;
     let mut counts = BTreeMap::new();
     let mut threads = std::collections::BTreeSet::new();
@@ -291,7 +291,7 @@ fn run_once(tools: &Tools, config: &TimelineConfig) -> Result<TimelineResult> {
         .lines()
         .filter(|l| l.contains("symbolized in") || l.contains("bytes encoded"))
         .filter_map(|l| {
-            l.split_once("lightswitch::run: ")
+            l.split_once("lightswitch::agent::run: ")
                 .map(|(_, m)| m.to_string())
         })
         .collect();
@@ -396,7 +396,7 @@ mod tests {
 
     #[test]
     fn distinct_stacks_come_from_the_symbolization_log_line() {
-        let stderr = "2026-12-01T04:05:27Z  INFO lightswitch::run: 594428 samples, \
+        let stderr = "2026-12-01T04:05:27Z  INFO lightswitch::agent::run: 594428 samples, \
                       365376 distinct stacks, 370350 frames symbolized in 37.8s\n";
         assert_eq!(logged_count(stderr, " distinct stacks"), Some(365_376));
         assert_eq!(logged_count("no such line\n", " distinct stacks"), None);

@@ -2,7 +2,7 @@
 //! mapped objects (so the profiler's process tracker and symbolizer read
 //! real ELF files), and samples built from them.
 
-use lightswitch::sample::{RawSample, UnwindStatus};
+use lightswitch::sampling::records::{RawSample, UnwindStatus};
 
 /// The first executable mapping of this process whose path satisfies
 /// `wanted`: (start, end) addresses.

@@ -6,8 +6,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use lightswitch::compare::{function_table, input, report};
-use lightswitch::format::folded;
+use lightswitch::commands::compare::{function_table, input, report};
+use lightswitch::profile::format::folded;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

@@ -8,7 +8,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use lightswitch::compare::{function_table, report, timeline};
+use lightswitch::commands::compare::{function_table, report, timeline};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(profile) = timeline::parse_timeline(data) else {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use lightswitch::process::untrusted::{CUT_MARKER, MAX_NAME_BYTES};
-use lightswitch::symbolize::perf_map::PerfMap;
+use lightswitch::symbolize::jit_perf_map::PerfMap;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&plan, text)) = data.split_first() else {

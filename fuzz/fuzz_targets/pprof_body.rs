@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use lightswitch::collector::merge;
-use lightswitch::format::{folded, pprof};
+use lightswitch::profile::format::{folded, pprof};
 
 /// Decoded-size bound: small, so that the bound's own path is reached.
 const MAX_DECODED_BYTES: usize = 1 << 20;

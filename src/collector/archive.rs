@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::files::{sync_dir, write_atomic};
+use crate::output::files::{sync_dir, write_atomic};
 
 const SUFFIX: &str = ".pb.gz";
 
@@ -163,7 +163,7 @@ impl Storage {
         let dir = self
             .root
             .join(&host)
-            .join(crate::timefmt::day(start_unix_ns));
+            .join(crate::util::timefmt::day(start_unix_ns));
         create_dirs(&self.root, &dir, self.file_mode)?;
         let hash = xxhash_rust::xxh3::xxh3_64(gzipped);
         let name = format!("{start_unix_ns}-{end_unix_ns}-{hash:016x}{SUFFIX}");
@@ -243,12 +243,12 @@ impl Storage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::files::PROFILE_MODE;
+    use crate::output::files::PROFILE_MODE;
     use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn stores_lists_and_filters() {
-        let _umask = crate::files::UMASK
+        let _umask = crate::output::files::UMASK
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().unwrap();

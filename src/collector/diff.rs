@@ -1,18 +1,18 @@
 //! `GET /v1/profiles/diff` on the collector: the two ranges' samples read
 //! from the sample store as `GET /v1/profiles/merged` reads them (exactly
 //! the samples in each range, with the same filters and the same
-//! `--max-merge-profiles` bound), drawn by [`crate::web::diff`].
+//! `--max-merge-profiles` bound), drawn by [`crate::agent::page::diff`].
 
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
+use super::sample_store::assemble::Assembler;
+use super::sample_store::query::Selection;
 use super::state::{query_pairs, AppState};
-use super::store::assemble::Assembler;
-use super::store::query::Selection;
-use crate::httpd::{blocking, text};
+use crate::agent::http::{blocking, text};
+use crate::agent::page::diff::{answer, DiffQuery};
 use crate::profile::Profile;
-use crate::web::diff::{answer, DiffQuery};
 
 /// The aggregated profile of `[from, to)` under `query`'s filters (empty
 /// when no sample matches); the error is the 413 message when too many
@@ -45,7 +45,7 @@ fn range_profile(
     Ok(assembler.finish(from, to - from, &scanned))
 }
 
-/// `GET /v1/profiles/diff`: see [`crate::web::diff`].
+/// `GET /v1/profiles/diff`: see [`crate::agent::page::diff`].
 pub async fn diff(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
     blocking(move || {
         let query = match DiffQuery::parse(&query_pairs(query.as_deref())) {

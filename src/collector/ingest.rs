@@ -1,4 +1,4 @@
-//! Received profiles -> the sample store ([`super::store`]): OTLP
+//! Received profiles -> the sample store ([`super::sample_store`]): OTLP
 //! requests (`POST /v1development/profiles`, every sample at its own
 //! time) and pprof windows (`POST /v1/profiles`, no per-sample time: each
 //! sample is placed at its window's start). Off-CPU waits (`--off-cpu`)
@@ -17,18 +17,18 @@ use prost::Message;
 use tracing::{info, warn};
 
 use super::merge::{self, BodyError};
+use super::sample_store::writer::{Batch, Ingested, Wait};
+use super::sample_store::SampleStore;
 use super::state::AppState;
-use super::store::writer::{Batch, Ingested, Wait};
-use super::store::SampleStore;
-use crate::format::otlp::proto::collector::{
+use crate::agent::http::{blocking, text};
+use crate::profile::format::otlp::proto::collector::{
     ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
 };
-use crate::format::otlp::proto::profiles as otlp;
-use crate::format::otlp::read::{self, Names};
-use crate::format::otlp::OFF_CPU_TYPE;
-use crate::httpd::{blocking, text};
+use crate::profile::format::otlp::proto::profiles as otlp;
+use crate::profile::format::otlp::read::{self, Names};
+use crate::profile::format::otlp::OFF_CPU_TYPE;
 use crate::profile::{Profile, Sample};
-use crate::wire::HOST_HEADER;
+use crate::util::wire::HOST_HEADER;
 
 /// Most samples one request may carry (each becomes a stored row; a
 /// request over it is refused with 413, nothing stored): 8 Mi, seven
@@ -411,12 +411,12 @@ pub async fn otlp(State(state): State<AppState>, headers: HeaderMap, body: Bytes
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collector::store::assemble::Assembler;
-    use crate::collector::store::query::Selection;
-    use crate::collector::store::timeline::Density;
-    use crate::files::PROFILE_MODE;
-    use crate::format::off_cpu::tests::waited_profile;
-    use crate::format::{encode, Compression, ProfileFormat};
+    use crate::collector::sample_store::assemble::Assembler;
+    use crate::collector::sample_store::query::Selection;
+    use crate::collector::sample_store::timeline::Density;
+    use crate::output::files::PROFILE_MODE;
+    use crate::profile::format::off_cpu::tests::waited_profile;
+    use crate::profile::format::{encode, Compression, ProfileFormat};
 
     /// Everything stored, as `merged` assembles it (with a timeline), and
     /// the timeline's total (counted row by row, then from the blocks'
@@ -453,7 +453,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SampleStore::open(dir.path(), PROFILE_MODE).unwrap();
         let sent = waited_profile();
-        let body = crate::format::otlp::to_request(&sent)
+        let body = crate::profile::format::otlp::to_request(&sent)
             .unwrap()
             .encode_to_vec();
         let (response, stored) = store_otlp(&store, &body, 1 << 20, "h").unwrap();
@@ -476,7 +476,7 @@ mod tests {
         };
         assert_eq!(waits(&back), waits(&sent));
         // The agent's formats: pprof's third sample type, the folded twin.
-        let pprof = crate::format::pprof::to_proto(&back);
+        let pprof = crate::profile::format::pprof::to_proto(&back);
         let off_cpu: i64 = pprof.sample.iter().map(|s| s.value[2]).sum();
         let names: Vec<&str> = (pprof.sample_type.iter())
             .map(|t| pprof.string_table[t.r#type as usize].as_str())
@@ -496,7 +496,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SampleStore::open(dir.path(), PROFILE_MODE).unwrap();
         let sent = waited_profile();
-        let model = merge::profile_from_pprof(&crate::format::pprof::to_proto(&sent));
+        let model = merge::profile_from_pprof(&crate::profile::format::pprof::to_proto(&sent));
         let window = (sent.start_unix_ns, sent.start_unix_ns + sent.duration_ns);
         let stored = store_pprof(&store, "h", window, &model).unwrap();
         assert_eq!((stored.samples, stored.waits), (sent.total_samples(), 2));

@@ -8,7 +8,7 @@
 //!
 //! Merging converts each pprof message into the crate's format-neutral
 //! [`Profile`] ([`profile_from_pprof`], the inverse of
-//! [`crate::format::pprof::to_proto`] for lightswitch's own profiles) and
+//! [`crate::profile::format::pprof::to_proto`] for lightswitch's own profiles) and
 //! merges those ([`merge`]): mappings, frames and stacks are deduplicated by
 //! value, so string, function, location and mapping ids never need
 //! remapping by hand, and the merged result is encoded by the same encoders
@@ -24,9 +24,9 @@ use std::sync::Arc;
 use flate2::read::GzDecoder;
 use prost::Message;
 
-use crate::format::pprof::{self, proto};
+use crate::profile::format::pprof::{self, proto};
 use crate::profile::{unwind_marker_name, Frame, FrameKind, Line, Profile, ProfileMapping, Sample};
-use crate::sample::UnwindStatus;
+use crate::sampling::records::UnwindStatus;
 use crate::symbolize::KERNEL_MAPPING_NAME;
 
 /// Why a body was refused.
@@ -540,4 +540,5 @@ pub fn merge(profiles: impl IntoIterator<Item = Profile>) -> Merged {
 }
 
 #[cfg(test)]
+#[path = "merge_tests.rs"]
 mod tests;

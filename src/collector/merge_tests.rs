@@ -1,8 +1,8 @@
 //! Tests of [`super`] (`collector/merge.rs`).
 
 use super::*;
-use crate::format::folded;
-use crate::format::pprof::{encode, to_proto, Compression};
+use crate::profile::format::folded;
+use crate::profile::format::pprof::{encode, to_proto, Compression};
 
 /// The folded tests' profile, with its kernel frames in a kernel mapping
 /// (as the symbolizer makes them).

@@ -9,7 +9,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::state::AppState;
-use crate::httpd::blocking;
+use crate::agent::http::blocking;
 
 /// The metrics text for `state` (counters, then gauges).
 pub fn text(state: &AppState) -> String {

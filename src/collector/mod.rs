@@ -2,19 +2,19 @@
 //! one machine (or a few) needs nothing else. It accepts OTLP profiles
 //! (`--sender otlp`, any OTLP exporter) and pprof (`--sender remote`, any
 //! client), keeps every sample with its own time in the sample store
-//! ([`store`]; pprof bodies are also archived as received, [`storage`]),
+//! ([`sample_store`]; pprof bodies are also archived as received, [`archive`]),
 //! and answers any time range at sample resolution ([`server`],
 //! [`queries`]; docs/collector.md).
 
+pub mod archive;
 pub mod diff;
 pub mod ingest;
 pub mod merge;
 pub mod metrics;
 pub mod queries;
+pub mod sample_store;
 pub mod server;
 pub mod state;
-pub mod storage;
-pub mod store;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
-use crate::httpd::serve::{serve, ConnectionLimits, ConnectionStats};
-use crate::httpd::server_token;
+use crate::agent::http::serve::{serve, ConnectionLimits, ConnectionStats};
+use crate::agent::http::server_token;
 
 /// How the collector runs (from `lightswitch collector`'s flags).
 #[derive(Clone)]
@@ -33,7 +33,7 @@ pub struct CollectorConfig {
     /// Storage directory.
     pub storage: PathBuf,
     /// Mode of stored profiles before the umask (default
-    /// [`crate::files::PROFILE_MODE`]); directories get the matching
+    /// [`crate::output::files::PROFILE_MODE`]); directories get the matching
     /// search bits.
     pub profile_mode: u32,
     /// Bearer token every request must carry, if set (`--token` /
@@ -48,13 +48,13 @@ pub struct CollectorConfig {
     /// Most stored profiles one merge request may cover.
     pub max_merge_profiles: usize,
     /// Connections served at once (at most a quarter of the open-file
-    /// limit; see [`crate::httpd::serve`]).
+    /// limit; see [`crate::agent::http::serve`]).
     pub max_connections: usize,
     /// Most samples a merged answer in a timeline format (firefox, otlp)
     /// may hold.
     pub max_timeline_samples: u64,
     /// What retention keeps (`--retention`, `--max-storage`).
-    pub retention: store::retention::Retention,
+    pub retention: sample_store::retention::Retention,
 }
 
 impl std::fmt::Debug for CollectorConfig {
@@ -85,7 +85,7 @@ impl CollectorConfig {
             ("--max-connections", self.max_connections),
             ("--max-timeline-samples", self.max_timeline_samples as usize),
         ] {
-            crate::preflight::count(flag, value as u64)?;
+            crate::sampling::preflight::count(flag, value as u64)?;
         }
         if self.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
             // Before anything is created; server_token says it again after binding.
@@ -125,15 +125,15 @@ pub fn run(config: &CollectorConfig) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
         let address = listener.local_addr().context("reading the bound address")?;
-        let archive = Arc::new(storage::Storage::open(
+        let archive = Arc::new(archive::Storage::open(
             &config.storage,
             config.profile_mode,
         )?);
-        let samples = Arc::new(store::SampleStore::open(
+        let samples = Arc::new(sample_store::SampleStore::open(
             &config.storage,
             config.profile_mode,
         )?);
-        store::retention::spawn(samples.clone(), archive.clone(), config.retention);
+        sample_store::retention::spawn(samples.clone(), archive.clone(), config.retention);
         let state = state::AppState {
             token: server_token(config.token.as_deref(), TOKEN_NAMES, address)?,
             storage: archive,

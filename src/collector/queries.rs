@@ -7,13 +7,13 @@ use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
+use super::sample_store::assemble::Assembler;
+use super::sample_store::query::Selection;
+use super::sample_store::timeline::{Density, MAX_BUCKETS};
 use super::state::{json, query_pairs, query_value, time_param, AppState};
-use super::store::assemble::Assembler;
-use super::store::query::Selection;
-use super::store::timeline::{Density, MAX_BUCKETS};
-use crate::httpd::{blocking, text};
-use crate::web::merged;
-use crate::wire::{SAMPLES_HEADER, SKIPPED_PROFILES_HEADER};
+use crate::agent::http::{blocking, text};
+use crate::agent::page::merged;
+use crate::util::wire::{SAMPLES_HEADER, SKIPPED_PROFILES_HEADER};
 
 /// A numeric query parameter; errors are the 400 message.
 fn number<T: std::str::FromStr>(

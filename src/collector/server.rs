@@ -10,7 +10,7 @@
 //!   `--max-decoded-bytes` (decompression is streamed and stops there). At
 //!   most `--max-concurrent-ingests` bodies are read and decoded at once;
 //!   others wait, and a request not done within [`INGEST_TIMEOUT`] gets 408.
-//!   Its samples also go into the sample store ([`super::store`]), each
+//!   Its samples also go into the sample store ([`super::sample_store`]), each
 //!   at the window's start (pprof has no per-sample time).
 //! - `POST /v1development/profiles`: OTLP/HTTP ([`super::ingest::otlp`]).
 //! - `GET /v1/profiles?host=&from=&to=`: JSON list of stored pprof files whose
@@ -21,7 +21,7 @@
 //!
 //! - `GET /v1/profiles/diff?from=&to=&base_from=&base_to=`: the
 //!   differential flame graph of two ranges ([`super::diff`]).
-//! - `GET /`, `/assets/…`, `/licenses`: the web view ([`crate::web`]); with
+//! - `GET /`, `/assets/…`, `/licenses`: the web view ([`crate::agent::page`]); with
 //!   a token, a browser is asked for it as a Basic password.
 //!
 //! Times (headers and `from`/`to`) outside what u64 nanoseconds hold
@@ -43,14 +43,14 @@ use axum::Router;
 use tower_http::timeout::TimeoutLayer;
 use tracing::{info, warn};
 
+use super::archive::{Filter, Storage, StoredProfile};
 use super::merge::{self, BodyError};
 use super::queries;
 use super::state::{json, query_pairs, query_value, time_param, AppState, TIME_FORMS};
-use super::storage::{Filter, Storage, StoredProfile};
-use crate::httpd::{blocking, text};
-use crate::timefmt;
-use crate::web::assets::check_request;
-use crate::wire::{HOST_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
+use crate::agent::http::{blocking, text};
+use crate::agent::page::assets::check_request;
+use crate::util::timefmt;
+use crate::util::wire::{HOST_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
 
 /// Longest a `POST /v1/profiles` may take, waiting for its turn and
 /// reading its body included (a slow client is answered 408 and dropped).
@@ -77,7 +77,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/hosts", get(queries::hosts))
         .route("/v1/profiles/diff", get(super::diff::diff))
         .route("/metrics", get(super::metrics::render))
-        .merge(crate::web::assets::routes())
+        .merge(crate::agent::page::assets::routes())
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)

@@ -7,13 +7,13 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 
-use super::storage::Storage;
-use super::store::SampleStore;
-use crate::httpd::text;
-use crate::timefmt;
+use super::archive::Storage;
+use super::sample_store::SampleStore;
+use crate::agent::http::text;
+use crate::util::timefmt;
 
 /// The last non-empty value of a key among a query's pairs.
-pub(super) use crate::web::timeline::value as query_value;
+pub(super) use crate::agent::page::timeline::value as query_value;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -21,7 +21,7 @@ pub struct AppState {
     /// Where profiles go.
     pub storage: Arc<Storage>,
     /// Required bearer token, if any (never empty: see
-    /// [`crate::httpd::server_token`]).
+    /// [`crate::agent::http::server_token`]).
     pub token: Option<Arc<str>>,
     /// Largest accepted body, bytes.
     pub max_body_bytes: usize,

@@ -109,7 +109,7 @@ fn user_groups(user: &OsStr, gid: u32) -> Option<Vec<u32>> {
 /// (`--profile-path`, and the directories in a `--profile-name`),
 /// outermost first: those the run will create, to be given away with what
 /// it writes. Call it before the run.
-pub fn directories_to_create(plan: &crate::run::RunPlan) -> Vec<PathBuf> {
+pub fn directories_to_create(plan: &crate::agent::run::RunPlan) -> Vec<PathBuf> {
     let parents = plan.outputs.iter().filter_map(|(_, path)| path.parent());
     let mut missing = Vec::new();
     for path in std::iter::once(plan.output_dir.as_path()).chain(parents) {

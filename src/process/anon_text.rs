@@ -163,4 +163,5 @@ fn same_bytes(pid: u32, file: &File, anon: &MapsEntry, offset: u64, segment: Seg
 }
 
 #[cfg(test)]
+#[path = "anon_text_tests.rs"]
 mod tests;

@@ -165,7 +165,7 @@ impl ProcessTracker {
         if self.find_in_earlier_image(pid, timestamp_ns, count, &addr, &mut found) {
             return;
         }
-        let now = crate::timefmt::monotonic_ns();
+        let now = crate::util::timefmt::monotonic_ns();
         let (due, stale) = match self.processes.get(&pid) {
             None => (true, false),
             Some(p) => (
@@ -442,7 +442,8 @@ impl ProcessTracker {
             self.apply_maps(pid, &entries);
             return;
         }
-        self.processes.entry(pid).or_default().last_read_ns = Some(crate::timefmt::monotonic_ns());
+        self.processes.entry(pid).or_default().last_read_ns =
+            Some(crate::util::timefmt::monotonic_ns());
     }
 
     /// Whether a read of `pid`'s maps, with no executable mapping in it, is
@@ -467,7 +468,7 @@ impl ProcessTracker {
         let Some(process) = self.processes.get(&pid) else {
             return false;
         };
-        let now = crate::timefmt::monotonic_ns();
+        let now = crate::util::timefmt::monotonic_ns();
         if process.since_ns == 0 || now.saturating_sub(process.since_ns) > FRESH_IMAGE_NS {
             return false;
         }

@@ -196,7 +196,7 @@ impl ProcessTracker {
     /// Re-read `pid`'s maps now (a new mapping was reported), unless they
     /// were read within [`MIN_REREAD_INTERVAL`].
     pub fn refresh_process(&mut self, pid: u32) {
-        let now = crate::timefmt::monotonic_ns();
+        let now = crate::util::timefmt::monotonic_ns();
         let due = self
             .processes
             .get(&pid)
@@ -391,7 +391,7 @@ impl ProcessTracker {
         }
         process.ranges = found.iter().map(|&(start, end, _)| (start, end)).collect();
         process.mappings = found.iter().map(|&(_, _, id)| id).collect();
-        process.last_read_ns = Some(crate::timefmt::monotonic_ns());
+        process.last_read_ns = Some(crate::util::timefmt::monotonic_ns());
     }
 
     /// The mapping of `entry`, one of `entries` (`pid`'s maps as read):

@@ -311,7 +311,7 @@ fn the_empty_maps_of_an_exiting_process_replace_nothing() {
     let mut tracker = ProcessTracker::new();
     tracker.apply_maps(pid, &[anon_text(0x10000)]);
     let id = tracker.process_mappings(pid)[0];
-    let exit = crate::timefmt::monotonic_ns();
+    let exit = crate::util::timefmt::monotonic_ns();
     tracker.process_exited(pid, exit);
     let during_exit = exit + EXIT_GRACE_NS / 2;
     assert_eq!(tracker.find_mapping(pid, during_exit, 0x10008), Some(id));

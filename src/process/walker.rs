@@ -21,7 +21,7 @@ use rustc_hash::FxHashSet;
 use tracing::{debug, warn};
 
 use super::{MappingId, ObjectId, ProcessTracker};
-use crate::sample::{ExecMapping, ExecTime, ProcessEvent, RawSample};
+use crate::sampling::records::{ExecMapping, ExecTime, ProcessEvent, RawSample};
 
 /// Object id of the vDSO's table (the same image for every process of a
 /// kernel). The tracker never gives it out as an [`ObjectId`].
@@ -33,10 +33,10 @@ pub const VDSO_FILE_KEY: (u64, u64) = (0, 0);
 
 /// The walker's maps of processes and object files, as process lifetimes
 /// write and read them (`process_mappings`, `exec_times`, `object_files` in
-/// `src/bpf/profiler.bpf.c`). Implemented by [`crate::sampler::Sampler`].
+/// `src/bpf/profiler.bpf.c`). Implemented by [`crate::sampling::sampler::Sampler`].
 pub trait WalkerMaps {
     /// Describe `pid`'s executable mappings (sorted by start; at most
-    /// [`crate::sample::MAX_PROCESS_MAPPINGS`], the rest are dropped) to
+    /// [`crate::sampling::records::MAX_PROCESS_MAPPINGS`], the rest are dropped) to
     /// the walker, as read after the exec `exec_id` ([`ExecTime::exec_id`];
     /// 0: no exec of it was seen, the walker then does not check).
     /// Errors: the map update failed.
@@ -298,7 +298,7 @@ impl ProcessFollower {
                 walker.remove_process(pid);
                 tables.process_exited(pid);
                 self.described.remove(&pid);
-                tracker.process_exited(pid, crate::timefmt::monotonic_ns());
+                tracker.process_exited(pid, crate::util::timefmt::monotonic_ns());
             }
             ProcessEvent::Exec { pid, timestamp_ns } => {
                 tracker.process_exec(pid, timestamp_ns);
@@ -537,4 +537,5 @@ fn first_load_vaddr(elf_bytes: &[u8]) -> Result<u64> {
 }
 
 #[cfg(test)]
+#[path = "walker_tests.rs"]
 mod tests;

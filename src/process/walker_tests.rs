@@ -4,7 +4,7 @@
 //! maps and the table supply recorded instead of written to BPF.
 
 use super::*;
-use crate::sample::UnwindStatus;
+use crate::sampling::records::UnwindStatus;
 use std::cell::RefCell;
 
 /// What was written to the walker's maps.
@@ -153,7 +153,7 @@ fn a_process_is_described_at_its_first_sample_and_again_after_its_exit() {
         &walker,
         &mut tables,
     );
-    let later = crate::timefmt::monotonic_ns() + crate::process::EXIT_GRACE_NS + 1;
+    let later = crate::util::timefmt::monotonic_ns() + crate::process::EXIT_GRACE_NS + 1;
     assert_eq!(tracker.retire_exited(later), 1);
     tracker.retire_exited(later + super::super::lifetime::OBJECT_GRACE_NS);
     let retired = tracker.take_retired_objects();
@@ -247,7 +247,7 @@ fn a_vdso_the_bpf_programs_described_is_the_processs_vdso_mapping() {
     own_object(&mut tracker);
     // Below mmap_min_addr: nothing of this process is mapped there.
     let start = 0x2000;
-    let now = crate::timefmt::monotonic_ns();
+    let now = crate::util::timefmt::monotonic_ns();
     follower.on_event(
         ProcessEvent::Mapping {
             pid,

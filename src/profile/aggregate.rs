@@ -27,7 +27,7 @@ use hashbrown::Equivalent;
 use super::interner::Interner;
 use crate::process::{MappingId, ProcessTracker};
 use crate::profile::{LostSamples, ProcessMarker, ProcessMarkerKind, TimedSample, TimedWait};
-use crate::sample::{RawSample, UnwindStatus, Wait};
+use crate::sampling::records::{RawSample, UnwindStatus, Wait};
 
 /// A user frame: an address, and the mapping it fell in (if any).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -17,8 +17,8 @@
 use crate::process::maps::MapsEntry;
 use crate::process::ProcessTracker;
 use crate::profile::window::{ClosedWindow, Windows, CLOSE_SLACK_NS};
-use crate::sample::RawSample;
-use crate::symbolize::source::{ObjectCache, TrackerSnapshot};
+use crate::sampling::records::RawSample;
+use crate::symbolize::mapping_source::{ObjectCache, TrackerSnapshot};
 
 const S: u64 = 1_000_000_000;
 /// No such process: its maps come only from the test.

@@ -2,8 +2,10 @@
 //! one window, and (for timeline formats) every sample at its own time.
 //! Every output format (folded, flame graph, pprof, firefox) is a pure
 //! function of a [`Profile`], so they all agree on every count.
+//! The encoders and decoders are in [`format`].
 
 pub mod aggregate;
+pub mod format;
 #[cfg(test)]
 mod handover_tests;
 mod interner;
@@ -12,7 +14,7 @@ pub mod window;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::sample::UnwindStatus;
+use crate::sampling::records::UnwindStatus;
 
 /// The time span and settings a profile covers.
 #[derive(Debug, Clone, Copy)]

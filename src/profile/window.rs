@@ -25,7 +25,7 @@ use crate::process::ProcessTracker;
 use crate::profile::aggregate::{Aggregator, UserFrame};
 use crate::profile::ProcessMarkerKind;
 use crate::profile::Window;
-use crate::sample::{ProcessEvent, RawSample, TimedEvent};
+use crate::sampling::records::{ProcessEvent, RawSample, TimedEvent};
 
 /// How long after a window's end it is closed, ns (see the module docs).
 pub const CLOSE_SLACK_NS: u64 = 50_000_000;
@@ -347,7 +347,7 @@ mod tests {
         let mut w = Windows::new(0, 0, Some(S), None, 99);
         w.add(&sample(5), &mut tracker);
         let mut wait = sample(6);
-        wait.wait = Some(crate::sample::Wait {
+        wait.wait = Some(crate::sampling::records::Wait {
             ns: 1_000_000,
             runnable: false,
         });

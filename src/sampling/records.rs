@@ -6,7 +6,7 @@
 //!
 //! The byte layouts are the C structs of `src/bpf/profiler.h` as the
 //! libbpf-rs skeleton generates them from the BPF object's BTF at build time
-//! (`crate::skel::types`): no field offset here is written by hand. The enum
+//! (`crate::sampling::skel::types`): no field offset here is written by hand. The enum
 //! values below mirror `profiler.h`'s enums, which its records carry as
 //! plain integers.
 
@@ -14,7 +14,7 @@ use std::mem::size_of;
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::skel::types;
+use crate::sampling::skel::types;
 
 /// `SAMPLE_FLAG_KERNEL_THREAD` in `struct sample_header.flags`.
 const SAMPLE_FLAG_KERNEL_THREAD: u8 = 1;
@@ -546,10 +546,11 @@ pub(crate) fn process_info_value(
             },
         };
     }
-    // SAFETY: process_info is Plain (see crate::skel): integers only, no
+    // SAFETY: process_info is Plain (see crate::sampling::skel): integers only, no
     // padding, so every byte of it is initialized.
     unsafe { plain::as_bytes(&*info) }.to_vec()
 }
 
 #[cfg(test)]
+#[path = "records_tests.rs"]
 mod tests;

@@ -8,12 +8,12 @@ use indexmap::IndexSet;
 use rustc_hash::FxBuildHasher;
 
 use super::lines::{file_name, unknown_line, SharedLines};
-use super::sources::{FrameRef, Resolved};
+use super::symbol_source::{FrameRef, Resolved};
 use super::{kernel, MappingSource};
 use crate::process::MappingId;
 use crate::profile::aggregate::UserFrame;
 use crate::profile::{Frame, FrameKind, Profile, ProfileMapping};
-use crate::sample::UnwindStatus;
+use crate::sampling::records::UnwindStatus;
 
 /// The index in `profile.frames` of one user frame, the aggregator's
 /// distinct frame `index` ([`crate::profile::aggregate::Stack::user_indexed`]):
@@ -218,7 +218,7 @@ mod tests {
     use crate::process::{Mapping, ObjectId};
     use crate::profile::aggregate::Aggregator;
     use crate::profile::Window;
-    use crate::sample::RawSample;
+    use crate::sampling::records::RawSample;
     use crate::symbolize::Symbolizer;
 
     /// Mappings by id, without objects (their frames stay `name+0xOFFSET`).

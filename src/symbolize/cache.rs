@@ -27,7 +27,7 @@ use crate::profile::Line;
 /// What an entry of the cache is the lines of: a site of a symbol source
 /// (the source's index in [`super::Symbolizer`]'s list, and the site it
 /// located the frame at). Only sources whose sites keep their names for the
-/// whole run are cached ([`super::sources::SymbolSource::cacheable`]).
+/// whole run are cached ([`super::symbol_source::SymbolSource::cacheable`]).
 pub(super) type AddressKey = (usize, Site);
 
 /// 24 bytes besides the lines (48 with the key), so that a full cache

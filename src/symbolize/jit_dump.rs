@@ -19,9 +19,9 @@ use std::time::Instant;
 
 use tracing::debug;
 
+use super::jit_perf_map::{CodeRanges, READ_TIME, WINDOW_READ_TIME};
 use super::lines::{line_of, Lines};
-use super::perf_map::{CodeRanges, READ_TIME, WINDOW_READ_TIME};
-use super::sources::{Batch, FrameRef, Site, SymbolSource};
+use super::symbol_source::{Batch, FrameRef, Site, SymbolSource};
 use super::vdso::VDSO_MAPPING_NAME;
 use super::MappingSource;
 use crate::process::jit::{

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::lines::{line_of, Lines};
-use super::sources::{Batch, FrameRef, Site, SymbolSource};
+use super::symbol_source::{Batch, FrameRef, Site, SymbolSource};
 use super::vdso::VDSO_MAPPING_NAME;
 use super::MappingSource;
 use crate::process::jit::JitFile;

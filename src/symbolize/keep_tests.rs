@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use super::tests::{address_in, kept_objects};
 use super::*;
-use crate::sample::RawSample;
+use crate::sampling::records::RawSample;
 
 /// Symbolize one window of one stack through libc, ld.so and this test
 /// binary with `symbolizer`; the paths of the objects it keeps parsed.

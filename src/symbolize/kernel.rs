@@ -9,7 +9,7 @@ use object::{elf, LittleEndian};
 
 use super::kallsyms::KernelSymbols;
 use super::lines::{line_of, unknown_line, Lines};
-use super::sources::{Batch, FrameRef, Site, SymbolSource};
+use super::symbol_source::{Batch, FrameRef, Site, SymbolSource};
 use super::{MappingSource, KERNEL_MAPPING_NAME};
 
 /// Names kernel frames from `/proc/kallsyms` in one batch per window; sites

@@ -169,4 +169,5 @@ fn inflate(xz: &[u8], size: u64) -> Result<Vec<u8>, Unreadable> {
 }
 
 #[cfg(test)]
+#[path = "minidebuginfo_tests.rs"]
 mod tests;

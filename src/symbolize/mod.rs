@@ -25,20 +25,20 @@ pub mod debug_copy;
 pub mod debuginfod;
 mod elf_file;
 mod function_symbols;
-mod jitdump;
+mod jit_dump;
+pub mod jit_perf_map;
 pub mod kallsyms;
 #[cfg(test)]
 mod keep_tests;
 pub mod kernel;
 mod lines;
+pub mod mapping_source;
 pub mod minidebuginfo;
 pub mod object_tables;
 mod objects;
-pub mod perf_map;
 mod plt;
 mod rust_paths;
-pub mod source;
-mod sources;
+mod symbol_source;
 mod vdso;
 
 use std::sync::Arc;
@@ -50,16 +50,16 @@ use assembly::{user_frame, ProfileAssembly};
 use cache::LineCache;
 pub use lines::demangle;
 use lines::{unknown_line, Lines};
+pub use mapping_source::MappingSource;
 use objects::ObjectBudget;
-pub use source::MappingSource;
-use sources::{FrameRef, Resolved, SymbolSource};
+use symbol_source::{FrameRef, Resolved, SymbolSource};
 use tracing::debug;
 
 /// Name of the mapping kernel frames belong to (as perf and pprof call it).
 pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
 
 /// Symbolizes windows of samples, asking its symbol sources (kernel, ELF
-/// objects, vDSO, JIT code; see [`sources`]) for the names of each window's
+/// objects, vDSO, JIT code; see [`symbol_source`]) for the names of each window's
 /// frames. [`Symbolizer::new`] keeps the lines of the sites it symbolized
 /// (at most [`LINE_CACHE_MAX_ADDRESSES`]) from one window to the next, so
 /// that continuous mode only symbolizes addresses it has not seen before
@@ -83,8 +83,8 @@ pub struct Symbolizer {
     kernel: kernel::Kallsyms,
     objects: objects::ElfObjects,
     vdso: vdso::Vdso,
-    jitdumps: jitdump::JitDumps,
-    perf_maps: perf_map::PerfMaps,
+    jitdumps: jit_dump::JitDumps,
+    perf_maps: jit_perf_map::PerfMaps,
     lines: std::cell::RefCell<LineCache>,
     /// Whether this is a continuous symbolizer (keeps parsed data and
     /// lines, limits each window's time on objects).
@@ -171,8 +171,8 @@ impl Symbolizer {
             kernel: kernel::Kallsyms::new(continuous),
             objects: objects::ElfObjects::new(debug_dirs, continuous),
             vdso: vdso::Vdso::new(),
-            jitdumps: jitdump::JitDumps::default(),
-            perf_maps: perf_map::PerfMaps::default(),
+            jitdumps: jit_dump::JitDumps::default(),
+            perf_maps: jit_perf_map::PerfMaps::default(),
             lines: std::cell::RefCell::new(LineCache::new(cache_size)),
             continuous,
             backlog: Default::default(),
@@ -187,7 +187,7 @@ impl Symbolizer {
     /// [`BACKLOG_NO_OBJECTS`] windows on: a worker that fell behind (a
     /// loaded machine, a burst of new objects) catches up by leaving names
     /// for later windows (their frames stay `object+0xOFFSET`) rather than
-    /// by dropping whole windows once [`crate::sender::worker::MAX_PENDING_WINDOWS`]
+    /// by dropping whole windows once [`crate::output::sender::worker::MAX_PENDING_WINDOWS`]
     /// are waiting.
     pub fn set_backlog(&self, windows: usize) {
         self.backlog.set(windows);
@@ -247,7 +247,7 @@ impl Symbolizer {
         );
         // Objects not kept were parsed and dropped: their pages go back
         // before the profile is assembled (heap::release_freed).
-        crate::heap::release_freed();
+        crate::agent::heap::release_freed();
         let stats = cache.end_window();
         drop(cache);
         debug!(

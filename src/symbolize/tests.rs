@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::profile::Line;
-use crate::sample::RawSample;
+use crate::sampling::records::RawSample;
 use std::time::Duration;
 
 #[test]

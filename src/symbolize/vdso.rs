@@ -10,7 +10,7 @@ use blazesym::Pid;
 use tracing::debug;
 
 use super::lines::{lines_of, Lines};
-use super::sources::{Batch, FrameRef, Site, SymbolSource};
+use super::symbol_source::{Batch, FrameRef, Site, SymbolSource};
 use super::MappingSource;
 
 /// Name of the kernel's virtual shared object in `/proc/PID/maps`.

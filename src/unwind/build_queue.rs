@@ -385,7 +385,7 @@ fn build(
         }
         TableSource::Bytes(bytes) => (bytes, None),
     };
-    let build = || crate::unwind::builder::build_table_early(path, elf, early);
+    let build = || crate::unwind::cfi::build_table_early(path, elf, early);
     let Some((dir, store)) = store else {
         return Ok(build()?);
     };
@@ -470,4 +470,5 @@ impl EarlySink for Early<'_> {
 }
 
 #[cfg(test)]
+#[path = "build_queue_tests.rs"]
 mod tests;

@@ -32,9 +32,9 @@ use std::path::{Path, PathBuf};
 use tracing::{debug, warn};
 
 use super::identity::ObjectKey;
-use super::row::{Page, RawRow};
 use super::rule::UnsupportedKind;
 use super::table::{CfiSource, TableStats, UnwindTable};
+use crate::sampling::unwind_row::{Page, RawRow};
 
 /// First bytes of every cache file.
 pub const MAGIC: [u8; 8] = *b"LSUNWIND";

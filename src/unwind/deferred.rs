@@ -31,8 +31,8 @@
 use std::collections::VecDeque;
 
 use crate::process::ProcessTracker;
-use crate::sample::{RawSample, StackCopy, UnwindStatus};
-use crate::sampler::{RowLookup, Sampler};
+use crate::sampling::records::{RawSample, StackCopy, UnwindStatus};
+use crate::sampling::sampler::{RowLookup, Sampler};
 use crate::unwind::rule::{Bx, Fp, Rule};
 
 /// How long a sample is held at most waiting for rows, ns. A cold table of
@@ -387,7 +387,7 @@ pub struct DeferredStats {
     /// Samples with a stack copy not held, for want of room.
     pub no_room: u64,
     /// Samples whose walk stopped for want of a table or mapping but came
-    /// without a copy ([`crate::sampler::BpfStats::stack_copies_skipped`]:
+    /// without a copy ([`crate::sampling::sampler::BpfStats::stack_copies_skipped`]:
     /// their CPU's ring was too full, or the stack could not be read); set
     /// by the caller from the BPF program's counter.
     pub not_sent: u64,
@@ -554,4 +554,5 @@ impl DeferredWalks {
 }
 
 #[cfg(test)]
+#[path = "deferred_tests.rs"]
 mod tests;

@@ -4,7 +4,7 @@
 use std::cell::Cell;
 
 use super::*;
-use crate::sample::UpperPart;
+use crate::sampling::records::UpperPart;
 use crate::unwind::rule::{Bx, CfaOffset};
 
 const STACK: u64 = 0x7ffc_0000_1000;

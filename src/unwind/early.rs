@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use super::assemble::{Assembly, Span};
-use super::row::PAGE_BITS;
 use super::table::{CfiSource, RuleAt, UnwindTable};
+use crate::sampling::unwind_row::PAGE_BITS;
 
 /// Where an FDE is, found by the first pass over the section.
 pub(super) struct FdeAt {
@@ -187,7 +187,7 @@ fn overlapping(fdes: &[FdeAt], max_end: &[u64], pages: &[u32]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::unwind::builder::{build_table, build_table_early};
+    use crate::unwind::cfi::{build_table, build_table_early};
     use std::cell::RefCell;
 
     /// A sink answering one list of pages once and keeping what it gets.
@@ -206,7 +206,9 @@ mod tests {
     }
 
     /// Rows of each page of `table`, by page number.
-    fn rows_by_page(table: &UnwindTable) -> BTreeMap<u32, Vec<crate::unwind::row::RawRow>> {
+    fn rows_by_page(
+        table: &UnwindTable,
+    ) -> BTreeMap<u32, Vec<crate::sampling::unwind_row::RawRow>> {
         table
             .pages()
             .iter()

@@ -142,7 +142,7 @@ mod tests {
     use object::{Object, ObjectSection};
 
     use super::*;
-    use crate::unwind::builder::build_table;
+    use crate::unwind::cfi::build_table;
     use crate::unwind::CfiSource;
 
     /// `elf` as `llvm-objcopy --strip-sections` leaves it for a reader: no

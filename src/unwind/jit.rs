@@ -15,7 +15,7 @@
 //! a table of its own under a synthetic object id (from [`JIT_OBJECT_ID_BASE`]),
 //! with rows at mapping-relative addresses (the walker's bias is the
 //! mapping's start). The FDEs are evaluated by the builder's own
-//! ([`super::builder::fde_spans`], gimli) and assembled like an object's.
+//! ([`super::cfi::fde_spans`], gimli) and assembled like an object's.
 //! Tables never change under their id (the BPF walker caches rows by id and
 //! address): when code is added to a mapping, its table is built again
 //! under a new id, the process is described again with it, and the old id is
@@ -31,7 +31,7 @@ use rustc_hash::FxHashMap;
 use tracing::debug;
 
 use super::assemble::{Assembly, Span};
-use super::builder::{fde_spans, Slice};
+use super::cfi::{fde_spans, Slice};
 use super::rule::{Rule, UnsupportedKind};
 use super::table::{CfiSource, UnwindTable};
 use crate::process::jit::{
@@ -485,4 +485,5 @@ fn build<'a>(
 }
 
 #[cfg(test)]
+#[path = "jit_tests.rs"]
 mod tests;

@@ -25,18 +25,18 @@ use tracing::{debug, info, warn};
 use crate::process::walker::{StartupScan, TableSupply, VDSO_OBJECT_ID};
 use crate::process::{ObjectId, ProcessTracker};
 use crate::profile::aggregate::UserFrame;
-use crate::sample::RawSample;
-use crate::sampler::Sampler;
-use crate::unwind::builds::{
+use crate::sampling::records::RawSample;
+use crate::sampling::sampler::Sampler;
+use crate::sampling::unwind_row::{Page, PAGE_BITS};
+use crate::unwind::build_queue::{
     start_workers, BuildQueue, BuildRequest, BuildResult, Stage, TableSource,
 };
 use crate::unwind::early::WantedPages;
 use crate::unwind::jit::{BuiltTable, JitTables};
-use crate::unwind::row::{Page, PAGE_BITS};
 use crate::unwind::row_ranges::RowAllocator;
 use crate::unwind::UnwindTable;
 
-pub use crate::unwind::builds::SMALL_OBJECT_BYTES;
+pub use crate::unwind::build_queue::SMALL_OBJECT_BYTES;
 
 enum TableState {
     Building(Building),

@@ -3,7 +3,7 @@
 //! `docs/unwind-tables.md`, C layout in `src/bpf/profiler.h`).
 //!
 //! [`loader`] keeps the BPF walker supplied with process descriptions and tables.
-//! [`builder`] evaluates the CFI with gimli into [`rule::Rule`]s (for
+//! [`cfi`] evaluates the CFI with gimli into [`rule::Rule`]s (for
 //! objects without section headers, [`eh_frame_hdr`] finds `.eh_frame`
 //! through `PT_GNU_EH_FRAME`), which
 //! [`table`] splits into pages ([`UnwindTable`]; [`early`] builds the pages
@@ -19,9 +19,9 @@ use std::path::Path;
 use tracing::debug;
 
 mod assemble;
-pub mod builder;
-mod builds;
+mod build_queue;
 pub mod cache;
+pub mod cfi;
 mod context_start;
 pub mod deferred;
 pub mod early;
@@ -31,7 +31,6 @@ pub mod jit;
 pub mod loader;
 #[cfg(test)]
 mod reference_tests;
-pub mod row;
 mod row_ranges;
 pub mod rule;
 pub mod show;
@@ -39,7 +38,7 @@ mod stat_keys;
 pub mod table;
 mod x86_64;
 
-pub use builder::{
+pub use cfi::{
     build_table, build_table_at, build_table_early, build_table_from_path,
     build_table_with_debug_file, BuildError,
 };

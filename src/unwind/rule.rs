@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use super::row::{
+use crate::sampling::unwind_row::{
     CfaType, FpType, RawRow, CFA_OFFSET_HIGH_SHIFT, CFA_OFFSET_SCALED, CFA_TYPE_MASK,
     FP_CFA_FROM_RBX, FP_TYPE_MASK, MAX_RBX_SLOT, RBX_RULE_SHIFT, RBX_UNKNOWN,
 };
@@ -465,4 +465,5 @@ impl fmt::Display for Bx {
 }
 
 #[cfg(test)]
+#[path = "rule_tests.rs"]
 mod tests;

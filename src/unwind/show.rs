@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use super::builder::build_table_at;
+use super::cfi::build_table_at;
 use super::identity::ObjectKey;
 use super::table::UnwindTable;
 

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::row::{Page, RawRow, PAGE_BITS, PAGE_SIZE};
 use super::rule::{Rule, UnsupportedKind};
+use crate::sampling::unwind_row::{Page, RawRow, PAGE_BITS, PAGE_SIZE};
 
 /// Bytes one page costs in the BPF page index (`struct page_key` +
 /// `struct page_value`).

@@ -18,7 +18,7 @@ pub fn now_unix_ns() -> u64 {
 }
 
 /// CLOCK_MONOTONIC now, ns: the clock of `bpf_ktime_get_ns()`, which stamps
-/// every sample (see [`crate::sample::RawSample::timestamp_ns`]).
+/// every sample (see [`crate::sampling::records::RawSample::timestamp_ns`]).
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -1,7 +1,7 @@
-//! The HTTP protocol between the remote sender ([`crate::sender::remote`])
+//! The HTTP protocol between the remote sender ([`crate::output::sender::remote`])
 //! and `lightswitch collector` ([`crate::collector`]): the headers that go
 //! with a pushed profile and with a merge's answer. The body is gzip'd pprof
-//! with the pprof MIME type of [`crate::format::ProfileFormat::mime_type`].
+//! with the pprof MIME type of [`crate::profile::format::ProfileFormat::mime_type`].
 
 /// Request header naming the host the profile comes from.
 pub const HOST_HEADER: &str = "X-Lightswitch-Host";

@@ -14,7 +14,10 @@ fn heap_profile_of_the_agent() {
     // profile is empty (seen in CI once the symbolizer allocated less).
     let agent = Agent::start(
         &["--unwind-cache-dir", "none"],
-        &[(lightswitch::heap::MALLOC_CONF_ENV, "lg_prof_sample:12")],
+        &[(
+            lightswitch::agent::heap::MALLOC_CONF_ENV,
+            "lg_prof_sample:12",
+        )],
     );
     let settings = agent.url("/debug/pprof/heap/settings");
     assert_eq!(
@@ -111,7 +114,7 @@ fn heap_profile_of_the_agent() {
 /// locations are named, and some of the functions named `lightswitch::`.
 /// Returns how many of its locations have no function.
 fn check_heap_mappings(gzip: &[u8]) -> usize {
-    use lightswitch::format::pprof::proto;
+    use lightswitch::profile::format::pprof::proto;
     use prost::Message;
     let mut raw = Vec::new();
     std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gzip), &mut raw).unwrap();

@@ -30,7 +30,7 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use lightswitch::format::pprof::proto;
+use lightswitch::profile::format::pprof::proto;
 use prost::Message;
 
 use common::*;

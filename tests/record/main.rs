@@ -203,7 +203,7 @@ fn record_exit_statuses() {
     for (script, expected) in [
         ("exit 42", 42),
         ("kill -SEGV $$", 128 + 11),
-        ("exit 0", lightswitch::record::OWN_FAILURE_STATUS),
+        ("exit 0", lightswitch::commands::record::OWN_FAILURE_STATUS),
     ] {
         let out = run(
             &[
@@ -248,7 +248,7 @@ fn record_exit_statuses() {
     );
     assert_eq!(
         out.status.code(),
-        Some(lightswitch::record::OWN_FAILURE_STATUS),
+        Some(lightswitch::commands::record::OWN_FAILURE_STATUS),
         "{out}"
     );
     assert!(out.stderr.contains("is not a directory"), "{out}");

@@ -22,7 +22,7 @@ fn names_functions(gzipped: &[u8]) -> bool {
     flate2::read::GzDecoder::new(gzipped)
         .read_to_end(&mut raw)
         .expect("the heap profile is gzip");
-    let profile = lightswitch::format::pprof::proto::Profile::decode(raw.as_slice())
+    let profile = lightswitch::profile::format::pprof::proto::Profile::decode(raw.as_slice())
         .expect("the heap profile decodes as pprof");
     !profile.function.is_empty()
 }
@@ -41,7 +41,10 @@ fn heap_dumps_do_not_accumulate_memory() {
         .args(["--pids", &sleeper.id().to_string()])
         // One sampled allocation per 4 KiB (not 512 KiB): every dump has
         // stacks to symbolize, from the first on.
-        .env(lightswitch::heap::MALLOC_CONF_ENV, "lg_prof_sample:12");
+        .env(
+            lightswitch::agent::heap::MALLOC_CONF_ENV,
+            "lg_prof_sample:12",
+        );
     let (child, url, _) = common::spawn_listening(cmd, BANNER_TIMEOUT);
     let mut agent = Collector { child, url };
     let pid = agent.child.id();

@@ -118,7 +118,7 @@ fn closed_by_server(stream: &mut TcpStream, within: Duration) -> bool {
 /// A small pprof profile (one stack, `count` samples) starting at `start`.
 fn known_profile(start_unix_ns: u64, count: u64, stacks: usize) -> Vec<u8> {
     use lightswitch::profile::{Frame, FrameKind, Line, Profile, Sample};
-    use lightswitch::sample::UnwindStatus;
+    use lightswitch::sampling::records::UnwindStatus;
     use std::sync::Arc;
     let frame = |name: String, address: u64| Frame {
         kind: FrameKind::User,
@@ -166,7 +166,11 @@ fn known_profile(start_unix_ns: u64, count: u64, stacks: usize) -> Vec<u8> {
         targets: None,
         ..Default::default()
     };
-    lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
+    lightswitch::profile::format::pprof::encode(
+        &profile,
+        lightswitch::profile::format::Compression::None,
+    )
+    .unwrap()
 }
 
 const T0: u64 = 1_714_564_800_000_000_000; // 2024-05-01T12:00:00Z

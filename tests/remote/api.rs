@@ -5,7 +5,7 @@ use super::*;
 /// A small profile with known stacks, as pprof bytes.
 fn known_profile(start_unix_ns: u64, count: u64) -> Vec<u8> {
     use lightswitch::profile::{Frame, FrameKind, Line, Profile, Sample};
-    use lightswitch::sample::UnwindStatus;
+    use lightswitch::sampling::records::UnwindStatus;
     use std::sync::Arc;
     let line = |name: &str| Line {
         function: Arc::from(name),
@@ -52,7 +52,11 @@ fn known_profile(start_unix_ns: u64, count: u64) -> Vec<u8> {
         targets: None,
         ..Default::default()
     };
-    lightswitch::format::pprof::encode(&profile, lightswitch::format::Compression::None).unwrap()
+    lightswitch::profile::format::pprof::encode(
+        &profile,
+        lightswitch::profile::format::Compression::None,
+    )
+    .unwrap()
 }
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
@@ -90,7 +94,8 @@ fn collector_validates_limits_authenticates_lists_and_merges() {
     let negative = {
         use prost::Message;
         let mut p =
-            lightswitch::format::pprof::proto::Profile::decode(&known_profile(t0, 1)[..]).unwrap();
+            lightswitch::profile::format::pprof::proto::Profile::decode(&known_profile(t0, 1)[..])
+                .unwrap();
         p.sample[0].value[0] = -5;
         p.encode_to_vec()
     };

@@ -36,7 +36,7 @@ fn three_windows_reach_the_collector_contiguous_and_complete() {
 
     let files = stored_files(&collector.storage);
     assert_eq!(files.len(), 3, "{files:?}");
-    let host = lightswitch::sender::hostname();
+    let host = lightswitch::output::sender::hostname();
     let mut profiles: Vec<proto::Profile> = files
         .iter()
         .map(|f| {

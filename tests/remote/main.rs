@@ -26,7 +26,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use common::{Lightswitch, Output, Workload, BIN};
-use lightswitch::format::pprof::proto;
+use lightswitch::profile::format::pprof::proto;
 use prost::Message;
 
 // ---------------------------------------------------------------------------

@@ -52,7 +52,7 @@ fn server_errors_are_retried_and_the_profile_delivered_once() {
         assert_eq!(r.headers["content-encoding"], "gzip");
         assert_eq!(
             r.headers["x-lightswitch-host"],
-            lightswitch::sender::hostname()
+            lightswitch::output::sender::hostname()
         );
         let start: u64 = r.headers["x-lightswitch-window-start"].parse().unwrap();
         let end: u64 = r.headers["x-lightswitch-window-end"].parse().unwrap();
@@ -266,9 +266,10 @@ fn pyroscope_push_has_labels_tenant_auth_and_gzipped_pprof() {
         assert_eq!(r.headers["x-scope-orgid"], "tenant-7");
         // base64("alice:pa$s")
         assert_eq!(r.headers["authorization"], "Basic YWxpY2U6cGEkcw==");
-        let push =
-            lightswitch::sender::pyroscope::proto::push::v1::PushRequest::decode(r.body.as_slice())
-                .expect("a push.v1.PushRequest");
+        let push = lightswitch::output::sender::pyroscope::proto::push::v1::PushRequest::decode(
+            r.body.as_slice(),
+        )
+        .expect("a push.v1.PushRequest");
         assert_eq!(push.series.len(), 1);
         let series = &push.series[0];
         let labels: BTreeMap<&str, &str> = series
@@ -276,7 +277,7 @@ fn pyroscope_push_has_labels_tenant_auth_and_gzipped_pprof() {
             .iter()
             .map(|l| (l.name.as_str(), l.value.as_str()))
             .collect();
-        let host = lightswitch::sender::hostname();
+        let host = lightswitch::output::sender::hostname();
         let expected: BTreeMap<&str, &str> = [
             ("__name__", "process_cpu"),
             ("service_name", "checkout"),

@@ -6,7 +6,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use lightswitch::format::otlp;
+use lightswitch::profile::format::otlp;
 
 use super::*;
 

@@ -3,7 +3,7 @@
 //! window edges, the timeline adds up, damaged blocks are skipped, and
 //! retention deletes the oldest data.
 
-use lightswitch::format::otlp;
+use lightswitch::profile::format::otlp;
 use lightswitch::profile::Profile;
 
 use super::*;
@@ -179,7 +179,7 @@ fn otlp_windows_keep_every_sample_time_and_ranges_cut_at_sample_resolution() {
     let hosts = timeline["hosts"].as_array().unwrap();
     assert_eq!(hosts.len(), 1);
     let host = &hosts[0];
-    assert_eq!(host["host"], lightswitch::sender::hostname());
+    assert_eq!(host["host"], lightswitch::output::sender::hostname());
     assert_eq!(host["total"].as_u64().unwrap(), summary.samples);
     assert_eq!(series_sum(host), summary.samples);
     let processes = host["processes"].as_array().unwrap();
@@ -260,9 +260,11 @@ fn a_recorded_otlp_file_is_stored_sample_by_sample_damage_is_skipped_and_retenti
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "application/x-protobuf");
     // A window of pprof (no per-sample times) goes in at its start.
-    let pprof =
-        lightswitch::format::pprof::encode(&recorded, lightswitch::format::Compression::Gzip)
-            .unwrap();
+    let pprof = lightswitch::profile::format::pprof::encode(
+        &recorded,
+        lightswitch::profile::format::Compression::Gzip,
+    )
+    .unwrap();
     let pprof_start = recorded.start_unix_ns + 10 * 1_000_000_000;
     let r = http()
         .post(collector.profiles_url())
@@ -346,8 +348,11 @@ fn a_recorded_otlp_file_is_stored_sample_by_sample_damage_is_skipped_and_retenti
         .post(collector.profiles_url())
         .header("X-Lightswitch-Window-Start", old.to_string())
         .body(
-            lightswitch::format::pprof::encode(&recorded, lightswitch::format::Compression::None)
-                .unwrap(),
+            lightswitch::profile::format::pprof::encode(
+                &recorded,
+                lightswitch::profile::format::Compression::None,
+            )
+            .unwrap(),
         )
         .send()
         .unwrap();

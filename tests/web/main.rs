@@ -168,7 +168,7 @@ fn check_report(report: &Value, workload: &Workload, program: &str) {
         .iter()
         .map(|r| r.as_str().unwrap())
         .collect();
-    let host = lightswitch::sender::hostname();
+    let host = lightswitch::output::sender::hostname();
     assert!(rows.contains(&host.as_str()), "no host row: {rows:?}");
     let process = format!("{program} ({})", workload.pid());
     assert!(
@@ -287,7 +287,7 @@ fn the_collectors_page_shows_a_burst_at_sample_resolution() {
         .arg(storage.path());
     let (mut child, url, _lines) = common::spawn_listening(collector, Duration::from_secs(30));
     // An agent sending its windows over OTLP, every sample with its time.
-    let started = lightswitch::timefmt::now_unix_ns();
+    let started = lightswitch::util::timefmt::now_unix_ns();
     let out = common::run(
         &[
             "--pids",
@@ -306,7 +306,7 @@ fn the_collectors_page_shows_a_burst_at_sample_resolution() {
         Duration::from_secs(60),
     );
     out.assert_success();
-    let ended = lightswitch::timefmt::now_unix_ns();
+    let ended = lightswitch::util::timefmt::now_unix_ns();
     let report = drive(
         &format!("{url}/"),
         &bursts,

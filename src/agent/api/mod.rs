@@ -26,8 +26,8 @@ use anyhow::{Context, Result};
 use tokio::sync::oneshot;
 use tracing::warn;
 
-use crate::httpd::serve::{serve, ConnectionLimits};
-use crate::httpd::server_token;
+use crate::agent::http::serve::{serve, ConnectionLimits};
+use crate::agent::http::server_token;
 use metrics::Metrics;
 use ondemand::ProfileRequest;
 
@@ -44,7 +44,7 @@ pub struct ServerConfig {
     /// error at start).
     pub token: Option<String>,
     /// Connections served at once (at most a quarter of the open-file
-    /// limit; see [`crate::httpd::serve`]).
+    /// limit; see [`crate::agent::http::serve`]).
     pub max_connections: usize,
     /// Longest on-demand profile, seconds.
     pub max_seconds: u64,
@@ -96,7 +96,7 @@ pub struct Server {
 
 impl Server {
     /// Bind `config.listen` and serve on a thread of its own
-    /// ([`crate::httpd::serve`]: accept errors survived, connections and
+    /// ([`crate::agent::http::serve`]: accept errors survived, connections and
     /// header time limited). Profile requests are sent to the sampling loop
     /// over `requests`. Errors: the address cannot be bound, a bad limit,
     /// or a token that is set but empty.
@@ -105,9 +105,12 @@ impl Server {
         requests: Sender<ProfileRequest>,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
-        crate::preflight::count("--listen-max-seconds", config.max_seconds)?;
-        crate::preflight::count("--listen-max-requests", config.max_requests as u64)?;
-        crate::preflight::count("--listen-max-connections", config.max_connections as u64)?;
+        crate::sampling::preflight::count("--listen-max-seconds", config.max_seconds)?;
+        crate::sampling::preflight::count("--listen-max-requests", config.max_requests as u64)?;
+        crate::sampling::preflight::count(
+            "--listen-max-connections",
+            config.max_connections as u64,
+        )?;
         let address = bind_address(&config.listen);
         let listener =
             TcpListener::bind(&address).with_context(|| format!("cannot listen on {address}"))?;

@@ -21,17 +21,17 @@ use anyhow::{Context, Result};
 use tokio::sync::oneshot;
 use tracing::debug;
 
-use crate::format::{self, Compression, EmptyProfile, ProfileFormat};
-use crate::guard::contain;
 use crate::process::ProcessTracker;
 use crate::profile::aggregate::{Aggregator, UserFrame};
+use crate::profile::format::{self, Compression, EmptyProfile, ProfileFormat};
 use crate::profile::window::CLOSE_SLACK_NS;
 use crate::profile::{ProcessMarkerKind, Profile, Provenance, Window};
-use crate::sample::{ProcessEvent, RawSample, TimedEvent};
-use crate::sampler::Sampler;
-use crate::symbolize::source::{ObjectCache, TrackerSnapshot};
+use crate::sampling::records::{ProcessEvent, RawSample, TimedEvent};
+use crate::sampling::sampler::Sampler;
+use crate::symbolize::mapping_source::{ObjectCache, TrackerSnapshot};
 use crate::symbolize::Symbolizer;
-use crate::timefmt;
+use crate::util::guard::contain;
+use crate::util::timefmt;
 
 /// Why a request got no profile.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -420,7 +420,7 @@ fn on_demand_provenance(pids: &HashSet<u32>) -> Provenance {
     };
     Provenance {
         subject: subject.into(),
-        host: crate::sender::hostname().into(),
+        host: crate::output::sender::hostname().into(),
         pids: pids.into(),
     }
 }

@@ -18,11 +18,11 @@
 //! - `GET /v1/recordings`: the recordings held, oldest first, each as
 //!   above: `{"recordings":[...]}`.
 //! - `GET /v1/timeline?from=&to=&step=[&host=&pid=&tid=&comm=]`: sample
-//!   density of the recordings ([`crate::web::timeline`]).
+//!   density of the recordings ([`crate::agent::page::timeline`]).
 //! - `GET /v1/profiles/merged?from=&to=&format=[&host=&pid=&tid=&comm=]`:
 //!   exactly the recorded samples and waits in `[from, to)` (defaults: all
 //!   time, as on the collector), in any format
-//!   of [`crate::format`] (pprof gzip'd; `folded-off-cpu` and
+//!   of [`crate::profile::format`] (pprof gzip'd; `folded-off-cpu` and
 //!   `flame-graph-off-cpu` for the waits), with the collector's headers
 //!   `X-Lightswitch-Samples` (on-CPU samples) and
 //!   `X-Lightswitch-Off-Cpu-Waits`; 404 when there are none. A range
@@ -30,7 +30,7 @@
 //!   timeline); one over several is merged, and then only the aggregated
 //!   formats can show it.
 //! - `GET /v1/profiles/diff?...`: the differential flame graph of two
-//!   ranges ([`crate::web::diff`]).
+//!   ranges ([`crate::agent::page::diff`]).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -42,14 +42,14 @@ use serde::Serialize;
 
 use super::ondemand::Answer;
 use super::request::Requests;
+use crate::agent::http::{blocking, text};
+use crate::agent::page::diff::{answer as diff_answer, DiffQuery};
+use crate::agent::page::merged;
+use crate::agent::page::timeline::{self, value, QueryError, SampleFilter, TimelineQuery};
 use crate::collector::merge;
-use crate::compare::timeline::slice;
-use crate::httpd::{blocking, text};
+use crate::commands::compare::timeline::slice;
 use crate::profile::{Profile, TimedSample, TimedWait};
-use crate::timefmt;
-use crate::web::diff::{answer as diff_answer, DiffQuery};
-use crate::web::merged;
-use crate::web::timeline::{self, value, QueryError, SampleFilter, TimelineQuery};
+use crate::util::timefmt;
 
 /// Most samples and off-CPU waits the recordings hold together (about 24
 /// MB of timeline when all are samples); the oldest recordings go first
@@ -333,7 +333,7 @@ pub(super) async fn diff(
 mod tests {
     use super::*;
     use crate::profile::Sample;
-    use crate::sample::UnwindStatus;
+    use crate::sampling::records::UnwindStatus;
 
     fn recording(start: u64, pid_offsets: &[(u32, i64)]) -> Profile {
         let mut p = Profile {

@@ -13,9 +13,9 @@ use tokio::sync::oneshot;
 use super::metrics::Metrics;
 use super::ondemand::{Answer, ProfileRequest, RequestError};
 use super::{ServerConfig, DEFAULT_SECONDS};
-use crate::format::ProfileFormat;
-use crate::httpd::text;
-use crate::web::merged;
+use crate::agent::http::text;
+use crate::agent::page::merged;
+use crate::profile::format::ProfileFormat;
 
 /// Hands profile requests to the sampling loop, within the server's
 /// limits (`--listen-max-seconds`, `--listen-max-requests`, `--pids`, the

@@ -2,14 +2,14 @@
 //!
 //! - `GET /debug/pprof/profile?seconds=N&pids=1,2&format=pprof|flame-graph|folded&sample_freq=HZ`:
 //!   a CPU profile of the next N seconds (default 30), gzip'd pprof unless
-//!   `format` says otherwise (any name or alias in [`crate::format`], e.g.
+//!   `format` says otherwise (any name or alias in [`crate::profile::format`], e.g.
 //!   `flamegraph`, `svg`).
 //! - `GET /debug/pprof/heap?format=pprof|flame-graph` (or an alias: `flame`,
 //!   `flamegraph`, `svg`): the profiler's own
-//!   heap profile (jemalloc, [`crate::heap`]).
+//!   heap profile (jemalloc, [`crate::agent::heap`]).
 //! - `GET /debug/pprof/heap/settings`, `POST /debug/pprof/heap/settings?enabled=true|false`:
 //!   read or switch heap sampling; the answer is `{"enabled":BOOL}`.
-//! - `GET /` (and `/assets/…`, `/licenses`): the web view ([`crate::web`]),
+//! - `GET /` (and `/assets/…`, `/licenses`): the web view ([`crate::agent::page`]),
 //!   over `/v1/recordings`, `/v1/timeline`, `/v1/profiles/merged` and
 //!   `/v1/profiles/diff` ([`super::recordings`]).
 //! - `GET /metrics`: Prometheus text format ([`super::metrics`]).
@@ -35,12 +35,12 @@ use super::ondemand::{Answer, ProfileRequest};
 use super::recordings::{self, Recordings};
 use super::request::{query_pairs, value, Requests, PROFILE_PARAMETERS};
 use super::ServerConfig;
-use crate::format::ProfileFormat;
-use crate::heap::{self, HeapFormat};
-use crate::httpd::{blocking, text};
-use crate::timefmt;
-use crate::web::assets::check_request;
-use crate::web::merged;
+use crate::agent::heap::{self, HeapFormat};
+use crate::agent::http::{blocking, text};
+use crate::agent::page::assets::check_request;
+use crate::agent::page::merged;
+use crate::profile::format::ProfileFormat;
+use crate::util::timefmt;
 
 /// What every handler shares: the token, the on-demand requester and the
 /// web view's recordings (handlers take the last two as their own state,
@@ -54,7 +54,7 @@ pub struct AppState {
 
 impl AppState {
     /// The state of a server configured by `config`, requiring `token`
-    /// (already checked: [`crate::httpd::server_token`]), handing profile
+    /// (already checked: [`crate::agent::http::server_token`]), handing profile
     /// requests to `requests` and exporting `metrics`.
     pub fn new(
         config: &ServerConfig,
@@ -100,7 +100,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/timeline", get(recordings::timeline))
         .route("/v1/profiles/merged", get(recordings::merged))
         .route("/v1/profiles/diff", get(recordings::diff))
-        .merge(crate::web::assets::routes())
+        .merge(crate::agent::page::assets::routes())
         .fallback(|request: Request| async move {
             text(
                 StatusCode::NOT_FOUND,
@@ -164,7 +164,7 @@ async fn metrics(State(requests): State<Requests>) -> Response {
         )],
         requests
             .metrics
-            .render(resident_memory_bytes(), crate::heap::stats()),
+            .render(resident_memory_bytes(), crate::agent::heap::stats()),
     )
         .into_response()
 }

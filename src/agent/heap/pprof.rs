@@ -28,7 +28,7 @@ use flate2::{read::GzDecoder, write::GzEncoder};
 use jemalloc_pprof::Mapping;
 use prost::Message;
 
-use crate::format::pprof::proto;
+use crate::profile::format::pprof::proto;
 
 /// The profile's `drop_frames` (a regular expression pprof readers match
 /// against whole function names, dropping the first match from the root

@@ -1,5 +1,5 @@
 //! Pieces shared by lightswitch's two HTTP servers (axum): the on-demand
-//! endpoints of `--listen` (`src/server/`) and the collector
+//! endpoints of `--listen` (`src/agent/api/`) and the collector
 //! (`src/collector/`): the accept loop with its limits ([`serve`]),
 //! tokens (a Bearer header, or a browser's Basic password), and plain-text
 //! and blocking responses.
@@ -72,7 +72,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 /// How a 401 asks for the token: `Bearer` (scripts and API clients, RFC
 /// 6750), or `Basic` with a realm, which makes a browser ask its user and
 /// send the token as the password of every later request (the web view's
-/// pages: [`crate::web::assets::check_request`]).
+/// pages: [`crate::agent::page::assets::check_request`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Challenge {
     /// `WWW-Authenticate: Bearer`.

@@ -10,7 +10,7 @@
 //!
 //! These paths are what [`is_page`] matches: a server asks a browser for
 //! its token with a `Basic` challenge there (see
-//! [`crate::httpd::check_token`]).
+//! [`crate::agent::http::check_token`]).
 
 use axum::extract::{Path, Request};
 use axum::http::{header, StatusCode};
@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::httpd::{check_token, text, Challenge};
+use crate::agent::http::{check_token, text, Challenge};
 
 /// One file of the page: its name under `/assets/`, MIME type and bytes.
 struct Asset {
@@ -27,33 +27,33 @@ struct Asset {
     bytes: &'static [u8],
 }
 
-const INDEX: &[u8] = include_bytes!("../../web/index.html");
+const INDEX: &[u8] = include_bytes!("../../../web/index.html");
 
 const ASSETS: &[Asset] = &[
     Asset {
         name: "app.js",
         mime: "text/javascript; charset=utf-8",
-        bytes: include_bytes!("../../web/app.js"),
+        bytes: include_bytes!("../../../web/app.js"),
     },
     Asset {
         name: "app.css",
         mime: "text/css; charset=utf-8",
-        bytes: include_bytes!("../../web/app.css"),
+        bytes: include_bytes!("../../../web/app.css"),
     },
     Asset {
         name: "uPlot.iife.min.js",
         mime: "text/javascript; charset=utf-8",
-        bytes: include_bytes!("../../web/vendor/uPlot.iife.min.js"),
+        bytes: include_bytes!("../../../web/vendor/uPlot.iife.min.js"),
     },
     Asset {
         name: "uPlot.min.css",
         mime: "text/css; charset=utf-8",
-        bytes: include_bytes!("../../web/vendor/uPlot.min.css"),
+        bytes: include_bytes!("../../../web/vendor/uPlot.min.css"),
     },
     Asset {
         name: "uPlot.LICENSE",
         mime: "text/plain; charset=utf-8",
-        bytes: include_bytes!("../../web/vendor/uPlot.LICENSE"),
+        bytes: include_bytes!("../../../web/vendor/uPlot.LICENSE"),
     },
 ];
 

@@ -1,7 +1,7 @@
 //! `GET /v1/profiles/diff?from=&to=&base_from=&base_to=[&format=svg][&host=&pid=&tid=&comm=]`:
 //! the differential flame graph of the samples in `[from, to)` against
 //! those in `[base_from, base_to)` (inferno, through
-//! [`crate::compare::diff::differential_flame_graph`]: the new range's
+//! [`crate::commands::compare::diff::differential_flame_graph`]: the new range's
 //! stacks, red where their share grew, blue where it shrank; the base is
 //! scaled to the new range's total first). Both servers answer it: each
 //! finds the two ranges' profiles its own way and hands them to [`answer`].
@@ -15,12 +15,12 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::timeline::{range, value, SampleFilter};
-use crate::compare::diff::differential_flame_graph;
-use crate::format::ProfileFormat;
-use crate::httpd::text;
+use crate::agent::http::text;
+use crate::commands::compare::diff::differential_flame_graph;
+use crate::profile::format::ProfileFormat;
 use crate::profile::Profile;
-use crate::timefmt;
-use crate::wire::{BASE_SAMPLES_HEADER, SAMPLES_HEADER};
+use crate::util::timefmt;
+use crate::util::wire::{BASE_SAMPLES_HEADER, SAMPLES_HEADER};
 
 /// A validated diff query.
 #[derive(Debug, Clone, PartialEq, Eq)]

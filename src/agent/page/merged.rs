@@ -1,6 +1,6 @@
 //! The answer of `GET /v1/profiles/merged` that both servers give: the
 //! collector from its sample store ([`crate::collector::queries`]), the
-//! agent from its recordings ([`crate::server::recordings`]). Each finds
+//! agent from its recordings ([`crate::agent::api::recordings`]). Each finds
 //! the range's [`Profile`] its own way; the `format=` parameter, the
 //! encoding and the headers the web view reads are the same.
 
@@ -8,10 +8,10 @@ use axum::body::Body;
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 
-use crate::format::{self, Compression, ProfileFormat};
-use crate::httpd::text;
+use crate::agent::http::text;
+use crate::profile::format::{self, Compression, ProfileFormat};
 use crate::profile::Profile;
-use crate::wire::{MERGED_PROFILES_HEADER, OFF_CPU_WAITS_HEADER, SAMPLES_HEADER};
+use crate::util::wire::{MERGED_PROFILES_HEADER, OFF_CPU_WAITS_HEADER, SAMPLES_HEADER};
 
 /// `format=` of a merged profile (`value`, absent: pprof): any name or
 /// alias in the format registry, off-CPU views included

@@ -1,5 +1,5 @@
 //! `GET /v1/timeline` from profiles held in memory (the agent's recordings,
-//! [`crate::server::recordings`]), and the query parameters it shares with
+//! [`crate::agent::api::recordings`]), and the query parameters it shares with
 //! `GET /v1/profiles/merged` there: a time range, a bucket width and the
 //! sample filters.
 //!
@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::profile::{Profile, Sample};
-use crate::timefmt;
+use crate::util::timefmt;
 
 /// Most buckets one timeline query may ask for.
 pub const MAX_BUCKETS: u64 = 20_000;
@@ -315,7 +315,7 @@ mod tests {
 
     use super::*;
     use crate::profile::TimedSample;
-    use crate::sample::UnwindStatus;
+    use crate::sampling::records::UnwindStatus;
 
     fn query(text: &str) -> Result<TimelineQuery, QueryError> {
         let pairs: Vec<(String, String)> = url::form_urlencoded::parse(text.as_bytes())

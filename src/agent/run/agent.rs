@@ -20,21 +20,21 @@ use tracing::{debug, info};
 use super::hints::ChildrenSeen;
 use super::plan::CheckedPlan;
 use super::progress::Progress;
+use crate::agent::api::metrics::Metrics;
+use crate::agent::api::ondemand::{
+    accept_requests, OnDemandWorker, ProfileRequest, Sampling, Subscriptions,
+};
+use crate::output::sender::worker::WindowWorker;
 use crate::process::walker::ProcessFollower;
 use crate::process::ProcessTracker;
 use crate::profile::aggregate::UserFrame;
 use crate::profile::window::{ClosedWindow, Windows, CLOSE_SLACK_NS};
-use crate::sample::{RawSample, TimedEvent, UnwindStatus};
-use crate::sampler::off_cpu::OffCpuCounts;
-use crate::sampler::{self, BpfStats, Sampler};
-use crate::sender::worker::WindowWorker;
-use crate::server::metrics::Metrics;
-use crate::server::ondemand::{
-    accept_requests, OnDemandWorker, ProfileRequest, Sampling, Subscriptions,
-};
-use crate::timefmt;
+use crate::sampling::records::{RawSample, TimedEvent, UnwindStatus};
+use crate::sampling::sampler::off_cpu::OffCpuCounts;
+use crate::sampling::sampler::{self, BpfStats, Sampler};
 use crate::unwind::deferred::{self, DeferredStats, DeferredWalks, LiveView};
 use crate::unwind::loader::UnwindLoader;
+use crate::util::timefmt;
 
 /// How often the loop checks for a stop (and drains the ring buffer) when no
 /// window ends sooner.

@@ -1,7 +1,7 @@
 use super::Totals;
 use crate::process::ProcessTracker;
 use crate::profile::window::Windows;
-use crate::sample::{RawSample, Wait};
+use crate::sampling::records::{RawSample, Wait};
 
 /// The summary's processes are those with on-CPU samples: one that only
 /// waited (`--off-cpu`) is not among them. Before, a whole-machine

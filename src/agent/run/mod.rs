@@ -3,7 +3,7 @@
 //! Each step is delegated to the module that owns it (docs/architecture.md).
 //!
 //! The run is configured by a [`RunPlan`]: plain settings the command line
-//! builds (`crate::cli`), or a library user does; it never sees the
+//! builds (`crate::commands::cli`), or a library user does; it never sees the
 //! command line's own types.
 //!
 //! Continuous mode (`--profile-interval`, or a sender other than `disk`):
@@ -12,7 +12,7 @@
 //! [`WindowWorker`], which symbolizes, encodes and sends it on its own thread
 //! while sampling goes on.
 //!
-//! With `--listen`, an HTTP server ([`crate::server`]) runs beside the loop:
+//! With `--listen`, an HTTP server ([`crate::agent::api`]) runs beside the loop:
 //! profile requests arrive over a channel and become subscriptions that the
 //! loop fills with the samples of their span. In listen-only mode (no
 //! `--duration`, no `--profile-interval`, disk sender) nothing else is
@@ -44,21 +44,21 @@ use progress::StopWords;
 pub use summary::{ContinuousSummary, RunSummary};
 pub use workload::Workload;
 
-use crate::files;
-use crate::format::{self, Compression, ProfileFormat};
+use crate::agent::api::metrics::Metrics;
+use crate::agent::api::ondemand::OnDemandWorker;
+use crate::agent::api::{Server, ServerConfig};
+use crate::output::files;
+use crate::output::sender::disk::write_profile;
+use crate::output::sender::worker::WindowWorker;
 use crate::process::ProcessTracker;
+use crate::profile::format::{self, Compression, ProfileFormat};
 use crate::profile::window::ClosedWindow;
 use crate::profile::{Profile, Provenance};
-use crate::sampler::{BpfStats, Sampler};
-use crate::sender::disk::write_profile;
-use crate::sender::worker::WindowWorker;
-use crate::server::metrics::Metrics;
-use crate::server::ondemand::OnDemandWorker;
-use crate::server::{Server, ServerConfig};
+use crate::sampling::sampler::{BpfStats, Sampler};
 use crate::symbolize::Symbolizer;
-use crate::timefmt;
 use crate::unwind::deferred::DeferredStats;
 use crate::unwind::loader::UnwindLoader;
+use crate::util::timefmt;
 
 fn setup_libbpf_logging(debug: bool) {
     let level = if debug {
@@ -98,14 +98,14 @@ pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> 
     })?;
     let provenance = Provenance {
         subject: subject(&plan.sampler.pids, workload.as_deref()).into(),
-        host: crate::sender::hostname().into(),
+        host: crate::output::sender::hostname().into(),
         pids: plan.sampler.pids.as_slice().into(),
     };
     let metrics = Arc::new(Metrics::default());
     // Continuous mode: the sender (and its thread) starts before sampling,
     // so that a bad URL fails the run before anything is loaded.
     let window_worker = if let Some(continuous) = &run_plan.continuous {
-        let sender = crate::sender::start(continuous.sender.clone())?;
+        let sender = crate::output::sender::start(continuous.sender.clone())?;
         if let Some(queue) = sender.delivery_queue() {
             metrics.set_delivery_queue(queue);
         }
@@ -272,7 +272,7 @@ fn finish(
     let off_cpu = plan
         .sampler
         .off_cpu_min_ns
-        .map(|_| crate::sampler::off_cpu::OffCpuCounts::from_stats(&stats));
+        .map(|_| crate::sampling::sampler::off_cpu::OffCpuCounts::from_stats(&stats));
 
     if let Some(mut worker) = window_worker {
         for closed in last {

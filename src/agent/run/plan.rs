@@ -1,5 +1,5 @@
 //! What a run does ([`RunPlan`]): plain settings, built once from the
-//! command line (`crate::cli`) or in code by a library user. The run checks
+//! command line (`crate::commands::cli`) or in code by a library user. The run checks
 //! them against each other ([`RunPlan::check`]) and then against the
 //! running system ([`CheckedPlan::new`]: privileges, BTF, kernel features,
 //! the kernel's sample-rate limit, the pids, output paths) before anything
@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::format::{Compression, ProfileFormat};
-use crate::preflight;
-use crate::sampler::SamplerConfig;
-use crate::sender::SenderConfig;
+use crate::output::sender::SenderConfig;
+use crate::profile::format::{Compression, ProfileFormat};
+use crate::sampling::preflight;
+use crate::sampling::sampler::SamplerConfig;
 
 /// Default sampling frequency per CPU, Hz (`--sample-freq`).
 pub const DEFAULT_SAMPLE_FREQ_HZ: u64 = 99;
@@ -159,7 +159,7 @@ impl RunPlan {
     /// what the sender takes.
     fn check_sender_formats(&self, sender: &SenderConfig) -> Result<()> {
         let kind = sender.kind();
-        let Some(takes) = crate::sender::formats_of(kind) else {
+        let Some(takes) = crate::output::sender::formats_of(kind) else {
             return Ok(());
         };
         let names: Vec<&str> = takes.iter().map(|f| f.name()).collect();

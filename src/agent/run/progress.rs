@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::sample::UnwindStatus;
-use crate::text::plural;
+use crate::sampling::records::UnwindStatus;
+use crate::util::text::plural;
 
 /// Exit status of a run ended by a second interrupt (128 + SIGINT).
 pub const INTERRUPTED_EXIT_STATUS: i32 = 130;
@@ -93,7 +93,7 @@ fn on_interrupt() {
     } else {
         ""
     };
-    let now = crate::timefmt::monotonic_ns();
+    let now = crate::util::timefmt::monotonic_ns();
     if INTERRUPTS.fetch_add(1, Ordering::SeqCst) == 0 {
         FIRST_INTERRUPT_NS.store(now, Ordering::SeqCst);
         flag.store(true, Ordering::SeqCst);
@@ -129,7 +129,7 @@ pub fn since_first_interrupt() -> Option<Duration> {
     match FIRST_INTERRUPT_NS.load(Ordering::SeqCst) {
         0 => None,
         first => Some(Duration::from_nanos(
-            crate::timefmt::monotonic_ns().saturating_sub(first),
+            crate::util::timefmt::monotonic_ns().saturating_sub(first),
         )),
     }
 }

@@ -2,10 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::sampler::off_cpu::OffCpuCounts;
-use crate::sender::worker::WorkerReport;
-use crate::text::plural;
+use crate::output::sender::worker::WorkerReport;
+use crate::sampling::sampler::off_cpu::OffCpuCounts;
 use crate::unwind::deferred::DeferredStats;
+use crate::util::text::plural;
 
 /// What a run produced, for the summary line.
 #[derive(Debug, Clone)]

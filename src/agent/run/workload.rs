@@ -1,7 +1,7 @@
 //! A command the run starts itself and follows (`lightswitch record`): the
 //! run puts its pid in the BPF filter (children followed), lets it start
 //! once sampling is attached, and ends when it exits. The process handling
-//! lives in [`crate::record`]; this trait is all the run needs of it.
+//! lives in [`crate::commands::record`]; this trait is all the run needs of it.
 
 use anyhow::Result;
 

@@ -22,9 +22,9 @@ use anyhow::{bail, Context, Result};
 use prost::Message;
 use tracing::warn;
 
-use crate::files::{write_atomic, TMP_PREFIX};
+use crate::output::files::{write_atomic, TMP_PREFIX};
 use crate::profile::{Frame, FrameKind, Line, Profile, ProfileMapping};
-use crate::sample::UnwindStatus;
+use crate::sampling::records::UnwindStatus;
 
 /// A mapping: string ids for its file name and build ID (0: none).
 #[derive(Clone, PartialEq, Eq, Hash, Message)]
@@ -412,7 +412,7 @@ impl Dictionary {
                 self.segments -= 1;
             }
         }
-        crate::files::sync_dir(&self.dir)?;
+        crate::output::files::sync_dir(&self.dir)?;
         self.persisted = self.counts();
         Ok(())
     }

@@ -12,7 +12,7 @@
 //!   listing reads directories only.
 //!
 //! Every file is written atomically (temporary file, fsync, rename, fsync
-//! of the directory: [`crate::files::write_atomic`]); a block's stack-table
+//! of the directory: [`crate::output::files::write_atomic`]); a block's stack-table
 //! entries are on disk before the block. Temporary files (`.tmp-*`) and
 //! files whose names or contents do not check are ignored and counted.
 //! Ingest is [`writer`], queries [`query`] and [`timeline`], deletion
@@ -34,7 +34,7 @@ use std::sync::{Mutex, RwLock};
 
 use anyhow::{Context, Result};
 
-use crate::files::TMP_PREFIX;
+use crate::output::files::TMP_PREFIX;
 use dict::Dictionary;
 
 /// Name of the store's directory under the storage root.
@@ -95,7 +95,7 @@ pub struct SampleStore {
 
 /// Create `dir` and its missing parents with the store's directory mode.
 pub(crate) fn create_dir(dir: &Path, file_mode: u32) -> Result<()> {
-    super::storage::dir_builder(file_mode)
+    super::archive::dir_builder(file_mode)
         .recursive(true)
         .create(dir)
         .with_context(|| format!("creating {}", dir.display()))

@@ -12,7 +12,7 @@ use super::block::{self, BlockHeader, Decoded};
 use super::columns::Row;
 use super::dict::Dictionary;
 use super::{BlockMeta, SampleStore};
-use crate::collector::storage::sanitize_host;
+use crate::collector::archive::sanitize_host;
 
 /// Which samples a query wants: time in `[from, to)` (ns since the Unix
 /// epoch), and optionally only one host, process, thread or process name.

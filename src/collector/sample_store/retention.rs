@@ -2,7 +2,7 @@
 //! `--max-storage BYTES` the oldest data until the storage fits, both
 //! checked every [`RETENTION_INTERVAL`] while the collector runs (and once
 //! at start). "Data" is the store's blocks and the pprof archive's files
-//! ([`crate::collector::storage`]), ordered together by their last sample
+//! ([`crate::collector::archive`]), ordered together by their last sample
 //! (a block) or their window's end (a pprof file). The stack table is not
 //! trimmed: it grows with distinct stacks, not with time, and counts
 //! towards `--max-storage`. Each pass that deletes logs what and why, and
@@ -17,7 +17,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::SampleStore;
-use crate::collector::storage::{Filter, Storage};
+use crate::collector::archive::{Filter, Storage};
 
 /// How often retention runs.
 pub const RETENTION_INTERVAL: Duration = Duration::from_secs(10);
@@ -159,7 +159,7 @@ pub fn spawn(store: Arc<SampleStore>, archive: Arc<Storage>, retention: Retentio
     let spawned = std::thread::Builder::new()
         .name("lsw-retention".into())
         .spawn(move || loop {
-            store.enforce(retention, &archive, crate::timefmt::now_unix_ns());
+            store.enforce(retention, &archive, crate::util::timefmt::now_unix_ns());
             std::thread::sleep(RETENTION_INTERVAL);
         });
     if let Err(e) = spawned {

@@ -10,9 +10,9 @@ use super::retention::Retention;
 use super::timeline::Density;
 use super::writer::Batch;
 use super::*;
-use crate::collector::storage::Storage;
-use crate::files::PROFILE_MODE;
-use crate::format::folded;
+use crate::collector::archive::Storage;
+use crate::output::files::PROFILE_MODE;
+use crate::profile::format::folded;
 use crate::profile::Profile;
 
 const S: u64 = 1_000_000_000;

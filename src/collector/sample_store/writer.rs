@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use super::block::{self, WindowInfo, MAX_BLOCK_SAMPLES};
 use super::columns::Row;
 use super::{BlockMeta, SampleStore};
-use crate::collector::storage::{create_dirs, sanitize_host};
-use crate::files::write_atomic;
+use crate::collector::archive::{create_dirs, sanitize_host};
+use crate::output::files::write_atomic;
 use crate::profile::Profile;
 
 /// One window of one host, as an ingest hands it to the store.
@@ -105,7 +105,9 @@ impl SampleStore {
                 off_cpu: profile.off_cpu,
             };
             let bytes = block::encode(info, chunk)?;
-            let dir = blocks_dir.join(&host_dir).join(crate::timefmt::day(first));
+            let dir = blocks_dir
+                .join(&host_dir)
+                .join(crate::util::timefmt::day(first));
             create_dirs(&blocks_dir, &dir, self.file_mode)?;
             let path = dir.join(format!("{first}-{last}-{}-{}.blk", chunk.len(), *seq));
             write_atomic(&path, &bytes, self.file_mode)

@@ -1,5 +1,5 @@
 //! Command-line interface (clap). Parsing only: validation that needs the
-//! running system (privileges, kernel limits, pids) lives in [`crate::preflight`].
+//! running system (privileges, kernel limits, pids) lives in [`crate::sampling::preflight`].
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -14,7 +14,7 @@ use values::{
     parse_header, parse_label, parse_retention, parse_storage_size, parse_unwind_budget_mb,
 };
 
-use crate::format::{Compression, ProfileFormat};
+use crate::profile::format::{Compression, ProfileFormat};
 use crate::unwind::identity::DEFAULT_DEBUG_ROOT;
 
 /// Verbosity of the profiler's own log (stderr).
@@ -82,7 +82,7 @@ pub struct ProfileArgs {
     pub pids: Vec<u32>,
 
     /// Sampling frequency per CPU, in Hz (1 ..= kernel.perf_event_max_sample_rate).
-    #[arg(short = 'F', long, default_value_t = crate::run::DEFAULT_SAMPLE_FREQ_HZ)]
+    #[arg(short = 'F', long, default_value_t = crate::agent::run::DEFAULT_SAMPLE_FREQ_HZ)]
     pub sample_freq: u64,
 
     /// Stop after this long: seconds, or with a unit (`5s`, `500ms`, `2m`).
@@ -127,7 +127,7 @@ pub struct ProfileArgs {
     /// File mode of written profiles, octal, before the umask (default 600:
     /// owner only; profiles name every process and hold kernel addresses).
     /// E.g. 640 to let the file's group read them.
-    #[arg(long, value_parser = crate::files::parse_mode, default_value = "600")]
+    #[arg(long, value_parser = crate::output::files::parse_mode, default_value = "600")]
     pub profile_mode: u32,
 
     /// Compression of pprof and OTLP output: `none` (raw protobuf) or `gzip`.
@@ -137,7 +137,7 @@ pub struct ProfileArgs {
     /// Memory budget for unwind tables in BPF maps, MiB (8-byte rows). When
     /// full, the least recently sampled objects' tables are evicted.
     /// 1 to 32767.
-    #[arg(long, value_parser = parse_unwind_budget_mb, default_value_t = crate::run::DEFAULT_UNWIND_BUDGET_MB)]
+    #[arg(long, value_parser = parse_unwind_budget_mb, default_value_t = crate::agent::run::DEFAULT_UNWIND_BUDGET_MB)]
     pub max_unwind_info_mb: u32,
 
     /// Directory where built unwind tables are cached between runs, and
@@ -278,7 +278,7 @@ pub struct ProfileArgs {
     /// that finds none within 0.25 s is closed. A client has 10 s to send a
     /// request's headers; an idle connection is closed after 10 s. A failed
     /// accept() (out of file descriptors) is logged and retried.
-    #[arg(long, value_parser = parse_count::<usize>, default_value_t = crate::httpd::serve::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, value_parser = parse_count::<usize>, default_value_t = crate::agent::http::serve::DEFAULT_MAX_CONNECTIONS)]
     pub listen_max_connections: usize,
 }
 
@@ -296,7 +296,7 @@ pub enum SenderKind {
     Otlp,
 }
 
-impl From<SenderKind> for crate::sender::SenderKind {
+impl From<SenderKind> for crate::output::sender::SenderKind {
     fn from(kind: SenderKind) -> Self {
         match kind {
             SenderKind::Disk => Self::Disk,
@@ -387,7 +387,7 @@ pub enum Command {
         /// File mode of stored profiles, octal, before the umask (default
         /// 600). Directories get the matching search bits (600 -> 700,
         /// 640 -> 750).
-        #[arg(long, value_parser = crate::files::parse_mode, default_value = "600")]
+        #[arg(long, value_parser = crate::output::files::parse_mode, default_value = "600")]
         profile_mode: u32,
         /// Largest accepted request body, bytes (413 above it).
         #[arg(long, value_parser = parse_count::<usize>, default_value_t = 32 * 1024 * 1024)]
@@ -410,7 +410,7 @@ pub enum Command {
         /// for over 1 s are closed to make room, and a new one that finds
         /// none within 0.25 s is closed. A client has 10 s to send a
         /// request's headers; an idle connection is closed after 10 s.
-        #[arg(long, value_parser = parse_count::<usize>, default_value_t = crate::httpd::serve::DEFAULT_MAX_CONNECTIONS)]
+        #[arg(long, value_parser = parse_count::<usize>, default_value_t = crate::agent::http::serve::DEFAULT_MAX_CONNECTIONS)]
         max_connections: usize,
         /// Most samples a merged answer in a format that keeps every
         /// sample's time (firefox, otlp) may hold (413 beyond, saying so;
@@ -484,7 +484,7 @@ pub struct DiffArgs {
     /// Largest size of each input once decoded (decompressed, when gzip'd),
     /// MiB. Reading stops there and the input is refused (exit 2), so a
     /// larger file or a gzip bomb costs at most about this much memory.
-    #[arg(long, value_name = "MIB", value_parser = parse_count::<u32>, default_value_t = crate::compare::input::DEFAULT_MAX_INPUT_MB)]
+    #[arg(long, value_name = "MIB", value_parser = parse_count::<u32>, default_value_t = crate::commands::compare::input::DEFAULT_MAX_INPUT_MB)]
     pub max_input_mb: u32,
 }
 
@@ -528,7 +528,7 @@ pub struct ReportArgs {
     /// Largest size of the input once decoded (decompressed, when gzip'd),
     /// MiB. Reading stops there and the input is refused (exit 2), so a
     /// larger file or a gzip bomb costs at most about this much memory.
-    #[arg(long, value_name = "MIB", value_parser = parse_count::<u32>, default_value_t = crate::compare::input::DEFAULT_MAX_INPUT_MB)]
+    #[arg(long, value_name = "MIB", value_parser = parse_count::<u32>, default_value_t = crate::commands::compare::input::DEFAULT_MAX_INPUT_MB)]
     pub max_input_mb: u32,
 }
 

@@ -9,10 +9,10 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 
 use super::{ProfileArgs, RecordArgs, SenderKind};
-use crate::format::ProfileFormat;
-use crate::record::RecordPlan;
-use crate::run::{Continuous, ListenPlan, RunPlan};
-use crate::sender::{otlp::OtlpSettings, remote::HttpSettings, SenderConfig};
+use crate::agent::run::{Continuous, ListenPlan, RunPlan};
+use crate::commands::record::RecordPlan;
+use crate::output::sender::{otlp::OtlpSettings, remote::HttpSettings, SenderConfig};
+use crate::profile::format::ProfileFormat;
 
 /// Window length of continuous mode when only a network sender asks for
 /// it (no `--profile-interval`), seconds.
@@ -121,7 +121,7 @@ impl ProfileArgs {
         if self.off_cpu {
             for twin in formats
                 .iter()
-                .filter_map(|&f| crate::format::off_cpu::twin(f))
+                .filter_map(|&f| crate::profile::format::off_cpu::twin(f))
             {
                 if !formats.contains(&twin) {
                     outputs.push((twin, self.profile_path.join(twin.default_file_name())));
@@ -142,7 +142,7 @@ impl ProfileArgs {
             }
         }
         if formats.is_empty() {
-            let default = crate::sender::formats_of(self.sender.into())
+            let default = crate::output::sender::formats_of(self.sender.into())
                 .and_then(|takes| takes.first().copied());
             formats.push(default.unwrap_or(ProfileFormat::FlameGraph));
         }

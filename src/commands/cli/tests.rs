@@ -95,7 +95,7 @@ fn report_span_takes_negative_numbers_for_the_run_to_reject() {
 /// hand for the same run (compared by their debug form, field by field).
 #[test]
 fn flags_build_the_plan_a_library_user_would() {
-    use crate::run::RunPlan;
+    use crate::agent::run::RunPlan;
     use std::time::Duration;
     let plan = |args: &[&str]| {
         let cli = Cli::try_parse_from(["lightswitch"].iter().chain(args)).expect("parsed");
@@ -130,7 +130,7 @@ fn flags_build_the_plan_a_library_user_would() {
     assert!(
         matches!(
             continuous.sender,
-            crate::sender::SenderConfig::Disk {
+            crate::output::sender::SenderConfig::Disk {
                 max_profiles: Some(3),
                 ..
             }

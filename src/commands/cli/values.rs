@@ -3,15 +3,15 @@
 
 use clap::ValueEnum;
 
-use crate::format::{Compression, ProfileFormat};
+use crate::profile::format::{Compression, ProfileFormat};
 
 /// Parse a duration for `--duration`, `--profile-interval` and the other
 /// time options, in seconds: a bare number is seconds (`5`, `0.5`); with a
 /// unit it is read by jiff's friendly format (`5s`, `500ms`, `2m`, `1m30s`,
 /// `1.5h`). The value must be above 0, finite and at most
-/// [`crate::preflight::MAX_SECONDS`]; anything else is an error that clap
+/// [`crate::sampling::preflight::MAX_SECONDS`]; anything else is an error that clap
 /// reports as a usage error (exit status 2, like a malformed number), with
-/// the same words as [`crate::preflight::seconds`], which checks values set
+/// the same words as [`crate::sampling::preflight::seconds`], which checks values set
 /// by code.
 pub fn parse_seconds(text: &str) -> Result<f64, String> {
     let text = text.trim();
@@ -26,15 +26,15 @@ pub fn parse_seconds(text: &str) -> Result<f64, String> {
             duration.as_secs_f64()
         }
     };
-    crate::preflight::check_seconds(seconds)?;
+    crate::sampling::preflight::check_seconds(seconds)?;
     Ok(seconds)
 }
 
 /// Parse `--profile-interval`: [`parse_seconds`], within
-/// [`crate::preflight::check_interval`]'s range.
+/// [`crate::sampling::preflight::check_interval`]'s range.
 pub fn parse_interval(text: &str) -> Result<f64, String> {
     let seconds = parse_seconds(text)?;
-    crate::preflight::check_interval(seconds)?;
+    crate::sampling::preflight::check_interval(seconds)?;
     Ok(seconds)
 }
 
@@ -46,7 +46,7 @@ pub fn parse_count<T: TryFrom<u64>>(text: &str) -> Result<T, String> {
         .trim()
         .parse()
         .map_err(|_| format!("{text:?} is not a whole number"))?;
-    crate::preflight::check_count(value)?;
+    crate::sampling::preflight::check_count(value)?;
     T::try_from(value).map_err(|_| format!("{value} is too large"))
 }
 

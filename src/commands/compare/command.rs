@@ -13,7 +13,7 @@ use super::diff::{diff as compare, differential_flame_graph};
 use super::input::{read_input, read_profile, InputFormat};
 use super::report::{off_cpu_of, render_threads, render_top};
 use super::{function_table, timeline};
-use crate::cli::{DiffArgs, DiffOutput, ReportArgs};
+use crate::commands::cli::{DiffArgs, DiffOutput, ReportArgs};
 
 /// The span `--from`/`--to` asks for, ns after the profile's start
 /// (`None`: the whole profile). Errors: a bound that is not a finite number
@@ -73,7 +73,7 @@ pub fn report(args: &ReportArgs) -> Result<()> {
         let _ = std::io::stdout().lock().write_all(text.as_bytes());
         return Ok(());
     };
-    let bytes = crate::format::encode(&profile, format, args.pprof_compression)?;
+    let bytes = crate::profile::format::encode(&profile, format, args.pprof_compression)?;
     let output = args
         .output
         .clone()
@@ -83,7 +83,7 @@ pub fn report(args: &ReportArgs) -> Result<()> {
         return Ok(());
     }
     // As every profile: private, atomic, its directory made if missing.
-    crate::files::write_atomic(&output, &bytes, crate::files::PROFILE_MODE)?;
+    crate::output::files::write_atomic(&output, &bytes, crate::output::files::PROFILE_MODE)?;
     eprintln!("wrote {}", output.display());
     Ok(())
 }
@@ -125,7 +125,7 @@ pub fn diff(args: &DiffArgs) -> Result<i32> {
             &args.new.display().to_string(),
         )?;
         // As every profile: private, atomic, its directory made if missing.
-        crate::files::write_atomic(path, &svg, crate::files::PROFILE_MODE)
+        crate::output::files::write_atomic(path, &svg, crate::output::files::PROFILE_MODE)
             .context("writing the differential flame graph")?;
     }
     let grown = args

@@ -16,9 +16,9 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::{function_table, has_objects, FunctionKey, FunctionTable};
-use crate::format::folded;
+use crate::profile::format::folded;
 use crate::profile::Profile;
-use crate::text::plural;
+use crate::util::text::plural;
 
 /// lightswitch's exit status when an input cannot be read or decoded.
 pub const BAD_INPUT_EXIT_STATUS: i32 = 2;
@@ -203,13 +203,13 @@ pub fn differential_flame_graph(
     let mut svg = Vec::new();
     inferno::flamegraph::from_lines(&mut options, lines.lines(), &mut svg)
         .context("rendering the differential flame graph")?;
-    Ok(crate::format::flamegraph::singular_counts(svg))
+    Ok(crate::profile::format::flamegraph::singular_counts(svg))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compare::input::parse_folded;
+    use crate::commands::compare::input::parse_folded;
 
     fn profile(text: &str) -> Profile {
         parse_folded(text).unwrap()

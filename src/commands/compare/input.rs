@@ -5,7 +5,7 @@
 //! lightswitch, inferno and Brendan Gregg's scripts write them), a
 //! timeline (Firefox Profiler JSON, raw or gzip'd: [`super::timeline`]), or
 //! OpenTelemetry profiles (an OTLP export request, raw or gzip'd:
-//! [`crate::format::otlp::read`]).
+//! [`crate::profile::format::otlp::read`]).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -19,10 +19,10 @@ use prost::Message;
 
 use super::timeline;
 use crate::collector::merge;
-use crate::format::folded::KERNEL_SUFFIX;
-use crate::format::pprof::proto;
+use crate::profile::format::folded::KERNEL_SUFFIX;
+use crate::profile::format::pprof::proto;
 use crate::profile::{unwind_marker_name, Frame, FrameKind, Line, Profile, Sample};
-use crate::sample::UnwindStatus;
+use crate::sampling::records::UnwindStatus;
 
 /// Default of `report`'s and `diff`'s `--max-input-mb`: the largest size
 /// an input may have once decoded (decompressed, when gzip'd), MiB.
@@ -183,7 +183,7 @@ fn parse_decoded(raw: &[u8]) -> Result<(Profile, InputFormat)> {
         .and_then(|proto| merge::validate(&proto).map(|()| proto));
     match pprof {
         Ok(proto) => Ok((merge::profile_from_pprof(&proto), InputFormat::Pprof)),
-        Err(why) => match crate::format::otlp::read::decode(raw) {
+        Err(why) => match crate::profile::format::otlp::read::decode(raw) {
             Ok(profile) => Ok((profile, InputFormat::Otlp)),
             Err(otlp) => bail!("it is binary, but not a pprof profile: {why} (nor OTLP: {otlp:#})"),
         },
@@ -298,8 +298,8 @@ pub fn parse_folded(text: &str) -> Result<Profile> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::folded;
-    use crate::format::folded::tests::sample_profile;
+    use crate::profile::format::folded;
+    use crate::profile::format::folded::tests::sample_profile;
 
     #[test]
     fn folded_round_trips_through_the_encoder() {
@@ -315,7 +315,7 @@ mod tests {
 
     #[test]
     fn pprof_raw_and_gzip_decode_to_the_same_stacks() {
-        use crate::format::pprof::{encode, Compression};
+        use crate::profile::format::pprof::{encode, Compression};
         let profile = sample_profile();
         // The fixture's kernel frames have no mapping and user-space
         // addresses, so pprof reads them back as user frames: compare names.
@@ -332,8 +332,8 @@ mod tests {
     fn a_line_of_one_frame_keeps_its_samples_as_that_function() {
         let profile = parse_folded("main 5\napp;main;work 3\n").unwrap();
         assert_eq!(profile.total_samples(), 8);
-        let table = crate::compare::function_table(&profile, false).unwrap();
-        let main = &table.functions[&crate::compare::FunctionKey {
+        let table = crate::commands::compare::function_table(&profile, false).unwrap();
+        let main = &table.functions[&crate::commands::compare::FunctionKey {
             name: Arc::from("main"),
             object: None,
         }];

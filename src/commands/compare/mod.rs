@@ -141,7 +141,7 @@ fn add(sum: u64, count: u64, what: impl FnOnce() -> String) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::folded::tests::sample_profile;
+    use crate::profile::format::folded::tests::sample_profile;
 
     fn named(name: &str) -> FunctionKey {
         FunctionKey {

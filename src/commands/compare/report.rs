@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 
 use super::FunctionTable;
 use crate::profile::{Profile, Weight};
-use crate::text::plural;
+use crate::util::text::plural;
 
 /// The top-functions table of `table` (from `profile`): the `top` functions
 /// with the most self samples (0: all), with `flat flat% sum% cum cum%`
@@ -136,8 +136,8 @@ pub fn render_threads(profile: &Profile) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compare::function_table;
-    use crate::compare::input::parse_folded;
+    use crate::commands::compare::function_table;
+    use crate::commands::compare::input::parse_folded;
 
     #[test]
     fn top_table_sorts_by_flat_and_sums() {

@@ -26,12 +26,12 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::collector::merge::STATUSES;
-use crate::format::firefox::{LOST_MARKER_TYPE, PROCESS_MARKER_TYPE};
+use crate::profile::format::firefox::{LOST_MARKER_TYPE, PROCESS_MARKER_TYPE};
 use crate::profile::{
     unwind_marker_name, Frame, FrameKind, Line, LostSamples, ProcessMarker, ProcessMarkerKind,
     Profile, ProfileMapping, Sample, TimedSample, TimedWait,
 };
-use crate::sample::UnwindStatus;
+use crate::sampling::records::UnwindStatus;
 
 /// Most samples (sum of weights) a timeline may hold: 12 bytes each in
 /// memory, so 50 M is 600 MB, 40 times a 60 s whole-machine run at 10 kHz.
@@ -201,7 +201,7 @@ pub fn parse_timeline(json: &[u8]) -> Result<Profile> {
         subject: fx
             .meta
             .product
-            .strip_prefix(crate::format::firefox::PRODUCT_SUBJECT_PREFIX)
+            .strip_prefix(crate::profile::format::firefox::PRODUCT_SUBJECT_PREFIX)
             .map(Arc::from),
         ..Default::default()
     };
@@ -541,4 +541,5 @@ pub fn slice(profile: &Profile, from_ns: i64, to_ns: i64) -> Profile {
 }
 
 #[cfg(test)]
+#[path = "timeline_tests.rs"]
 mod tests;

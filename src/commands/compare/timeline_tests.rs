@@ -3,7 +3,7 @@
 use std::io::Read;
 
 use super::*;
-use crate::format::{firefox, folded};
+use crate::profile::format::{firefox, folded};
 
 /// The Firefox tests' profile (a sample every 10 µs from -2 µs, user
 /// frames in `/bin/app`) with an exec, an exit and a lost-samples span.

@@ -21,7 +21,7 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::sudo::Identity;
+use crate::output::sudo::Identity;
 
 /// Exit status for a command that was not found, as shells give it.
 pub const NOT_FOUND_EXIT_STATUS: i32 = 127;

@@ -5,7 +5,7 @@
 //! ([`launch`]); its pid seeds the BPF pid filter and the BPF program adds
 //! every process a followed process forks or clones (`on_fork` in
 //! `src/bpf/profiler.bpf.c`). Once the perf events are attached the child
-//! is let go, and the run ([`crate::run::run_with`]) ends when it exits.
+//! is let go, and the run ([`crate::agent::run::run_with`]) ends when it exits.
 //! lightswitch then exits with the command's status (128 + N for signal N).
 
 mod images;
@@ -16,8 +16,8 @@ use std::ffi::OsString;
 
 use anyhow::Result;
 
-use crate::run::{RunPlan, Workload};
-use crate::sudo::{give_outputs_to, Identity};
+use crate::agent::run::{RunPlan, Workload};
+use crate::output::sudo::{give_outputs_to, Identity};
 use launch::{CannotRun, HeldCommand};
 
 impl Workload for HeldCommand {
@@ -61,7 +61,7 @@ fn foreground_of_terminal() -> bool {
 }
 
 /// What `record` does: the command it runs and the run's plan (built from
-/// `lightswitch record`'s flags by `crate::cli`, or in code).
+/// `lightswitch record`'s flags by `crate::commands::cli`, or in code).
 #[derive(Debug, Clone)]
 pub struct RecordPlan {
     /// How to profile. Its `pids` must be empty: the command's process,
@@ -113,13 +113,13 @@ pub fn record(plan: &RecordPlan) -> Result<i32> {
         .run
         .outputs
         .iter()
-        .any(|(_, path)| crate::files::is_stdout(path));
+        .any(|(_, path)| crate::output::files::is_stdout(path));
     let mut held = HeldCommand::spawn(&path, program, rest, identity.as_ref(), profile_on_stdout)?;
     let created = identity
         .as_ref()
-        .map(|_| crate::sudo::directories_to_create(&plan.run))
+        .map(|_| crate::output::sudo::directories_to_create(&plan.run))
         .unwrap_or_default();
-    let run = crate::run::run_with(&plan.run, Some(&mut held));
+    let run = crate::agent::run::run_with(&plan.run, Some(&mut held));
     let failure = match &run {
         Ok(summary) => {
             eprintln!("{summary}");
@@ -128,11 +128,17 @@ pub fn record(plan: &RecordPlan) -> Result<i32> {
             }
             summary.continuous.as_ref().and_then(|c| c.report.failure())
         }
-        Err(err) if err.chain().any(|e| e.is::<crate::format::EmptyProfile>()) => Some(format!(
+        Err(err)
+            if err
+                .chain()
+                .any(|e| e.is::<crate::profile::format::EmptyProfile>()) =>
+        {
+            Some(format!(
             "{err:#}: the command ran too briefly to be sampled at {} Hz (raise --sample-freq, \
              or write folded stacks or pprof, which can hold an empty profile)",
             plan.run.sample_freq_hz
-        )),
+        ))
+        }
         Err(err) => Some(format!("{err:#}")),
     };
     if let Some(failure) = &failure {

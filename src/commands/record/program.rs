@@ -90,7 +90,7 @@ fn find_program(program: &OsStr) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::launch::{NOT_EXECUTABLE_EXIT_STATUS, NOT_FOUND_EXIT_STATUS};
+    use crate::commands::record::launch::{NOT_EXECUTABLE_EXIT_STATUS, NOT_FOUND_EXIT_STATUS};
     use std::os::unix::fs::PermissionsExt;
 
     #[test]

@@ -1,5 +1,5 @@
 //! The local-disk sender: writes each profile to a file atomically
-//! ([`crate::files::write_atomic_with`], encoding straight into it), so a
+//! ([`crate::output::files::write_atomic_with`], encoding straight into it), so a
 //! reader never sees a half-written profile.
 //!
 //! In continuous mode ([`WindowFiles`]) each window gets its own file per
@@ -16,8 +16,8 @@ use anyhow::{Context, Result};
 use tracing::{debug, info, warn};
 
 use super::{Sender, SenderReport};
-use crate::files::write_atomic_with;
-use crate::format::{self, Compression, EmptyProfile, ProfileFormat};
+use crate::output::files::write_atomic_with;
+use crate::profile::format::{self, Compression, EmptyProfile, ProfileFormat};
 use crate::profile::Profile;
 
 /// Bytes of encoded profile gathered before each write to a profile's file
@@ -73,7 +73,10 @@ impl<W: Write> Write for CountingWriter<W> {
 /// extension (`dir/profile.pb` -> `dir/profile-20240501T120000.000Z.pb`).
 pub fn window_path(base: &Path, start_unix_ns: u64) -> PathBuf {
     let (stem, ext) = split_name(base);
-    let name = format!("{stem}-{}{ext}", crate::timefmt::compact(start_unix_ns));
+    let name = format!(
+        "{stem}-{}{ext}",
+        crate::util::timefmt::compact(start_unix_ns)
+    );
     base.with_file_name(name)
 }
 
@@ -185,7 +188,7 @@ impl Sender for WindowFiles {
             if let Err(EmptyProfile(noun)) = format::check_encodable(profile, *format) {
                 info!(
                     "no samples in the window starting {}: no {noun} written",
-                    crate::timefmt::rfc3339(profile.start_unix_ns),
+                    crate::util::timefmt::rfc3339(profile.start_unix_ns),
                 );
                 continue;
             }
@@ -228,7 +231,7 @@ impl Sender for WindowFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::files::{write_atomic, PROFILE_MODE};
+    use crate::output::files::{write_atomic, PROFILE_MODE};
 
     #[test]
     fn window_files_are_named_by_start_and_pruned() {

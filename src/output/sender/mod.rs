@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use crate::format::{Compression, ProfileFormat};
+use crate::profile::format::{Compression, ProfileFormat};
 use crate::profile::Profile;
 use queue::{DeliveryStats, Queue};
 
@@ -75,7 +75,7 @@ pub fn hostname() -> String {
 }
 
 /// Which sender continuous mode uses and its settings (built from the
-/// command line's flags by `crate::cli`, or in code).
+/// command line's flags by `crate::commands::cli`, or in code).
 #[derive(Debug, Clone)]
 pub enum SenderConfig {
     /// Window files in a directory.

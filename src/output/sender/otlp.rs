@@ -4,7 +4,7 @@
 //! Pyroscope, Parca or `lightswitch collector` receive it.
 //!
 //! Request: the window's `ExportProfilesServiceRequest` from
-//! [`crate::format::otlp`] (every sample's time in `timestamps_unix_nano`),
+//! [`crate::profile::format::otlp`] (every sample's time in `timestamps_unix_nano`),
 //! gzip'd, with `Content-Type: application/x-protobuf` and
 //! `Content-Encoding: gzip`, the headers of [`OtlpSettings::headers`] and,
 //! with `--token`, `Authorization: Bearer TOKEN`.
@@ -31,8 +31,8 @@ use reqwest::StatusCode;
 use super::queue::{Attempt, Delivery, Item, Transport};
 use super::remote::{describe_window, failed, HttpConfig, HttpTransport};
 use super::{Sender, SenderReport};
-use crate::format::otlp::{self, proto::collector::ExportProfilesServiceResponse};
-use crate::format::Compression;
+use crate::profile::format::otlp::{self, proto::collector::ExportProfilesServiceResponse};
+use crate::profile::format::Compression;
 use crate::profile::Profile;
 
 /// The path an OTLP/HTTP receiver takes profiles at, appended to the base URL.
@@ -244,7 +244,7 @@ impl Sender for OtlpSender {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::otlp::proto::collector::ExportProfilesPartialSuccess;
+    use crate::profile::format::otlp::proto::collector::ExportProfilesPartialSuccess;
 
     fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
         move |name| {

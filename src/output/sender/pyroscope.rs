@@ -21,8 +21,8 @@ use prost::Message;
 use super::queue::{Delivery, Item};
 use super::remote::{describe_window, HttpConfig, HttpTransport};
 use super::{Sender, SenderReport};
-use crate::format::pprof;
-use crate::format::Compression;
+use crate::profile::format::pprof;
+use crate::profile::format::Compression;
 use crate::profile::Profile;
 
 /// Types generated from Pyroscope's push API definition (`proto/pyroscope/`).

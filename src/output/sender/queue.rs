@@ -139,7 +139,7 @@ pub struct Jitter(u64);
 impl Jitter {
     /// Seeded from the clock and the pid.
     pub fn new() -> Self {
-        let seed = crate::timefmt::now_unix_ns() ^ (u64::from(std::process::id()) << 32);
+        let seed = crate::util::timefmt::now_unix_ns() ^ (u64::from(std::process::id()) << 32);
         Jitter(seed | 1)
     }
 
@@ -299,9 +299,9 @@ impl Delivery {
     }
 
     /// [`Delivery::finish`], reported as a network sender's summary.
-    pub fn finish_report(self, deadline: Instant) -> crate::sender::SenderReport {
+    pub fn finish_report(self, deadline: Instant) -> crate::output::sender::SenderReport {
         let destination = self.destination.clone();
-        crate::sender::SenderReport {
+        crate::output::sender::SenderReport {
             destination,
             files: Vec::new(),
             delivery: Some(self.finish(deadline)),
@@ -462,4 +462,5 @@ fn worker<T: Transport>(queue: &Queue, transport: &mut T, timeout: Duration, bac
 }
 
 #[cfg(test)]
+#[path = "queue_tests.rs"]
 mod tests;

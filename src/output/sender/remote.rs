@@ -21,10 +21,10 @@ use url::Url;
 
 use super::queue::{Attempt, Backoff, Delivery, Item, Transport};
 use super::{Sender, SenderReport};
-use crate::format::pprof;
-use crate::format::{Compression, ProfileFormat};
+use crate::profile::format::pprof;
+use crate::profile::format::{Compression, ProfileFormat};
 use crate::profile::Profile;
-use crate::wire::{HOST_HEADER, SAMPLES_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
+use crate::util::wire::{HOST_HEADER, SAMPLES_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
 
 /// Default endpoint of the remote sender: a local `lightswitch collector`.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:4567/v1/profiles";
@@ -102,7 +102,7 @@ impl HttpConfig {
         // Neither setter fails on an http(s) URL with a host.
         let _ = url.set_username("");
         let _ = url.set_password(None);
-        crate::preflight::count("--send-queue-bytes", settings.send_queue_bytes as u64)?;
+        crate::sampling::preflight::count("--send-queue-bytes", settings.send_queue_bytes as u64)?;
         if settings
             .token
             .as_deref()
@@ -117,7 +117,10 @@ impl HttpConfig {
             url,
             basic,
             token: settings.token.clone(),
-            timeout: crate::preflight::seconds("--send-timeout", settings.send_timeout_s)?,
+            timeout: crate::sampling::preflight::seconds(
+                "--send-timeout",
+                settings.send_timeout_s,
+            )?,
             queue_bytes: settings.send_queue_bytes,
             backoff: Backoff::default(),
         })
@@ -283,7 +286,7 @@ impl RemoteSender {
 pub fn describe_window(profile: &Profile) -> String {
     format!(
         "window {} +{:.3}s ({} samples)",
-        crate::timefmt::rfc3339(profile.start_unix_ns),
+        crate::util::timefmt::rfc3339(profile.start_unix_ns),
         profile.duration_ns as f64 / 1e9,
         profile.total_samples()
     )

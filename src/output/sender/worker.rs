@@ -24,13 +24,13 @@ use anyhow::{Context, Result};
 use tracing::{debug, warn};
 
 use super::{Sender, SenderReport};
-use crate::guard::contain;
 use crate::process::ProcessTracker;
 use crate::profile::window::ClosedWindow;
 use crate::profile::Provenance;
-use crate::symbolize::source::{ObjectCache, TrackerSnapshot};
+use crate::symbolize::mapping_source::{ObjectCache, TrackerSnapshot};
 use crate::symbolize::Symbolizer;
-use crate::text::plural;
+use crate::util::guard::contain;
+use crate::util::text::plural;
 
 /// Closed windows that may wait for symbolization before new ones are dropped.
 pub const MAX_PENDING_WINDOWS: usize = 4;
@@ -124,7 +124,7 @@ pub struct WindowWorker {
 }
 
 /// Where the worker counts what became of each window; the agent's
-/// `/metrics` implements it (`crate::server::metrics::Metrics`).
+/// `/metrics` implements it (`crate::agent::api::metrics::Metrics`).
 pub trait WindowCounters: Send + Sync {
     /// A window closed and is being handed over; counted first, so that
     /// no count of what became of windows exceeds it.
@@ -319,7 +319,7 @@ fn send_window(
     // (heap::release_freed). Issue 18: at a 10 s window's close under
     // churn the aggregator held 4-6 MiB while the profile was encoded.
     drop((aggregator, snapshot));
-    crate::heap::release_freed();
+    crate::agent::heap::release_freed();
     provenance.stamp(&mut profile);
     debug!(
         "window {}: {} samples symbolized in {:?}",
@@ -329,6 +329,6 @@ fn send_window(
     );
     let sent = sender.send(&profile);
     drop(profile);
-    crate::heap::release_freed();
+    crate::agent::heap::release_freed();
     sent
 }

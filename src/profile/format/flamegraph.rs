@@ -178,7 +178,7 @@ pub fn subtitle(profile: &Profile) -> String {
         parts.push(span);
     }
     parts.push(match profile.weight {
-        Weight::Samples => crate::text::plural(profile.total_samples(), "sample", "samples"),
+        Weight::Samples => crate::util::text::plural(profile.total_samples(), "sample", "samples"),
         Weight::OffCpuNs => format!("{:.3} s off-CPU", profile.total_samples() as f64 / 1e9),
     });
     parts.join(", ")
@@ -236,7 +236,7 @@ pub fn singular_counts(svg: Vec<u8>) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::folded::tests::sample_profile;
+    use crate::profile::format::folded::tests::sample_profile;
     use crate::profile::Frame;
 
     /// A profile of 300 wide stacks and 20 000 narrow ones (1-3 samples

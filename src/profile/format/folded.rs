@@ -243,7 +243,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::profile::{Frame, Line, Sample};
-    use crate::sample::UnwindStatus;
+    use crate::sampling::records::UnwindStatus;
 
     fn line(name: &str) -> Line {
         Line {

@@ -62,8 +62,8 @@ pub(crate) mod tests {
     use std::io::Read;
 
     use super::*;
-    use crate::format::firefox::tests::timed_profile;
-    use crate::format::{encode, Compression};
+    use crate::profile::format::firefox::tests::timed_profile;
+    use crate::profile::format::{encode, Compression};
     use crate::profile::TimedWait;
 
     /// The Firefox tests' profile with off-CPU time: its third stack
@@ -122,7 +122,7 @@ pub(crate) mod tests {
     #[test]
     fn pprof_has_an_off_cpu_sample_type_that_reads_back() {
         let profile = waited_profile();
-        let message = crate::format::pprof::to_proto(&profile);
+        let message = crate::profile::format::pprof::to_proto(&profile);
         let types: Vec<&str> = message
             .sample_type
             .iter()
@@ -140,7 +140,7 @@ pub(crate) mod tests {
     #[test]
     fn otlp_carries_each_wait_with_its_start_and_reads_back() {
         let profile = waited_profile();
-        let request = crate::format::otlp::to_request(&profile).unwrap();
+        let request = crate::profile::format::otlp::to_request(&profile).unwrap();
         let profiles = &request.resource_profiles[0].scope_profiles[0].profiles;
         assert_eq!(profiles.len(), 2);
         let waited: Vec<(Vec<i64>, usize)> = profiles[1]
@@ -152,7 +152,7 @@ pub(crate) mod tests {
             waited,
             [(vec![3_000_000, 5_000_000], 2), (vec![1_000_000], 1)]
         );
-        let back = crate::format::otlp::read::profile_from_request(&request).unwrap();
+        let back = crate::profile::format::otlp::read::profile_from_request(&request).unwrap();
         assert!(back.off_cpu);
         assert_eq!(back.total_off_cpu_ns(), 9_000_000);
         assert_eq!(back.waits.len(), 3);
@@ -173,7 +173,7 @@ pub(crate) mod tests {
             let markers = &thread["markers"];
             for i in 0..markers["length"].as_u64().unwrap() as usize {
                 let data = &markers["data"][i];
-                if data["type"] == crate::format::firefox::OFF_CPU_MARKER_TYPE {
+                if data["type"] == crate::profile::format::firefox::OFF_CPU_MARKER_TYPE {
                     assert!(
                         data["cause"]["stack"].is_u64(),
                         "a wait without its stack: {data}"

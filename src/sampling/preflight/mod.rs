@@ -98,7 +98,7 @@ pub fn check_seconds(value: f64) -> std::result::Result<(), String> {
 
 /// A count or size limit from the command line (`--max-profiles`, the
 /// servers' and the sender's limits): at least 1. Errors name `flag`, with
-/// the words [`crate::cli::values::parse_count`] gives clap.
+/// the words [`crate::commands::cli::values::parse_count`] gives clap.
 pub fn count(flag: &str, value: u64) -> Result<()> {
     check_count(value).map_err(|err| anyhow::anyhow!("{flag} {err}"))
 }
@@ -150,8 +150,8 @@ pub fn check_output(dir: &Path, file: &Path) -> Result<()> {
             dir.display()
         );
     }
-    if crate::files::is_stdout(file) {
-        crate::files::check_stdout_open()?;
+    if crate::output::files::is_stdout(file) {
+        crate::output::files::check_stdout_open()?;
     }
     let made = MadeDirs::create(dir)?;
     let checked = check_output_in(dir, file);
@@ -193,7 +193,7 @@ fn check_output_in(dir: &Path, file: &Path) -> Result<()> {
     if file.is_dir() {
         bail!("output path {} is a directory", file.display());
     }
-    if crate::files::writes_through(file) {
+    if crate::output::files::writes_through(file) {
         // A device, FIFO or symlink is written into at the end; opening a
         // FIFO now would hand its reader an end of file.
         return check_access(file);
@@ -211,7 +211,7 @@ fn check_output_in(dir: &Path, file: &Path) -> Result<()> {
     // where files cannot be made (/proc, a read-only mount), say so now
     // rather than after the run.
     tempfile::Builder::new()
-        .prefix(crate::files::TMP_PREFIX)
+        .prefix(crate::output::files::TMP_PREFIX)
         .tempfile_in(dir)
         .with_context(|| {
             format!(
@@ -336,7 +336,7 @@ pub const KERNEL_FEATURES: &[KernelFeature] = &[
 
 /// What the `bpf_loop` variant of the programs needs beyond
 /// [`KERNEL_FEATURES`]; a kernel without any of them gets the compat
-/// variant ([`crate::sampler::variant`]).
+/// variant ([`crate::sampling::sampler::variant`]).
 pub const BPF_LOOP_VARIANT_FEATURES: &[KernelFeature] = &[
     KernelFeature {
         name: "the bpf_loop BPF helper",

@@ -9,7 +9,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, MapType};
 use perf_event_open_sys as perf;
 
 use super::variant::ProgramVariant;
-use crate::skel::ProfilerSkel;
+use crate::sampling::skel::ProfilerSkel;
 
 /// Bytes of user stack in the largest stack-copy record, the BPF side's
 /// `STACK_COPY_LARGE_BYTES` (`src/bpf/profiler.h`): 96 KiB.

@@ -10,8 +10,8 @@ use libbpf_rs::{Link, MapCore, MapFlags, MapHandle};
 use super::variant::ProgramVariant;
 use super::Sampler;
 use crate::process::walker::WalkerMaps;
-use crate::sample::{process_info_value, ExecMapping, ExecTime};
-use crate::skel::{types, ProfilerSkel};
+use crate::sampling::records::{process_info_value, ExecMapping, ExecTime};
+use crate::sampling::skel::{types, ProfilerSkel};
 
 /// Attach the programs that follow processes: exec, exit and fork.
 pub(super) fn attach_tracking(
@@ -99,7 +99,7 @@ impl WalkerMaps for Sampler<'_> {
             slot.vaddr_delta = vaddr.wrapping_sub(offset);
             value.segment_count += 1;
         }
-        // SAFETY: both are Plain (see crate::skel): integers only, no padding.
+        // SAFETY: both are Plain (see crate::sampling::skel): integers only, no padding.
         let (key, value) = unsafe { (plain::as_bytes(&key), plain::as_bytes(&value)) };
         self.skel
             .maps
@@ -119,7 +119,7 @@ impl WalkerMaps for Sampler<'_> {
 
     fn remove_object_file(&self, dev: u64, inode: u64) {
         let key = types::file_key { dev, inode };
-        // SAFETY: Plain (see crate::skel): integers only, no padding.
+        // SAFETY: Plain (see crate::sampling::skel): integers only, no padding.
         let key = unsafe { plain::as_bytes(&key) };
         let _ = self.skel.maps.object_files.delete(key);
     }

@@ -2,7 +2,7 @@
 //! software `cpu-clock` perf event per online CPU in frequency mode, attaches
 //! the program to each, and turns the records the program writes to its
 //! CPU's ring buffer (in the `samples` array of rings) into [`RawSample`]s
-//! (the record types live in [`crate::sample`]).
+//! (the record types live in [`crate::sampling::records`]).
 //!
 //! Dropping the [`Sampler`] detaches every program and closes every perf event.
 
@@ -17,8 +17,8 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, RingBufferBuilder};
 use tracing::{info, warn};
 
-use crate::sample::{RawSample, TimedEvent};
-use crate::skel::{ProfilerSkel, ProfilerSkelBuilder};
+use crate::sampling::records::{RawSample, TimedEvent};
+use crate::sampling::skel::{ProfilerSkel, ProfilerSkelBuilder};
 
 mod events;
 mod follow;
@@ -153,12 +153,12 @@ fn log_load_report(
         loaded.push(("off_cpu_resume", p.off_cpu_resume.as_fd()));
         loaded.push(("walk_user_stack_off_cpu", p.walk_user_stack_off_cpu.as_fd()));
     }
-    let programs = crate::bpf_info::verified_programs(&loaded);
+    let programs = crate::sampling::bpf_info::verified_programs(&loaded);
     info!(
         "BPF program on kernel {}: {} variant; {}",
-        crate::preflight::kernel_release(),
+        crate::sampling::preflight::kernel_release(),
         variant.name(),
-        crate::bpf_info::load_report(load_time, &programs)
+        crate::sampling::bpf_info::load_report(load_time, &programs)
     );
 }
 
@@ -418,7 +418,7 @@ pub fn poll(ring: &RingBuffer<'_>, timeout: Duration) -> Result<u64> {
         Err(err) if err.kind() == libbpf_rs::ErrorKind::Interrupted => {}
         other => other.context("polling the samples ring buffers")?,
     }
-    let consumed_at = crate::timefmt::monotonic_ns();
+    let consumed_at = crate::util::timefmt::monotonic_ns();
     ring.consume()
         .context("draining the samples ring buffers")?;
     Ok(consumed_at)

@@ -15,7 +15,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use anyhow::{anyhow, Context, Result};
 use libbpf_rs::{Link, MapCore, MapFlags};
 
-use crate::skel::{OpenProfilerSkel, ProfilerSkel};
+use crate::sampling::skel::{OpenProfilerSkel, ProfilerSkel};
 
 /// Waits that can wait at once for their system call to return (entries
 /// of `off_cpu_pending`, 1 KiB each, allocated as used).
@@ -34,7 +34,7 @@ pub(super) fn configure(
             "--off-cpu needs the bpf_loop BPF programs (Linux 5.17 or later); this run loads \
              the {} programs (kernel {}), which have no off-CPU walker",
             variant.name(),
-            crate::preflight::kernel_release()
+            crate::sampling::preflight::kernel_release()
         );
     }
     let Some(min_ns) = min_ns else {
@@ -119,10 +119,10 @@ impl std::fmt::Display for OffCpuCounts {
         write!(
             f,
             "off-CPU: {} recorded; left out: {} shorter than --off-cpu-min ({:.6} s), {}",
-            crate::text::plural(self.waits, "wait", "waits"),
-            crate::text::plural(self.short, "wait", "waits"),
+            crate::util::text::plural(self.waits, "wait", "waits"),
+            crate::util::text::plural(self.short, "wait", "waits"),
             self.short_ns as f64 / 1e9,
-            crate::text::plural(self.untracked, "wait untracked", "waits untracked"),
+            crate::util::text::plural(self.untracked, "wait untracked", "waits untracked"),
         )
     }
 }

@@ -5,7 +5,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::unwind::row::RawRow;
+use crate::sampling::unwind_row::RawRow;
 
 /// Writer of the `unwind_rows` map (BPF_F_MMAPABLE): each write maps just
 /// the pages it covers, copies the rows in and unmaps them. The kernel

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
 
 use super::Sampler;
-use crate::unwind::row::{Page, RawRow, PAGE_BITS};
+use crate::sampling::unwind_row::{Page, RawRow, PAGE_BITS};
 
 /// What the walker's maps hold for one address of an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

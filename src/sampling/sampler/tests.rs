@@ -51,7 +51,7 @@ fn records_written_by_the_bpf_program_parse() {
         .unwrap();
     sampler.set_process(child.id(), &[], 0).unwrap();
 
-    let started = crate::timefmt::monotonic_ns();
+    let started = crate::util::timefmt::monotonic_ns();
     let stop = Arc::new(AtomicBool::new(false));
     let spinning = stop.clone();
     let spinner = std::thread::Builder::new()
@@ -85,7 +85,7 @@ fn records_written_by_the_bpf_program_parse() {
     let tid = spinner.join().unwrap();
     child.wait().unwrap();
     poll(&ring, Duration::from_millis(100)).unwrap();
-    let ended = crate::timefmt::monotonic_ns();
+    let ended = crate::util::timefmt::monotonic_ns();
 
     assert_eq!(*malformed.borrow(), 0);
     let samples = samples.borrow();
@@ -102,8 +102,8 @@ fn records_written_by_the_bpf_program_parse() {
     }
     assert!(
         events.borrow().iter().any(|e| e.event
-            == crate::sample::ProcessEvent::Exit { pid: child.id() }
-            && (started..=crate::timefmt::monotonic_ns()).contains(&e.timestamp_ns)),
+            == crate::sampling::records::ProcessEvent::Exit { pid: child.id() }
+            && (started..=crate::util::timefmt::monotonic_ns()).contains(&e.timestamp_ns)),
         "{:?}",
         events.borrow()
     );

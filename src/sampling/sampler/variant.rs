@@ -21,8 +21,8 @@
 use anyhow::{bail, Context, Result};
 use libbpf_rs::{OpenProgramMut, ProgramMut};
 
-use crate::preflight::{self, KernelFeature};
-use crate::skel::{OpenProfilerMaps, OpenProfilerProgs, ProfilerProgs};
+use crate::sampling::preflight::{self, KernelFeature};
+use crate::sampling::skel::{OpenProfilerMaps, OpenProfilerProgs, ProfilerProgs};
 
 /// Process descriptions (`process_mappings`) a kernel before 6.1 holds:
 /// there the map is preallocated (about 8.3 KiB per entry: 34 MiB of kernel

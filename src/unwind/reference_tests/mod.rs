@@ -14,7 +14,7 @@ use gimli::{
 };
 use object::{Object, ObjectSection};
 
-use super::builder::build_table_with_debug_file;
+use super::cfi::build_table_with_debug_file;
 use super::identity::find_debug_file;
 use super::rule::{Bx, Fp, Rule, UnsupportedKind};
 use super::table::{CfiSource, UnwindTable};

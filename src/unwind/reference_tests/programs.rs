@@ -9,10 +9,10 @@ use std::process::Command;
 use object::{Object, ObjectSection, ObjectSymbol};
 
 use super::build_and_compare;
-use crate::unwind::builder::{
+use crate::sampling::unwind_row::CFA_OFFSET_SCALED;
+use crate::unwind::cfi::{
     build_table, build_table_from_path, build_table_with_debug_file, BuildError,
 };
-use crate::unwind::row::CFA_OFFSET_SCALED;
 use crate::unwind::rule::{Fp, Rule};
 use crate::unwind::table::CfiSource;
 

@@ -5,7 +5,7 @@
 
 use std::fmt::Write;
 
-use crate::heap::HeapStats;
+use crate::agent::heap::HeapStats;
 use crate::symbolize::debuginfod::DebuginfodStats;
 use crate::symbolize::minidebuginfo::MiniDebugInfoStats;
 use crate::symbolize::object_tables::TableBuilds;

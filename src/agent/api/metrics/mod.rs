@@ -12,12 +12,12 @@ use families::{
     render_symbol_tables,
 };
 
-use crate::heap::HeapStats;
-use crate::httpd::serve::ConnectionStats;
-use crate::sample::UnwindStatus;
-use crate::sampler::off_cpu::OffCpuCounts;
-use crate::sender::queue::Queue;
-use crate::sender::worker::WindowCounters;
+use crate::agent::heap::HeapStats;
+use crate::agent::http::serve::ConnectionStats;
+use crate::output::sender::queue::Queue;
+use crate::output::sender::worker::WindowCounters;
+use crate::sampling::records::UnwindStatus;
+use crate::sampling::sampler::off_cpu::OffCpuCounts;
 use crate::unwind::deferred::DeferredStats;
 
 /// The agent's metrics, shared between the sampling loop and the server.
@@ -110,7 +110,7 @@ impl Metrics {
     }
 
     /// The build of the BPF programs loaded (`bpf_loop`, `compat`:
-    /// [`crate::sampler::variant`]); set once.
+    /// [`crate::sampling::sampler::variant`]); set once.
     pub fn set_bpf_variant(&self, name: &'static str) {
         let _ = self.bpf_variant.set(name);
     }
@@ -171,7 +171,7 @@ impl Metrics {
     }
 
     /// The metrics in Prometheus text format; `rss_bytes` is the process's
-    /// resident memory and `heap` jemalloc's counters ([`crate::heap::stats`]),
+    /// resident memory and `heap` jemalloc's counters ([`crate::agent::heap::stats`]),
     /// both read by the caller.
     pub fn render(&self, rss_bytes: Option<u64>, heap: Option<HeapStats>) -> String {
         let mut out = String::new();

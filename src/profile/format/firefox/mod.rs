@@ -363,7 +363,7 @@ pub(crate) mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::format::folded::tests::sample_profile;
+    use crate::profile::format::folded::tests::sample_profile;
     use crate::profile::{
         FrameKind, ProcessMarker, ProcessMarkerKind, ProfileMapping, TimedSample,
     };

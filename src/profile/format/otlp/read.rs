@@ -29,7 +29,7 @@ use crate::profile::{
     unwind_marker_name, Frame, FrameKind, Line, Profile, ProfileMapping, Sample, TimedSample,
     TimedWait,
 };
-use crate::sample::UnwindStatus;
+use crate::sampling::records::UnwindStatus;
 use crate::symbolize::KERNEL_MAPPING_NAME;
 
 /// Decode `bytes` (raw protobuf) as an OTLP export request holding at

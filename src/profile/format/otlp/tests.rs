@@ -2,10 +2,10 @@ use std::sync::Arc;
 
 use super::proto::profiles::ProfilesDictionary;
 use super::*;
-use crate::compare::input::{parse_input, InputFormat};
-use crate::format::folded;
+use crate::commands::compare::input::{parse_input, InputFormat};
+use crate::profile::format::folded;
 use crate::profile::{Frame, Line, ProfileMapping, Sample, TimedSample};
-use crate::sample::UnwindStatus;
+use crate::sampling::records::UnwindStatus;
 
 const START: u64 = 1_700_000_000_000_000_000;
 
@@ -396,7 +396,7 @@ fn read_back_it_is_the_same_profile_with_its_timeline() {
 
 #[test]
 fn pprof_is_still_read_as_pprof_and_garbage_names_both_formats() {
-    let pprof = crate::format::pprof::encode(&profile(), Compression::None).unwrap();
+    let pprof = crate::profile::format::pprof::encode(&profile(), Compression::None).unwrap();
     assert_eq!(parse_input(&pprof).unwrap().1, InputFormat::Pprof);
     let err = parse_input(&[0x0a, 0xff, 0x01]).unwrap_err();
     let message = format!("{err:#}");

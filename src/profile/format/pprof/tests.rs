@@ -6,7 +6,7 @@ use std::sync::Arc;
 use prost::Message;
 
 use super::*;
-use crate::format::folded::tests::sample_profile;
+use crate::profile::format::folded::tests::sample_profile;
 use crate::profile::ProfileMapping;
 
 fn decode(bytes: &[u8]) -> proto::Profile {

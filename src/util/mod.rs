@@ -1,0 +1,9 @@
+//! What every stage shares: [`guard`] (containing a panic to one unit of
+//! work), [`timefmt`] (timestamps and durations as text), [`text`] (plural
+//! words for summaries), [`wire`] (the HTTP header names between the remote
+//! sender and the collector).
+
+pub mod guard;
+pub mod text;
+pub mod timefmt;
+pub mod wire;
