@@ -60,7 +60,7 @@ fn main() {
             let profile_on_stdout = plan
                 .outputs
                 .iter()
-                .any(|(_, path)| lightswitch::output::files::is_stdout(path));
+                .any(|(_, path)| lightswitch::util::files::is_stdout(path));
             if profile_on_stdout {
                 eprintln!("{summary}");
             } else {

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use lightswitch::collector::merge;
+use lightswitch::profile::merge;
 use lightswitch::profile::format::{folded, pprof};
 
 /// Decoded-size bound: small, so that the bound's own path is reached.

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::output::files::{sync_dir, write_atomic};
+use crate::util::files::{sync_dir, write_atomic};
 
 const SUFFIX: &str = ".pb.gz";
 
@@ -243,12 +243,12 @@ impl Storage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::files::PROFILE_MODE;
+    use crate::util::files::PROFILE_MODE;
     use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn stores_lists_and_filters() {
-        let _umask = crate::output::files::UMASK
+        let _umask = crate::util::files::UMASK
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().unwrap();

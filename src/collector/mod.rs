@@ -9,7 +9,6 @@
 pub mod archive;
 pub mod diff;
 pub mod ingest;
-pub mod merge;
 pub mod metrics;
 pub mod queries;
 pub mod sample_store;
@@ -33,7 +32,7 @@ pub struct CollectorConfig {
     /// Storage directory.
     pub storage: PathBuf,
     /// Mode of stored profiles before the umask (default
-    /// [`crate::output::files::PROFILE_MODE`]); directories get the matching
+    /// [`crate::util::files::PROFILE_MODE`]); directories get the matching
     /// search bits.
     pub profile_mode: u32,
     /// Bearer token every request must carry, if set (`--token` /

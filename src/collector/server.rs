@@ -44,11 +44,11 @@ use tower_http::timeout::TimeoutLayer;
 use tracing::{info, warn};
 
 use super::archive::{Filter, Storage, StoredProfile};
-use super::merge::{self, BodyError};
 use super::queries;
 use super::state::{json, query_pairs, query_value, time_param, AppState, TIME_FORMS};
 use crate::agent::http::{blocking, text};
 use crate::agent::page::assets::check_request;
+use crate::profile::merge::{self, BodyError};
 use crate::util::timefmt;
 use crate::util::wire::{HOST_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
 

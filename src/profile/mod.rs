@@ -9,6 +9,7 @@ pub mod format;
 #[cfg(test)]
 mod handover_tests;
 mod interner;
+pub mod merge;
 pub mod window;
 
 use std::collections::BTreeMap;

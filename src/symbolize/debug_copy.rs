@@ -135,7 +135,7 @@ fn copy_into(file: &Path, dir: &Path) -> Result<Option<PathBuf>> {
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let length = fs::metadata(file).context("stat")?.len();
     make_room(dir, length + inflated);
-    crate::output::files::write_atomic_with(&copy, 0o644, |out| {
+    crate::util::files::write_atomic_with(&copy, 0o644, |out| {
         write_inflated(&elf, file, &compressed, out)
     })?;
     debug!(

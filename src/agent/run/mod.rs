@@ -47,7 +47,6 @@ pub use workload::Workload;
 use crate::agent::api::metrics::Metrics;
 use crate::agent::api::ondemand::OnDemandWorker;
 use crate::agent::api::{Server, ServerConfig};
-use crate::output::files;
 use crate::output::sender::disk::write_profile;
 use crate::output::sender::worker::WindowWorker;
 use crate::process::ProcessTracker;
@@ -58,6 +57,7 @@ use crate::sampling::sampler::{BpfStats, Sampler};
 use crate::symbolize::Symbolizer;
 use crate::unwind::deferred::DeferredStats;
 use crate::unwind::loader::UnwindLoader;
+use crate::util::files;
 use crate::util::timefmt;
 
 fn setup_libbpf_logging(debug: bool) {

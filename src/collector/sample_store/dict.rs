@@ -22,9 +22,9 @@ use anyhow::{bail, Context, Result};
 use prost::Message;
 use tracing::warn;
 
-use crate::output::files::{write_atomic, TMP_PREFIX};
 use crate::profile::{Frame, FrameKind, Line, Profile, ProfileMapping};
 use crate::sampling::records::UnwindStatus;
+use crate::util::files::{write_atomic, TMP_PREFIX};
 
 /// A mapping: string ids for its file name and build ID (0: none).
 #[derive(Clone, PartialEq, Eq, Hash, Message)]
@@ -412,7 +412,7 @@ impl Dictionary {
                 self.segments -= 1;
             }
         }
-        crate::output::files::sync_dir(&self.dir)?;
+        crate::util::files::sync_dir(&self.dir)?;
         self.persisted = self.counts();
         Ok(())
     }

@@ -12,7 +12,7 @@
 //!   listing reads directories only.
 //!
 //! Every file is written atomically (temporary file, fsync, rename, fsync
-//! of the directory: [`crate::output::files::write_atomic`]); a block's stack-table
+//! of the directory: [`crate::util::files::write_atomic`]); a block's stack-table
 //! entries are on disk before the block. Temporary files (`.tmp-*`) and
 //! files whose names or contents do not check are ignored and counted.
 //! Ingest is [`writer`], queries [`query`] and [`timeline`], deletion
@@ -34,7 +34,7 @@ use std::sync::{Mutex, RwLock};
 
 use anyhow::{Context, Result};
 
-use crate::output::files::TMP_PREFIX;
+use crate::util::files::TMP_PREFIX;
 use dict::Dictionary;
 
 /// Name of the store's directory under the storage root.

@@ -11,9 +11,9 @@ use super::timeline::Density;
 use super::writer::Batch;
 use super::*;
 use crate::collector::archive::Storage;
-use crate::output::files::PROFILE_MODE;
 use crate::profile::format::folded;
 use crate::profile::Profile;
+use crate::util::files::PROFILE_MODE;
 
 const S: u64 = 1_000_000_000;
 const T0: u64 = 1_714_564_800 * S;

@@ -8,8 +8,8 @@ use super::block::{self, WindowInfo, MAX_BLOCK_SAMPLES};
 use super::columns::Row;
 use super::{BlockMeta, SampleStore};
 use crate::collector::archive::{create_dirs, sanitize_host};
-use crate::output::files::write_atomic;
 use crate::profile::Profile;
+use crate::util::files::write_atomic;
 
 /// One window of one host, as an ingest hands it to the store.
 #[derive(Debug)]

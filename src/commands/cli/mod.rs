@@ -127,7 +127,7 @@ pub struct ProfileArgs {
     /// File mode of written profiles, octal, before the umask (default 600:
     /// owner only; profiles name every process and hold kernel addresses).
     /// E.g. 640 to let the file's group read them.
-    #[arg(long, value_parser = crate::output::files::parse_mode, default_value = "600")]
+    #[arg(long, value_parser = crate::util::files::parse_mode, default_value = "600")]
     pub profile_mode: u32,
 
     /// Compression of pprof and OTLP output: `none` (raw protobuf) or `gzip`.
@@ -387,7 +387,7 @@ pub enum Command {
         /// File mode of stored profiles, octal, before the umask (default
         /// 600). Directories get the matching search bits (600 -> 700,
         /// 640 -> 750).
-        #[arg(long, value_parser = crate::output::files::parse_mode, default_value = "600")]
+        #[arg(long, value_parser = crate::util::files::parse_mode, default_value = "600")]
         profile_mode: u32,
         /// Largest accepted request body, bytes (413 above it).
         #[arg(long, value_parser = parse_count::<usize>, default_value_t = 32 * 1024 * 1024)]

@@ -83,7 +83,7 @@ pub fn report(args: &ReportArgs) -> Result<()> {
         return Ok(());
     }
     // As every profile: private, atomic, its directory made if missing.
-    crate::output::files::write_atomic(&output, &bytes, crate::output::files::PROFILE_MODE)?;
+    crate::util::files::write_atomic(&output, &bytes, crate::util::files::PROFILE_MODE)?;
     eprintln!("wrote {}", output.display());
     Ok(())
 }
@@ -125,7 +125,7 @@ pub fn diff(args: &DiffArgs) -> Result<i32> {
             &args.new.display().to_string(),
         )?;
         // As every profile: private, atomic, its directory made if missing.
-        crate::output::files::write_atomic(path, &svg, crate::output::files::PROFILE_MODE)
+        crate::util::files::write_atomic(path, &svg, crate::util::files::PROFILE_MODE)
             .context("writing the differential flame graph")?;
     }
     let grown = args

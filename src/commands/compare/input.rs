@@ -1,6 +1,6 @@
 //! Reading a saved profile for `diff` and `report`: pprof (raw or gzip'd,
 //! decoded and checked by the collector's decoder,
-//! [`crate::collector::merge::decode_body`], and converted back into a
+//! [`crate::profile::merge::decode_body`], and converted back into a
 //! [`Profile`]), folded stacks (`comm;root;...;leaf COUNT` lines, as
 //! lightswitch, inferno and Brendan Gregg's scripts write them), a
 //! timeline (Firefox Profiler JSON, raw or gzip'd: [`super::timeline`]), or
@@ -18,9 +18,9 @@ use flate2::read::GzDecoder;
 use prost::Message;
 
 use super::timeline;
-use crate::collector::merge;
 use crate::profile::format::folded::KERNEL_SUFFIX;
 use crate::profile::format::pprof::proto;
+use crate::profile::merge;
 use crate::profile::{unwind_marker_name, Frame, FrameKind, Line, Profile, Sample};
 use crate::sampling::records::UnwindStatus;
 

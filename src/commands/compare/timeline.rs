@@ -25,8 +25,8 @@ use rustc_hash::FxHashMap;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::collector::merge::STATUSES;
 use crate::profile::format::firefox::{LOST_MARKER_TYPE, PROCESS_MARKER_TYPE};
+use crate::profile::merge::STATUSES;
 use crate::profile::{
     unwind_marker_name, Frame, FrameKind, Line, LostSamples, ProcessMarker, ProcessMarkerKind,
     Profile, ProfileMapping, Sample, TimedSample, TimedWait,

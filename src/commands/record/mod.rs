@@ -113,7 +113,7 @@ pub fn record(plan: &RecordPlan) -> Result<i32> {
         .run
         .outputs
         .iter()
-        .any(|(_, path)| crate::output::files::is_stdout(path));
+        .any(|(_, path)| crate::util::files::is_stdout(path));
     let mut held = HeldCommand::spawn(&path, program, rest, identity.as_ref(), profile_on_stdout)?;
     let created = identity
         .as_ref()

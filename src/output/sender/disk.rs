@@ -1,5 +1,5 @@
 //! The local-disk sender: writes each profile to a file atomically
-//! ([`crate::output::files::write_atomic_with`], encoding straight into it), so a
+//! ([`crate::util::files::write_atomic_with`], encoding straight into it), so a
 //! reader never sees a half-written profile.
 //!
 //! In continuous mode ([`WindowFiles`]) each window gets its own file per
@@ -16,9 +16,9 @@ use anyhow::{Context, Result};
 use tracing::{debug, info, warn};
 
 use super::{Sender, SenderReport};
-use crate::output::files::write_atomic_with;
 use crate::profile::format::{self, Compression, EmptyProfile, ProfileFormat};
 use crate::profile::Profile;
+use crate::util::files::write_atomic_with;
 
 /// Bytes of encoded profile gathered before each write to a profile's file
 /// (a window's, or a one-shot run's output).
@@ -231,7 +231,7 @@ impl Sender for WindowFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::files::{write_atomic, PROFILE_MODE};
+    use crate::util::files::{write_atomic, PROFILE_MODE};
 
     #[test]
     fn window_files_are_named_by_start_and_pruned() {

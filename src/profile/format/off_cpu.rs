@@ -131,7 +131,7 @@ pub(crate) mod tests {
         assert_eq!(types, ["samples", "cpu", "off_cpu"]);
         assert_eq!(message.sample[2].value[2], 8_000_000);
         assert_eq!(message.sample[3].value, [0, 0, 1_000_000]);
-        let back = crate::collector::merge::profile_from_pprof(&message);
+        let back = crate::profile::merge::profile_from_pprof(&message);
         assert!(back.off_cpu);
         assert_eq!(back.total_off_cpu_ns(), 9_000_000);
         assert_eq!(back.total_samples(), profile.total_samples());

@@ -150,8 +150,8 @@ pub fn check_output(dir: &Path, file: &Path) -> Result<()> {
             dir.display()
         );
     }
-    if crate::output::files::is_stdout(file) {
-        crate::output::files::check_stdout_open()?;
+    if crate::util::files::is_stdout(file) {
+        crate::util::files::check_stdout_open()?;
     }
     let made = MadeDirs::create(dir)?;
     let checked = check_output_in(dir, file);
@@ -193,7 +193,7 @@ fn check_output_in(dir: &Path, file: &Path) -> Result<()> {
     if file.is_dir() {
         bail!("output path {} is a directory", file.display());
     }
-    if crate::output::files::writes_through(file) {
+    if crate::util::files::writes_through(file) {
         // A device, FIFO or symlink is written into at the end; opening a
         // FIFO now would hand its reader an end of file.
         return check_access(file);
@@ -211,7 +211,7 @@ fn check_output_in(dir: &Path, file: &Path) -> Result<()> {
     // where files cannot be made (/proc, a read-only mount), say so now
     // rather than after the run.
     tempfile::Builder::new()
-        .prefix(crate::output::files::TMP_PREFIX)
+        .prefix(crate::util::files::TMP_PREFIX)
         .tempfile_in(dir)
         .with_context(|| {
             format!(

@@ -24,7 +24,7 @@ use super::keys;
 use super::proto::collector::ExportProfilesServiceRequest;
 use super::proto::common::{any_value, AnyValue};
 use super::proto::profiles::{self as otlp, ProfilesDictionary};
-use crate::collector::merge::STATUSES;
+use crate::profile::merge::STATUSES;
 use crate::profile::{
     unwind_marker_name, Frame, FrameKind, Line, Profile, ProfileMapping, Sample, TimedSample,
     TimedWait,

@@ -52,7 +52,7 @@ fn subject_and_host_are_comments_read_back() {
     let p = decode(&encode(&profile, Compression::None).unwrap());
     let comments: Vec<&str> = p.comment.iter().map(|&i| string(&p, i)).collect();
     assert_eq!(comments, ["subject: ./bench 150 '150 ms'", "host: web-1"]);
-    let back = crate::collector::merge::profile_from_pprof(&p);
+    let back = crate::profile::merge::profile_from_pprof(&p);
     assert_eq!(back.subject.as_deref(), Some("./bench 150 '150 ms'"));
     assert_eq!(back.host.as_deref(), Some("web-1"));
 }
