@@ -48,7 +48,7 @@ fn main() {
     };
     let created = invoker
         .as_ref()
-        .map(|_| lightswitch::output::sudo::directories_to_create(&plan))
+        .map(|_| plan.directories_to_create())
         .unwrap_or_default();
     match lightswitch::agent::run::run(&plan) {
         Ok(summary) => {
@@ -208,49 +208,25 @@ fn run_tool(cli: &Cli) {
                 }
             }
         }
-        Some(Command::Diff(args)) => match lightswitch::commands::compare::command::diff(args) {
-            Ok(code) => std::process::exit(code),
-            Err(err) => {
-                eprintln!("error: {err:#}");
-                std::process::exit(lightswitch::commands::compare::diff::BAD_INPUT_EXIT_STATUS);
+        Some(Command::Diff(args)) => {
+            match lightswitch::commands::compare::command::diff(&args.plan()) {
+                Ok(code) => std::process::exit(code),
+                Err(err) => {
+                    eprintln!("error: {err:#}");
+                    std::process::exit(lightswitch::commands::compare::diff::BAD_INPUT_EXIT_STATUS);
+                }
             }
-        },
+        }
         Some(Command::Report(args)) => {
-            if let Err(err) = lightswitch::commands::compare::command::report(args) {
+            if let Err(err) = lightswitch::commands::compare::command::report(&args.plan()) {
                 eprintln!("error: {err:#}");
                 // As `diff` does: 2 when the input (or the output) fails.
                 std::process::exit(lightswitch::commands::compare::diff::BAD_INPUT_EXIT_STATUS);
             }
         }
-        Some(Command::Collector {
-            listen,
-            storage,
-            token,
-            profile_mode,
-            max_body_bytes,
-            max_decoded_bytes,
-            max_concurrent_ingests,
-            max_merge_profiles,
-            max_connections,
-            max_timeline_samples,
-            retention,
-            max_storage,
-        }) => {
-            let config = lightswitch::collector::CollectorConfig {
-                listen: listen.clone(),
-                storage: storage.clone(),
-                token: token.clone(),
-                profile_mode: *profile_mode,
-                max_body_bytes: *max_body_bytes,
-                max_decoded_bytes: *max_decoded_bytes,
-                max_concurrent_ingests: *max_concurrent_ingests,
-                max_merge_profiles: *max_merge_profiles,
-                max_connections: *max_connections,
-                max_timeline_samples: *max_timeline_samples,
-                retention: lightswitch::collector::sample_store::retention::Retention {
-                    max_age_ns: *retention,
-                    max_bytes: *max_storage,
-                },
+        Some(command @ Command::Collector { .. }) => {
+            let Some(config) = command.collector_plan() else {
+                return;
             };
             if let Err(err) = lightswitch::collector::run(&config) {
                 eprintln!("error: {err:#}");

@@ -28,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
     report::render_top(&profile, &table, 0);
     // The first half of its span, as `report --from 0 --to HALF` cuts it.
     let half = (profile.duration_ns / 2).min(i64::MAX as u64) as i64;
-    let cut = timeline::slice(&profile, 0, half);
+    let cut = lightswitch::profile::slice::slice(&profile, 0, half);
     let inside = profile
         .timeline
         .iter()

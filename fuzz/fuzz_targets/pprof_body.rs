@@ -5,8 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use lightswitch::profile::merge;
 use lightswitch::profile::format::{folded, pprof};
+use lightswitch::profile::merge;
 
 /// Decoded-size bound: small, so that the bound's own path is reached.
 const MAX_DECODED_BYTES: usize = 1 << 20;

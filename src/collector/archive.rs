@@ -182,48 +182,32 @@ impl Storage {
     /// host). Unreadable directories are skipped.
     pub fn list(&self, filter: &Filter) -> Result<Vec<StoredProfile>> {
         let mut out = Vec::new();
-        let hosts =
-            fs::read_dir(&self.root).with_context(|| format!("listing {}", self.root.display()))?;
-        for host in hosts.flatten() {
-            let host_name = host.file_name().to_string_lossy().into_owned();
-            if host_name.starts_with('.') || !host.path().is_dir() {
-                continue;
+        let keep_host = |host: &str| {
+            !host.starts_with('.')
+                && filter
+                    .host
+                    .as_ref()
+                    .is_none_or(|h| sanitize_host(h) == host)
+        };
+        walk_host_days(&self.root, keep_host, |host, file| {
+            let name = file.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                return;
             }
-            if filter
-                .host
-                .as_ref()
-                .is_some_and(|h| sanitize_host(h) != host_name)
-            {
-                continue;
-            }
-            let Ok(days) = fs::read_dir(host.path()) else {
-                continue;
+            let Some((start, end)) = parse_name(&name) else {
+                return;
             };
-            for day in days.flatten() {
-                let Ok(files) = fs::read_dir(day.path()) else {
-                    continue;
-                };
-                for file in files.flatten() {
-                    let name = file.file_name().to_string_lossy().into_owned();
-                    if name.starts_with('.') {
-                        continue;
-                    }
-                    let Some((start, end)) = parse_name(&name) else {
-                        continue;
-                    };
-                    let profile = StoredProfile {
-                        host: host_name.clone(),
-                        start_unix_ns: start,
-                        end_unix_ns: end,
-                        path: file.path(),
-                        size: file.metadata().map_or(0, |m| m.len()),
-                    };
-                    if filter.matches(&profile) {
-                        out.push(profile);
-                    }
-                }
+            let profile = StoredProfile {
+                host: host.to_string(),
+                start_unix_ns: start,
+                end_unix_ns: end,
+                path: file.path(),
+                size: file.metadata().map_or(0, |m| m.len()),
+            };
+            if filter.matches(&profile) {
+                out.push(profile);
             }
-        }
+        })?;
         out.sort_by(|a, b| {
             (a.start_unix_ns, &a.host, &a.path).cmp(&(b.start_unix_ns, &b.host, &b.path))
         });
@@ -238,6 +222,37 @@ impl Storage {
             .with_context(|| format!("reading {}", profile.path.display()))?;
         Ok(bytes)
     }
+}
+
+/// Calls `visit(host, file)` for every entry of every `root/HOST/DAY/`
+/// (the layout of the archive and of the sample store's blocks), for the
+/// host directories whose name `keep_host` accepts; entries of `root` that
+/// are not directories, and host or day directories that cannot be read,
+/// are skipped. Errors: `root` cannot be listed.
+pub(crate) fn walk_host_days(
+    root: &Path,
+    mut keep_host: impl FnMut(&str) -> bool,
+    mut visit: impl FnMut(&str, fs::DirEntry),
+) -> Result<()> {
+    let hosts = fs::read_dir(root).with_context(|| format!("listing {}", root.display()))?;
+    for host in hosts.flatten() {
+        let host_name = host.file_name().to_string_lossy().into_owned();
+        if !keep_host(&host_name) || !host.path().is_dir() {
+            continue;
+        }
+        let Ok(days) = fs::read_dir(host.path()) else {
+            continue;
+        };
+        for day in days.flatten() {
+            let Ok(files) = fs::read_dir(day.path()) else {
+                continue;
+            };
+            for file in files.flatten() {
+                visit(&host_name, file);
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use crate::agent::http::server_token;
 
 /// How the collector runs (from `lightswitch collector`'s flags).
 #[derive(Clone)]
-pub struct CollectorConfig {
+pub struct CollectorPlan {
     /// `HOST:PORT` to listen on (port 0 picks a free one; the address is printed).
     pub listen: String,
     /// Storage directory.
@@ -56,9 +56,9 @@ pub struct CollectorConfig {
     pub retention: sample_store::retention::Retention,
 }
 
-impl std::fmt::Debug for CollectorConfig {
+impl std::fmt::Debug for CollectorPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CollectorConfig")
+        f.debug_struct("CollectorPlan")
             .field("listen", &self.listen)
             .field("storage", &self.storage)
             .field("profile_mode", &format_args!("{:o}", self.profile_mode))
@@ -74,7 +74,7 @@ impl std::fmt::Debug for CollectorConfig {
     }
 }
 
-impl CollectorConfig {
+impl CollectorPlan {
     fn check(&self) -> Result<()> {
         for (flag, value) in [
             ("--max-body-bytes", self.max_body_bytes),
@@ -106,7 +106,7 @@ const TOKEN_NAMES: &str = "--token / LIGHTSWITCH_COLLECTOR_TOKEN";
 /// and `collector stopped` when a signal has stopped it (after requests in
 /// progress finished). Errors: a bad limit or an empty token, the storage
 /// directory cannot be created, or the address cannot be bound.
-pub fn run(config: &CollectorConfig) -> Result<()> {
+pub fn run(config: &CollectorPlan) -> Result<()> {
     config.check()?;
     let stop = Arc::new(tokio::sync::Notify::new());
     let notify = stop.clone();

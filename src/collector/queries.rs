@@ -9,10 +9,11 @@ use axum::response::Response;
 
 use super::sample_store::assemble::Assembler;
 use super::sample_store::query::Selection;
-use super::sample_store::timeline::{Density, MAX_BUCKETS};
+use super::sample_store::timeline::Density;
 use super::state::{json, query_pairs, query_value, time_param, AppState};
 use crate::agent::http::{blocking, text};
 use crate::agent::page::merged;
+use crate::agent::page::timeline::MAX_BUCKETS;
 use crate::util::wire::{SAMPLES_HEADER, SKIPPED_PROFILES_HEADER};
 
 /// A numeric query parameter; errors are the 400 message.

@@ -105,27 +105,9 @@ fn user_groups(user: &OsStr, gid: u32) -> Option<Vec<u32>> {
     }
 }
 
-/// The directories that do not exist yet on the way to `plan`'s profiles
-/// (`--profile-path`, and the directories in a `--profile-name`),
-/// outermost first: those the run will create, to be given away with what
-/// it writes. Call it before the run.
-pub fn directories_to_create(plan: &crate::agent::run::RunPlan) -> Vec<PathBuf> {
-    let parents = plan.outputs.iter().filter_map(|(_, path)| path.parent());
-    let mut missing = Vec::new();
-    for path in std::iter::once(plan.output_dir.as_path()).chain(parents) {
-        let mut dir = Some(path);
-        while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
-            missing.push(d.to_path_buf());
-            dir = d.parent();
-        }
-    }
-    missing.sort();
-    missing.dedup();
-    missing
-}
-
 /// The files a run wrote (`outputs`: profiles, window files) and the
-/// directories it created (`created`, from [`directories_to_create`] before
+/// directories it created (`created`, from
+/// [`crate::agent::run::RunPlan::directories_to_create`] before
 /// the run) become `id`'s (its uid and primary gid), so that the user who
 /// ran sudo can read and remove them. A symbolic link is given away, not
 /// what it points to (`lchown`). A file that cannot be given away is left

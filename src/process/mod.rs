@@ -67,6 +67,15 @@ pub struct ObjectId(pub u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MappingId(pub u32);
 
+/// A user frame: an address, and the mapping it fell in (if any).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UserFrame {
+    /// The mapping containing `address`; `None` when no mapping of the process contains it.
+    pub mapping: Option<MappingId>,
+    /// Absolute address in the process (call site for non-leaf frames).
+    pub address: u64,
+}
+
 /// An executable object file (executable, shared library) some process mapped.
 #[derive(Debug)]
 pub struct ObjectFile {

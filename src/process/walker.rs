@@ -9,7 +9,7 @@
 //! and carry the exec they were read after.
 //!
 //! Two narrow interfaces connect this to the other stages: [`WalkerMaps`],
-//! the BPF maps that hold the descriptions (implemented by the sampler), and
+//! the BPF maps that hold the descriptions (the sampler's, which defines it), and
 //! [`TableSupply`], told which objects described processes map (implemented
 //! by the unwind table loader, which builds, caches, loads and evicts their
 //! tables).
@@ -21,7 +21,8 @@ use rustc_hash::FxHashSet;
 use tracing::{debug, warn};
 
 use super::{MappingId, ObjectId, ProcessTracker};
-use crate::sampling::records::{ExecMapping, ExecTime, ProcessEvent, RawSample};
+use crate::sampling::records::{ExecMapping, ProcessEvent, RawSample};
+use crate::sampling::sampler::WalkerMaps;
 
 /// Object id of the vDSO's table (the same image for every process of a
 /// kernel). The tracker never gives it out as an [`ObjectId`].
@@ -30,44 +31,6 @@ pub const VDSO_OBJECT_ID: u32 = u32::MAX - 1;
 /// The `object_files` key of the vDSO's table (`VDSO_FILE_DEV`,
 /// `VDSO_FILE_INODE` in `src/bpf/profiler.h`): no file has inode 0.
 pub const VDSO_FILE_KEY: (u64, u64) = (0, 0);
-
-/// The walker's maps of processes and object files, as process lifetimes
-/// write and read them (`process_mappings`, `exec_times`, `object_files` in
-/// `src/bpf/profiler.bpf.c`). Implemented by [`crate::sampling::sampler::Sampler`].
-pub trait WalkerMaps {
-    /// Describe `pid`'s executable mappings (sorted by start; at most
-    /// [`crate::sampling::records::MAX_PROCESS_MAPPINGS`], the rest are dropped) to
-    /// the walker, as read after the exec `exec_id` ([`ExecTime::exec_id`];
-    /// 0: no exec of it was seen, the walker then does not check).
-    /// Errors: the map update failed.
-    fn set_process(&self, pid: u32, mappings: &[ExecMapping], exec_id: u64) -> Result<()>;
-
-    /// Forget `pid` in the walker (it exited). Missing pids are fine.
-    fn remove_process(&self, pid: u32);
-
-    /// The latest exec of `pid` the exec program saw, if any.
-    fn latest_exec(&self, pid: u32) -> Option<ExecTime>;
-
-    /// Tell the exec and mmap programs that the file `(dev, inode)` (as
-    /// `/proc/PID/maps` shows them) is the object whose table is
-    /// `object_id`, with executable segments `(p_offset, p_vaddr,
-    /// p_filesz)` (at most 4 are kept). Errors: the map update failed.
-    fn set_object_file(
-        &self,
-        dev: u64,
-        inode: u64,
-        object_id: u32,
-        segments: &[(u64, u64, u64)],
-    ) -> Result<()>;
-
-    /// The pids the walker holds a description of, in no order (also
-    /// those the exec and fork programs described on their own).
-    fn described_pids(&self) -> Vec<u32>;
-
-    /// Tell the exec and mmap programs to forget the file `(dev, inode)`
-    /// (its object was retired). Files not known are fine.
-    fn remove_object_file(&self, dev: u64, inode: u64);
-}
 
 /// Where the objects of described processes are announced: the owner of
 /// the unwind tables, which builds and loads one for each.

@@ -4,7 +4,7 @@
 //! maps and the table supply recorded instead of written to BPF.
 
 use super::*;
-use crate::sampling::records::UnwindStatus;
+use crate::sampling::records::{ExecTime, UnwindStatus};
 use std::cell::RefCell;
 
 /// What was written to the walker's maps.

@@ -25,18 +25,9 @@ use std::sync::Arc;
 use hashbrown::Equivalent;
 
 use super::interner::Interner;
-use crate::process::{MappingId, ProcessTracker};
+use crate::process::{ProcessTracker, UserFrame};
 use crate::profile::{LostSamples, ProcessMarker, ProcessMarkerKind, TimedSample, TimedWait};
 use crate::sampling::records::{RawSample, UnwindStatus, Wait};
-
-/// A user frame: an address, and the mapping it fell in (if any).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct UserFrame {
-    /// The mapping containing `address`; `None` when no mapping of the process contains it.
-    pub mapping: Option<MappingId>,
-    /// Absolute address in the process (call site for non-leaf frames).
-    pub address: u64,
-}
 
 /// The identity of one aggregated stack, with its names and frames as
 /// indices into the aggregator's tables of distinct names, user frames and
@@ -274,32 +265,32 @@ impl Aggregator {
 
     /// Take the lost-sample spans out (leaving none), in time order.
     pub fn take_lost(&mut self) -> Vec<LostSamples> {
-        let Some(timeline) = self.timeline.as_mut() else {
-            return Vec::new();
-        };
-        let mut lost = std::mem::take(&mut timeline.lost);
-        lost.sort_by_key(|l| l.start_offset_ns);
-        lost
+        self.take_sorted(|t| &mut t.lost, |l| l.start_offset_ns)
     }
 
     /// Take the off-CPU waits out (leaving none), in order of their start.
     pub fn take_waits(&mut self) -> Vec<TimedWait> {
-        let Some(timeline) = self.timeline.as_mut() else {
-            return Vec::new();
-        };
-        let mut waits = std::mem::take(&mut timeline.waits);
-        waits.sort_unstable_by_key(|w| w.start_offset_ns);
-        waits
+        self.take_sorted(|t| &mut t.waits, |w| w.start_offset_ns)
     }
 
     /// Take the markers out (leaving none), in time order.
     pub fn take_markers(&mut self) -> Vec<ProcessMarker> {
+        self.take_sorted(|t| &mut t.markers, |m| m.offset_ns)
+    }
+
+    /// Take one of the timeline's lists out (leaving it empty), sorted by
+    /// `key` (ns offsets); empty when no timeline is kept.
+    fn take_sorted<T>(
+        &mut self,
+        list: impl FnOnce(&mut Timeline) -> &mut Vec<T>,
+        key: impl FnMut(&T) -> i64,
+    ) -> Vec<T> {
         let Some(timeline) = self.timeline.as_mut() else {
             return Vec::new();
         };
-        let mut markers = std::mem::take(&mut timeline.markers);
-        markers.sort_by_key(|m| m.offset_ns);
-        markers
+        let mut items = std::mem::take(list(timeline));
+        items.sort_by_key(key);
+        items
     }
 
     /// Move the timeline, markers and lost-sample spans

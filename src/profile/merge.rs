@@ -25,9 +25,11 @@ use flate2::read::GzDecoder;
 use prost::Message;
 
 use crate::profile::format::pprof::{self, proto};
-use crate::profile::{unwind_marker_name, Frame, FrameKind, Line, Profile, ProfileMapping, Sample};
+use crate::profile::KERNEL_MAPPING_NAME;
+use crate::profile::{
+    stack_unwind_status, Frame, FrameKind, Line, Profile, ProfileMapping, Sample,
+};
 use crate::sampling::records::UnwindStatus;
-use crate::symbolize::KERNEL_MAPPING_NAME;
 
 /// Why a body was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,20 +203,6 @@ pub fn validate(p: &proto::Profile) -> Result<(), String> {
 /// Lowest kernel address on x86-64 and arm64 (the upper half).
 const KERNEL_SPACE_START: u64 = 0xffff_8000_0000_0000;
 
-/// Every unwind result, to find the one an `[unwind: ...]` marker names.
-pub(crate) const STATUSES: [UnwindStatus; 10] = [
-    UnwindStatus::Complete,
-    UnwindStatus::Truncated,
-    UnwindStatus::ReadFault,
-    UnwindStatus::NoUserStack,
-    UnwindStatus::FramePointer,
-    UnwindStatus::NoMapping,
-    UnwindStatus::NoTable,
-    UnwindStatus::UnsupportedRule,
-    UnwindStatus::MappingsUnknown,
-    UnwindStatus::NotWalked,
-];
-
 /// Convert a (validated) pprof profile into the crate's model. Kernel
 /// frames are those in the `[kernel.kallsyms]` mapping; unwind markers are
 /// address-0 locations without mapping named `[unwind: ...]`; labels `pid`,
@@ -287,7 +275,7 @@ pub fn profile_from_pprof(p: &proto::Profile) -> Profile {
             .iter()
             .filter_map(|id| location_index.get(id).copied())
             .collect();
-        let status = unwind_status(&frames, &profile.frames);
+        let status = stack_unwind_status(&frames, &profile.frames);
         let mut sample = sample_of(
             &sample.label,
             frames,
@@ -432,22 +420,6 @@ fn sample_of(
         count,
         off_cpu_ns: 0,
     }
-}
-
-/// The unwind result a stack's outermost frame names, when it is an
-/// unwind marker; else complete.
-fn unwind_status(stack: &[usize], frames: &[Frame]) -> UnwindStatus {
-    stack
-        .last()
-        .map(|&f| &frames[f])
-        .filter(|f| f.kind == FrameKind::UnwindMarker)
-        .and_then(|f| {
-            STATUSES
-                .iter()
-                .copied()
-                .find(|st| unwind_marker_name(*st) == *f.lines[0].function)
-        })
-        .unwrap_or(UnwindStatus::Complete)
 }
 
 /// The result of [`merge`].

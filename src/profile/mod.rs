@@ -10,6 +10,7 @@ pub mod format;
 mod handover_tests;
 mod interner;
 pub mod merge;
+pub mod slice;
 pub mod window;
 
 use std::collections::BTreeMap;
@@ -314,7 +315,29 @@ impl Profile {
     }
 }
 
+/// Name of the mapping kernel frames belong to (as perf and pprof call it).
+pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
+
 /// The frame name that marks a stack whose user walk ended with `status`.
 pub fn unwind_marker_name(status: UnwindStatus) -> String {
     format!("[unwind: {}]", status.name())
+}
+
+/// The status an unwind marker's frame name (`[unwind: NAME]`, from
+/// [`unwind_marker_name`]) names; `None` for any other name.
+pub fn marked_status(frame_name: &str) -> Option<UnwindStatus> {
+    let name = frame_name.strip_prefix("[unwind: ")?.strip_suffix(']')?;
+    UnwindStatus::from_name(name)
+}
+
+/// The unwind result the outermost frame of `stack` (indices into
+/// `frames`, leaf first) names when it is an unwind marker; else
+/// [`UnwindStatus::Complete`].
+pub fn stack_unwind_status(stack: &[usize], frames: &[Frame]) -> UnwindStatus {
+    stack
+        .last()
+        .and_then(|&f| frames.get(f))
+        .filter(|f| f.kind == FrameKind::UnwindMarker)
+        .and_then(|f| marked_status(&f.lines.first()?.function))
+        .unwrap_or(UnwindStatus::Complete)
 }

@@ -22,7 +22,8 @@
 use std::collections::BTreeMap;
 
 use crate::process::ProcessTracker;
-use crate::profile::aggregate::{Aggregator, UserFrame};
+use crate::process::UserFrame;
+use crate::profile::aggregate::Aggregator;
 use crate::profile::ProcessMarkerKind;
 use crate::profile::Window;
 use crate::sampling::records::{ProcessEvent, RawSample, TimedEvent};

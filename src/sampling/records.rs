@@ -75,6 +75,31 @@ pub enum UnwindStatus {
 }
 
 impl UnwindStatus {
+    /// Every status with a name of its own (all but [`Self::Unknown`]): the
+    /// ones [`Self::from_name`] reads back.
+    pub const NAMED: [UnwindStatus; 11] = [
+        Self::Complete,
+        Self::Truncated,
+        Self::ReadFault,
+        Self::NoUserStack,
+        Self::FramePointer,
+        Self::NoMapping,
+        Self::NoTable,
+        Self::UnsupportedRule,
+        Self::MappingsUnknown,
+        Self::NotWalked,
+        Self::StackCopyEnded,
+    ];
+
+    /// The status whose [`Self::name`] is `name`: one of [`Self::NAMED`], or
+    /// `unknown_N` as [`Self::Unknown`]; `None` for any other string.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::NAMED
+            .into_iter()
+            .find(|s| s.name() == name)
+            .or_else(|| Some(Self::Unknown(name.strip_prefix("unknown_")?.parse().ok()?)))
+    }
+
     fn from_raw(raw: u8) -> Self {
         match raw {
             0 => Self::Complete,

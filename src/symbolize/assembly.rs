@@ -11,7 +11,7 @@ use super::lines::{file_name, unknown_line, SharedLines};
 use super::symbol_source::{FrameRef, Resolved};
 use super::{kernel, MappingSource};
 use crate::process::MappingId;
-use crate::profile::aggregate::UserFrame;
+use crate::process::UserFrame;
 use crate::profile::{Frame, FrameKind, Profile, ProfileMapping};
 use crate::sampling::records::UnwindStatus;
 
@@ -309,7 +309,7 @@ mod tests {
             vec![
                 (0x1000, "/x/libx.so"),
                 (0x5000, "/x/libx.so"),
-                (0xffff_ffff_8100_0010, crate::symbolize::KERNEL_MAPPING_NAME)
+                (0xffff_ffff_8100_0010, crate::profile::KERNEL_MAPPING_NAME)
             ]
         );
         for (location, mapping) in [(a, 0), (c, 1)] {

@@ -51,7 +51,7 @@ impl InputKind {
 
 /// The heap blazesym's parsed data took, bytes, over the symbolizers this
 /// module created for one object (each read by `heap_meter`,
-/// [`crate::agent::heap::thread_net_allocated`], after its call, with the call's
+/// [`crate::util::alloc::thread_net_allocated`], after its call, with the call's
 /// results still held): an estimate of what keeping the object parsed
 /// would cost ([`Self::estimate`]). Nothing is counted when the meter reads
 /// nothing.
@@ -204,7 +204,7 @@ mod tests {
             .map(lines_of)
             .collect();
         let mut parsed = ParsedBytes::default();
-        let meter = crate::agent::heap::thread_net_allocated;
+        let meter = crate::util::alloc::thread_net_allocated;
         let in_runs = symbolize(
             None,
             &[],

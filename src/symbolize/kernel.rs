@@ -10,7 +10,8 @@ use object::{elf, LittleEndian};
 use super::kallsyms::KernelSymbols;
 use super::lines::{line_of, unknown_line, Lines};
 use super::symbol_source::{Batch, FrameRef, Site, SymbolSource};
-use super::{MappingSource, KERNEL_MAPPING_NAME};
+use super::MappingSource;
+use crate::profile::KERNEL_MAPPING_NAME;
 
 /// Names kernel frames from `/proc/kallsyms` in one batch per window; sites
 /// are `(0, address)`. Addresses it cannot name become

@@ -45,6 +45,7 @@ use std::sync::Arc;
 
 use crate::profile::aggregate::Aggregator;
 use crate::profile::Window;
+use crate::profile::KERNEL_MAPPING_NAME;
 use crate::profile::{unwind_marker_name, FrameKind, Profile, ProfileMapping, Sample};
 use assembly::{user_frame, ProfileAssembly};
 use cache::LineCache;
@@ -54,9 +55,6 @@ pub use mapping_source::MappingSource;
 use objects::ObjectBudget;
 use symbol_source::{FrameRef, Resolved, SymbolSource};
 use tracing::debug;
-
-/// Name of the mapping kernel frames belong to (as perf and pprof call it).
-pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
 
 /// Symbolizes windows of samples, asking its symbol sources (kernel, ELF
 /// objects, vDSO, JIT code; see [`symbol_source`]) for the names of each window's
@@ -246,8 +244,8 @@ impl Symbolizer {
             &mut cache,
         );
         // Objects not kept were parsed and dropped: their pages go back
-        // before the profile is assembled (heap::release_freed).
-        crate::agent::heap::release_freed();
+        // before the profile is assembled (alloc::release_freed).
+        crate::util::alloc::release_freed();
         let stats = cache.end_window();
         drop(cache);
         debug!(

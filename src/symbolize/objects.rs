@@ -73,7 +73,7 @@ pub(super) struct ElfObjects {
     /// plus [`Debuginfod::window_budget`] (set by `symbolize`).
     debuginfod_deadline: Cell<Instant>,
     /// Reads the calling thread's net allocated bytes, around each
-    /// object's symbolization ([`crate::agent::heap::thread_net_allocated`]; the
+    /// object's symbolization ([`crate::util::alloc::thread_net_allocated`]; the
     /// tests give their own).
     pub(super) heap_meter: fn() -> Option<i64>,
 }
@@ -197,7 +197,7 @@ impl ElfObjects {
             debug_dirs,
             debuginfod: super::debuginfod::client(),
             debuginfod_deadline: Cell::new(Instant::now()),
-            heap_meter: crate::agent::heap::thread_net_allocated,
+            heap_meter: crate::util::alloc::thread_net_allocated,
         }
     }
 
@@ -417,7 +417,7 @@ impl ElfObjects {
     /// blazesym maps (`paths`: the object as opened, and its separate debug
     /// file once known), whose pages read count in RssFile while it is
     /// kept, plus the heap it costs as measured
-    /// ([`crate::agent::heap::thread_net_allocated`] around its symbolization;
+    /// ([`crate::util::alloc::thread_net_allocated`] around its symbolization;
     /// nothing before it was measured or where jemalloc's counters are not
     /// available). File size alone was a poor guide: libc (2 MB) with its
     /// separate debug file held 14 MB of decompressed sections and 10-16 MB

@@ -23,8 +23,8 @@ use anyhow::Result;
 use tracing::{debug, info, warn};
 
 use crate::process::walker::{StartupScan, TableSupply, VDSO_OBJECT_ID};
+use crate::process::UserFrame;
 use crate::process::{ObjectId, ProcessTracker};
-use crate::profile::aggregate::UserFrame;
 use crate::sampling::records::RawSample;
 use crate::sampling::sampler::Sampler;
 use crate::sampling::unwind_row::{Page, PAGE_BITS};

@@ -22,7 +22,8 @@ use tokio::sync::oneshot;
 use tracing::debug;
 
 use crate::process::ProcessTracker;
-use crate::profile::aggregate::{Aggregator, UserFrame};
+use crate::process::UserFrame;
+use crate::profile::aggregate::Aggregator;
 use crate::profile::format::{self, Compression, EmptyProfile, ProfileFormat};
 use crate::profile::window::CLOSE_SLACK_NS;
 use crate::profile::{ProcessMarkerKind, Profile, Provenance, Window};

@@ -46,8 +46,8 @@ use crate::agent::http::{blocking, text};
 use crate::agent::page::diff::{answer as diff_answer, DiffQuery};
 use crate::agent::page::merged;
 use crate::agent::page::timeline::{self, value, QueryError, SampleFilter, TimelineQuery};
-use crate::commands::compare::timeline::slice;
 use crate::profile::merge;
+use crate::profile::slice::slice;
 use crate::profile::{Profile, TimedSample, TimedWait};
 use crate::util::timefmt;
 

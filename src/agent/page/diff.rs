@@ -1,7 +1,7 @@
 //! `GET /v1/profiles/diff?from=&to=&base_from=&base_to=[&format=svg][&host=&pid=&tid=&comm=]`:
 //! the differential flame graph of the samples in `[from, to)` against
 //! those in `[base_from, base_to)` (inferno, through
-//! [`crate::commands::compare::diff::differential_flame_graph`]: the new range's
+//! [`crate::profile::format::flamegraph::differential`]: the new range's
 //! stacks, red where their share grew, blue where it shrank; the base is
 //! scaled to the new range's total first). Both servers answer it: each
 //! finds the two ranges' profiles its own way and hands them to [`answer`].
@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::timeline::{range, value, SampleFilter};
 use crate::agent::http::text;
-use crate::commands::compare::diff::differential_flame_graph;
+use crate::profile::format::flamegraph;
 use crate::profile::format::ProfileFormat;
 use crate::profile::Profile;
 use crate::util::timefmt;
@@ -69,7 +69,7 @@ pub fn answer(query: &DiffQuery, base: &Profile, new: &Profile) -> Response {
             format!("no samples in {}", describe(query.new)),
         );
     }
-    match differential_flame_graph(base, new, &describe(query.base), &describe(query.new)) {
+    match flamegraph::differential(base, new, &describe(query.base), &describe(query.new)) {
         Ok(svg) => (
             [
                 (

@@ -25,7 +25,8 @@ use serde::Serialize;
 use crate::profile::{Profile, Sample};
 use crate::util::timefmt;
 
-/// Most buckets one timeline query may ask for.
+/// Most buckets one timeline query may ask for, on both servers (413
+/// beyond, naming the largest range).
 pub const MAX_BUCKETS: u64 = 20_000;
 
 /// Which samples a query covers beyond its time range: each filter that is
@@ -178,50 +179,65 @@ impl TimelineQuery {
     }
 }
 
-/// The answer of `GET /v1/timeline` (see the module's documentation).
+/// One series: total and sparse `[bucket, count]` pairs, ascending.
+#[derive(Debug, Serialize)]
+pub struct ThreadSeries {
+    /// Thread id (0: the folded `other`).
+    pub tid: u32,
+    /// Thread name.
+    pub name: String,
+    /// Samples in the range.
+    pub total: u64,
+    /// `[bucket index, count]` pairs, ascending index, only non-zero counts.
+    pub counts: Vec<(u32, u64)>,
+}
+
+/// A process's series and its threads'.
+#[derive(Debug, Serialize)]
+pub struct ProcessSeries {
+    /// Process id (0: the folded `other`).
+    pub pid: u32,
+    /// Process name.
+    pub comm: String,
+    /// Samples in the range.
+    pub total: u64,
+    /// `[bucket index, count]` pairs, ascending index, only non-zero counts.
+    pub counts: Vec<(u32, u64)>,
+    /// Its threads, busiest first.
+    pub threads: Vec<ThreadSeries>,
+}
+
+/// A host's series and its processes'.
+#[derive(Debug, Serialize)]
+pub struct HostSeries {
+    /// Host name.
+    pub host: String,
+    /// Samples in the range.
+    pub total: u64,
+    /// `[bucket index, count]` pairs, ascending index, only non-zero counts.
+    pub counts: Vec<(u32, u64)>,
+    /// Its processes, busiest first.
+    pub processes: Vec<ProcessSeries>,
+}
+
+/// The answer of `GET /v1/timeline` on both servers (see the module's
+/// documentation; times as decimal strings of ns since the Unix epoch).
 #[derive(Debug, Serialize)]
 pub struct Timeline {
-    from: String,
-    to: String,
-    step: String,
-    buckets: u64,
-    hosts: Vec<HostRow>,
+    /// Start of the range, ns since the Unix epoch.
+    pub from: String,
+    /// End of the range (exclusive).
+    pub to: String,
+    /// Bucket width, ns.
+    pub step: String,
+    /// Number of buckets.
+    pub buckets: u64,
+    /// Hosts, by name.
+    pub hosts: Vec<HostSeries>,
 }
 
-/// Samples per bucket: sparse, in bucket order.
+/// Samples per bucket while counting: sparse, in bucket order.
 type Counts = BTreeMap<u64, u64>;
-
-#[derive(Debug, Serialize)]
-struct HostRow {
-    host: String,
-    total: u64,
-    #[serde(serialize_with = "pairs")]
-    counts: Counts,
-    processes: Vec<ProcessRow>,
-}
-
-#[derive(Debug, Serialize)]
-struct ProcessRow {
-    pid: u32,
-    comm: String,
-    total: u64,
-    #[serde(serialize_with = "pairs")]
-    counts: Counts,
-    threads: Vec<ThreadRow>,
-}
-
-#[derive(Debug, Serialize)]
-struct ThreadRow {
-    tid: u32,
-    name: String,
-    total: u64,
-    #[serde(serialize_with = "pairs")]
-    counts: Counts,
-}
-
-fn pairs<S: serde::Serializer>(counts: &Counts, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(counts.iter().map(|(i, c)| [i, c]))
-}
 
 /// Per thread: its name and counts; per process: its name and threads.
 type Threads = BTreeMap<u32, (String, Counts)>;
@@ -273,38 +289,44 @@ fn add_into(into: &mut Counts, counts: &Counts) {
     }
 }
 
-fn host_row(host: String, processes: Processes) -> HostRow {
+/// `counts` as `[bucket, count]` pairs (bucket indices are below
+/// [`MAX_BUCKETS`], which the query checked).
+fn sparse(counts: Counts) -> Vec<(u32, u64)> {
+    counts.into_iter().map(|(i, c)| (i as u32, c)).collect()
+}
+
+fn host_row(host: String, processes: Processes) -> HostSeries {
     let mut counts = Counts::new();
-    let processes: Vec<ProcessRow> = processes
+    let processes: Vec<ProcessSeries> = processes
         .into_iter()
         .map(|(pid, (comm, threads))| {
             let mut process_counts = Counts::new();
-            let threads: Vec<ThreadRow> = threads
+            let threads: Vec<ThreadSeries> = threads
                 .into_iter()
                 .map(|(tid, (name, counts))| {
                     add_into(&mut process_counts, &counts);
-                    ThreadRow {
+                    ThreadSeries {
                         tid,
                         name,
                         total: counts.values().sum(),
-                        counts,
+                        counts: sparse(counts),
                     }
                 })
                 .collect();
             add_into(&mut counts, &process_counts);
-            ProcessRow {
+            ProcessSeries {
                 pid,
                 comm,
                 total: process_counts.values().sum(),
-                counts: process_counts,
+                counts: sparse(process_counts),
                 threads,
             }
         })
         .collect();
-    HostRow {
+    HostSeries {
         host,
         total: counts.values().sum(),
-        counts,
+        counts: sparse(counts),
         processes,
     }
 }

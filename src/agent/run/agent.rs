@@ -7,7 +7,6 @@
 //! [`Agent::stop`] detaches the perf events and takes what is left.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
@@ -20,6 +19,7 @@ use tracing::{debug, info};
 use super::hints::ChildrenSeen;
 use super::plan::CheckedPlan;
 use super::progress::Progress;
+use super::Totals;
 use crate::agent::api::metrics::Metrics;
 use crate::agent::api::ondemand::{
     accept_requests, OnDemandWorker, ProfileRequest, Sampling, Subscriptions,
@@ -27,9 +27,9 @@ use crate::agent::api::ondemand::{
 use crate::output::sender::worker::WindowWorker;
 use crate::process::walker::ProcessFollower;
 use crate::process::ProcessTracker;
-use crate::profile::aggregate::UserFrame;
-use crate::profile::window::{ClosedWindow, Windows, CLOSE_SLACK_NS};
-use crate::sampling::records::{RawSample, TimedEvent, UnwindStatus};
+use crate::process::UserFrame;
+use crate::profile::window::{Windows, CLOSE_SLACK_NS};
+use crate::sampling::records::{RawSample, TimedEvent};
 use crate::sampling::sampler::off_cpu::OffCpuCounts;
 use crate::sampling::sampler::{self, BpfStats, Sampler};
 use crate::unwind::deferred::{self, DeferredStats, DeferredWalks, LiveView};
@@ -50,30 +50,6 @@ const METRICS_PERIOD: Duration = Duration::from_secs(1);
 /// How often, without a duration, the loop checks whether every `--pids`
 /// target has exited.
 const ALIVE_CHECK_PERIOD: Duration = Duration::from_secs(1);
-
-/// Counts over all windows of a continuous run (each window's aggregator
-/// leaves the loop with it).
-#[derive(Debug, Default)]
-pub struct Totals {
-    /// Windows closed.
-    pub windows: u64,
-    /// Distinct processes with on-CPU samples (not those that only waited).
-    pub pids: HashSet<u32>,
-    /// Samples per unwind result.
-    pub status: HashMap<UnwindStatus, u64>,
-}
-
-impl Totals {
-    /// Count `closed` in.
-    pub fn account(&mut self, closed: &ClosedWindow) {
-        self.windows += 1;
-        let sampled = closed.aggregator.stacks().filter(|(_, count)| *count > 0);
-        self.pids.extend(sampled.map(|(key, _)| key.pid));
-        for (status, n) in closed.aggregator.status_counts() {
-            *self.status.entry(*status).or_default() += n;
-        }
-    }
-}
 
 /// Where closed windows and requests go: the continuous-mode worker and the
 /// on-demand worker, when the run has them.
@@ -595,7 +571,3 @@ impl<'s, 'o> Agent<'s, 'o> {
         })
     }
 }
-
-#[cfg(test)]
-#[path = "agent_tests.rs"]
-mod tests;

@@ -36,12 +36,12 @@ pub mod progress;
 mod summary;
 pub mod workload;
 
-pub use agent::{Agent, Stopped, Totals, Workers};
+pub use agent::{Agent, Stopped, Workers};
 pub use plan::{
     CheckedPlan, Continuous, ListenPlan, RunPlan, DEFAULT_SAMPLE_FREQ_HZ, DEFAULT_UNWIND_BUDGET_MB,
 };
 use progress::StopWords;
-pub use summary::{ContinuousSummary, RunSummary};
+pub use summary::{ContinuousSummary, RunSummary, Totals};
 pub use workload::Workload;
 
 use crate::agent::api::metrics::Metrics;

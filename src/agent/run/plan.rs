@@ -104,6 +104,25 @@ impl std::fmt::Debug for ListenPlan {
 }
 
 impl RunPlan {
+    /// The directories that do not exist yet on the way to the plan's profiles
+    /// (`--profile-path`, and the directories in a `--profile-name`),
+    /// outermost first: those the run will create, to be given away with what
+    /// it writes. Call it before the run.
+    pub fn directories_to_create(&self) -> Vec<PathBuf> {
+        let parents = self.outputs.iter().filter_map(|(_, path)| path.parent());
+        let mut missing = Vec::new();
+        for path in std::iter::once(self.output_dir.as_path()).chain(parents) {
+            let mut dir = Some(path);
+            while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+                missing.push(d.to_path_buf());
+                dir = d.parent();
+            }
+        }
+        missing.sort();
+        missing.dedup();
+        missing
+    }
+
     /// One profile of the whole machine in `format`, written to the
     /// format's default file name in `output_dir`, until a signal: the
     /// command line's defaults (99 Hz, 64 MiB of unwind tables, mode 600),

@@ -1,11 +1,38 @@
-//! What a run reports when it ends: [`RunSummary`] and the lines it prints.
+//! What a run reports when it ends: [`RunSummary`] and the lines it prints,
+//! and the [`Totals`] a continuous run counts for it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::output::sender::worker::WorkerReport;
+use crate::profile::window::ClosedWindow;
+use crate::sampling::records::UnwindStatus;
 use crate::sampling::sampler::off_cpu::OffCpuCounts;
 use crate::unwind::deferred::DeferredStats;
 use crate::util::text::plural;
+
+/// Counts over all windows of a continuous run (each window's aggregator
+/// leaves the loop with it).
+#[derive(Debug, Default)]
+pub struct Totals {
+    /// Windows closed.
+    pub windows: u64,
+    /// Distinct processes with on-CPU samples (not those that only waited).
+    pub pids: HashSet<u32>,
+    /// Samples per unwind result.
+    pub status: HashMap<UnwindStatus, u64>,
+}
+
+impl Totals {
+    /// Count `closed` in.
+    pub fn account(&mut self, closed: &ClosedWindow) {
+        self.windows += 1;
+        let sampled = closed.aggregator.stacks().filter(|(_, count)| *count > 0);
+        self.pids.extend(sampled.map(|(key, _)| key.pid));
+        for (status, n) in closed.aggregator.status_counts() {
+            *self.status.entry(*status).or_default() += n;
+        }
+    }
+}
 
 /// What a run produced, for the summary line.
 #[derive(Debug, Clone)]
@@ -176,3 +203,7 @@ impl std::fmt::Display for RunSummary {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "summary_tests.rs"]
+mod tests;

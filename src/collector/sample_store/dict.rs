@@ -210,20 +210,6 @@ pub struct Dictionary {
     segments: usize,
 }
 
-/// Every unwind result with a name, to read a stored name back.
-const NAMED_STATUSES: [UnwindStatus; 10] = [
-    UnwindStatus::Complete,
-    UnwindStatus::Truncated,
-    UnwindStatus::ReadFault,
-    UnwindStatus::NoUserStack,
-    UnwindStatus::FramePointer,
-    UnwindStatus::NoMapping,
-    UnwindStatus::NoTable,
-    UnwindStatus::UnsupportedRule,
-    UnwindStatus::MappingsUnknown,
-    UnwindStatus::StackCopyEnded,
-];
-
 fn kind_code(kind: FrameKind) -> u32 {
     match kind {
         FrameKind::Kernel => 0,
@@ -562,15 +548,7 @@ impl Dictionary {
 
     /// The unwind result named by string `id`.
     pub fn status(&self, id: u32) -> UnwindStatus {
-        let name = self.str(id);
-        NAMED_STATUSES
-            .into_iter()
-            .find(|s| *s.name() == **name)
-            .or_else(|| {
-                let raw = name.strip_prefix("unknown_")?.parse().ok()?;
-                Some(UnwindStatus::Unknown(raw))
-            })
-            .unwrap_or(UnwindStatus::Complete)
+        UnwindStatus::from_name(self.str(id)).unwrap_or(UnwindStatus::Complete)
     }
 }
 

@@ -27,7 +27,6 @@ pub mod retention;
 pub mod timeline;
 pub mod writer;
 
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, RwLock};
@@ -197,36 +196,28 @@ impl SampleStore {
 fn list_blocks(blocks: &Path) -> Result<(Vec<BlockMeta>, u64)> {
     let mut out = Vec::new();
     let mut max_seq = 0;
-    let hosts = fs::read_dir(blocks).with_context(|| format!("listing {}", blocks.display()))?;
-    for host in hosts.flatten() {
-        let host_name = host.file_name().to_string_lossy().into_owned();
-        let Ok(days) = fs::read_dir(host.path()) else {
-            continue;
-        };
-        for day in days.flatten() {
-            let Ok(files) = fs::read_dir(day.path()) else {
-                continue;
-            };
-            for file in files.flatten() {
-                let name = file.file_name().to_string_lossy().into_owned();
-                if name.starts_with(TMP_PREFIX) {
-                    continue;
-                }
-                let Some((first, last, samples, seq)) = parse_block_name(&name) else {
-                    continue;
-                };
-                max_seq = max_seq.max(seq);
-                out.push(BlockMeta {
-                    path: file.path(),
-                    host: host_name.clone(),
-                    first_time: first,
-                    last_time: last,
-                    samples,
-                    bytes: file.metadata().map_or(0, |m| m.len()),
-                });
+    super::archive::walk_host_days(
+        blocks,
+        |_| true,
+        |host, file| {
+            let name = file.file_name().to_string_lossy().into_owned();
+            if name.starts_with(TMP_PREFIX) {
+                return;
             }
-        }
-    }
+            let Some((first, last, samples, seq)) = parse_block_name(&name) else {
+                return;
+            };
+            max_seq = max_seq.max(seq);
+            out.push(BlockMeta {
+                path: file.path(),
+                host: host.to_string(),
+                first_time: first,
+                last_time: last,
+                samples,
+                bytes: file.metadata().map_or(0, |m| m.len()),
+            });
+        },
+    )?;
     out.sort_by(|a, b| (a.first_time, &a.path).cmp(&(b.first_time, &b.path)));
     Ok((out, max_seq))
 }

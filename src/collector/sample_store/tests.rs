@@ -1,6 +1,7 @@
 //! Tests of the sample store: exact ranges across windows, filters, the
 //! stack table across restarts, damaged files, retention.
 
+use std::fs;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

@@ -15,15 +15,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde::Serialize;
-
 use super::block::BlockHeader;
 use super::columns::Row;
 use super::dict::Dictionary;
 use super::query::Visitor;
-
-/// Most buckets one timeline may have (413 beyond, naming the largest range).
-pub const MAX_BUCKETS: u64 = 20_000;
+use crate::agent::page::timeline::{HostSeries, ProcessSeries, ThreadSeries, Timeline};
 
 /// Most (thread, bucket) cells counted one by one.
 pub const MAX_CELLS: usize = 4_000_000;
@@ -62,63 +58,6 @@ struct ThreadKey {
     comm: String,
     tid: u32,
     name: String,
-}
-
-/// One series: total and sparse `[bucket, count]` pairs, ascending.
-#[derive(Debug, Serialize)]
-pub struct ThreadSeries {
-    /// Thread id (0: the folded `other`).
-    pub tid: u32,
-    /// Thread name.
-    pub name: String,
-    /// Samples in the range.
-    pub total: u64,
-    /// `[bucket index, count]` pairs, ascending index, only non-zero counts.
-    pub counts: Vec<(u32, u64)>,
-}
-
-/// A process's series and its threads'.
-#[derive(Debug, Serialize)]
-pub struct ProcessSeries {
-    /// Process id (0: the folded `other`).
-    pub pid: u32,
-    /// Process name.
-    pub comm: String,
-    /// Samples in the range.
-    pub total: u64,
-    /// `[bucket index, count]` pairs, ascending index, only non-zero counts.
-    pub counts: Vec<(u32, u64)>,
-    /// Its threads, busiest first.
-    pub threads: Vec<ThreadSeries>,
-}
-
-/// A host's series and its processes'.
-#[derive(Debug, Serialize)]
-pub struct HostSeries {
-    /// Host name.
-    pub host: String,
-    /// Samples in the range.
-    pub total: u64,
-    /// `[bucket index, count]` pairs, ascending index, only non-zero counts.
-    pub counts: Vec<(u32, u64)>,
-    /// Its processes, busiest first.
-    pub processes: Vec<ProcessSeries>,
-}
-
-/// The answer of `GET /v1/timeline` (times as decimal strings of ns since
-/// the Unix epoch).
-#[derive(Debug, Serialize)]
-pub struct Timeline {
-    /// Start of the range, ns since the Unix epoch.
-    pub from: String,
-    /// End of the range (exclusive).
-    pub to: String,
-    /// Bucket width, ns.
-    pub step: String,
-    /// Number of buckets.
-    pub buckets: u64,
-    /// Hosts, by name.
-    pub hosts: Vec<HostSeries>,
 }
 
 impl Density {

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub use crate::commands::compare::command::DiffOutput;
+
 pub mod generate;
 mod plan;
 mod values;
@@ -444,15 +446,6 @@ pub struct RecordArgs {
     /// after `--`.
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
-}
-
-/// How `diff` prints its result.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DiffOutput {
-    /// A table for people.
-    Text,
-    /// One JSON object (serde_json) for machines.
-    Json,
 }
 
 /// `lightswitch diff BASE NEW`.

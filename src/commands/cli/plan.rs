@@ -8,8 +8,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 
-use super::{ProfileArgs, RecordArgs, SenderKind};
+use super::{Command, DiffArgs, ProfileArgs, RecordArgs, ReportArgs, SenderKind};
 use crate::agent::run::{Continuous, ListenPlan, RunPlan};
+use crate::collector::sample_store::retention::Retention;
+use crate::collector::CollectorPlan;
+use crate::commands::compare::command::{DiffPlan, ReportPlan};
 use crate::commands::record::RecordPlan;
 use crate::output::sender::{otlp::OtlpSettings, remote::HttpSettings, SenderConfig};
 use crate::profile::format::ProfileFormat;
@@ -194,6 +197,80 @@ impl RecordArgs {
             run: self.profile.plan(true)?,
             command: self.command.clone(),
             as_root: self.as_root,
+        })
+    }
+}
+
+impl ReportArgs {
+    /// The plan of `report` these flags ask for.
+    pub fn plan(&self) -> ReportPlan {
+        ReportPlan {
+            file: self.file.clone(),
+            from: self.from,
+            to: self.to,
+            top: self.top,
+            off_cpu: self.off_cpu,
+            threads: self.threads,
+            format: self.format,
+            output: self.output.clone(),
+            pprof_compression: self.pprof_compression,
+            max_input_mb: self.max_input_mb,
+        }
+    }
+}
+
+impl DiffArgs {
+    /// The plan of `diff` these flags ask for.
+    pub fn plan(&self) -> DiffPlan {
+        DiffPlan {
+            base: self.base.clone(),
+            new: self.new.clone(),
+            output: self.output,
+            top: self.top,
+            flame_graph: self.flame_graph.clone(),
+            fail_above: self.fail_above,
+            off_cpu: self.off_cpu,
+            max_input_mb: self.max_input_mb,
+        }
+    }
+}
+
+impl Command {
+    /// The plan of `collector` these flags ask for; `None` for any other
+    /// command.
+    pub fn collector_plan(&self) -> Option<CollectorPlan> {
+        let Command::Collector {
+            listen,
+            storage,
+            token,
+            profile_mode,
+            max_body_bytes,
+            max_decoded_bytes,
+            max_concurrent_ingests,
+            max_merge_profiles,
+            max_connections,
+            max_timeline_samples,
+            retention,
+            max_storage,
+        } = self
+        else {
+            return None;
+        };
+        Some(CollectorPlan {
+            listen: listen.clone(),
+            storage: storage.clone(),
+            token: token.clone(),
+            profile_mode: *profile_mode,
+            max_body_bytes: *max_body_bytes,
+            max_decoded_bytes: *max_decoded_bytes,
+            max_concurrent_ingests: *max_concurrent_ingests,
+            max_merge_profiles: *max_merge_profiles,
+            max_connections: *max_connections,
+            max_timeline_samples: *max_timeline_samples,
+            retention: Retention {
+                max_age_ns: *retention,
+                max_bytes: *max_storage,
+            },
         })
     }
 }

@@ -3,6 +3,7 @@
 
 use clap::ValueEnum;
 
+use crate::commands::compare::command::DiffOutput;
 use crate::profile::format::{Compression, ProfileFormat};
 
 /// Parse a duration for `--duration`, `--profile-interval` and the other
@@ -166,6 +167,23 @@ pub(super) fn parse_storage_size(text: &str) -> Result<u64, String> {
         return Err(format!("{text:?}: at least 1MiB"));
     }
     Ok(size.as_u64())
+}
+
+/// `diff --output` values.
+impl ValueEnum for DiffOutput {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[DiffOutput::Text, DiffOutput::Json]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(match self {
+            DiffOutput::Text => {
+                clap::builder::PossibleValue::new("text").help("A table for people")
+            }
+            DiffOutput::Json => clap::builder::PossibleValue::new("json")
+                .help("One JSON object (serde_json) for machines"),
+        })
+    }
 }
 
 #[cfg(test)]

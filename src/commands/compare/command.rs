@@ -1,24 +1,80 @@
-//! The `report` and `diff` subcommands: what each does with its
-//! command-line arguments ([`ReportArgs`], [`DiffArgs`]), over the
-//! comparisons in [`super::report`] and [`super::diff`], which take plain
-//! profiles (so the web view draws its differential flame graphs with them
-//! without the command line's types).
+//! The `report` and `diff` subcommands: what each does with its plan
+//! ([`ReportPlan`], [`DiffPlan`], which `crate::commands::cli` builds from
+//! the flags), over the comparisons in [`super::report`] and
+//! [`super::diff`], which take plain profiles.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
-use super::diff::{diff as compare, differential_flame_graph};
+use super::diff::diff as compare;
+use super::function_table;
 use super::input::{read_input, read_profile, InputFormat};
 use super::report::{off_cpu_of, render_threads, render_top};
-use super::{function_table, timeline};
-use crate::commands::cli::{DiffArgs, DiffOutput, ReportArgs};
+use crate::profile::format::{flamegraph, Compression, ProfileFormat};
+
+/// What `lightswitch report FILE` does.
+#[derive(Debug, Clone)]
+pub struct ReportPlan {
+    /// The profile to read (pprof, folded stacks, Firefox or OTLP).
+    pub file: PathBuf,
+    /// Start of the span to report, seconds after the profile's start
+    /// (`--from`; a timeline only).
+    pub from: Option<f64>,
+    /// End of the span, seconds after the profile's start (`--to`).
+    pub to: Option<f64>,
+    /// Rows of the table (0: all).
+    pub top: usize,
+    /// Report off-CPU time instead of samples (`--off-cpu`).
+    pub off_cpu: bool,
+    /// Print samples per process and thread instead (`--threads`).
+    pub threads: bool,
+    /// Write the profile in this format instead of printing the table.
+    pub format: Option<ProfileFormat>,
+    /// Where to write it (`-`: stdout; `None`: the format's default name).
+    pub output: Option<PathBuf>,
+    /// Compression of a written pprof profile.
+    pub pprof_compression: Compression,
+    /// Largest input read, MiB (decompressed).
+    pub max_input_mb: u32,
+}
+
+/// How `diff` prints its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiffOutput {
+    /// A table for people.
+    Text,
+    /// One JSON object (serde_json) for machines.
+    Json,
+}
+
+/// What `lightswitch diff BASE NEW` does.
+#[derive(Debug, Clone)]
+pub struct DiffPlan {
+    /// The profile compared against.
+    pub base: PathBuf,
+    /// The profile compared.
+    pub new: PathBuf,
+    /// How the result is printed.
+    pub output: DiffOutput,
+    /// Rows printed (0: all).
+    pub top: usize,
+    /// Where to write the differential flame graph (SVG), if anywhere.
+    pub flame_graph: Option<PathBuf>,
+    /// Fail (exit status 1) when a function's inclusive share grew by more
+    /// than this many percentage points.
+    pub fail_above: Option<f64>,
+    /// Compare off-CPU time instead of samples.
+    pub off_cpu: bool,
+    /// Largest input read, MiB (decompressed).
+    pub max_input_mb: u32,
+}
 
 /// The span `--from`/`--to` asks for, ns after the profile's start
 /// (`None`: the whole profile). Errors: a bound that is not a finite number
 /// of seconds, at least 0, or an empty span.
-fn span(args: &ReportArgs) -> Result<Option<(i64, i64)>> {
+fn span(args: &ReportPlan) -> Result<Option<(i64, i64)>> {
     if args.from.is_none() && args.to.is_none() {
         return Ok(None);
     }
@@ -37,7 +93,7 @@ fn span(args: &ReportArgs) -> Result<Option<(i64, i64)>> {
 /// `--from`/`--to`, of that span of a timeline only. Errors name the file
 /// that could not be read, encoded or written, or say that `--from`/`--to`
 /// needs a timeline.
-pub fn report(args: &ReportArgs) -> Result<()> {
+pub fn report(args: &ReportPlan) -> Result<()> {
     let span = span(args)?;
     let (mut profile, input) = read_input(&args.file, u64::from(args.max_input_mb) << 20)?;
     if let Some((from, to)) = span {
@@ -55,7 +111,7 @@ pub fn report(args: &ReportArgs) -> Result<()> {
                 }
             );
         }
-        profile = timeline::slice(&profile, from, to);
+        profile = crate::profile::slice::slice(&profile, from, to);
     }
     if args.threads {
         let _ = std::io::stdout()
@@ -93,7 +149,7 @@ pub fn report(args: &ReportArgs) -> Result<()> {
 /// else 0. Errors (exit status [`super::diff::BAD_INPUT_EXIT_STATUS`]) name the input
 /// that could not be read, or the flame graph that could not be written
 /// (mode 0600, as profiles are), or an input without samples.
-pub fn diff(args: &DiffArgs) -> Result<i32> {
+pub fn diff(args: &DiffPlan) -> Result<i32> {
     if let Some(points) = args.fail_above {
         if !points.is_finite() || points < 0.0 {
             bail!("--fail-above must be a number of percentage points, at least 0, got {points}");
@@ -118,7 +174,7 @@ pub fn diff(args: &DiffArgs) -> Result<i32> {
     }
     let diff = compare(&base, &new)?;
     if let Some(path) = &args.flame_graph {
-        let svg = differential_flame_graph(
+        let svg = flamegraph::differential(
             &base,
             &new,
             &args.base.display().to_string(),

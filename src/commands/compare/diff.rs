@@ -16,7 +16,8 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::{function_table, has_objects, FunctionKey, FunctionTable};
-use crate::profile::format::folded;
+#[cfg(test)]
+use crate::profile::format::flamegraph;
 use crate::profile::Profile;
 use crate::util::text::plural;
 
@@ -176,36 +177,6 @@ impl Diff {
     }
 }
 
-/// Render a differential flame graph of `new` against `base` (inferno:
-/// NEW's stacks, coloured red where they grew and blue where they shrank;
-/// BASE's counts scaled to NEW's total first). The subtitle names the two
-/// inputs, `base_name` → `new_name`.
-pub fn differential_flame_graph(
-    base: &Profile,
-    new: &Profile,
-    base_name: &str,
-    new_name: &str,
-) -> Result<Vec<u8>> {
-    let before = folded::encode(base);
-    let after = folded::encode(new);
-    let mut lines = Vec::new();
-    let options = inferno::differential::Options {
-        normalize: true,
-        ..Default::default()
-    };
-    inferno::differential::from_readers(options, before.as_bytes(), after.as_bytes(), &mut lines)
-        .context("pairing the two profiles' stacks")?;
-    let lines = String::from_utf8(lines).context("inferno's differential output")?;
-    let mut options = inferno::flamegraph::Options::default();
-    options.title = "lightswitch differential flame graph (red: grew, blue: shrank)".into();
-    options.subtitle = Some(format!("{base_name} → {new_name}"));
-    options.count_name = "samples".into();
-    let mut svg = Vec::new();
-    inferno::flamegraph::from_lines(&mut options, lines.lines(), &mut svg)
-        .context("rendering the differential flame graph")?;
-    Ok(crate::profile::format::flamegraph::singular_counts(svg))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,7 +229,7 @@ mod tests {
     fn differential_flame_graph_is_svg_with_both_functions() {
         let base = profile("app;main;a 25\napp;main;b 75\n");
         let new = profile("app;main;a 100\napp;main;b 100\n");
-        let svg = String::from_utf8(differential_flame_graph(&base, &new, "a.pb", "b.pb").unwrap())
+        let svg = String::from_utf8(flamegraph::differential(&base, &new, "a.pb", "b.pb").unwrap())
             .unwrap();
         assert!(
             svg.contains("a.pb → b.pb"),

@@ -21,7 +21,7 @@ use super::timeline;
 use crate::profile::format::folded::KERNEL_SUFFIX;
 use crate::profile::format::pprof::proto;
 use crate::profile::merge;
-use crate::profile::{unwind_marker_name, Frame, FrameKind, Line, Profile, Sample};
+use crate::profile::{marked_status, Frame, FrameKind, Line, Profile, Sample};
 use crate::sampling::records::UnwindStatus;
 
 /// Default of `report`'s and `diff`'s `--max-input-mb`: the largest size
@@ -255,11 +255,8 @@ pub fn parse_folded(text: &str) -> Result<Profile> {
             let (kind, name) = if let Some(kernel) = name.strip_suffix(KERNEL_SUFFIX) {
                 (FrameKind::Kernel, kernel)
             } else if name.starts_with("[unwind: ") {
-                if let Some(status) = merge::STATUSES
-                    .iter()
-                    .find(|s| unwind_marker_name(**s) == name)
-                {
-                    sample.unwind_status = *status;
+                if let Some(status) = marked_status(name) {
+                    sample.unwind_status = status;
                 }
                 (FrameKind::UnwindMarker, name)
             } else {

@@ -4,6 +4,8 @@ use std::io::Read;
 
 use super::*;
 use crate::profile::format::{firefox, folded};
+use crate::profile::slice::slice;
+use crate::sampling::records::UnwindStatus;
 
 /// The Firefox tests' profile (a sample every 10 µs from -2 µs, user
 /// frames in `/bin/app`) with an exec, an exit and a lost-samples span.

@@ -117,7 +117,7 @@ pub fn record(plan: &RecordPlan) -> Result<i32> {
     let mut held = HeldCommand::spawn(&path, program, rest, identity.as_ref(), profile_on_stdout)?;
     let created = identity
         .as_ref()
-        .map(|_| crate::output::sudo::directories_to_create(&plan.run))
+        .map(|_| plan.run.directories_to_create())
         .unwrap_or_default();
     let run = crate::agent::run::run_with(&plan.run, Some(&mut held));
     let failure = match &run {

@@ -316,10 +316,10 @@ fn send_window(
     // Everything the profile was built from (the window's stacks and
     // frames, its copy of the mappings) and the assembly's tables are gone:
     // their pages go back now, not after the profile is encoded
-    // (heap::release_freed). Issue 18: at a 10 s window's close under
+    // (alloc::release_freed). Issue 18: at a 10 s window's close under
     // churn the aggregator held 4-6 MiB while the profile was encoded.
     drop((aggregator, snapshot));
-    crate::agent::heap::release_freed();
+    crate::util::alloc::release_freed();
     provenance.stamp(&mut profile);
     debug!(
         "window {}: {} samples symbolized in {:?}",
@@ -329,6 +329,6 @@ fn send_window(
     );
     let sent = sender.send(&profile);
     drop(profile);
-    crate::agent::heap::release_freed();
+    crate::util::alloc::release_freed();
     sent
 }

@@ -233,6 +233,36 @@ pub fn singular_counts(svg: Vec<u8>) -> Vec<u8> {
     }
 }
 
+/// Render a differential flame graph of `new` against `base` (inferno:
+/// NEW's stacks, coloured red where they grew and blue where they shrank;
+/// BASE's counts scaled to NEW's total first). The subtitle names the two
+/// inputs, `base_name` → `new_name`.
+pub fn differential(
+    base: &Profile,
+    new: &Profile,
+    base_name: &str,
+    new_name: &str,
+) -> Result<Vec<u8>> {
+    let before = folded::encode(base);
+    let after = folded::encode(new);
+    let mut lines = Vec::new();
+    let options = inferno::differential::Options {
+        normalize: true,
+        ..Default::default()
+    };
+    inferno::differential::from_readers(options, before.as_bytes(), after.as_bytes(), &mut lines)
+        .context("pairing the two profiles' stacks")?;
+    let lines = String::from_utf8(lines).context("inferno's differential output")?;
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = "lightswitch differential flame graph (red: grew, blue: shrank)".into();
+    options.subtitle = Some(format!("{base_name} → {new_name}"));
+    options.count_name = "samples".into();
+    let mut svg = Vec::new();
+    inferno::flamegraph::from_lines(&mut options, lines.lines(), &mut svg)
+        .context("rendering the differential flame graph")?;
+    Ok(singular_counts(svg))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

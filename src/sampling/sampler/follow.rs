@@ -9,9 +9,47 @@ use libbpf_rs::{Link, MapCore, MapFlags, MapHandle};
 
 use super::variant::ProgramVariant;
 use super::Sampler;
-use crate::process::walker::WalkerMaps;
 use crate::sampling::records::{process_info_value, ExecMapping, ExecTime};
 use crate::sampling::skel::{types, ProfilerSkel};
+
+/// The walker's maps of processes and object files, as process lifetimes
+/// write and read them (`process_mappings`, `exec_times`, `object_files` in
+/// `src/bpf/profiler.bpf.c`). Implemented by [`Sampler`]; the process walker
+/// ([`crate::process::walker`]) writes through it.
+pub trait WalkerMaps {
+    /// Describe `pid`'s executable mappings (sorted by start; at most
+    /// [`crate::sampling::records::MAX_PROCESS_MAPPINGS`], the rest are dropped) to
+    /// the walker, as read after the exec `exec_id` ([`ExecTime::exec_id`];
+    /// 0: no exec of it was seen, the walker then does not check).
+    /// Errors: the map update failed.
+    fn set_process(&self, pid: u32, mappings: &[ExecMapping], exec_id: u64) -> Result<()>;
+
+    /// Forget `pid` in the walker (it exited). Missing pids are fine.
+    fn remove_process(&self, pid: u32);
+
+    /// The latest exec of `pid` the exec program saw, if any.
+    fn latest_exec(&self, pid: u32) -> Option<ExecTime>;
+
+    /// Tell the exec and mmap programs that the file `(dev, inode)` (as
+    /// `/proc/PID/maps` shows them) is the object whose table is
+    /// `object_id`, with executable segments `(p_offset, p_vaddr,
+    /// p_filesz)` (at most 4 are kept). Errors: the map update failed.
+    fn set_object_file(
+        &self,
+        dev: u64,
+        inode: u64,
+        object_id: u32,
+        segments: &[(u64, u64, u64)],
+    ) -> Result<()>;
+
+    /// The pids the walker holds a description of, in no order (also
+    /// those the exec and fork programs described on their own).
+    fn described_pids(&self) -> Vec<u32>;
+
+    /// Tell the exec and mmap programs to forget the file `(dev, inode)`
+    /// (its object was retired). Files not known are fine.
+    fn remove_object_file(&self, dev: u64, inode: u64);
+}
 
 /// Attach the programs that follow processes: exec, exit and fork.
 pub(super) fn attach_tracking(

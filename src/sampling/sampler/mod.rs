@@ -29,6 +29,7 @@ pub mod variant;
 
 use events::{attach_cpu_events, install_sample_rings};
 pub use events::{online_cpus, samples_ring_bytes_per_cpu};
+pub use follow::WalkerMaps;
 use rows::MappedRows;
 pub use tables::RowLookup;
 use variant::ProgramVariant;

@@ -1,6 +1,6 @@
 use super::events::parse_cpu_list;
+use super::WalkerMaps;
 use super::*;
-use crate::process::walker::WalkerMaps;
 
 #[test]
 fn ring_buffers_grow_with_frequency() {

@@ -24,13 +24,11 @@ use super::keys;
 use super::proto::collector::ExportProfilesServiceRequest;
 use super::proto::common::{any_value, AnyValue};
 use super::proto::profiles::{self as otlp, ProfilesDictionary};
-use crate::profile::merge::STATUSES;
+use crate::profile::KERNEL_MAPPING_NAME;
 use crate::profile::{
-    unwind_marker_name, Frame, FrameKind, Line, Profile, ProfileMapping, Sample, TimedSample,
+    stack_unwind_status, Frame, FrameKind, Line, Profile, ProfileMapping, Sample, TimedSample,
     TimedWait,
 };
-use crate::sampling::records::UnwindStatus;
-use crate::symbolize::KERNEL_MAPPING_NAME;
 
 /// Decode `bytes` (raw protobuf) as an OTLP export request holding at
 /// least one profile. Errors when they do not decode, hold no profile, or
@@ -321,16 +319,7 @@ pub(crate) fn sample(
     } else {
         (s.values.iter().sum::<i64>() / period).max(0) as u64
     };
-    let status = stack
-        .last()
-        .map(|&f| &frames[f])
-        .filter(|f| f.kind == FrameKind::UnwindMarker)
-        .and_then(|f| {
-            STATUSES
-                .into_iter()
-                .find(|&s| unwind_marker_name(s) == *f.lines[0].function)
-        })
-        .unwrap_or(UnwindStatus::Complete);
+    let status = stack_unwind_status(&stack, frames);
     let attrs = &s.attribute_indices;
     let int = |key| {
         names

@@ -1,3 +1,5 @@
+//! Tests of [`super`] (`agent/run/summary.rs`).
+
 use super::Totals;
 use crate::process::ProcessTracker;
 use crate::profile::window::Windows;
