@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copies the web view's JavaScript libraries from web/node_modules (installed
 # with `npm ci` from the committed package-lock.json) into web/vendor/, the
-# files the binary embeds (src/web/assets.rs). Run after changing a version
+# files the binary embeds (src/agent/page/assets.rs). Run after changing a version
 # in package.json (`npm install`), then commit web/vendor/ and the lock file.
 set -euo pipefail
 cd "$(dirname "$0")"

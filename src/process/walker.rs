@@ -3,7 +3,7 @@
 //! process events from BPF (exec, fork, exit, a pc in no known mapping),
 //! each keeping what `process_mappings` holds for its pid current. The BPF
 //! programs keep a description of their own from exec and fork on
-//! (`src/bpf/profiler.bpf.c`, "Following processes"); the descriptions
+//! (`src/sampling/bpf/profiler.bpf.c`, "Following processes"); the descriptions
 //! written here, from `/proc/PID/maps`, add what the kernel did not tell
 //! them (anonymous code, the vDSO, objects whose tables were not known yet)
 //! and carry the exec they were read after.
@@ -29,7 +29,7 @@ use crate::sampling::sampler::WalkerMaps;
 pub const VDSO_OBJECT_ID: u32 = u32::MAX - 1;
 
 /// The `object_files` key of the vDSO's table (`VDSO_FILE_DEV`,
-/// `VDSO_FILE_INODE` in `src/bpf/profiler.h`): no file has inode 0.
+/// `VDSO_FILE_INODE` in `src/sampling/bpf/profiler.h`): no file has inode 0.
 pub const VDSO_FILE_KEY: (u64, u64) = (0, 0);
 
 /// Where the objects of described processes are announced: the owner of

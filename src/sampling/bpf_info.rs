@@ -13,7 +13,7 @@ use libbpf_rs::Program;
 /// One loaded program's verifier figures.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifiedProgram {
-    /// The program's name in `src/bpf/profiler.bpf.c`.
+    /// The program's name in `src/sampling/bpf/profiler.bpf.c`.
     pub name: String,
     /// Instructions the verifier processed loading it (0 where the kernel
     /// does not report it).

@@ -4,7 +4,7 @@
 //! and consumes them; the process tracker, aggregator, symbolizer and
 //! encoders read them.
 //!
-//! The byte layouts are the C structs of `src/bpf/profiler.h` as the
+//! The byte layouts are the C structs of `src/sampling/bpf/profiler.h` as the
 //! libbpf-rs skeleton generates them from the BPF object's BTF at build time
 //! (`crate::sampling::skel::types`): no field offset here is written by hand. The enum
 //! values below mirror `profiler.h`'s enums, which its records carry as
@@ -36,7 +36,7 @@ const MAPPING_TABLE: u32 = 0;
 const MAPPING_FRAME_POINTERS: u32 = 1;
 
 /// How the user-stack walk of one sample ended (`enum unwind_status` in
-/// `src/bpf/profiler.h`).
+/// `src/sampling/bpf/profiler.h`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum UnwindStatus {
     /// The walk reached the outermost frame.
@@ -188,7 +188,7 @@ pub struct Wait {
 }
 
 /// The registers of one frame of a sample and a copy of the user stack
-/// from its rsp up (`struct stack_copy` in `src/bpf/profiler.h`).
+/// from its rsp up (`struct stack_copy` in `src/sampling/bpf/profiler.h`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StackCopy {
     /// The frame's pc: the sampled pc or a signal frame's when `exact_ip`,

@@ -2,7 +2,7 @@ use super::*;
 
 #[test]
 fn record_parses_frames_and_comms() {
-    // The layout of struct sample_header in src/bpf/profiler.h, by hand:
+    // The layout of struct sample_header in src/sampling/bpf/profiler.h, by hand:
     // an independent check of the generated type the parser uses.
     let mut data = vec![0u8; 72];
     data[0..8].copy_from_slice(&123u64.to_ne_bytes());

@@ -1,10 +1,10 @@
-//! The libbpf-rs skeleton generated at build time from `src/bpf/profiler.bpf.c`
-//! (see `build.rs`), and plain-data views of the record types in `src/bpf/profiler.h`.
+//! The libbpf-rs skeleton generated at build time from `src/sampling/bpf/profiler.bpf.c`
+//! (see `build.rs`), and plain-data views of the record types in `src/sampling/bpf/profiler.h`.
 #![allow(clippy::all, missing_docs, non_camel_case_types, dead_code)]
 
 include!(concat!(env!("OUT_DIR"), "/profiler.skel.rs"));
 
-// SAFETY: these generated types mirror the records of src/bpf/profiler.h:
+// SAFETY: these generated types mirror the records of src/sampling/bpf/profiler.h:
 // repr(C), integers and integer arrays only, with every padding byte an
 // explicit field, so any byte string of their size is a valid value and every
 // byte of a value is initialized.

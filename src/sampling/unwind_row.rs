@@ -1,6 +1,6 @@
 //! The compact unwind row and page types shared with the BPF program
 //! (`struct unwind_row`, `struct page_key`, `struct page_value` in
-//! `src/bpf/profiler.h`; keep both in agreement).
+//! `src/sampling/bpf/profiler.h`; keep both in agreement).
 
 /// log2 of the page size: a page is 64 KiB of an object's virtual address space.
 pub const PAGE_BITS: u32 = 16;

@@ -25,7 +25,7 @@
 //! Each is counted by its reason ([`DeferredStats`]).
 //!
 //! The steps are the BPF walker's (`unwind_step` in
-//! `src/bpf/profiler.bpf.c`): the same rules, the same frame-pointer
+//! `src/sampling/bpf/profiler.bpf.c`): the same rules, the same frame-pointer
 //! fallback where no CFI covers a pc, the same end conditions.
 
 use std::collections::VecDeque;
@@ -50,16 +50,16 @@ pub const HOLD_MAX_BYTES: usize = 8 << 20;
 const MAPPING_RETRY_NS: u64 = 100_000_000;
 
 /// The most user frames a walk records (`MAX_USER_FRAMES` in
-/// `src/bpf/profiler.h`).
+/// `src/sampling/bpf/profiler.h`).
 const MAX_USER_FRAMES: usize = 1024;
 
 /// Lowest and first-invalid user addresses a return address can have
-/// (`USER_MIN_ADDRESS`, `USER_ADDRESS_LIMIT` in `src/bpf/arch_x86_64.h`).
+/// (`USER_MIN_ADDRESS`, `USER_ADDRESS_LIMIT` in `src/sampling/bpf/arch_x86_64.h`).
 const USER_MIN_ADDRESS: u64 = 4096;
 const USER_ADDRESS_LIMIT: u64 = 0x0000_8000_0000_0000;
 
 /// Where the kernel's signal frame (`struct ucontext` at rsp) keeps the
-/// interrupted rbp, rbx, rsp and rip (`UCONTEXT_*` in `src/bpf/arch_x86_64.h`).
+/// interrupted rbp, rbx, rsp and rip (`UCONTEXT_*` in `src/sampling/bpf/arch_x86_64.h`).
 const UCONTEXT_RBP: u64 = 40 + 80;
 const UCONTEXT_RBX: u64 = 40 + 88;
 const UCONTEXT_RSP: u64 = 40 + 120;

@@ -1,6 +1,6 @@
 //! Unwind tables: each object's DWARF CFI (`.eh_frame`, else `.debug_frame`)
 //! compiled into compact rows the BPF program can search (format:
-//! `docs/unwind-tables.md`, C layout in `src/bpf/profiler.h`).
+//! `docs/unwind-tables.md`, C layout in `src/sampling/bpf/profiler.h`).
 //!
 //! [`loader`] keeps the BPF walker supplied with process descriptions and tables.
 //! [`cfi`] evaluates the CFI with gimli into [`rule::Rule`]s (for

@@ -1,7 +1,7 @@
 //! x86-64 specifics of the unwind tables: the DWARF register numbers of the
 //! System V ABI (AMD64 supplement, figure 3.36) and the translation of one
 //! row of gimli's evaluated CFI into a [`Rule`] the BPF walker evaluates
-//! (its x86-64 counterpart is `src/bpf/arch_x86_64.h`). Another architecture
+//! (its x86-64 counterpart is `src/sampling/bpf/arch_x86_64.h`). Another architecture
 //! is another file beside this one, chosen by the object's ELF machine.
 
 use gimli::{CfaRule, Reader, Register, RegisterRule, UnwindSection, UnwindTableRow};

@@ -41,7 +41,7 @@ pub fn spawn_listening(
 }
 
 /// The environment variable that forces the BPF programs' variant
-/// (`src/sampler/variant.rs`): `compat` loads the build for kernels without
+/// (`src/sampling/sampler/variant.rs`): `compat` loads the build for kernels without
 /// `bpf_loop` on this machine's kernel, which has everything.
 pub const FORCE_VARIANT_ENV: &str = "LIGHTSWITCH_BPF_VARIANT";
 

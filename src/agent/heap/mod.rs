@@ -93,7 +93,7 @@ pub fn set_active(active: bool) -> Result<()> {
 /// temporary file (jemalloc's `prof.dump`) in `$TMPDIR`.
 ///
 /// The pprof form's mappings are given their segments' ranges and flags
-/// (`src/heap/pprof.rs`), so that pprof keeps the names in it. The stacks
+/// (`src/agent/heap/pprof.rs`), so that pprof keeps the names in it. The stacks
 /// are symbolized by the `backtrace` crate, which keeps the parsed DWARF
 /// line tables of this binary (and a mapping of its file) in a
 /// process-wide cache: about 65 MB of resident memory for the 35 MB

@@ -316,7 +316,7 @@ pub struct KernelFeature {
     pub probe: Probe,
 }
 
-/// What every variant of `src/bpf/profiler.bpf.c` needs beyond a kernel
+/// What every variant of `src/sampling/bpf/profiler.bpf.c` needs beyond a kernel
 /// with BTF, newest first (the first missing one names the minimum). Its
 /// `tp_btf` programs (Linux 5.5) are older than all of these and are not
 /// probed: libbpf's program-type probe cannot load a tracing program

@@ -12,7 +12,7 @@ use super::variant::ProgramVariant;
 use crate::sampling::skel::ProfilerSkel;
 
 /// Bytes of user stack in the largest stack-copy record, the BPF side's
-/// `STACK_COPY_LARGE_BYTES` (`src/bpf/profiler.h`): 96 KiB.
+/// `STACK_COPY_LARGE_BYTES` (`src/sampling/bpf/profiler.h`): 96 KiB.
 const STACK_COPY_LARGE_BYTES: u64 = 96 << 10;
 
 /// Size of each CPU's ring buffer in `samples`, bytes: room for a quarter

@@ -1,4 +1,4 @@
-//! Sampling: loads the BPF program (`src/bpf/profiler.bpf.c`), opens one
+//! Sampling: loads the BPF program (`src/sampling/bpf/profiler.bpf.c`), opens one
 //! software `cpu-clock` perf event per online CPU in frequency mode, attaches
 //! the program to each, and turns the records the program writes to its
 //! CPU's ring buffer (in the `samples` array of rings) into [`RawSample`]s

@@ -1,4 +1,4 @@
-//! Off-CPU waits (`--off-cpu`): the BPF side is `src/bpf/off_cpu.h`. A
+//! Off-CPU waits (`--off-cpu`): the BPF side is `src/sampling/bpf/off_cpu.h`. A
 //! `tp_btf/sched_switch` program notes when a wanted thread leaves its CPU
 //! and, when it gets it back after at least the minimum, takes its kernel
 //! stack; a `tp_btf/sys_exit` program, which runs in the thread itself when

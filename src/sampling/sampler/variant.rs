@@ -8,7 +8,7 @@
 //!   the task through `bpf_get_current_task_btf` and its saved user
 //!   registers through `bpf_task_pt_regs`.
 //! - [`ProgramVariant::Compat`] (5.10 to 5.16): the same step body called
-//!   from a global function in a bounded loop (`src/bpf/profiler_compat.h`),
+//!   from a global function in a bounded loop (`src/sampling/bpf/profiler_compat.h`),
 //!   the task and its registers read with `bpf_probe_read_kernel`, unknown
 //!   mappings left to user space.
 //!
