@@ -1,5 +1,5 @@
 //! Following processes in the kernel: the exec, fork and exit
-//! programs (`src/bpf/profiler.bpf.c`, "Following processes") and the maps
+//! programs (`src/bpf/process.h`) and the maps
 //! user space shares with them: descriptions (`process_mappings`), the
 //! latest exec of each process (`exec_times`) and the objects whose tables
 //! user space knows, by file (`object_files`).
