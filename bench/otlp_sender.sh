@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The OTLP sender's cost against the remote sender's (issue 42): the agent's
+# The OTLP sender's cost against the remote sender's (decision 0015): the agent's
 # CPU time (user + system, from /usr/bin/time) with 1 s windows at 10 kHz on
 # the whole machine, `--sender otlp` (to tests/otlp/receiver.py, which
 # decodes every request with opentelemetry-proto and answers 200) against

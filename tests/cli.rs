@@ -1,5 +1,5 @@
-//! Command-line conventions (issue 15, item 7, and the summary's wording,
-//! item 6): short flags and durations with units on real runs, `--help`
+//! Command-line conventions (docs/usage.md, and the summary's wording,
+//! docs/reading-output.md): short flags and durations with units on real runs, `--help`
 //! examples, shell completions the shells accept, a man page `man` renders,
 //! the `--pids` hint when only a target's children ran, singular nouns in
 //! the summary, and a network run whose every delivery failed.

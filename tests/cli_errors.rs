@@ -160,7 +160,7 @@ fn conflicting_flags_are_usage_errors() {
             "--profile-name names one file",
         ),
         // A network sender sends its own format or refuses: nothing is
-        // silently replaced (issue 42).
+        // silently replaced (docs/usage.md).
         (
             &["--sender", "remote", "--profile-format", "firefox"],
             "--sender remote sends only pprof: it cannot send --profile-format firefox",

@@ -1,4 +1,4 @@
-//! `lightswitch report` and `diff` on hostile inputs (issue 40): counts
+//! `lightswitch report` and `diff` on hostile inputs (decision 0013): counts
 //! that add up past 2^64-1, a gzip bomb and a huge file against
 //! `--max-input-mb` (refused at the cap, in bounded memory, measured by
 //! /usr/bin/time), and that flag's parsing. Needs neither root nor BPF.

@@ -1,4 +1,4 @@
-//! Processes that change under the profiler (issue 16): programs that live
+//! Processes that change under the profiler (decision 0002): programs that live
 //! 100 ms, started one after another by a shell; a process that execs a
 //! second and a third image; a process that re-execs itself every ~0.6 ms.
 //! Real programs compiled without frame pointers (only CFI unwinds them),
@@ -118,7 +118,7 @@ static void wait_for_go(void) { char go; if (read(0, &go, 1) != 1) _exit(1); }
 
 /// Programs that live 100 ms, started one after another by a shell loop
 /// for 4 s, profiled machine-wide: at least 95% of their samples have
-/// complete stacks (issue 16's target). The program runs once before the
+/// complete stacks (docs/reliability.md's promise). The program runs once before the
 /// loop, so its table is known, as the target assumes.
 #[test]
 fn young_processes_started_by_a_shell_have_complete_stacks() {

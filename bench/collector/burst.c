@@ -1,4 +1,4 @@
-/* A busy process with a 200 µs critical section every 5 s (issue 37's
+/* A busy process with a 200 µs critical section every 5 s (docs/collector.md's
  * users' case): background() spins between bursts; critical_section()
  * spins 200 µs. Runs for argv[1] seconds (default 40). */
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The users' case of issue 37: one hour at 10 kHz in a real collector
+# The users' case of docs/collector.md: one hour at 10 kHz in a real collector
 # process, with a 200 µs critical section every 5 s in a busy process.
 # Records SECONDS (default 30) of the whole machine at 10 kHz as OTLP while
 # bench/collector/burst.c runs, starts `lightswitch collector`, and runs

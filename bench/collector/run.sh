@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The collector's sample store on a real workload (issue 37): records a
+# The collector's sample store on a real workload (decision 0015): records a
 # whole-machine run at 10 kHz as OTLP (as root: real BPF), then runs
 # `cargo bench --bench collector_store` on it, which prints the bytes on
 # disk per sample for one hour of that workload and measures ingest.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Large objects from a process's first milliseconds (issue 16 item 3): a
+# Large objects from a process's first milliseconds (decision 0011): a
 # whole-machine lightswitch, then `rustc -O` on a generated medium program
 # started 50 ms after sampling starts, run with a cold unwind cache (an empty
 # --unwind-cache-dir) and then a warm one (the same directory, filled by the

@@ -42,10 +42,10 @@ use agent::{scrape, Agent, LOST, MISSING, PANICKED, SAMPLES, STOP_DEADLINE, WRIT
 /// Which processes the churn loops start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ChurnLoad {
-    /// `workload 0.02; /bin/true; ls /; sleep 0.05` (issue 7's loop).
+    /// `workload 0.02; /bin/true; ls /; sleep 0.05` (the first churn loop).
     Shell,
     /// `workload 0.02; sh -c "exec workload 0.01"; python3 -c ...` back to
-    /// back, and a second loop of `workload 0.03` (issue 18's reproducers:
+    /// back, and a second loop of `workload 0.03` (decision 0007's reproducers:
     /// no-frame-pointer programs, shells that exec them, Python).
     Mixed,
 }

@@ -1,4 +1,4 @@
-// Hostile neighbours of the churn harness's --hostile mode (issue 40),
+// Hostile neighbours of the churn harness's --hostile mode (decision 0013),
 // and its root bystander. One program, one mode per argument:
 //
 //   hostile bystander           root: spins in by_outer -> by_burn for ever

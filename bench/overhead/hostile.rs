@@ -1,4 +1,4 @@
-//! Hostile neighbours of the churn soak (`--hostile N`, issue 40): beside
+//! Hostile neighbours of the churn soak (`--hostile N`, decision 0013): beside
 //! the churn, N unprivileged processes (user nobody) of every selected kind
 //! ([`HostileKind`], the program `hostile.c`) make the JIT symbol files the
 //! profiler reads as hard to read as they can, and a root bystander spins

@@ -1,4 +1,4 @@
-//! Overhead harness (issue 7): what profiling costs, for lightswitch and,
+//! Overhead harness (docs/performance.md): what profiling costs, for lightswitch and,
 //! in the same run, `perf record -a -g` and `perf record -a --call-graph dwarf`.
 //!
 //! Run it with `sudo bash bench/overhead/run.sh [MODE] [OPTIONS]` (the
@@ -53,7 +53,7 @@ enum Mode {
     /// written and crashes over time. Fails if an agent crashed, did not
     /// exit 0, or dropped a window to a panic.
     Churn,
-    /// Timelines (issue 14): lightswitch at `--timeline-freq` on every CPU
+    /// Timelines (decision 0012): lightswitch at `--timeline-freq` on every CPU
     /// for `--long-seconds` with `--profile-format firefox,folded`, stopped
     /// with SIGINT: samples, distinct stacks, time from the stop to each
     /// file, sizes, peak RSS, and whether the timeline kept every sample.
@@ -124,7 +124,7 @@ struct Args {
     /// written, windows panicked, samples missing a mapping).
     #[arg(long)]
     churn_log: Option<PathBuf>,
-    /// Churn: a hostile-neighbour soak (issue 40): N unprivileged processes
+    /// Churn: a hostile-neighbour soak (decision 0013): N unprivileged processes
     /// of each `--hostile-kinds` beside the churn, and a root bystander. Fails
     /// unless every agent hands over every window (none dropped), stays under
     /// 128 MiB of VmRSS, gives the bystander at least 90% of its CPU time x

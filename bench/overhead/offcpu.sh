@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Off-CPU overhead (issue 43), as root:
+# Off-CPU overhead (decision 0014), as root:
 #
 #   sudo bash bench/overhead/offcpu.sh [ROUNDS] [LOOPS]
 #
@@ -10,7 +10,7 @@
 # to CPU 0 (`taskset -c 0`): unpinned, its two threads ran either on one
 # CPU (about 5 us/op here) or on two (about 40 us/op, every wakeup an
 # interrupt to the other CPU), and a round's mode was chance, so runs of
-# one round were not comparable (2026-12-06: 9 rounds, the run alone took
+# one round were not comparable (9 rounds once: the run alone took
 # 4.5 to 42.3 us/op). The profilers themselves are not pinned.
 #   - lightswitch record --off-cpu (its default --off-cpu-min), folded output;
 #   - bpftrace: sched_switch, the leaving thread's kstack/ustack kept, the

@@ -1,6 +1,6 @@
 //! One churn agent's readings, and what they say about memory: the
 //! start-up peak against the steady span's level and peaks, the spread of
-//! RssAnon, and its drift (issue 18's targets).
+//! RssAnon, and its drift (the targets in docs/performance.md).
 
 use std::collections::HashMap;
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Overhead harness (issue 7), one command as root:
+# Overhead harness (docs/performance.md), one command as root:
 #
 #   sudo bash bench/overhead/run.sh [matrix|soak|rss|churn|timeline|startup|all] [--quick] [OPTIONS]
 #
@@ -18,7 +18,7 @@ target="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$target/overhead"
 gcc -O2 -g -fomit-frame-pointer -fno-optimize-sibling-calls -fasynchronous-unwind-tables \
     -o "$target/overhead/workload" bench/overhead/workload.c
-# The hostile neighbours and the bystander of `churn --hostile N` (issue 40).
+# The hostile neighbours and the bystander of `churn --hostile N` (decision 0013).
 gcc -O1 -fno-omit-frame-pointer -o "$target/overhead/hostile" bench/overhead/hostile.c
 cargo build --release --quiet --bin lightswitch --example overhead
 exec "$target/release/examples/overhead" --workload "$target/overhead/workload" \

@@ -1,4 +1,4 @@
-//! Timeline mode (issue 14's size and speed targets, and issue 42's for
+//! Timeline mode (the size and speed targets of decisions 0012, and 0015 for
 //! OTLP with `--timeline-format otlp`): lightswitch on the whole machine at
 //! 10 kHz with `--profile-format firefox,folded` (or `otlp,folded`, gzip'd), one
 //! workload process per CPU and a small Python loop beside them, stopped

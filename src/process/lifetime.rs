@@ -33,7 +33,7 @@ impl ProcessTracker {
     /// [`super::walker::ProcessFollower::processes_vanished`]). The exit
     /// event comes only for processes described to the walker, and is lost
     /// when the events ring buffer is full: without this, such a process's
-    /// mappings (and their objects) stayed for the whole run (issue 18:
+    /// mappings (and their objects) stayed for the whole run (decision 0008:
     /// the walker's map of descriptions filled up under churn, after which
     /// no new process was described and none of their exits reported). A
     /// pid reused since passes for the process the tracker knows; its exit

@@ -3,7 +3,7 @@
 //! process events from BPF (exec, fork, exit, a pc in no known mapping),
 //! each keeping what `process_mappings` holds for its pid current. The BPF
 //! programs keep a description of their own from exec and fork on
-//! (`src/sampling/bpf/profiler.bpf.c`, "Following processes"); the descriptions
+//! (`src/sampling/bpf/process.h`); the descriptions
 //! written here, from `/proc/PID/maps`, add what the kernel did not tell
 //! them (anonymous code, the vDSO, objects whose tables were not known yet)
 //! and carry the exec they were read after.
@@ -130,7 +130,7 @@ impl ProcessFollower {
     /// and fork programs describe processes user space never heard of, and
     /// only an exit event removed them: with exit events lost, the map of
     /// descriptions (8,192) filled up under churn, after which no process
-    /// could be described and every attempt logged a warning (issue 18:
+    /// could be described and every attempt logged a warning (decision 0008:
     /// 170,000 lines, 23 MB of stderr, in 10 minutes).
     pub fn sweep_descriptions(&mut self, walker: &impl WalkerMaps) -> usize {
         if self

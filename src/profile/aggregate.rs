@@ -32,7 +32,7 @@ use crate::sampling::records::{RawSample, UnwindStatus, Wait};
 /// The identity of one aggregated stack, with its names and frames as
 /// indices into the aggregator's tables of distinct names, user frames and
 /// kernel stacks: 40 bytes and its user indices (64 with names as
-/// `Arc<str>`, stored with its hash in an `IndexMap` before issue 18).
+/// `Arc<str>`, stored with its hash in an `IndexMap`, before decision 0010).
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct StackKey {
     pid: u32,

@@ -1,4 +1,4 @@
-//! Retirement of exited processes against window hand-over (issue 18),
+//! Retirement of exited processes against window hand-over (decision 0007),
 //! driven deterministically through the orders that broke the promise of
 //! [`ProcessTracker::retire_exited`]: a sample read late from the ring after
 //! its window closed, an exit noticed before the process's last samples are

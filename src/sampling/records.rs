@@ -6,9 +6,9 @@
 //!
 //! The byte layouts are the C structs of `src/sampling/bpf/profiler.h` as the
 //! libbpf-rs skeleton generates them from the BPF object's BTF at build time
-//! (`crate::sampling::skel::types`): no field offset here is written by hand. The enum
-//! values below mirror `profiler.h`'s enums, which its records carry as
-//! plain integers.
+//! (`crate::sampling::skel::types`): no field offset here is written by hand, and the
+//! enum values below are the generated ones of `profiler.h`'s enums, which
+//! its records carry as plain integers.
 
 use std::mem::size_of;
 
@@ -17,23 +17,23 @@ use anyhow::{anyhow, bail, Result};
 use crate::sampling::skel::types;
 
 /// `SAMPLE_FLAG_KERNEL_THREAD` in `struct sample_header.flags`.
-const SAMPLE_FLAG_KERNEL_THREAD: u8 = 1;
+const SAMPLE_FLAG_KERNEL_THREAD: u8 = types::sample_flag::SAMPLE_FLAG_KERNEL_THREAD.0 as u8;
 /// `SAMPLE_FLAG_STACK_COPY`: a `struct stack_copy` follows the whole
 /// `struct stack_sample`.
-const SAMPLE_FLAG_STACK_COPY: u8 = 2;
+const SAMPLE_FLAG_STACK_COPY: u8 = types::sample_flag::SAMPLE_FLAG_STACK_COPY.0 as u8;
 /// `SAMPLE_FLAG_OFF_CPU`: the record is a wait, not a cpu-clock sample.
-const SAMPLE_FLAG_OFF_CPU: u8 = 4;
+const SAMPLE_FLAG_OFF_CPU: u8 = types::sample_flag::SAMPLE_FLAG_OFF_CPU.0 as u8;
 /// `SAMPLE_FLAG_RUNNABLE`: the wait was for a CPU (preempted), not a block.
-const SAMPLE_FLAG_RUNNABLE: u8 = 8;
+const SAMPLE_FLAG_RUNNABLE: u8 = types::sample_flag::SAMPLE_FLAG_RUNNABLE.0 as u8;
 /// `enum event_type`.
-const EVENT_EXEC: u32 = 1;
-const EVENT_EXIT: u32 = 2;
-const EVENT_UNKNOWN_MAPPING: u32 = 3;
-const EVENT_FORK: u32 = 4;
-const EVENT_MAPPING: u32 = 5;
+const EVENT_EXEC: u32 = types::event_type::EVENT_EXEC.0;
+const EVENT_EXIT: u32 = types::event_type::EVENT_EXIT.0;
+const EVENT_UNKNOWN_MAPPING: u32 = types::event_type::EVENT_UNKNOWN_MAPPING.0;
+const EVENT_FORK: u32 = types::event_type::EVENT_FORK.0;
+const EVENT_MAPPING: u32 = types::event_type::EVENT_MAPPING.0;
 /// `enum mapping_kind`.
-const MAPPING_TABLE: u32 = 0;
-const MAPPING_FRAME_POINTERS: u32 = 1;
+const MAPPING_TABLE: u32 = types::mapping_kind::MAPPING_TABLE.0;
+const MAPPING_FRAME_POINTERS: u32 = types::mapping_kind::MAPPING_FRAME_POINTERS.0;
 
 /// How the user-stack walk of one sample ended (`enum unwind_status` in
 /// `src/sampling/bpf/profiler.h`).
@@ -101,18 +101,18 @@ impl UnwindStatus {
     }
 
     fn from_raw(raw: u8) -> Self {
-        match raw {
-            0 => Self::Complete,
-            1 => Self::Truncated,
-            2 => Self::ReadFault,
-            3 => Self::NoUserStack,
-            4 => Self::FramePointer,
-            5 => Self::NoMapping,
-            6 => Self::NoTable,
-            7 => Self::UnsupportedRule,
-            8 => Self::MappingsUnknown,
-            10 => Self::NotWalked,
-            other => Self::Unknown(other),
+        match types::unwind_status(u32::from(raw)) {
+            types::unwind_status::UNWIND_COMPLETE => Self::Complete,
+            types::unwind_status::UNWIND_TRUNCATED => Self::Truncated,
+            types::unwind_status::UNWIND_READ_FAULT => Self::ReadFault,
+            types::unwind_status::UNWIND_NO_USER_STACK => Self::NoUserStack,
+            types::unwind_status::UNWIND_FRAME_POINTER => Self::FramePointer,
+            types::unwind_status::UNWIND_NO_MAPPING => Self::NoMapping,
+            types::unwind_status::UNWIND_NO_TABLE => Self::NoTable,
+            types::unwind_status::UNWIND_UNSUPPORTED_RULE => Self::UnsupportedRule,
+            types::unwind_status::UNWIND_MAPPINGS_UNKNOWN => Self::MappingsUnknown,
+            types::unwind_status::UNWIND_NOT_WALKED => Self::NotWalked,
+            _ => Self::Unknown(raw),
         }
     }
 

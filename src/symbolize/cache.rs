@@ -7,7 +7,7 @@
 //! this cache every window parsed the DWARF of the objects it sampled
 //! (the agent's own binary, libpython: 0.2-1.2 s of CPU and 30-60 MiB of
 //! heap per window), which is what made 1 s windows fall behind and kept
-//! the agent's memory high (issue 18).
+//! the agent's memory high (docs/decisions/0008-symbols-kept-across-windows.md).
 //!
 //! An object's file offset keeps its meaning for the whole run: the process
 //! tracker interns objects by device and inode and holds each one open, so
@@ -155,7 +155,7 @@ impl LineCache {
         // A window of many new addresses grows the table past what the
         // capacity needs (to 131,072 buckets, 7 MiB, in a churn soak's heap
         // profile), and it keeps that size until told: over hours such
-        // bursts left the agent's heap a step higher each time (issue 18).
+        // bursts left the agent's heap a step higher each time (decision 0008).
         if self.entries.capacity() > 2 * self.max_entries.max(16) {
             self.entries.shrink_to(self.max_entries);
         }

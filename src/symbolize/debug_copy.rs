@@ -7,7 +7,7 @@
 //! continuous symbolizer parses libc again in every window that brings new
 //! addresses in it (it costs too much to keep, [`super::KEPT_OBJECT_MAX_BYTES`]):
 //! under process churn those 14 MB were the largest single item of the
-//! agent's heap (issue 18, jemalloc heap profiles).
+//! agent's heap (jemalloc heap profiles, docs/decisions/0009-debug-copies-inflated-and-streamed.md).
 //!
 //! This module writes, once per build ID, a copy of such a file whose debug
 //! sections are stored uncompressed, inflated as streams (so the heap never
@@ -218,7 +218,7 @@ fn compressed_sections<'data, R: ReadRef<'data>>(
 /// changed in place; the compressed bytes stay in the copy, unreferenced
 /// (libc's debug copy: 14.2 MB on disk, 10.4 with them dropped). Sections are
 /// inflated as streams: the heap holds buffers, not the file (a whole-file
-/// rewrite held libc's debug file three times, 23 MiB, issue 18). Errors:
+/// rewrite held libc's debug file three times, 23 MiB, decision 0009). Errors:
 /// a section that does not inflate to its `ch_size`, I/O.
 fn write_inflated<'data, R: ReadRef<'data>>(
     elf: &ElfFile64<'data, Endianness, R>,

@@ -18,7 +18,7 @@
 //!   `_etext` is left unnamed (`[kernel.kallsyms]+0xADDR`).
 //!
 //! The index is ours rather than blazesym's kallsyms source for memory
-//! (issue 18): blazesym held the parsed list as one allocation per symbol,
+//! (decision 0008): blazesym held the parsed list as one allocation per symbol,
 //! about 7.5 MiB for this machine's 122,000 lines, and about 20 MiB more
 //! while it read and sorted them, at the first window's close, which is
 //! when the agent's memory peaks. Here the file is read line by line into

@@ -103,7 +103,7 @@ pub struct Symbolizer {
 /// separate debug file's 14 MB of decompressed sections and 10-16 MB of
 /// DWARF; measured by what they cost and held to 16 MiB, an agent under
 /// churn (1 s windows) ran about 5 MiB lower in RssAnon for the same CPU
-/// (docs/notes/2026-12-01-where-the-memory-went.md).
+/// (docs/decisions/0008-symbols-kept-across-windows.md).
 pub const PARSED_OBJECTS_BUDGET_BYTES: u64 = 16 << 20;
 
 /// Largest cost (as [`PARSED_OBJECTS_BUDGET_BYTES`] counts it) of an
@@ -115,7 +115,7 @@ pub const PARSED_OBJECTS_BUDGET_BYTES: u64 = 16 << 20;
 /// that what stays between windows does not depend on which big programs
 /// happened to run: with all-or-nothing keeping, an agent's RssAnon
 /// between windows flipped between 15 and 40 MiB as the window's objects
-/// met the budget or not (issue 18).
+/// met the budget or not (decision 0008).
 pub const KEPT_OBJECT_MAX_BYTES: u64 = 8 << 20;
 
 /// Windows after the latest one that brought new addresses in an object

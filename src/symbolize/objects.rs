@@ -96,7 +96,7 @@ impl SymbolSource for ElfObjects {
     /// window, unless the budget is [`ObjectBudget::Nothing`]): their frames
     /// stay `object+0xOFFSET` in this one (with the
     /// mapping's build ID), so that a loaded machine costs names, not whole
-    /// windows (issue 18: with 1 s windows on a 2-CPU machine at a load
+    /// windows (decision 0008: with 1 s windows on a 2-CPU machine at a load
     /// average of 15, parsing one big object took longer than a window).
     /// Debuginfod is asked until [`Debuginfod::window_budget`] after this
     /// call began, whatever the object budget.
@@ -323,7 +323,7 @@ impl ElfObjects {
     /// rather than at the window's end, so that a window bringing many new
     /// objects (the first one, which symbolizes everything the machine ran
     /// since start) holds at most the budget plus the object being
-    /// symbolized (issue 18: 4 to 31 MB allocated, RssFile 12 to 47 MiB).
+    /// symbolized (decision 0008: 4 to 31 MB allocated, RssFile 12 to 47 MiB).
     fn recheck_kept(&self, object: ObjectId, kept: &mut HashMap<ObjectId, u64>) {
         let cost = {
             let parsed = self.parsed.borrow();
@@ -421,7 +421,7 @@ impl ElfObjects {
     /// nothing before it was measured or where jemalloc's counters are not
     /// available). File size alone was a poor guide: libc (2 MB) with its
     /// separate debug file held 14 MB of decompressed sections and 10-16 MB
-    /// of parsed DWARF (issue 18); heap alone, too: the agent's own binary
+    /// of parsed DWARF (decision 0008); heap alone, too: the agent's own binary
     /// (42 MB, line tables only) costs little heap but its mapped DWARF
     /// pages raised RssFile by 40-70 MiB once it was kept.
     fn cost_of<'p>(
@@ -460,7 +460,7 @@ impl ElfObjects {
     /// total at most [`PARSED_OBJECTS_BUDGET_BYTES`]. The others are symbolized one at a
     /// time, each with its parsed data dropped as soon as its addresses are
     /// done, as in one-shot runs: memory peaks at the largest object, not at
-    /// the sum of them (issue 18: 600-775 MB of objects in one window while
+    /// the sum of them (decision 0008: 600-775 MB of objects in one window while
     /// Rust builds ran on the machine).
     fn objects_to_keep<V>(
         &self,
@@ -541,7 +541,7 @@ impl ElfObjects {
 /// profile samples the profiler, and its line tables (22 MB, kept for the
 /// heap profile's source lines) took about 21 MB of heap and 26 MiB of
 /// mapped debug sections for 0.2 s whenever a window brought new addresses
-/// in it, above all the first window, the agent's memory peak (issue 18).
+/// in it, above all the first window, the agent's memory peak (decision 0008).
 /// Its frames keep their full names, without file:line or inlined frames.
 fn is_own_executable(path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;

@@ -1,5 +1,5 @@
 //! Deferred unwinding: user space finishes the walks the BPF walker could
-//! not, for want of a table or a mapping (issue 16, young processes).
+//! not, for want of a table or a mapping (docs/decisions/0003-stack-copies-and-deferred-walks.md).
 //!
 //! A walk that reaches a frame whose object's table is not loaded yet, a pc
 //! in no mapping the walker knows, or a process not described yet ends as
@@ -24,8 +24,8 @@
 //! ends first keeps the frames it walked and ends in `stack_copy_ended`.
 //! Each is counted by its reason ([`DeferredStats`]).
 //!
-//! The steps are the BPF walker's (`unwind_step` in
-//! `src/sampling/bpf/profiler.bpf.c`): the same rules, the same frame-pointer
+//! The steps are the BPF walker's (`walk_step` in
+//! `src/sampling/bpf/walker.h`): the same rules, the same frame-pointer
 //! fallback where no CFI covers a pc, the same end conditions.
 
 use std::collections::VecDeque;

@@ -41,7 +41,7 @@ impl ObjectKey {
     /// build ID computed by `content_hash` instead of from `bytes`: when
     /// `bytes` is a mapping of the file, hashing it would make every page of
     /// the file resident in this process (200 MB for rustc's libLLVM, the
-    /// start-up peak of issue 18), where [`content_hash`] reads it a chunk
+    /// start-up peak, docs/decisions/0011), where [`content_hash`] reads it a chunk
     /// at a time. Only the ELF headers and notes of `bytes` are read.
     pub fn for_object_or(bytes: &[u8], content_hash: impl FnOnce() -> u128) -> ObjectKey {
         Self::by_build_id(bytes).unwrap_or_else(|| ObjectKey::ContentHash(content_hash()))

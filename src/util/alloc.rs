@@ -24,7 +24,7 @@ pub fn thread_net_allocated() -> Option<i64> {
 /// after the profile's assembly, after it is sent), whose transient
 /// allocations (a big object's parsed DWARF, hash tables and buffers grown
 /// by doubling) would otherwise stay resident while the next stage
-/// allocates afresh, stacking into the agent's memory peaks (issue 18).
+/// allocates afresh, stacking into the agent's memory peaks (decision 0010).
 /// Costs a few `madvise` calls. Where jemalloc is not the global allocator
 /// (the library's tests), it only purges jemalloc's own empty arenas.
 pub fn release_freed() {

@@ -1,4 +1,4 @@
-"""Independent check of an OTLP profiles file (issue 42, item 5).
+"""Independent check of an OTLP profiles file (docs/otlp.md).
 
 Decodes FILE (an ExportProfilesServiceRequest, raw or gzip'd) with the
 `opentelemetry-proto` package's generated classes, asserts the spec's rules

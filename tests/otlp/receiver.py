@@ -1,4 +1,4 @@
-"""A small OTLP/HTTP profiles receiver for the OTLP sender's test (issue 42).
+"""A small OTLP/HTTP profiles receiver for the OTLP sender's test (docs/otlp.md).
 
 No OTLP receiver (OpenTelemetry Collector, Pyroscope, Parca) can be
 installed on the test machines, so this one stands in for them: it takes

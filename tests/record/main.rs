@@ -123,7 +123,7 @@ fn record_to_stdout_keeps_the_commands_output_apart() {
 /// The sampler is attached before the command execs: a 10 ms first phase
 /// (at 1000 Hz about 10 samples) is in the profile.
 ///
-/// Up to three runs: before the exec-time mapping lists (issue 16), about
+/// Up to three runs: before the exec-time mapping lists (decision 0002), about
 /// one run in ten left every user stack of a 50 ms program `no_mapping`
 /// (its maps read before ld.so mapped libc); none in ten runs since.
 #[test]

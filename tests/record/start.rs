@@ -11,7 +11,7 @@ use super::*;
 /// the scan of the held process (lightswitch's own): a program without
 /// frame pointers that lives 100 ms has complete stacks (no unwind
 /// marker) from its first samples. Before the tables were loaded ahead, 6-11% of
-/// such a program's samples were `no_table` (issue 16; 41-90 samples a
+/// such a program's samples were `no_table` (decision 0011; 41-90 samples a
 /// run while a churn soak loaded the machine), most in its first
 /// milliseconds.
 #[test]

@@ -1,4 +1,4 @@
-//! Hostile neighbours (issue 40): unprivileged processes (user nobody) whose
+//! Hostile neighbours (decision 0013): unprivileged processes (user nobody) whose
 //! perf maps and jitdump files try to stall, starve or inflate the root
 //! whole-machine profiler, beside a root bystander with a known chain. Each
 //! run must end on time, exit 0, keep the bystander's samples, name nothing

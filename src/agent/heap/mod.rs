@@ -27,14 +27,14 @@ mod pprof;
 /// cache. With the 10 s default, what each window's symbolization frees
 /// stayed resident across the next window: under process churn at 997 Hz
 /// with 1 s windows, VmRSS ran 71-176 MiB (RssAnon 56-106 MiB) against
-/// 57-81 MiB (RssAnon 38-71 MiB) with 1 s (issue 18,
-/// docs/notes/2026-11-30-churn-memory.md).
+/// 57-81 MiB (RssAnon 38-71 MiB) with 1 s
+/// (docs/decisions/0008-symbols-kept-across-windows.md).
 /// One arena (`narenas:1`; the default is four per CPU) and no per-thread
 /// caches (`tcache:false`): the window worker frees what it parsed for a
 /// window while the main thread allocates, and memory cached per thread or
 /// stranded in another arena is not reused by the other; under churn with
 /// 1 s windows RssAnon ran 5-6 MiB (about 8%) lower, for about 5% more CPU
-/// (A/B runs side by side, docs/notes/2026-12-01-where-the-memory-went.md).
+/// (A/B runs side by side, docs/decisions/0008-symbols-kept-across-windows.md).
 pub const DEFAULT_MALLOC_CONF: &[u8] =
     b"prof:true,prof_active:false,lg_prof_sample:19,background_thread:true,\
       dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1,tcache:false\0";

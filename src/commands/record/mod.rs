@@ -4,7 +4,7 @@
 //! The command's process is forked first and held before `exec`
 //! ([`launch`]); its pid seeds the BPF pid filter and the BPF program adds
 //! every process a followed process forks or clones (`on_fork` in
-//! `src/sampling/bpf/profiler.bpf.c`). Once the perf events are attached the child
+//! `src/sampling/bpf/process.h`). Once the perf events are attached the child
 //! is let go, and the run ([`crate::agent::run::run_with`]) ends when it exits.
 //! lightswitch then exits with the command's status (128 + N for signal N).
 

@@ -196,7 +196,7 @@ impl Sender for WindowFiles {
             // Encoded straight into the file: a 10 s window under process
             // churn is 3.5 MB of gzip'd pprof, which collected in a growing
             // `Vec` took about 10 MiB of resident pages at every close
-            // (issue 18, docs/notes/2026-12-03-window-close-transients.md).
+            // (docs/decisions/0010-window-close-memory.md).
             write_profile(profile, *format, self.compression, &path, self.mode)?;
             debug!("profile written to {}", path.display());
             self.count += 1;

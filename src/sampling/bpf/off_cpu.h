@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Off-CPU: where wanted threads wait. Included at the end of
- * profiler.bpf.c, whose walker, scratch space and rings it shares; user
+ * Off-CPU: where wanted threads wait. Included last by profiler.bpf.c:
+ * it shares the walker, scratch space and rings of the files above; user
  * space loads and attaches these programs only with --off-cpu.
  *
  * Only tracepoints: kprobes and fentry/fexit are missing on some kernels
@@ -28,7 +28,7 @@
  * stack and user pc only (UNWIND_NOT_WALKED).
  *
  * Helpers: bpf_task_storage_get (5.11), bpf_get_task_stack (5.9),
- * bpf_task_pt_regs (5.15; issue 41 gives 5.10 a fallback),
+ * bpf_task_pt_regs (5.15; only the bpf_loop variant has these programs),
  * bpf_get_current_task_btf, the walker's bpf_loop and bpf_find_vma,
  * bpf_ringbuf_*; program type tp_btf (5.5); map type task storage (5.11).
  */

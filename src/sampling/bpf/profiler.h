@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Types shared by the BPF program (profiler.bpf.c) and user space (src/sampler.rs).
- * Keep both sides in agreement: user space reads these records byte for byte.
+ * Types shared by the BPF programs (profiler.bpf.c) and user space. User
+ * space reads these records byte for byte through the types the skeleton
+ * generates from the object's BTF (src/skel.rs), enums included (their
+ * `*_layout` globals in state.h put them into the BTF): it never numbers
+ * a counter, status, flag or event itself.
  */
 #ifndef LIGHTSWITCH_PROFILER_H
 #define LIGHTSWITCH_PROFILER_H
@@ -102,13 +105,15 @@ struct off_cpu_start {
 };
 
 /* Flags in sample_header.flags */
-#define SAMPLE_FLAG_KERNEL_THREAD 1
-#define SAMPLE_FLAG_STACK_COPY 2    /* a struct stack_copy follows the whole stack_sample */
-#define SAMPLE_FLAG_OFF_CPU 4       /* not a cpu-clock sample but a wait: the thread was off
-                                     * its CPU for off_cpu_ns up to timestamp_ns, and the
-                                     * stacks are where it left the CPU */
-#define SAMPLE_FLAG_RUNNABLE 8      /* with SAMPLE_FLAG_OFF_CPU: the thread did not block, it
-                                     * was preempted (or yielded) and waited for a CPU */
+enum sample_flag {
+	SAMPLE_FLAG_KERNEL_THREAD = 1,
+	SAMPLE_FLAG_STACK_COPY = 2, /* a struct stack_copy follows the whole stack_sample */
+	SAMPLE_FLAG_OFF_CPU = 4,    /* not a cpu-clock sample but a wait: the thread was off
+	                             * its CPU for off_cpu_ns up to timestamp_ns, and the
+	                             * stacks are where it left the CPU */
+	SAMPLE_FLAG_RUNNABLE = 8,   /* with SAMPLE_FLAG_OFF_CPU: the thread did not block, it
+	                             * was preempted (or yielded) and waited for a CPU */
+};
 
 /* Bytes of user stack a stack_copy holds at most (perf's default is 8 KiB;
  * a compiler's stack is often deeper). */

@@ -1,5 +1,5 @@
 //! Following processes in the kernel: the exec, fork and exit
-//! programs (`src/sampling/bpf/profiler.bpf.c`, "Following processes") and the maps
+//! programs (`src/sampling/bpf/process.h`) and the maps
 //! user space shares with them: descriptions (`process_mappings`), the
 //! latest exec of each process (`exec_times`) and the objects whose tables
 //! user space knows, by file (`object_files`).
@@ -14,7 +14,7 @@ use crate::sampling::skel::{types, ProfilerSkel};
 
 /// The walker's maps of processes and object files, as process lifetimes
 /// write and read them (`process_mappings`, `exec_times`, `object_files` in
-/// `src/sampling/bpf/profiler.bpf.c`). Implemented by [`Sampler`]; the process walker
+/// `src/sampling/bpf/state.h` and `process.h`). Implemented by [`Sampler`]; the process walker
 /// ([`crate::process::walker`]) writes through it.
 pub trait WalkerMaps {
     /// Describe `pid`'s executable mappings (sorted by start; at most

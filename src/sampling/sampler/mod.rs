@@ -18,7 +18,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, Ring
 use tracing::{info, warn};
 
 use crate::sampling::records::{RawSample, TimedEvent};
-use crate::sampling::skel::{ProfilerSkel, ProfilerSkelBuilder};
+use crate::sampling::skel::{types::stat_index, ProfilerSkel, ProfilerSkelBuilder};
 
 mod events;
 mod follow;
@@ -61,16 +61,22 @@ pub struct SamplerConfig {
     pub after_load: Option<fn()>,
 }
 
-/// Unsupported-rule kinds the BPF program counts (`MAX_UNSUPPORTED_KINDS`).
-pub const MAX_UNSUPPORTED_KINDS: usize = 16;
-const STAT_WALKS_REUSED: u32 = 4;
-const STAT_UNSUPPORTED_BASE: u32 = 5;
-const STAT_STACK_COPY_SKIPPED: u32 = STAT_UNSUPPORTED_BASE + MAX_UNSUPPORTED_KINDS as u32;
-const STAT_OFF_CPU_WAITS: u32 = STAT_STACK_COPY_SKIPPED + 1;
-const STAT_OFF_CPU_SHORT: u32 = STAT_OFF_CPU_WAITS + 1;
-const STAT_OFF_CPU_SHORT_NS: u32 = STAT_OFF_CPU_SHORT + 1;
-const STAT_OFF_CPU_UNTRACKED: u32 = STAT_OFF_CPU_SHORT_NS + 1;
-const STAT_SAMPLES_BUSY: u32 = STAT_OFF_CPU_UNTRACKED + 1;
+/// Unsupported-rule kinds the BPF program counts (`MAX_UNSUPPORTED_KINDS`:
+/// the counters between `STAT_UNSUPPORTED_BASE` and the next one).
+pub const MAX_UNSUPPORTED_KINDS: usize = (STAT_STACK_COPY_SKIPPED - STAT_UNSUPPORTED_BASE) as usize;
+// The indices of the `stats` map: `enum stat_index`, as the skeleton generates it.
+const STAT_SAMPLES: u32 = stat_index::STAT_SAMPLES.0;
+const STAT_LOST_RINGBUF: u32 = stat_index::STAT_LOST_RINGBUF.0;
+const STAT_KERNEL_STACK_ERROR: u32 = stat_index::STAT_KERNEL_STACK_ERROR.0;
+const STAT_EVENTS_LOST: u32 = stat_index::STAT_EVENTS_LOST.0;
+const STAT_WALKS_REUSED: u32 = stat_index::STAT_WALKS_REUSED.0;
+const STAT_UNSUPPORTED_BASE: u32 = stat_index::STAT_UNSUPPORTED_BASE.0;
+const STAT_STACK_COPY_SKIPPED: u32 = stat_index::STAT_STACK_COPY_SKIPPED.0;
+const STAT_OFF_CPU_WAITS: u32 = stat_index::STAT_OFF_CPU_WAITS.0;
+const STAT_OFF_CPU_SHORT: u32 = stat_index::STAT_OFF_CPU_SHORT.0;
+const STAT_OFF_CPU_SHORT_NS: u32 = stat_index::STAT_OFF_CPU_SHORT_NS.0;
+const STAT_OFF_CPU_UNTRACKED: u32 = stat_index::STAT_OFF_CPU_UNTRACKED.0;
+const STAT_SAMPLES_BUSY: u32 = stat_index::STAT_SAMPLES_BUSY.0;
 
 /// Counters the BPF program keeps (per-CPU `stats` map, summed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -378,7 +384,7 @@ impl<'obj> Sampler<'obj> {
 
     /// Samples lost so far ([`BpfStats::lost`]) alone: one map lookup.
     pub fn lost(&self) -> Result<u64> {
-        self.stat(1)
+        self.stat(STAT_LOST_RINGBUF)
     }
 
     /// Read and sum the per-CPU `stats` map.
@@ -389,10 +395,10 @@ impl<'obj> Sampler<'obj> {
             *slot = read(STAT_UNSUPPORTED_BASE + kind as u32)?;
         }
         Ok(BpfStats {
-            samples: read(0)?,
-            lost: read(1)?,
-            kernel_stack_errors: read(2)?,
-            events_lost: read(3)?,
+            samples: read(STAT_SAMPLES)?,
+            lost: read(STAT_LOST_RINGBUF)?,
+            kernel_stack_errors: read(STAT_KERNEL_STACK_ERROR)?,
+            events_lost: read(STAT_EVENTS_LOST)?,
             walks_reused: read(STAT_WALKS_REUSED)?,
             unsupported,
             stack_copies_skipped: read(STAT_STACK_COPY_SKIPPED)?,

@@ -8,13 +8,13 @@
 //!   the task through `bpf_get_current_task_btf` and its saved user
 //!   registers through `bpf_task_pt_regs`.
 //! - [`ProgramVariant::Compat`] (5.10 to 5.16): the same step body called
-//!   from a global function in a bounded loop (`src/sampling/bpf/profiler_compat.h`),
+//!   from a global function in a bounded loop (`src/sampling/bpf/walker_variants.h`),
 //!   the task and its registers read with `bpf_probe_read_kernel`, unknown
 //!   mappings left to user space.
 //!
 //! Both give the same frames, depth (1024 frames) and unwind results; the
 //! compat variant's samples cost more BPF time (docs/performance.md,
-//! docs/notes/2026-12-04-compat-variant-bpf-time.md).
+//! docs/decisions/0005-compat-variant.md).
 //! [`FORCE_VARIANT_ENV`] forces one, so that tests run the compat variant
 //! on a kernel that has everything.
 

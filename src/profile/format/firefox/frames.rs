@@ -70,7 +70,7 @@ impl Libraries {
     /// through the library's symbol table. The UI's call tree and flame
     /// graph are per function anyway, and one frame per function instead of
     /// one per address keeps each thread's frame, stack and symbol tables
-    /// several times smaller (docs/notes/2026-11-30-firefox-timelines.md).
+    /// several times smaller (docs/decisions/0012-timeline-formats.md).
     fn new(fx: &mut FxProfile, profile: &Profile) -> Self {
         let mut by_key: FxHashMap<(&str, Option<&str>), usize> = FxHashMap::default();
         let mut libs: Vec<(LibraryInfo, FxHashMap<&str, u32>)> = Vec::new();

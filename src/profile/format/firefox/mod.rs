@@ -96,7 +96,7 @@ pub const SPEC: FormatSpec = FormatSpec {
 
 /// gzip level (1-9). On the 115 MB of JSON of a 60 s whole-machine run at
 /// 10 kHz, level 1 made 33.5 MB in 0.8 s, level 2 23.9 MB in 1.2 s and
-/// level 6 20.6 MB in 3.8 s (docs/notes/2026-11-30-firefox-timelines.md).
+/// level 6 20.6 MB in 3.8 s (docs/decisions/0012-timeline-formats.md).
 const GZIP_LEVEL: u32 = 2;
 
 /// Encode `profile` as gzip'd Firefox Profiler JSON. Errors: the profile has
