@@ -113,29 +113,6 @@ impl ObjectFile {
 /// `(p_offset, p_vaddr, p_filesz)`.
 pub type LoadSegments = Vec<(u64, u64, u64)>;
 
-/// The executable `PT_LOAD` program headers of an ELF file and its GNU
-/// build ID (a `.note.gnu.build-id`-style note: owner `GNU`, type 3; other
-/// owners' type-3 notes, such as SystemTap's, are not build IDs). Reads
-/// only the headers and notes, not the whole file.
-pub fn elf_identity(file: &File) -> object::read::Result<(LoadSegments, Option<Vec<u8>>)> {
-    use object::read::elf::{ElfFile64, ProgramHeader};
-    use object::read::{Object, ReadCache};
-    let cache = ReadCache::new(file);
-    let elf = ElfFile64::<object::Endianness, _>::parse(&cache)?;
-    let endian = elf.endian();
-    let segments = elf
-        .elf_program_headers()
-        .iter()
-        .filter(|ph| {
-            ph.p_type(endian) == object::elf::PT_LOAD
-                && ph.p_flags(endian).0 & object::elf::PF_X.0 != 0
-        })
-        .map(|ph| (ph.p_offset(endian), ph.p_vaddr(endian), ph.p_filesz(endian)))
-        .collect();
-    let build_id = elf.build_id()?.map(<[u8]>::to_vec);
-    Ok((segments, build_id))
-}
-
 /// An executable mapping of one process: `[start, end)` backed by `object`
 /// (or by nothing: anonymous/JIT memory, `[vdso]`) from `file_offset`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -179,10 +179,17 @@ impl Opener {
 /// [`STUCK`] holds the threads in a job, of which all but at most one (the
 /// current opener's) were left past their deadline.
 fn serve(jobs: Receiver<Job>) {
+    /// Takes the count back when the job ends, also by a panic.
+    struct InJob;
+    impl Drop for InJob {
+        fn drop(&mut self) {
+            STUCK.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
     while let Ok(job) = jobs.recv() {
         STUCK.fetch_add(1, Ordering::AcqRel);
+        let _in_job = InJob;
         job();
-        STUCK.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -208,7 +215,7 @@ fn open_object(paths: &[PathBuf]) -> Outcome {
             (u64::from(libc::major(dev)) << 32) | u64::from(libc::minor(dev)),
             meta.ino(),
         );
-        let (load_segments, build_id) = super::elf_identity(&file).unwrap_or_else(|err| {
+        let (load_segments, build_id) = elf_identity(&file).unwrap_or_else(|err| {
             tracing::debug!("{}: not a readable ELF file: {err}", path.display());
             (Vec::new(), None)
         });
@@ -221,6 +228,29 @@ fn open_object(paths: &[PathBuf]) -> Outcome {
         });
     }
     Outcome::Failed(last)
+}
+
+/// The executable `PT_LOAD` program headers of an ELF file and its GNU
+/// build ID (a `.note.gnu.build-id`-style note: owner `GNU`, type 3; other
+/// owners' type-3 notes, such as SystemTap's, are not build IDs). Reads
+/// only the headers and notes, not the whole file.
+fn elf_identity(file: &File) -> object::read::Result<(LoadSegments, Option<Vec<u8>>)> {
+    use object::read::elf::{ElfFile64, ProgramHeader};
+    use object::read::{Object, ReadCache};
+    let cache = ReadCache::new(file);
+    let elf = ElfFile64::<object::Endianness, _>::parse(&cache)?;
+    let endian = elf.endian();
+    let segments = elf
+        .elf_program_headers()
+        .iter()
+        .filter(|ph| {
+            ph.p_type(endian) == object::elf::PT_LOAD
+                && ph.p_flags(endian).0 & object::elf::PF_X.0 != 0
+        })
+        .map(|ph| (ph.p_offset(endian), ph.p_vaddr(endian), ph.p_filesz(endian)))
+        .collect();
+    let build_id = elf.build_id()?.map(<[u8]>::to_vec);
+    Ok((segments, build_id))
 }
 
 #[cfg(test)]

@@ -14,7 +14,8 @@
 //! other profilers or programs of the machine.
 //!
 //! A thread of the profiler stays in the kernel's wait for the server's
-//! answer, which no signal ends, so the process can only exit once the
+//! answer, which no signal ends (not even SIGKILL: the kernel waits for a
+//! request the server has taken), so the process can only exit once the
 //! server answers or goes: the test ends the server after the profile is
 //! written, and then the run exits 0.
 
@@ -267,7 +268,7 @@ fn a_program_on_a_hung_fuse_mount_never_stalls_the_whole_machine_run() {
     thread::sleep(Duration::from_secs(3));
     let bystander_cpu = bystander.cpu_time() - cpu_before;
     let folded = out_dir.join("folded.txt");
-    while !folded.exists() && started.elapsed() < Duration::from_secs(40) && profiler.is_running() {
+    while !folded.exists() && started.elapsed() < Duration::from_secs(60) && profiler.is_running() {
         thread::sleep(Duration::from_millis(20));
     }
     let written = started.elapsed();
@@ -278,9 +279,10 @@ fn a_program_on_a_hung_fuse_mount_never_stalls_the_whole_machine_run() {
     let out = profiler.wait(Duration::from_secs(20));
     out.assert_success();
     // A 3 s run: loading the BPF programs and symbolizing take seconds more
-    // on a loaded 2-core machine. A stalled run never writes it.
+    // (up to 20 s measured on a 2-core machine under a load of 20). A
+    // stalled run never writes it.
     assert!(
-        written < Duration::from_secs(30),
+        written < Duration::from_secs(50),
         "a 3 s run wrote its profile after {written:?}:\n{out}"
     );
     let text = fs::read_to_string(&folded).unwrap();
