@@ -7,6 +7,8 @@
 # against `perf record`; bpftrace and rt-tests's hackbench are the off-CPU cost
 # harness's anchors, bench/overhead/offcpu.sh), nodejs (JIT perf-map tests: `node --perf-basic-prof`),
 # debuginfod (a real debuginfod server for the debug-file fetching test),
+# fuse3 and libfuse3-dev (tests/reliability/hung_fs.rs compiles a FUSE
+# server whose reads never answer),
 # man-db (tests/cli.rs renders the generated man page with `man -l`),
 # python3-venv (tests/otlp decodes OTLP files with the `opentelemetry-proto`
 # Python package, installed by pip into a virtualenv: Debian 12's Python is
@@ -23,7 +25,7 @@
 # Idempotent: installs only what is missing.
 set -euo pipefail
 
-packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf nodejs debuginfod man-db python3-venv qemu-system-x86 busybox-static curl xz-utils chromium bpftrace rt-tests)
+packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf nodejs debuginfod man-db python3-venv qemu-system-x86 busybox-static curl xz-utils chromium bpftrace rt-tests fuse3 libfuse3-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,7 +6,9 @@
 //! directory. With the server stopped, the run still succeeds and the
 //! frames fall back to `object+0xOFFSET`. A server that trickles a byte a
 //! second (a std::net listener of the test's own) costs a run no more than
-//! `DEBUGINFOD_TIMEOUT` and leaves nothing in the cache.
+//! `DEBUGINFOD_TIMEOUT` and leaves nothing in the cache. A server that
+//! takes requests and never answers does not hold up a SIGTERM: the run
+//! ends within 2 s of it, the request counted as cancelled.
 //!
 //! Needs root (BPF), gcc, binutils and the `debuginfod` package
 //! (scripts/setup.sh installs it).
@@ -249,6 +251,78 @@ fn a_trickling_server_costs_a_run_no_more_than_its_timeout() {
         program.name
     );
     let left: Vec<_> = walk(cache.path());
+    assert!(left.is_empty(), "left in the cache: {left:?}");
+}
+
+/// A server on 127.0.0.1 that reads each request and never answers (the
+/// connection stays open); its URL, and a channel that gets a message per
+/// request read.
+fn silent_server() -> (String, std::sync::mpsc::Receiver<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                line.clear();
+            }
+            let _ = tx.send(());
+            held.push(stream);
+        }
+    });
+    (url, rx)
+}
+
+#[test]
+fn sigterm_cuts_a_debuginfod_request_that_never_answers() {
+    let _serial = serial();
+    let flags = [NO_FP_FLAGS, &["-Wl,--build-id=sha1"]].concat();
+    let program = compile("lsw_dsilent", &chain_source(), &flags);
+    tool("strip", &["-s", s(&program.path)]);
+    let workload = Workload::spawn(&program);
+    let (url, asked) = silent_server();
+    let (dir, cache) = (tempdir(), tempdir());
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--pids", &workload.pid_arg(), "--duration", "2"])
+        .args(["--sample-freq", "499", "--profile-format", "folded"])
+        .args(["--profile-path", s(dir.path())])
+        .args(["--unwind-cache-dir", "none"])
+        .args(["--debug-dirs", "/nonexistent"])
+        .args(["--debuginfod", &url, "--debuginfod-cache", s(cache.path())])
+        // Without the cut, the run would wait this long for the server.
+        .env("DEBUGINFOD_TIMEOUT", "60");
+    let run = Lightswitch::spawn_command(cmd);
+    // The end of the run's symbolization asks the server, which never answers.
+    asked
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the server was asked for a debug file");
+    thread::sleep(Duration::from_millis(300));
+    let signalled = Instant::now();
+    run.signal(libc::SIGTERM);
+    let out = run.wait(TIMEOUT);
+    let took = signalled.elapsed();
+    out.assert_success();
+    assert!(
+        took < Duration::from_secs(2),
+        "ended {took:?} after SIGTERM:\n{out}"
+    );
+    let counts = debuginfod_counts(&out.to_string());
+    assert!(counts.get("cancelled").is_some_and(|&n| n >= 1), "{out}");
+    assert_eq!(counts.get("fetched"), Some(&0), "{out}");
+    let stacks = read_folded(&dir.path().join("folded.txt"));
+    let mine: u64 = of_process(&stacks, &program.name)
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        mine >= 100,
+        "only {mine} samples of {}:\n{out}",
+        program.name
+    );
+    let left = walk(cache.path());
     assert!(left.is_empty(), "left in the cache: {left:?}");
 }
 

@@ -13,7 +13,10 @@
 //! Process lifetimes (the start-up scan, exec, fork, exit) are followed for
 //! the BPF walker in walker.rs; lifetime.rs says when what the tracker
 //! knows of exited and exec'd processes can go; container.rs which
-//! container each sampled process runs in (`/proc/PID/cgroup`).
+//! container each sampled process runs in (`/proc/PID/cgroup`). Objects
+//! are opened, and their ELF identity read, by opener.rs: on a thread of
+//! its own within a deadline, so that a hung file system never stalls the
+//! sampling thread.
 
 mod anon_text;
 pub mod container;
@@ -21,6 +24,7 @@ mod images;
 pub mod jit;
 mod lifetime;
 pub mod maps;
+pub mod opener;
 #[cfg(test)]
 mod tests;
 pub mod untrusted;
@@ -29,12 +33,11 @@ pub mod walker;
 use rustc_hash::FxHashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::debug;
+use tracing::{debug, warn};
 
 use maps::MapsEntry;
 
@@ -90,6 +93,8 @@ pub struct ObjectFile {
     pub load_segments: LoadSegments,
     /// The open file (keeps deleted and container objects readable).
     pub file: File,
+    /// Its size when opened, bytes.
+    pub bytes: u64,
     /// `(dev, inode)` as `/proc/PID/maps` shows them (dev: major << 32 | minor).
     pub file_key: (u64, u64),
 }
@@ -117,29 +122,6 @@ impl ObjectFile {
 /// `(p_offset, p_vaddr, p_filesz)`.
 pub type LoadSegments = Vec<(u64, u64, u64)>;
 
-/// The executable `PT_LOAD` program headers of an ELF file and its GNU
-/// build ID (a `.note.gnu.build-id`-style note: owner `GNU`, type 3; other
-/// owners' type-3 notes, such as SystemTap's, are not build IDs). Reads
-/// only the headers and notes, not the whole file.
-pub fn elf_identity(file: &File) -> object::read::Result<(LoadSegments, Option<Vec<u8>>)> {
-    use object::read::elf::{ElfFile64, ProgramHeader};
-    use object::read::{Object, ReadCache};
-    let cache = ReadCache::new(file);
-    let elf = ElfFile64::<object::Endianness, _>::parse(&cache)?;
-    let endian = elf.endian();
-    let segments = elf
-        .elf_program_headers()
-        .iter()
-        .filter(|ph| {
-            ph.p_type(endian) == object::elf::PT_LOAD
-                && ph.p_flags(endian).0 & object::elf::PF_X.0 != 0
-        })
-        .map(|ph| (ph.p_offset(endian), ph.p_vaddr(endian), ph.p_filesz(endian)))
-        .collect();
-    let build_id = elf.build_id()?.map(<[u8]>::to_vec);
-    Ok((segments, build_id))
-}
-
 /// An executable mapping of one process: `[start, end)` backed by `object`
 /// (or by nothing: anonymous/JIT memory, `[vdso]`) from `file_offset`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,6 +138,10 @@ pub struct Mapping {
     pub name: String,
     /// The object backing it, if it is a file we could open.
     pub object: Option<ObjectId>,
+    /// Its file was given up because opening it or reading its ELF
+    /// identity passed its deadline (a hung file system: opener.rs); its
+    /// frames name that.
+    pub object_timed_out: bool,
 }
 
 impl Mapping {
@@ -274,6 +260,9 @@ pub struct TrackerStats {
     pub maps_unreadable: u64,
     /// Executable file mappings whose object could not be opened.
     pub objects_unopenable: u64,
+    /// Objects given up for the run: their open or ELF identity read passed
+    /// its deadline, or was not tried on a hung file system (opener.rs).
+    pub objects_timed_out: u64,
 }
 
 /// Knows the executable mappings of every process seen in a sample.
@@ -304,6 +293,11 @@ pub struct ProcessTracker {
     /// their samples may be open, by pid, with the time they went
     /// (CLOCK_MONOTONIC ns): retired like orphaned mappings.
     departed_containers: container::Departed,
+    /// Opens objects off this thread, within [`opener::OPEN_DEADLINE`].
+    opener: opener::Opener,
+    /// Objects (`(dev, inode)`) given up for the run: their open timed out
+    /// or was not tried on a hung file system.
+    given_up: rustc_hash::FxHashSet<(u64, u64)>,
 }
 
 impl ProcessTracker {
@@ -433,7 +427,13 @@ impl ProcessTracker {
         } else {
             entry.path.clone()
         };
-        self.intern(pid, entry.start, entry.end, entry.file_offset, name, object)
+        let id = self.intern(pid, entry.start, entry.end, entry.file_offset, name, object);
+        if object.is_none() && self.given_up.contains(&(entry.dev, entry.inode)) {
+            if let Some(held) = self.mappings.get_mut(&id) {
+                held.mapping.object_timed_out = true;
+            }
+        }
+        id
     }
 
     /// The id of `pid`'s mapping `[start, end)` from `file_offset` named
@@ -473,6 +473,7 @@ impl ProcessTracker {
                     file_offset,
                     name,
                     object,
+                    object_timed_out: false,
                 },
                 sampled: false,
             },
@@ -481,21 +482,56 @@ impl ProcessTracker {
         id
     }
 
+    /// The object of `entry`, a file mapping of `pid`, opened through
+    /// `/proc/PID/map_files` (else `/proc/PID/root/PATH`) by the opener
+    /// (opener.rs): `None` when it cannot be opened (counted in
+    /// [`TrackerStats::objects_unopenable`]) or was given up on a hung file
+    /// system ([`TrackerStats::objects_timed_out`]; never tried again).
     fn intern_object(&mut self, pid: u32, entry: &MapsEntry) -> Option<ObjectId> {
-        if let Some(&id) = self.object_index.get(&(entry.dev, entry.inode)) {
+        let key = (entry.dev, entry.inode);
+        if let Some(&id) = self.object_index.get(&key) {
             return Some(id);
         }
-        let via_map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end);
-        let via_root = format!("/proc/{pid}/root{}", entry.path);
-        let file = match File::open(&via_map_files).or_else(|_| File::open(&via_root)) {
-            Ok(file) => file,
-            Err(err) => {
+        if self.given_up.contains(&key) {
+            return None;
+        }
+        let paths = vec![
+            PathBuf::from(format!(
+                "/proc/{pid}/map_files/{:x}-{:x}",
+                entry.start, entry.end
+            )),
+            PathBuf::from(format!("/proc/{pid}/root{}", entry.path)),
+        ];
+        match self.opener.open(paths, entry.dev, opener::OPEN_DEADLINE) {
+            opener::Outcome::Opened(opened) => {
+                Some(self.insert_object(opened, entry.path.clone(), key))
+            }
+            opener::Outcome::Failed(err) => {
                 debug!("pid {pid}: cannot open {}: {err}", entry.path);
                 self.stats.objects_unopenable += 1;
-                return None;
+                None
             }
-        };
-        Some(self.insert_object(file, entry.path.clone(), (entry.dev, entry.inode)))
+            opener::Outcome::TimedOut => {
+                warn!(
+                    "pid {pid}: {} given up: opening it and reading its ELF headers took over \
+                     {:?} (a hung file system?); its frames are named [read timed out: ...]",
+                    entry.path,
+                    opener::OPEN_DEADLINE
+                );
+                self.stats.objects_timed_out += 1;
+                self.given_up.insert(key);
+                None
+            }
+            opener::Outcome::NotTried => {
+                debug!(
+                    "pid {pid}: {} not tried: a read on its file system is stuck",
+                    entry.path
+                );
+                self.stats.objects_timed_out += 1;
+                self.given_up.insert(key);
+                None
+            }
+        }
     }
 
     /// The object of the file at `path` (in this process's mount namespace),
@@ -506,33 +542,35 @@ impl ProcessTracker {
     /// mapping it later finds it; an object no mapping refers to goes after
     /// the usual grace. `None` when the file cannot be opened.
     pub fn intern_file(&mut self, path: &Path) -> Option<ObjectId> {
-        let file = match File::open(path) {
-            Ok(file) => file,
-            Err(err) => {
-                debug!("cannot open {}: {err}", path.display());
-                return None;
-            }
-        };
-        let meta = file.metadata().ok()?;
-        let dev = meta.dev();
-        let key = (
-            (u64::from(libc::major(dev)) << 32) | u64::from(libc::minor(dev)),
-            meta.ino(),
-        );
-        if let Some(&id) = self.object_index.get(&key) {
+        // The command's own files, before it runs: a hung file system
+        // costs the deadline, and the object is then not known beforehand.
+        let opened =
+            match self
+                .opener
+                .open(vec![path.to_path_buf()], u64::MAX, opener::OPEN_DEADLINE)
+            {
+                opener::Outcome::Opened(opened) => opened,
+                outcome => {
+                    debug!("cannot open {}: {outcome:?}", path.display());
+                    return None;
+                }
+            };
+        if let Some(&id) = self.object_index.get(&opened.file_key) {
             return Some(id);
         }
-        Some(self.insert_object(file, path.to_string_lossy().into_owned(), key))
+        let key = opened.file_key;
+        Some(self.insert_object(opened, path.to_string_lossy().into_owned(), key))
     }
 
-    /// A new object for the open `file`, which processes see at `path`,
-    /// known by `file_key` (`(dev, inode)` as in `/proc/PID/maps`).
-    fn insert_object(&mut self, file: File, path: String, file_key: (u64, u64)) -> ObjectId {
-        let open_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        let (load_segments, build_id) = elf_identity(&file).unwrap_or_else(|err| {
-            debug!("{path}: not a readable ELF file: {err}");
-            (Vec::new(), None)
-        });
+    /// A new object for `opened`, which processes see at `path`, known by
+    /// `file_key` (`(dev, inode)` as in `/proc/PID/maps`).
+    fn insert_object(
+        &mut self,
+        opened: opener::Opened,
+        path: String,
+        file_key: (u64, u64),
+    ) -> ObjectId {
+        let open_path = PathBuf::from(format!("/proc/self/fd/{}", opened.file.as_raw_fd()));
         let id = ObjectId(self.next_object);
         self.next_object = self.next_object.wrapping_add(1);
         self.objects.insert(
@@ -540,9 +578,10 @@ impl ProcessTracker {
             ObjectFile {
                 path,
                 open_path,
-                build_id,
-                load_segments,
-                file,
+                build_id: opened.build_id,
+                load_segments: opened.load_segments,
+                file: opened.file,
+                bytes: opened.bytes,
                 file_key,
             },
         );

@@ -54,7 +54,13 @@ pub(super) fn user_frame(
                     Some((lines, symbolized)) => (lines.clone(), *symbolized),
                     None => {
                         let offset = mapping.file_offset_of(frame.address);
-                        let name = format!("{}+0x{offset:x}", file_name(&mapping.name));
+                        let file = file_name(&mapping.name);
+                        let name = if mapping.object_timed_out {
+                            // Its file system never answered (process/opener.rs).
+                            format!("[read timed out: {file}]+0x{offset:x}")
+                        } else {
+                            format!("{file}+0x{offset:x}")
+                        };
                         (vec![unknown_line(name)].into(), false)
                     }
                 }
@@ -257,6 +263,7 @@ mod tests {
             file_offset: 0,
             name: "/x/libx.so".to_string(),
             object: None,
+            object_timed_out: false,
         };
         let maps = Maps(HashMap::from([
             (MappingId(1), mapping(10, 0x1000)),

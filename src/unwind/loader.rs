@@ -260,12 +260,21 @@ impl UnwindLoader {
             open: file.open_path.clone(),
             path: PathBuf::from(&file.path),
         };
-        self.request(object.0, file.path.clone(), source, priority);
+        self.request(object.0, file.path.clone(), source, file.bytes, priority);
     }
 
     /// Queue a build of `object_id`'s table, named `name` in messages, from
-    /// `source` with a starting `priority` (see [`Self::request_file`]).
-    fn request(&mut self, object_id: u32, name: String, source: TableSource, priority: u64) {
+    /// `source` of `bytes` bytes (for a file, its size when the tracker
+    /// opened it: a stat here could wait on a hung file system) with a
+    /// starting `priority` (see [`Self::request_file`]).
+    fn request(
+        &mut self,
+        object_id: u32,
+        name: String,
+        source: TableSource,
+        bytes: u64,
+        priority: u64,
+    ) {
         let wanted = Arc::new(WantedPages::default());
         self.tables.insert(
             object_id,
@@ -278,10 +287,6 @@ impl UnwindLoader {
                 last_used: self.clock,
             },
         );
-        let bytes = match &source {
-            TableSource::File { open, .. } => std::fs::metadata(open).map_or(0, |m| m.len()),
-            TableSource::Bytes(image) => image.len() as u64,
-        };
         if bytes > SMALL_OBJECT_BYTES {
             debug!("{name}: table of a {bytes}-byte object queued (priority {priority})");
         }
@@ -546,8 +551,8 @@ impl TableSupply for UnwindLoader {
 
     fn vdso_mapped(&mut self, image: Vec<u8>) {
         if !self.tables.contains_key(&VDSO_OBJECT_ID) {
-            let name = "[vdso]".to_string();
-            self.request(VDSO_OBJECT_ID, name, TableSource::Bytes(image), 0);
+            let (name, bytes) = ("[vdso]".to_string(), image.len() as u64);
+            self.request(VDSO_OBJECT_ID, name, TableSource::Bytes(image), bytes, 0);
         }
     }
 

@@ -1,5 +1,6 @@
 //! Hostile input and bad days, on loopback only: unprivileged processes'
-//! perf maps and jitdumps (hostile.rs); the collector and the
+//! perf maps and jitdumps (hostile.rs), a program on a FUSE mount whose
+//! reads never answer (hung_fs.rs); the collector and the
 //! agent's `--listen` server out of file descriptors, under idle and
 //! surplus connections, fed decompression bombs and impossible times, asked
 //! to merge many windows; profiles' file modes; the exit status of a run
@@ -12,6 +13,7 @@ mod common;
 mod files;
 mod heap;
 mod hostile;
+mod hung_fs;
 
 use std::fs;
 use std::io::{Read, Write};

@@ -40,7 +40,8 @@ impl StopWords {
 
 /// Install the stop handler for a run: the first SIGINT, SIGTERM or SIGHUP
 /// sets the returned flag (the run then stops and writes its profile, if
-/// it writes one) and prints `stopping, ` and `words.first`; a second one
+/// it writes one), cuts debuginfod requests ([`crate::symbolize::debuginfod::cancel`])
+/// and prints `stopping, ` and `words.first`; a second one
 /// ends the process at once with status 130 and says so (with
 /// `words.again`). The process's handler is installed by the first run
 /// and serves every later one (a library may run several, one at a time):
@@ -57,6 +58,7 @@ pub fn install_stop_handler(words: StopWords) -> Result<Arc<AtomicBool>> {
     FIRST_INTERRUPT_NS.store(0, Ordering::SeqCst);
     REPEATED_INTERRUPTS.store(0, Ordering::SeqCst);
     *lock_current() = Some((stop.clone(), words));
+    crate::symbolize::debuginfod::resume();
     // With the "termination" feature this covers SIGINT, SIGTERM and SIGHUP;
     // the handler runs on a thread of its own.
     INSTALLED
@@ -97,6 +99,8 @@ fn on_interrupt() {
     if INTERRUPTS.fetch_add(1, Ordering::SeqCst) == 0 {
         FIRST_INTERRUPT_NS.store(now, Ordering::SeqCst);
         flag.store(true, Ordering::SeqCst);
+        // A stop is never delayed by a debuginfod server (docs/symbols.md).
+        crate::symbolize::debuginfod::cancel();
         eprintln!(
             "{clear}stopping, {} (interrupt again to quit at once)",
             words.first

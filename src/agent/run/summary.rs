@@ -181,8 +181,17 @@ impl std::fmt::Display for RunSummary {
         if let Some(d) = crate::symbolize::debuginfod::stats() {
             write!(
                 f,
-                "\ndebuginfod: fetched={} cached={} failed={} timed_out={} too_large={} skipped={}",
-                d.fetched, d.cached, d.failed, d.timed_out, d.too_large, d.skipped
+                "\ndebuginfod: fetched={} cached={} failed={} timed_out={} too_large={} skipped={} \
+                 cancelled={}",
+                d.fetched, d.cached, d.failed, d.timed_out, d.too_large, d.skipped, d.cancelled
+            )?;
+        }
+        let o = crate::process::opener::counters();
+        if o.timed_out + o.not_tried > 0 {
+            write!(
+                f,
+                "\nobjects given up: timed_out={} not_tried={} stuck_readers={}",
+                o.timed_out, o.not_tried, o.stuck_now
             )?;
         }
         let j = crate::process::untrusted::counters();

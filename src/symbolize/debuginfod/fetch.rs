@@ -26,6 +26,9 @@ pub enum FetchError {
     TimedOut,
     /// The server announced, or sent, more bytes than the cap.
     TooLarge,
+    /// The run is stopping ([`super::cancel`]): the request was cut, or
+    /// never started.
+    Cancelled,
     /// Anything else: refused connection, HTTP error status, I/O error in
     /// the cache, not an ELF file with the wanted build ID.
     Other(String),
@@ -36,6 +39,7 @@ impl std::fmt::Display for FetchError {
         match self {
             FetchError::TimedOut => write!(f, "timed out"),
             FetchError::TooLarge => write!(f, "larger than DEBUGINFOD_MAXSIZE"),
+            FetchError::Cancelled => write!(f, "cancelled: the run is stopping"),
             FetchError::Other(why) => write!(f, "{why}"),
         }
     }

@@ -28,7 +28,12 @@
 //!   build IDs it reaches after that are left for a later window.
 //!
 //! Fetching happens where windows are symbolized, on the symbolizing
-//! thread, never on the sampling one.
+//! thread, never on the sampling one. Each request runs on a thread of its
+//! own that the symbolizing thread waits for; once the run is stopping
+//! (SIGINT, SIGTERM: [`cancel`]), the wait ends within [`CANCEL_POLL`], the
+//! request is counted as cancelled and left to end by its own deadline
+//! (its partial file is removed then, or at the next start), and no new
+//! request starts, so a stop is never delayed by a server.
 
 mod fetch;
 #[cfg(test)]
@@ -36,7 +41,8 @@ mod tests;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -61,6 +67,31 @@ pub const DEFAULT_MAX_SIZE: u64 = 256 << 20;
 /// How long a build ID no server had is not asked for again.
 pub const NEGATIVE_TTL: Duration = Duration::from_secs(600);
 
+/// How often a wait for a request looks whether the run is stopping
+/// ([`cancel`]).
+pub const CANCEL_POLL: Duration = Duration::from_millis(50);
+
+/// Set while the run is stopping: requests in flight are given up and no
+/// new one starts.
+static CANCELLED: AtomicBool = AtomicBool::new(false);
+
+/// The run is stopping (its first SIGINT, SIGTERM or SIGHUP): every request
+/// in flight is given up within [`CANCEL_POLL`] and no new one starts,
+/// until [`resume`]. Safe to call from a signal-handling thread.
+pub fn cancel() {
+    CANCELLED.store(true, Ordering::SeqCst);
+}
+
+/// Requests may start again (a new run in the same process).
+pub fn resume() {
+    CANCELLED.store(false, Ordering::SeqCst);
+}
+
+/// Whether [`cancel`] was called since the last [`resume`].
+fn is_cancelled() -> bool {
+    CANCELLED.load(Ordering::SeqCst)
+}
+
 /// Counts of what the debuginfod client did, since start.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct DebuginfodStats {
@@ -78,6 +109,9 @@ pub struct DebuginfodStats {
     /// Build IDs not asked for because the window's debuginfod budget was
     /// spent (asked again in a later window).
     pub skipped: u64,
+    /// Requests cut, or not started, because the run was stopping
+    /// ([`cancel`]).
+    pub cancelled: u64,
 }
 
 /// A debuginfod client: servers, cache directory, limits, negative cache,
@@ -96,6 +130,7 @@ pub struct Debuginfod {
     timed_out: AtomicU64,
     too_large: AtomicU64,
     skipped: AtomicU64,
+    cancelled: AtomicU64,
 }
 
 static CLIENT: OnceLock<Option<Arc<Debuginfod>>> = OnceLock::new();
@@ -191,6 +226,7 @@ impl Debuginfod {
             timed_out: AtomicU64::new(0),
             too_large: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
         }
     }
 
@@ -204,6 +240,7 @@ impl Debuginfod {
             timed_out: get(&self.timed_out),
             too_large: get(&self.too_large),
             skipped: get(&self.skipped),
+            cancelled: get(&self.cancelled),
         }
     }
 
@@ -219,8 +256,9 @@ impl Debuginfod {
     /// cache, else fetched from the first server that has it, every request
     /// ending by `deadline` (the window's, from [`Self::window_budget`]) at
     /// the latest. `None` when no server has it, none answers in time, the
-    /// file is over the size cap, it failed recently, or `deadline` has
-    /// passed (then it is asked again in a later window).
+    /// file is over the size cap, it failed recently, `deadline` has
+    /// passed (then it is asked again in a later window), or the run is
+    /// stopping ([`cancel`]; counted in [`DebuginfodStats::cancelled`]).
     pub fn debuginfo(&self, build_id: &[u8], deadline: Instant) -> Option<PathBuf> {
         if build_id.is_empty() {
             return None;
@@ -247,6 +285,11 @@ impl Debuginfod {
         // deadline having started with the window: that one counts.)
         let mut cut_by_window = false;
         for url in &self.urls {
+            if is_cancelled() {
+                self.cancelled.fetch_add(1, Ordering::Relaxed);
+                debug!("debuginfod: {id}: not asked, the run is stopping");
+                return None;
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 self.skipped.fetch_add(1, Ordering::Relaxed);
@@ -273,6 +316,11 @@ impl Debuginfod {
                         }
                         FetchError::TooLarge => {
                             self.too_large.fetch_add(1, Ordering::Relaxed);
+                        }
+                        FetchError::Cancelled => {
+                            // Not a failure of the server's to remember.
+                            self.cancelled.fetch_add(1, Ordering::Relaxed);
+                            return None;
                         }
                         FetchError::Other(_) => {}
                     }
@@ -309,7 +357,9 @@ impl Debuginfod {
     }
 
     /// `GET URL/buildid/ID/debuginfo` into `path` within `limits`, checked
-    /// to be an ELF file with build ID `build_id`.
+    /// to be an ELF file with build ID `build_id`, on a thread of its own:
+    /// [`FetchError::Cancelled`] as soon as the run is stopping ([`cancel`]),
+    /// the request then left to end by its deadline.
     fn fetch(
         &self,
         url: &str,
@@ -318,10 +368,30 @@ impl Debuginfod {
         path: &Path,
         limits: Limits,
     ) -> Result<(), FetchError> {
+        let client = self.http()?.clone();
         let url = format!("{url}/buildid/{id}/debuginfo");
-        fetch::fetch_to(self.http()?, &url, path, limits, |p| {
-            has_build_id(p, build_id)
-        })
+        let (path, build_id) = (path.to_path_buf(), build_id.to_vec());
+        let (tx, rx) = mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("ls-debuginfod".into())
+            .spawn(move || {
+                let got =
+                    fetch::fetch_to(&client, &url, &path, limits, |p| has_build_id(p, &build_id));
+                let _ = tx.send(got);
+            })
+            .map_err(|e| FetchError::Other(format!("starting a request thread: {e}")))?;
+        loop {
+            match rx.recv_timeout(CANCEL_POLL) {
+                Ok(got) => return got,
+                Err(RecvTimeoutError::Timeout) if is_cancelled() => {
+                    return Err(FetchError::Cancelled)
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(FetchError::Other("the request thread panicked".into()))
+                }
+            }
+        }
     }
 }
 

@@ -27,7 +27,7 @@ pub(super) fn family(out: &mut String, name: &str, kind: &str, help: &str, serie
 /// The debuginfod client's counts (`stats`: none when no server is set,
 /// and then no family): what it fetched, found cached, could not get, and
 /// what its limits cut (`DEBUGINFOD_TIMEOUT`, `DEBUGINFOD_MAXSIZE`, the
-/// window's debuginfod budget).
+/// window's debuginfod budget), and what a stop cut.
 pub(super) fn render_debuginfod(out: &mut String, stats: Option<DebuginfodStats>) {
     let Some(d) = stats else {
         return;
@@ -38,7 +38,8 @@ pub(super) fn render_debuginfod(out: &mut String, stats: Option<DebuginfodStats>
         "counter",
         "Debuginfod: debug files fetched, found in the cache, build IDs no server could serve, \
          requests ended by their deadline, requests refused or cut over the size cap, build IDs \
-         left for a later window because the window's debuginfod budget was spent.",
+         left for a later window because the window's debuginfod budget was spent, requests cut \
+         or not started because the run was stopping.",
         &[
             ("outcome=\"fetched\"", d.fetched),
             ("outcome=\"cached\"", d.cached),
@@ -46,6 +47,7 @@ pub(super) fn render_debuginfod(out: &mut String, stats: Option<DebuginfodStats>
             ("outcome=\"timed_out\"", d.timed_out),
             ("outcome=\"too_large\"", d.too_large),
             ("outcome=\"skipped\"", d.skipped),
+            ("outcome=\"cancelled\"", d.cancelled),
         ],
     );
 }
@@ -114,6 +116,31 @@ pub(super) fn render_jit_files(out: &mut String) {
         "counter",
         "Bytes of perf maps and jitdump files past their per-file read budget, left unread.",
         &[("", c.bytes_unread)],
+    );
+}
+
+/// Objects of profiled processes given up on a hung file system
+/// ([`crate::process::opener::counters`]).
+pub(super) fn render_objects_given_up(out: &mut String) {
+    let c = crate::process::opener::counters();
+    family(
+        out,
+        "lightswitch_objects_given_up_total",
+        "counter",
+        "Mapped objects given up for the run: opening one and reading its ELF headers passed its \
+         deadline (timed_out), or it was not tried while a read on its file system was stuck \
+         (not_tried). Their frames are named [read timed out: NAME].",
+        &[
+            ("reason=\"timed_out\"", c.timed_out),
+            ("reason=\"not_tried\"", c.not_tried),
+        ],
+    );
+    family(
+        out,
+        "lightswitch_object_readers_stuck",
+        "gauge",
+        "Threads stuck opening an object past their deadline (at most 8).",
+        &[("", c.stuck_now)],
     );
 }
 

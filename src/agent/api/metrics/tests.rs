@@ -60,6 +60,7 @@ fn renders_debuginfod_counts_only_when_a_server_is_set() {
         timed_out: 2,
         too_large: 3,
         skipped: 4,
+        cancelled: 5,
         ..DebuginfodStats::default()
     };
     render_debuginfod(&mut text, Some(stats));
@@ -68,5 +69,6 @@ fn renders_debuginfod_counts_only_when_a_server_is_set() {
     assert!(text.contains("lightswitch_debuginfod_total{outcome=\"timed_out\"} 2\n"));
     assert!(text.contains("lightswitch_debuginfod_total{outcome=\"too_large\"} 3\n"));
     assert!(text.contains("lightswitch_debuginfod_total{outcome=\"skipped\"} 4\n"));
+    assert!(text.contains("lightswitch_debuginfod_total{outcome=\"cancelled\"} 5\n"));
     assert!(text.contains("lightswitch_debuginfod_total{outcome=\"failed\"} 0\n"));
 }
