@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-pub use crate::commands::compare::command::DiffOutput;
+pub use crate::commands::compare::command::{Annotations, DiffOutput};
 
 pub mod generate;
 mod plan;
@@ -456,8 +456,9 @@ pub struct DiffArgs {
     pub base: PathBuf,
     /// The profile compared against it.
     pub new: PathBuf,
-    /// `text` (default) or `json`.
-    #[arg(long, value_enum, default_value_t = DiffOutput::Text)]
+    /// `text` (default), `json`, or `markdown` (a table for
+    /// `$GITHUB_STEP_SUMMARY`); `--format` is the same flag.
+    #[arg(long, alias = "format", value_enum, default_value_t = DiffOutput::Text)]
     pub output: DiffOutput,
     /// How many functions to list (those whose share changed most); 0 lists all.
     #[arg(long, default_value_t = 20)]
@@ -470,6 +471,21 @@ pub struct DiffArgs {
     /// many percentage points (exit 0 otherwise; 2 on bad input).
     #[arg(long, value_name = "PCT")]
     pub fail_above: Option<f64>,
+    /// Warn of any function whose inclusive share grew by more than this
+    /// many percentage points (a `::warning` annotation, a mark in the
+    /// Markdown table); never changes the exit status.
+    #[arg(long, value_name = "PCT")]
+    pub warn_above: Option<f64>,
+    /// Also print each function over --fail-above (`::error`) or
+    /// --warn-above (`::warning`) as a CI annotation on stdout: `github`
+    /// (GitHub Actions workflow commands).
+    #[arg(long, value_name = "KIND", value_enum)]
+    pub annotations: Option<Annotations>,
+    /// Also write a JUnit XML report to this file: one test case per listed
+    /// function (--top, and every one over a threshold), failed when over
+    /// --fail-above (GitLab, Jenkins and most CI systems read it).
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
     /// Compare the profiles' off-CPU time (recorded with --off-cpu: pprof,
     /// OTLP) instead of their on-CPU samples; shares are of the ns waited.
     #[arg(long)]

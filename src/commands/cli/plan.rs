@@ -229,6 +229,9 @@ impl DiffArgs {
             top: self.top,
             flame_graph: self.flame_graph.clone(),
             fail_above: self.fail_above,
+            warn_above: self.warn_above,
+            annotations: self.annotations,
+            junit: self.junit.clone(),
             off_cpu: self.off_cpu,
             max_input_mb: self.max_input_mb,
         }

@@ -3,7 +3,7 @@
 
 use clap::ValueEnum;
 
-use crate::commands::compare::command::DiffOutput;
+use crate::commands::compare::command::{Annotations, DiffOutput};
 use crate::profile::format::{Compression, ProfileFormat};
 
 /// Parse a duration for `--duration`, `--profile-interval` and the other
@@ -172,7 +172,7 @@ pub(super) fn parse_storage_size(text: &str) -> Result<u64, String> {
 /// `diff --output` values.
 impl ValueEnum for DiffOutput {
     fn value_variants<'a>() -> &'a [Self] {
-        &[DiffOutput::Text, DiffOutput::Json]
+        &[DiffOutput::Text, DiffOutput::Json, DiffOutput::Markdown]
     }
 
     fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
@@ -182,6 +182,22 @@ impl ValueEnum for DiffOutput {
             }
             DiffOutput::Json => clap::builder::PossibleValue::new("json")
                 .help("One JSON object (serde_json) for machines"),
+            DiffOutput::Markdown => clap::builder::PossibleValue::new("markdown")
+                .alias("md")
+                .help("A Markdown table, for $GITHUB_STEP_SUMMARY or a review comment"),
+        })
+    }
+}
+
+impl ValueEnum for Annotations {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Annotations::Github]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(match self {
+            Annotations::Github => clap::builder::PossibleValue::new("github")
+                .help("GitHub Actions workflow commands (::error, ::warning)"),
         })
     }
 }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
+use super::ci::{self, Gate};
 use super::diff::diff as compare;
 use super::function_table;
 use super::input::{read_input, read_profile, InputFormat};
@@ -47,6 +48,16 @@ pub enum DiffOutput {
     Text,
     /// One JSON object (serde_json) for machines.
     Json,
+    /// A Markdown summary and table ([`super::ci::markdown`]).
+    Markdown,
+}
+
+/// Where `diff --annotations` writes its findings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Annotations {
+    /// GitHub Actions workflow commands (`::error`, `::warning`) on stdout
+    /// ([`super::ci::github_annotations`]).
+    Github,
 }
 
 /// What `lightswitch diff BASE NEW` does.
@@ -65,6 +76,13 @@ pub struct DiffPlan {
     /// Fail (exit status 1) when a function's inclusive share grew by more
     /// than this many percentage points.
     pub fail_above: Option<f64>,
+    /// Warn of (never fail on) a function whose inclusive share grew by
+    /// more than this many percentage points: annotations and the table.
+    pub warn_above: Option<f64>,
+    /// Also print the functions over a threshold as CI annotations.
+    pub annotations: Option<Annotations>,
+    /// Also write a JUnit XML report here ([`super::ci::junit`]).
+    pub junit: Option<PathBuf>,
     /// Compare off-CPU time instead of samples.
     pub off_cpu: bool,
     /// Largest input read, MiB (decompressed).
@@ -150,9 +168,26 @@ pub fn report(args: &ReportPlan) -> Result<()> {
 /// that could not be read, or the flame graph that could not be written
 /// (mode 0600, as profiles are), or an input without samples.
 pub fn diff(args: &DiffPlan) -> Result<i32> {
-    if let Some(points) = args.fail_above {
-        if !points.is_finite() || points < 0.0 {
-            bail!("--fail-above must be a number of percentage points, at least 0, got {points}");
+    for (flag, points) in [
+        ("--fail-above", args.fail_above),
+        ("--warn-above", args.warn_above),
+    ] {
+        if let Some(points) = points {
+            if !points.is_finite() || points < 0.0 {
+                bail!("{flag} must be a number of percentage points, at least 0, got {points}");
+            }
+        }
+    }
+    let gate = Gate {
+        fail_above: args.fail_above,
+        warn_above: args.warn_above,
+    };
+    if args.annotations.is_some() {
+        if !gate.is_set() {
+            bail!("--annotations needs a threshold: --fail-above or --warn-above");
+        }
+        if args.output == DiffOutput::Json {
+            bail!("--annotations writes to stdout, which --output json keeps for one JSON object");
         }
     }
     let max_bytes = u64::from(args.max_input_mb) << 20;
@@ -200,6 +235,13 @@ pub fn diff(args: &DiffPlan) -> Result<i32> {
             });
             let _ = writeln!(stdout, "{value:#}");
         }
+        DiffOutput::Markdown => {
+            let _ = write!(
+                stdout,
+                "{}",
+                ci::markdown(&diff, &args.base, &args.new, &gate, args.top)
+            );
+        }
         DiffOutput::Text => {
             let _ = write!(
                 stdout,
@@ -220,5 +262,17 @@ pub fn diff(args: &DiffPlan) -> Result<i32> {
             }
         }
     }
+    if args.annotations == Some(Annotations::Github) {
+        let _ = write!(stdout, "{}", ci::github_annotations(&diff, &gate));
+    }
+    if let Some(path) = &args.junit {
+        let xml = ci::junit(&diff, &gate, args.top)?;
+        crate::util::files::write_atomic(path, &xml, REPORT_MODE)
+            .with_context(|| format!("writing the JUnit report {}", path.display()))?;
+    }
     Ok(if grown.is_empty() { 0 } else { 1 })
 }
+
+/// File mode of `diff --junit`'s report: a CI artifact that other users
+/// (the CI's uploader) read, unlike profiles.
+const REPORT_MODE: u32 = 0o644;

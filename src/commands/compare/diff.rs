@@ -15,7 +15,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use super::{function_table, has_objects, FunctionKey, FunctionTable};
+use super::{comparable_table, has_objects, unplaced_names, FunctionKey, FunctionTable};
 #[cfg(test)]
 use crate::profile::format::flamegraph;
 use crate::profile::Profile;
@@ -78,14 +78,20 @@ pub struct Diff {
     pub functions: Vec<FunctionChange>,
 }
 
-/// Compare `base` and `new` function by function (by name, and by object
-/// when both have objects). Errors when either profile's counts add up
-/// past `u64::MAX` ([`function_table`]); shares and their changes are
-/// `f64`s, which do not overflow.
+/// Compare `base` and `new` function by function: by name as folded
+/// stacks write it, and by object when both profiles know objects (but
+/// for functions either one has without an object), so the same samples
+/// diff to nothing whatever their two formats. Errors when either
+/// profile's counts add up past `u64::MAX` ([`comparable_table`]); shares
+/// and their changes are `f64`s, which do not overflow.
 pub fn diff(base: &Profile, new: &Profile) -> Result<Diff> {
-    let with_objects = has_objects(base) && has_objects(new);
-    let before = function_table(base, with_objects).context("counting BASE's samples")?;
-    let after = function_table(new, with_objects).context("counting NEW's samples")?;
+    let unplaced = (has_objects(base) && has_objects(new)).then(|| {
+        let mut names = unplaced_names(base);
+        names.extend(unplaced_names(new));
+        names
+    });
+    let before = comparable_table(base, unplaced.as_ref()).context("counting BASE's samples")?;
+    let after = comparable_table(new, unplaced.as_ref()).context("counting NEW's samples")?;
     let keys: BTreeSet<&FunctionKey> = before
         .functions
         .keys()
@@ -247,5 +253,86 @@ mod tests {
             .collect();
         assert!(titles.iter().any(|t| t.starts_with("a (")), "{titles:?}");
         assert!(titles.iter().any(|t| t.starts_with("b (")), "{titles:?}");
+    }
+}
+
+#[cfg(test)]
+mod across_formats {
+    use super::*;
+    use crate::profile::format::folded::tests::sample_profile;
+    use crate::profile::format::pprof::Compression;
+    use crate::profile::format::ProfileFormat;
+    use crate::profile::{FrameKind, ProfileMapping, TimedSample};
+
+    /// The folded tests' profile with what separates the formats: user
+    /// frames in an object (pprof and OTLP name it, folded stacks do not),
+    /// kernel frames in the kernel's mapping, and a `;` in a name (folded
+    /// stacks write it as `:`).
+    fn tricky_profile() -> Profile {
+        let mut p = sample_profile();
+        p.mappings.push(ProfileMapping {
+            start: 0x1000,
+            limit: 0x3000,
+            file_offset: 0,
+            filename: "/opt/app/bin/app".into(),
+            build_id: Some("0123abcd".into()),
+        });
+        for f in &mut p.frames {
+            if f.kind == FrameKind::User {
+                f.mapping = Some(0);
+            }
+        }
+        let mut lines = p.frames[3].lines.to_vec();
+        lines[0].function = "<[u8; 0] as Debug>::fmt".into();
+        p.frames[3].lines = lines.into();
+        // Every sample's time, for the formats that keep it.
+        let mut offset_ns = 0;
+        for (index, sample) in p.samples.iter().enumerate() {
+            for _ in 0..sample.count {
+                offset_ns += 1_000_000;
+                p.timeline.push(TimedSample {
+                    offset_ns,
+                    sample: index as u32,
+                });
+            }
+        }
+        p
+    }
+
+    /// The same samples written in any two formats diff to nothing.
+    #[test]
+    fn the_same_samples_in_any_two_formats_diff_to_nothing() {
+        let profile = tricky_profile();
+        let dir = tempfile::tempdir().unwrap();
+        let formats = [
+            ProfileFormat::Folded,
+            ProfileFormat::Pprof,
+            ProfileFormat::Firefox,
+            ProfileFormat::Otlp,
+        ];
+        let read: Vec<(ProfileFormat, Profile)> = formats
+            .iter()
+            .map(|&format| {
+                let bytes =
+                    crate::profile::format::encode(&profile, format, Compression::Gzip).unwrap();
+                let path = dir.path().join(format.spec().name);
+                std::fs::write(&path, bytes).unwrap();
+                let back = crate::commands::compare::input::read_profile(&path, 1 << 30).unwrap();
+                (format, back)
+            })
+            .collect();
+        for (a_format, a) in &read {
+            for (b_format, b) in &read {
+                let d = diff(a, b).unwrap();
+                assert!(
+                    d.functions.is_empty(),
+                    "{} against {}: {:?}",
+                    a_format.spec().name,
+                    b_format.spec().name,
+                    d.functions
+                );
+                assert_eq!(d.base_samples, d.new_samples);
+            }
+        }
     }
 }

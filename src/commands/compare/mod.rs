@@ -5,6 +5,7 @@
 //! [`input::read_profile`] decodes from pprof, folded stacks or a timeline
 //! ([`timeline`]: Firefox Profiler JSON).
 
+pub mod ci;
 pub mod command;
 pub mod diff;
 pub mod input;
@@ -16,7 +17,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
-use crate::profile::Profile;
+use crate::profile::format::folded;
+use crate::profile::{FrameKind, Profile};
 
 /// A function as profiles are compared: its name, and the file name (no
 /// directory) of the object it is in, when the profile knows it and
@@ -75,25 +77,85 @@ pub fn has_objects(profile: &Profile) -> bool {
     profile.frames.iter().any(|f| f.mapping.is_some())
 }
 
+/// The names ([`folded::clean`]ed) of the functions `profile` has at
+/// least once in a frame without an object: an address in no mapping, or
+/// a function a format writes without its object (a Firefox timeline
+/// writes inlined functions as labels). A comparison cannot tell such a
+/// function apart by object, so it keys it by name alone on both sides
+/// ([`comparable_table`]).
+pub fn unplaced_names(profile: &Profile) -> HashSet<Arc<str>> {
+    profile
+        .frames
+        .iter()
+        .filter(|f| f.kind != FrameKind::UnwindMarker && f.mapping.is_none())
+        .flat_map(|f| f.lines.iter())
+        .map(|line| Arc::from(folded::clean(&line.function)))
+        .collect()
+}
+
 /// Count every function of `profile`: each line of each frame (inlined
 /// functions included) is a function; process names are not. With
 /// `with_objects`, functions of the same name in different objects are
 /// kept apart. Errors when a count adds up past `u64::MAX` (the total
 /// first: the readers of [`input`] refuse such a profile already).
 pub fn function_table(profile: &Profile, with_objects: bool) -> Result<FunctionTable> {
-    let objects: Vec<Arc<str>> = profile
+    let all_placed = HashSet::new();
+    count_functions(profile, with_objects.then_some(&all_placed), false)
+}
+
+/// [`function_table`] as `diff` compares: every name as folded stacks
+/// write it ([`folded::clean`]: `;` as `:`), whatever format the profile
+/// was read from, so the same samples count the same in any two formats;
+/// with `objects`, functions are told apart by object too, but for the
+/// names in it (the [`unplaced_names`] of both profiles), which are keyed
+/// by name alone.
+pub fn comparable_table(
+    profile: &Profile,
+    objects: Option<&HashSet<Arc<str>>>,
+) -> Result<FunctionTable> {
+    count_functions(profile, objects, true)
+}
+
+/// Count the functions of `profile`, names cleaned when `clean_names`,
+/// keyed by object (when `objects`) except for the names in `objects`.
+fn count_functions(
+    profile: &Profile,
+    objects: Option<&HashSet<Arc<str>>>,
+    clean_names: bool,
+) -> Result<FunctionTable> {
+    let object_names: Vec<Arc<str>> = profile
         .mappings
         .iter()
         .map(|m| Arc::from(m.filename.rsplit('/').next().unwrap_or(&m.filename)))
         .collect();
-    let key_of = |frame: usize, line: usize| {
-        let frame = &profile.frames[frame];
-        FunctionKey {
-            name: frame.lines[line].function.clone(),
-            object: frame
+    // Cleaned once per frame, not per sample.
+    let names: Vec<Vec<Arc<str>>> = profile
+        .frames
+        .iter()
+        .map(|frame| {
+            frame
+                .lines
+                .iter()
+                .map(
+                    |line| match clean_names.then(|| folded::clean(&line.function)) {
+                        Some(clean) if *clean != *line.function => Arc::from(clean),
+                        _ => line.function.clone(),
+                    },
+                )
+                .collect()
+        })
+        .collect();
+    let key_of = |frame_index: usize, line: usize| {
+        let name = &names[frame_index][line];
+        let object = match objects {
+            Some(unplaced) if !unplaced.contains(name) => profile.frames[frame_index]
                 .mapping
-                .filter(|_| with_objects)
-                .and_then(|m| objects.get(m).cloned()),
+                .and_then(|m| object_names.get(m).cloned()),
+            _ => None,
+        };
+        FunctionKey {
+            name: name.clone(),
+            object,
         }
     };
     let mut table = FunctionTable::default();
