@@ -22,6 +22,7 @@ pub mod format;
 pub mod guard;
 pub mod heap;
 pub mod httpd;
+pub mod interp;
 pub mod preflight;
 pub mod process;
 pub mod profile;

@@ -171,10 +171,10 @@ struct {
 	__type(value, struct process_info);
 } new_description SEC(".maps");
 
-/* The walker itself, for tail calls (slot 0). */
+/* The walker itself, for tail calls (slot 0), and the Python walker (slot 1, python.h). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, 2);
 	__type(key, __u32);
 	__type(value, __u32);
 } walker_programs SEC(".maps");
@@ -272,6 +272,7 @@ struct walk_state {
 	__u32 kernel_frames;
 	__u32 user_frames;
 	__u32 tail_calls;
+	__u32 python_frames;  /* struct python_frame entries after the user frames (python.h) */
 	__u8 status;        /* enum unwind_status, valid once done */
 	__u8 done;
 	__u8 exact_ip;      /* ip is not a return address (leaf, or after a signal frame) */
@@ -1353,7 +1354,11 @@ static __always_inline void send_sample(struct scratch_space *sc, bool compat)
 	s->header.kernel_frames = kframes;
 	s->header.user_frames = uframes;
 	s->header.user_status = sc->state.status;
-	__u64 size = sizeof(struct sample_header) + (kframes + uframes) * sizeof(__u64);
+	__u32 pyslots = 2 * sc->state.python_frames;
+	if (pyslots > MAX_KERNEL_FRAMES + MAX_USER_FRAMES)
+		pyslots = MAX_KERNEL_FRAMES + MAX_USER_FRAMES;
+	s->header.python_frames = pyslots / 2;
+	__u64 size = sizeof(struct sample_header) + (kframes + uframes + pyslots) * sizeof(__u64);
 	if (size > sizeof(struct stack_sample))
 		size = sizeof(struct stack_sample);
 	__u32 cpu = s->header.cpu;
@@ -1378,6 +1383,8 @@ static __always_inline void send_sample(struct scratch_space *sc, bool compat)
 	if (bpf_ringbuf_output(ring, s, size, wakeup) != 0)
 		count(STAT_LOST_RINGBUF);
 }
+
+#include "python.h"
 
 /* Walk up to FRAMES_PER_PROGRAM frames, then either send the record or go
  * on in a fresh run of this program: the walker in slot 0 of `programs`, a
@@ -1451,6 +1458,8 @@ static __always_inline int continue_walk(void *ctx, struct scratch_space *sc, st
 			finish(&sc->state, UNWIND_TRUNCATED);
 		}
 	}
+	if (!compat)
+		python_hook(ctx, sc, programs);
 	send_sample(sc, compat);
 	return 0;
 }
@@ -1478,8 +1487,8 @@ static __always_inline void begin_record(struct scratch_space *sc, struct task_s
 	h->tid = tid;
 	h->cpu = bpf_get_smp_processor_id();
 	h->flags = 0;
-	h->padding = 0;
-	h->padding2 = 0;
+	h->python_frames = 0;
+	h->python_status = PYTHON_NOT_WALKED;
 	h->off_cpu_ns = 0;
 	bpf_get_current_comm(h->thread_comm, sizeof(h->thread_comm));
 	if (pid == tid)

@@ -295,6 +295,8 @@ pub struct ProcessTracker {
     /// their samples may be open, by pid, with the time they went
     /// (CLOCK_MONOTONIC ns): retired like orphaned mappings.
     departed_containers: container::Departed,
+    /// The interpreters found in processes ([`crate::interp`]).
+    pub interpreters: crate::interp::Interpreters,
 }
 
 impl ProcessTracker {

@@ -67,6 +67,13 @@ pub trait WalkerMaps {
     /// Tell the exec and mmap programs to forget the file `(dev, inode)`
     /// (its object was retired). Files not known are fine.
     fn remove_object_file(&self, dev: u64, inode: u64);
+
+    /// Give the interpreter walker `pid`'s entry (the bytes of `struct
+    /// python_proc`, [`crate::interp`]), or take it away (`None`).
+    /// Errors: the map update failed.
+    fn set_interpreter(&self, _pid: u32, _entry: Option<&[u8]>) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Where the objects of described processes are announced: the owner of
@@ -488,6 +495,10 @@ impl ProcessFollower {
         match walker.set_process(pid, &mappings, exec_id) {
             Ok(()) => {
                 self.described.insert(pid);
+                let entry = crate::interp::attach(tracker, pid);
+                if let Err(err) = walker.set_interpreter(pid, entry.as_deref()) {
+                    debug!("pid {pid}: {err:#}");
+                }
                 if exec.is_none() && walker.latest_exec(pid).is_some() {
                     // It exec'd meanwhile, and this unchecked description
                     // may have replaced the exec program's: read again.

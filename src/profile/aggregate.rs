@@ -186,7 +186,8 @@ fn call_sites(stack: &[u64]) -> impl Iterator<Item = u64> + '_ {
 
 /// The user frames of `sample`: call sites (every frame but the leaf is a
 /// return address, so 1 is subtracted) with the mapping of the process that
-/// contains each, as `tracker` knows them now.
+/// contains each, as `tracker` knows them now; interpreted frames (Python)
+/// in their place among them ([`crate::interp::Interpreters::splice`]).
 pub fn resolve(sample: &RawSample, tracker: &mut ProcessTracker) -> Box<[UserFrame]> {
     let mut frames: Box<[UserFrame]> = call_sites(&sample.user_stack)
         .map(|address| UserFrame {
@@ -205,6 +206,12 @@ pub fn resolve(sample: &RawSample, tracker: &mut ProcessTracker) -> Box<[UserFra
     );
     for (frame, mapping) in frames.iter_mut().zip(mappings) {
         frame.mapping = mapping;
+    }
+    if !sample.python.is_empty() || tracker.interpreters.knows(sample.pid) {
+        let mut spliced = frames.into_vec();
+        let walked = sample.python_walked;
+        (tracker.interpreters).splice(sample.pid, &sample.python, walked, &mut spliced);
+        return spliced.into_boxed_slice();
     }
     frames
 }

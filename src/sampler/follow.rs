@@ -69,6 +69,20 @@ impl WalkerMaps for Sampler<'_> {
 
     fn remove_process(&self, pid: u32) {
         let _ = self.skel.maps.process_mappings.delete(&pid.to_ne_bytes());
+        let _ = self.skel.maps.python_procs.delete(&pid.to_ne_bytes());
+    }
+
+    fn set_interpreter(&self, pid: u32, entry: Option<&[u8]>) -> Result<()> {
+        let map = &self.skel.maps.python_procs;
+        match entry {
+            Some(value) => map
+                .update(&pid.to_ne_bytes(), value, MapFlags::ANY)
+                .with_context(|| format!("giving pid {pid} to the Python walker")),
+            None => {
+                let _ = map.delete(&pid.to_ne_bytes());
+                Ok(())
+            }
+        }
     }
 
     fn latest_exec(&self, pid: u32) -> Option<ExecTime> {
