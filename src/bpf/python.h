@@ -106,15 +106,11 @@ static long python_step(__u64 index, void *data)
 		/* A shim the eval loop pushes at its entry: the frame before it was the first it ran. */
 		if (w->frames > 0) {
 			__u32 prev = w->first_slot + 2 * (w->frames - 1) + 1;
+			barrier_var(prev);
 			if (prev < MAX_KERNEL_FRAMES + MAX_USER_FRAMES)
 				w->sc->sample.frames[prev] |= PYTHON_ENTRY_BIT;
 		}
 		return 0;
-	}
-	__u32 slot = w->first_slot + 2 * w->frames;
-	if (w->frames >= PYTHON_MAX_FRAMES || slot + 1 >= MAX_KERNEL_FRAMES + MAX_USER_FRAMES) {
-		w->sc->sample.header.python_status = PYTHON_TRUNCATED;
-		return 1;
 	}
 	/* The guard against a freed code object's memory holding another one:
 	 * its first line and its line table's address (src/interp/python/names.rs). */
@@ -124,8 +120,16 @@ static long python_step(__u64 index, void *data)
 	bpf_probe_read_user(&linetable, sizeof(linetable), (void *)(code + o->code_linetable));
 	__u64 guard = (firstlineno ^ (__u32)(linetable >> 4)) & 0x7fffffff;
 	__u64 offset = instr - (code + o->code_adaptive);
-	w->sc->sample.frames[slot] = code;
-	w->sc->sample.frames[slot + 1] = (offset & 0xffffffff) | (guard << 32) | (entry ? PYTHON_ENTRY_BIT : 0);
+	__u64 word = (offset & 0xffffffff) | (guard << 32) | (entry ? PYTHON_ENTRY_BIT : 0);
+	__u32 slot = w->first_slot + 2 * w->frames;
+	barrier_var(slot);
+	if (w->frames >= PYTHON_MAX_FRAMES || slot > MAX_KERNEL_FRAMES + MAX_USER_FRAMES - 2) {
+		w->sc->sample.header.python_status = PYTHON_TRUNCATED;
+		return 1;
+	}
+	__u64 *dst = &w->sc->sample.frames[slot];
+	dst[0] = code;
+	dst[1] = word;
 	w->frames++;
 	return 0;
 }

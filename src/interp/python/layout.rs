@@ -5,7 +5,8 @@
 //! version's structures in its installed internal headers
 //! (`Include/internal/pycore_{runtime,interp,frame,code}.h`,
 //! `Include/cpython/{pystate,code,unicodeobject}.h`), checked against the
-//! process at run time (`PyCode_Type.tp_basicsize`, [`Layout::code_size`]).
+//! process at run time (`PyCode_Type.tp_basicsize`, which is
+//! [`Layout::code_adaptive`]).
 
 use crate::skel::types;
 
@@ -47,10 +48,10 @@ pub struct Layout {
     pub code_qualname: u16,
     /// See [`Layout::code_filename`].
     pub code_linetable: u16,
-    /// `PyCodeObject.co_code_adaptive`: the first instruction.
-    pub code_adaptive: u16,
-    /// `sizeof(PyCodeObject)`, without its instructions: what
+    /// `PyCodeObject.co_code_adaptive`: the first instruction; also what
     /// `PyCode_Type.tp_basicsize` says in a process of this version.
+    pub code_adaptive: u16,
+    /// `sizeof(PyCodeObject)`: bytes of a code object read to name it.
     pub code_size: u16,
     /// `sizeof(PyASCIIObject)`: where an ASCII string's characters start.
     pub ascii_size: u16,

@@ -168,7 +168,9 @@ impl Python {
                     .map(|a| a.wrapping_add(bias))
                     .ok_or("no PyCode_Type")?;
                 let size = read_u64(pid, code_type + 32).ok_or("PyCode_Type unreadable")?;
-                if size != u64::from(layout.code_size) {
+                // CPython sizes code objects' fixed part up to their
+                // first instruction (Objects/codeobject.c, PyCode_Type).
+                if size != u64::from(layout.code_adaptive) {
                     return Err(format!("PyCode_Type size {size}"));
                 }
                 Ok(Proc { layout, code_type })
