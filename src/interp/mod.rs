@@ -183,6 +183,13 @@ impl Interpreters {
         self.procs.contains_key(&pid)
     }
 
+    /// Whether the BPF walker walks `pid`'s interpreter (found and supported).
+    pub fn walks(&self, pid: u32) -> bool {
+        self.procs
+            .get(&pid)
+            .is_some_and(|a| a.unsupported.is_none())
+    }
+
     /// `pid` exited or exec'd.
     pub fn forget(&mut self, pid: u32) {
         if self.procs.remove(&pid).is_some() {
@@ -241,6 +248,29 @@ impl Interpreters {
         let mut runs = runs.into_iter();
         insert_before_each(frames, in_eval, |_| runs.next().unwrap_or_default());
     }
+}
+
+/// Put the interpreted frames of `sample` (of a process
+/// [`Interpreters::knows`]) among its native `frames` (leaf first,
+/// resolved through `tracker`): [`Interpreters::splice`]. Where the
+/// walker walks the process, frames in anonymous executable memory are
+/// dropped first: those are CPython's `-X perf` / `-X perf_jit`
+/// trampolines, which would name each Python function a second time
+/// (docs/python.md: the walker's frames win).
+pub fn place(
+    sample: &crate::sample::RawSample,
+    tracker: &mut crate::process::ProcessTracker,
+    frames: &mut Vec<UserFrame>,
+) {
+    if tracker.interpreters.walks(sample.pid) {
+        frames.retain(|f| {
+            f.mapping
+                .and_then(|m| tracker.mapping(m))
+                .is_none_or(|m| m.object.is_some() || m.name == "[vdso]")
+        });
+    }
+    let walked = sample.python_walked;
+    (tracker.interpreters).splice(sample.pid, &sample.python, walked, frames);
 }
 
 /// Look for an interpreter among the objects `tracker` knows `pid` maps

@@ -497,7 +497,10 @@ impl ProcessFollower {
                 self.described.insert(pid);
                 let entry = crate::interp::attach(tracker, pid);
                 if let Err(err) = walker.set_interpreter(pid, entry.as_deref()) {
-                    debug!("pid {pid}: {err:#}");
+                    // Native frames only for it (one line per run).
+                    tracker.interpreters.forget(pid);
+                    static ONCE: std::sync::Once = std::sync::Once::new();
+                    ONCE.call_once(|| warn!("pid {pid}: {err:#}"));
                 }
                 if exec.is_none() && walker.latest_exec(pid).is_some() {
                     // It exec'd meanwhile, and this unchecked description

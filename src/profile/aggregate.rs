@@ -207,11 +207,10 @@ pub fn resolve(sample: &RawSample, tracker: &mut ProcessTracker) -> Box<[UserFra
     for (frame, mapping) in frames.iter_mut().zip(mappings) {
         frame.mapping = mapping;
     }
-    if !sample.python.is_empty() || tracker.interpreters.knows(sample.pid) {
-        let mut spliced = frames.into_vec();
-        let walked = sample.python_walked;
-        (tracker.interpreters).splice(sample.pid, &sample.python, walked, &mut spliced);
-        return spliced.into_boxed_slice();
+    if tracker.interpreters.knows(sample.pid) {
+        let mut placed = frames.into_vec();
+        crate::interp::place(sample, tracker, &mut placed);
+        return placed.into_boxed_slice();
     }
     frames
 }

@@ -74,6 +74,13 @@ impl WalkerMaps for Sampler<'_> {
 
     fn set_interpreter(&self, pid: u32, entry: Option<&[u8]>) -> Result<()> {
         let map = &self.skel.maps.python_procs;
+        if entry.is_some() && self.variant != super::ProgramVariant::BpfLoop {
+            anyhow::bail!(
+                "Python frames need the bpf_loop BPF programs (Linux 5.17 or later); this run \
+                 loads the {} programs: Python processes get native frames only",
+                self.variant.name()
+            );
+        }
         match entry {
             Some(value) => map
                 .update(&pid.to_ne_bytes(), value, MapFlags::ANY)

@@ -111,6 +111,9 @@ mod tests {
     fn hostile_tables_give_no_line() {
         assert_eq!(line_of(b"", 1, 0), None);
         assert_eq!(line_of(b"\x01\x02", 1, 0), None);
-        assert_eq!(line_of(b"\xf0\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 1, 0), None);
+        assert_eq!(
+            line_of(b"\xf0\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 1, 0),
+            None
+        );
     }
 }

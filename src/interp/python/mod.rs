@@ -85,10 +85,7 @@ fn read_symbols(open_path: &std::path::Path, path: &str) -> Option<Symbols> {
     };
     // Only an object exporting _PyRuntime is read further (most objects
     // are not interpreters: their static symbols are never iterated).
-    if !elf
-        .dynamic_symbols()
-        .any(|s| s.name() == Ok("_PyRuntime"))
-    {
+    if !elf.dynamic_symbols().any(|s| s.name() == Ok("_PyRuntime")) {
         return None;
     }
     for sym in elf.dynamic_symbols().chain(elf.symbols()) {
@@ -152,7 +149,10 @@ impl Python {
         let (label, minor) = match (hex, s.file_version) {
             (Some(v), _) => {
                 let (major, minor, micro) = (v >> 24, (v >> 16) & 0xff, (v >> 8) & 0xff);
-                (format!("{major}.{minor}.{micro}"), (major == 3).then_some(minor as u8))
+                (
+                    format!("{major}.{minor}.{micro}"),
+                    (major == 3).then_some(minor as u8),
+                )
             }
             (None, Some((major, minor, _))) => {
                 (format!("{major}.{minor}"), (major == 3).then_some(minor))

@@ -132,11 +132,12 @@ fn read_str(pid: u32, layout: &Layout, addr: u64) -> Option<String> {
     if !compact || !matches!(kind, 1 | 2 | 4) {
         return None;
     }
-    let data = addr + u64::from(if ascii {
-        layout.ascii_size
-    } else {
-        layout.compact_size
-    });
+    let data = addr
+        + u64::from(if ascii {
+            layout.ascii_size
+        } else {
+            layout.compact_size
+        });
     let mut bytes = vec![0u8; length.min(MAX_NAME_BYTES / kind) * kind];
     if !read_memory(pid, data, &mut bytes) {
         return None;
