@@ -75,6 +75,15 @@ pub static UNKNOWN_FRAMES: AtomicU64 = AtomicU64::new(0);
 /// frame in the eval loop to put them at, since the start.
 pub static UNPLACED_FRAMES: AtomicU64 = AtomicU64::new(0);
 
+/// ([`UNKNOWN_FRAMES`], [`UNPLACED_FRAMES`]) since the start: for the
+/// summary and `/metrics`.
+pub fn frame_counters() -> (u64, u64) {
+    (
+        UNKNOWN_FRAMES.load(Ordering::Relaxed),
+        UNPLACED_FRAMES.load(Ordering::Relaxed),
+    )
+}
+
 /// An object file a process maps, as unwinders look at it.
 #[derive(Debug, Clone)]
 pub struct MappedObject {
@@ -228,26 +237,31 @@ impl Interpreters {
             insert_before_each(frames, in_eval, |_| vec![unknown]);
             return;
         }
-        // Split the named frames into one run per eval-loop call.
-        let mut runs: Vec<Vec<u64>> = Vec::new();
-        let mut run = Vec::new();
-        for &(address, entry) in &self.named {
-            run.push(address);
-            if entry {
-                runs.push(std::mem::take(&mut run));
-            }
-        }
-        if !run.is_empty() {
-            runs.push(run);
-        }
-        // Runs past the last eval-loop frame join its run.
-        if runs.len() > eval_frames {
-            let rest: Vec<u64> = runs.drain(eval_frames..).flatten().collect();
-            runs[eval_frames - 1].extend(rest);
-        }
-        let mut runs = runs.into_iter();
+        let mut runs = runs_of(&self.named, eval_frames).into_iter();
         insert_before_each(frames, in_eval, |_| runs.next().unwrap_or_default());
     }
+}
+
+/// Split `named` (innermost first: tagged address, ends its eval-loop
+/// call) into one run per eval-loop call, for `eval_frames` (at least 1)
+/// eval-loop frames: runs past the last one join its run.
+fn runs_of(named: &[(u64, bool)], eval_frames: usize) -> Vec<Vec<u64>> {
+    let mut runs: Vec<Vec<u64>> = Vec::new();
+    let mut run = Vec::new();
+    for &(address, entry) in named {
+        run.push(address);
+        if entry {
+            runs.push(std::mem::take(&mut run));
+        }
+    }
+    if !run.is_empty() {
+        runs.push(run);
+    }
+    if runs.len() > eval_frames {
+        let rest: Vec<u64> = runs.drain(eval_frames..).flatten().collect();
+        runs[eval_frames - 1].extend(rest);
+    }
+    runs
 }
 
 /// Put the interpreted frames of `sample` (of a process
@@ -329,4 +343,65 @@ fn insert_before_each(
         out.push(frame);
     }
     *frames = out;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn native(address: u64) -> UserFrame {
+        UserFrame {
+            mapping: None,
+            address,
+        }
+    }
+
+    /// `sorted(key=f)` called from `g`: the eval loop ran `f` (entry), and
+    /// below `sorted` it ran `g` and `<module>` (entry).
+    #[test]
+    fn runs_go_leaf_ward_of_their_eval_frames() {
+        let (f, g, module) = (
+            INTERPRETED_TAG | 1,
+            INTERPRETED_TAG | 2,
+            INTERPRETED_TAG | 3,
+        );
+        let runs = runs_of(&[(f, true), (g, false), (module, true)], 2);
+        assert_eq!(runs, vec![vec![f], vec![g, module]]);
+        // Leaf first: sort helper, eval (f), sorted, eval (g), main.
+        let mut frames = vec![native(10), native(100), native(20), native(101), native(30)];
+        let mut runs = runs.into_iter();
+        insert_before_each(
+            &mut frames,
+            |fr| fr.address == 100 || fr.address == 101,
+            |_| runs.next().unwrap_or_default(),
+        );
+        let order: Vec<u64> = frames.iter().map(|fr| fr.address).collect();
+        assert_eq!(order, vec![10, f, 100, 20, g, module, 101, 30]);
+    }
+
+    #[test]
+    fn runs_beyond_the_eval_frames_join_the_last() {
+        let (a, b, c) = (
+            INTERPRETED_TAG | 1,
+            INTERPRETED_TAG | 2,
+            INTERPRETED_TAG | 3,
+        );
+        let runs = runs_of(&[(a, true), (b, true), (c, false)], 1);
+        assert_eq!(runs, vec![vec![a, b, c]]);
+    }
+
+    #[test]
+    fn names_round_trip_through_tagged_addresses() {
+        let name = FrameName {
+            mapping: python::MAPPING_NAME,
+            function: "Worker.middle".into(),
+            file: Some("/t/chain.py".into()),
+            line: Some(4),
+        };
+        let tagged = intern(name.clone());
+        assert_ne!(tagged & INTERPRETED_TAG, 0);
+        assert_eq!(*frame_name(tagged).unwrap(), name);
+        assert_eq!(intern(name), tagged);
+        assert!(frame_name(0x40_1000).is_none());
+    }
 }

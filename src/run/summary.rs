@@ -158,6 +158,10 @@ impl std::fmt::Display for RunSummary {
                 d.fetched, d.cached, d.failed, d.timed_out, d.too_large, d.skipped
             )?;
         }
+        let (unknown, unplaced) = crate::interp::frame_counters();
+        if unknown + unplaced > 0 {
+            write!(f, "\npython frames: unknown={unknown} unplaced={unplaced}")?;
+        }
         let j = crate::process::untrusted::counters();
         if j != Default::default() {
             write!(
