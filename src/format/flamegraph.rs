@@ -370,6 +370,7 @@ mod tests {
                 FrameClass::Kernel => c.r >= 230 && (100..=150).contains(&c.g) && c.b <= 40,
                 FrameClass::UserNative => c.r >= 230 && (180..=230).contains(&c.g),
                 FrameClass::Jit => c.g >= 170 && c.r <= 120,
+                FrameClass::Python => c.b >= 200 && c.r <= 90,
                 FrameClass::UnwindResult => c.r == c.g && c.g == c.b,
             };
             assert!(fits, "{name}: {class:?} {c:?}");

@@ -133,6 +133,7 @@ struct Attached {
 
 /// The interpreter unwinders and the processes they attached to. Owned by
 /// the process tracker.
+#[derive(Default)]
 pub struct Interpreters {
     python: python::Python,
     procs: FxHashMap<u32, Attached>,
@@ -144,16 +145,6 @@ impl std::fmt::Debug for Interpreters {
         f.debug_struct("Interpreters")
             .field("procs", &self.procs.len())
             .finish()
-    }
-}
-
-impl Default for Interpreters {
-    fn default() -> Self {
-        Interpreters {
-            python: python::Python::default(),
-            procs: FxHashMap::default(),
-            named: Vec::new(),
-        }
     }
 }
 

@@ -94,10 +94,10 @@ fn read_symbols(open_path: &std::path::Path, path: &str) -> Option<Symbols> {
             Ok("_PyRuntime") => symbols.runtime = sym.address(),
             Ok("Py_Version") => symbols.version = Some(sym.address()),
             Ok("PyCode_Type") => symbols.code_type = Some(sym.address()),
-            Ok("_PyEval_EvalFrameDefault" | "_PyEval_EvalFrameDefault.cold") => {
-                if !symbols.eval.contains(&range) {
-                    symbols.eval.push(range);
-                }
+            Ok("_PyEval_EvalFrameDefault" | "_PyEval_EvalFrameDefault.cold")
+                if !symbols.eval.contains(&range) =>
+            {
+                symbols.eval.push(range);
             }
             _ => {}
         }
