@@ -59,6 +59,15 @@ if ! command -v vng >/dev/null && [ ! -x "$vng_venv/bin/vng" ]; then
     "$vng_venv/bin/pip" install -q virtme-ng
 fi
 
+# py-spy, the reference tests/python compares Python stacks with.
+spy_venv=$target/py-spy-venv
+if ! command -v py-spy >/dev/null && [ ! -x "$spy_venv/bin/py-spy" ]; then
+    echo "setup: installing py-spy into $spy_venv" >&2
+    mkdir -p "$target"
+    /usr/bin/python3 -m venv "$spy_venv"
+    "$spy_venv/bin/pip" install -q py-spy
+fi
+
 # playwright-core for tests/web, at the version web/package-lock.json pins.
 if ! command -v npm >/dev/null; then
     echo "setup: installing npm" >&2

@@ -358,6 +358,8 @@ fn minidebuginfo_is_read_once_per_object_across_windows() {
                 // A new address each window, inside the function.
                 user_stack: vec![address + window],
                 user_status: UnwindStatus::Complete,
+                python: Vec::new(),
+                python_walked: false,
                 stack_copy: None,
                 wait: None,
             };

@@ -49,6 +49,8 @@ pub fn sample(kernel_stack: Vec<u64>, user_stack: Vec<u64>) -> RawSample {
         kernel_stack,
         user_stack,
         user_status: UnwindStatus::Complete,
+        python: Vec::new(),
+        python_walked: false,
         stack_copy: None,
         wait: None,
     }

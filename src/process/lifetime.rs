@@ -78,6 +78,7 @@ impl ProcessTracker {
         let mut dropped = Vec::new();
         for pid in &gone {
             if let Some(process) = self.processes.remove(pid) {
+                self.interpreters.forget(*pid);
                 dropped.extend(process.all);
             }
         }

@@ -265,6 +265,9 @@ impl ProcessFollower {
             }
             ProcessEvent::Exec { pid, timestamp_ns } => {
                 tracker.process_exec(pid, timestamp_ns);
+                // Its interpreter (if any) went with its old image.
+                tracker.interpreters.forget(pid);
+                let _ = walker.set_interpreter(pid, None);
                 // Its JIT code went with its old image.
                 tables.process_exited(pid);
                 // The exec program described the new image. A process
@@ -304,6 +307,11 @@ impl ProcessFollower {
                         file_offset,
                         ObjectId(object),
                     );
+                    // An interpreter loaded after the description (ld.so
+                    // maps libpython after exec: `record -- python3 ...`).
+                    if self.described.contains(&pid) && !tracker.interpreters.knows(pid) {
+                        attach_interpreter(pid, tracker, walker);
+                    }
                 }
             }
             ProcessEvent::UnknownMapping { pid, address } => {
@@ -451,6 +459,7 @@ impl ProcessFollower {
         match walker.set_process(pid, &mappings, exec_id) {
             Ok(()) => {
                 self.described.insert(pid);
+                attach_interpreter(pid, tracker, walker);
                 if exec.is_none() && walker.latest_exec(pid).is_some() {
                     // It exec'd meanwhile, and this unchecked description
                     // may have replaced the exec program's: read again.
@@ -468,6 +477,18 @@ impl ProcessFollower {
                 Vec::new()
             }
         }
+    }
+}
+
+/// Look for an interpreter in `pid`'s objects ([`crate::unwind::interp::attach`])
+/// and give the BPF walker its entry, or take a stale one away.
+fn attach_interpreter(pid: u32, tracker: &mut ProcessTracker, walker: &impl WalkerMaps) {
+    let entry = crate::unwind::interp::attach(tracker, pid);
+    if let Err(err) = walker.set_interpreter(pid, entry.as_deref()) {
+        // Native frames only for it (one line per run).
+        tracker.interpreters.forget(pid);
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| warn!("pid {pid}: {err:#}"));
     }
 }
 

@@ -88,6 +88,8 @@ fn sample_of(pid: u32) -> RawSample {
         kernel_stack: Vec::new(),
         user_stack: Vec::new(),
         user_status: UnwindStatus::Complete,
+        python: Vec::new(),
+        python_walked: false,
         stack_copy: None,
         wait: None,
     }

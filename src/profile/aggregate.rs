@@ -177,7 +177,8 @@ fn call_sites(stack: &[u64]) -> impl Iterator<Item = u64> + '_ {
 
 /// The user frames of `sample`: call sites (every frame but the leaf is a
 /// return address, so 1 is subtracted) with the mapping of the process that
-/// contains each, as `tracker` knows them now.
+/// contains each, as `tracker` knows them now; interpreted frames (Python)
+/// in their place among them ([`crate::unwind::interp::Interpreters::splice`]).
 pub fn resolve(sample: &RawSample, tracker: &mut ProcessTracker) -> Box<[UserFrame]> {
     let mut frames: Box<[UserFrame]> = call_sites(&sample.user_stack)
         .map(|address| UserFrame {
@@ -196,6 +197,11 @@ pub fn resolve(sample: &RawSample, tracker: &mut ProcessTracker) -> Box<[UserFra
     );
     for (frame, mapping) in frames.iter_mut().zip(mappings) {
         frame.mapping = mapping;
+    }
+    if tracker.interpreters.knows(sample.pid) {
+        let mut placed = frames.into_vec();
+        crate::unwind::interp::place(sample, tracker, &mut placed);
+        return placed.into_boxed_slice();
     }
     frames
 }

@@ -15,5 +15,5 @@ pub mod bpf_info;
 pub mod preflight;
 pub mod records;
 pub mod sampler;
-mod skel;
+pub(crate) mod skel;
 pub mod unwind_row;

@@ -25,6 +25,8 @@ const SAMPLE_FLAG_STACK_COPY: u8 = types::sample_flag::SAMPLE_FLAG_STACK_COPY.0 
 const SAMPLE_FLAG_OFF_CPU: u8 = types::sample_flag::SAMPLE_FLAG_OFF_CPU.0 as u8;
 /// `SAMPLE_FLAG_RUNNABLE`: the wait was for a CPU (preempted), not a block.
 const SAMPLE_FLAG_RUNNABLE: u8 = types::sample_flag::SAMPLE_FLAG_RUNNABLE.0 as u8;
+/// `PYTHON_WALKED` in `enum python_status`.
+const PYTHON_WALKED: u32 = types::python_status::PYTHON_WALKED.0;
 /// `enum event_type`.
 const EVENT_EXEC: u32 = types::event_type::EVENT_EXEC.0;
 const EVENT_EXIT: u32 = types::event_type::EVENT_EXIT.0;
@@ -171,6 +173,13 @@ pub struct RawSample {
     /// registers of the frame it could not go past and the stack above
     /// them, for user space to walk on from ([`crate::unwind::deferred`]).
     pub stack_copy: Option<Box<StackCopy>>,
+    /// The Python frames the BPF walker recorded (`struct python_frame`,
+    /// two words each, innermost first; named by [`crate::unwind::interp`]).
+    pub python: Vec<u64>,
+    /// Whether the BPF walker found the thread's Python frames
+    /// (`PYTHON_WALKED` in `enum python_status`), for a process whose
+    /// interpreter it knows.
+    pub python_walked: bool,
     /// `Some` for an off-CPU record (`--off-cpu`): the thread was off its
     /// CPU for this wait, which ended at `timestamp_ns`; the stacks are
     /// where it left the CPU. `None` for a cpu-clock sample.
@@ -319,7 +328,8 @@ impl RawSample {
         let kernel_frames = usize::from(header.kernel_frames);
         let user_frames = usize::from(header.user_frames);
         let frames = &data[size_of::<types::sample_header>()..];
-        let frame_bytes = 8 * (kernel_frames + user_frames);
+        let python_words = 2 * usize::from(header.python_frames);
+        let frame_bytes = 8 * (kernel_frames + user_frames + python_words);
         if frames.len() < frame_bytes {
             bail!(
                 "sample record of {} bytes, header says {}",
@@ -331,6 +341,7 @@ impl RawSample {
             .chunks_exact(8)
             .map(|c| u64::from_ne_bytes(c.try_into().expect("chunks of 8 bytes")));
         let kernel_stack = addresses.by_ref().take(kernel_frames).collect();
+        let user_stack = addresses.by_ref().take(user_frames).collect();
         let stack_copy = if header.flags & SAMPLE_FLAG_STACK_COPY != 0 {
             let after = data
                 .get(size_of::<types::stack_sample>()..)
@@ -349,7 +360,9 @@ impl RawSample {
             process_comm: comm(&header.process_comm),
             thread_comm: comm(&header.thread_comm),
             kernel_stack,
-            user_stack: addresses.collect(),
+            user_stack,
+            python: addresses.collect(),
+            python_walked: header.python_status == PYTHON_WALKED,
             stack_copy,
             wait: (header.flags & SAMPLE_FLAG_OFF_CPU != 0).then_some(Wait {
                 ns: header.off_cpu_ns,
@@ -390,6 +403,8 @@ impl RawSample {
                 UnwindStatus::Complete
             },
             user_stack: user,
+            python: Vec::new(),
+            python_walked: false,
             stack_copy: None,
             wait: None,
         }

@@ -30,6 +30,11 @@ pub(super) fn user_frame(
     if let Some(location) = builder.user_location(index) {
         return location;
     }
+    if let Some(name) = crate::unwind::interp::frame_name(frame.address) {
+        let location = interpreted_frame(builder, profile, frame.address, &name);
+        builder.set_user_location(index, location);
+        return location;
+    }
     // No mapping contains the address, or the mapping was retired before
     // this window was symbolized (counted at hand-over).
     let known = frame
@@ -77,6 +82,35 @@ pub(super) fn user_frame(
     };
     builder.set_user_location(index, location);
     location
+}
+
+/// The index in `profile.frames` of the interpreted frame at tagged
+/// address `address` ([`crate::unwind::interp`]): a user frame in the pseudo
+/// mapping its interpreter names (`[python]`), which spans every tagged
+/// address, so that formats tell it from native code.
+fn interpreted_frame(
+    builder: &mut ProfileAssembly,
+    profile: &mut Profile,
+    address: u64,
+    name: &crate::unwind::interp::FrameName,
+) -> usize {
+    let mapping = builder.add_mapping(ProfileMapping {
+        start: crate::unwind::interp::INTERPRETED_TAG,
+        limit: crate::unwind::interp::INTERPRETED_TAG | u64::from(u32::MAX),
+        file_offset: 0,
+        filename: name.mapping.to_string(),
+        build_id: None,
+    });
+    let key = (FrameKind::User, Some(mapping), address);
+    builder.frame(profile, key, None, || {
+        let line = crate::profile::Line {
+            function: name.function.clone(),
+            system_name: name.function.clone(),
+            file: name.file.clone(),
+            line: name.line,
+        };
+        (vec![line].into(), !name.function.starts_with('['))
+    })
 }
 
 /// What makes two frames the same location: address, profile mapping

@@ -27,6 +27,7 @@ pub mod deferred;
 pub mod early;
 pub mod eh_frame_hdr;
 pub mod identity;
+pub mod interp;
 pub mod jit;
 pub mod loader;
 #[cfg(test)]

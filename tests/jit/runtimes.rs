@@ -121,7 +121,7 @@ fn python_x_perf() {
         .filter(|(frames, _)| {
             frames
                 .iter()
-                .any(|f| f.starts_with("py::inner_py_work:") || f.starts_with("py::outer_py_work:"))
+                .any(|f| python_function(f, "inner_py_work") || python_function(f, "outer_py_work"))
         })
         .map(|(_, n)| n)
         .sum();
@@ -170,14 +170,14 @@ fn python_x_perf_jit() {
     let (stacks, out) = profile_python(&python, "perf_jit", &script, "inner_py_jit");
     let chain = [
         "Py_RunMain",
-        "py::outer_py_jit:",
-        "py::middle_py_jit:",
-        "py::inner_py_jit:",
+        "outer_py_jit",
+        "middle_py_jit",
+        "inner_py_jit",
     ];
     let in_order = |frames: &[String]| {
         let mut want = chain.iter().peekable();
         for frame in user_frames(frames) {
-            if want.peek().is_some_and(|w| frame.starts_with(**w)) {
+            if want.peek().is_some_and(|w| python_function(frame, w)) {
                 want.next();
             }
         }
@@ -198,6 +198,18 @@ fn python_x_perf_jit() {
         chain.join(" .. "),
         show(&refs)
     );
+}
+
+/// Whether folded frame `frame` names the Python function `name`: as the
+/// perf map's trampoline (`py::NAME:FILE`) or, where lightswitch's own
+/// Python walker walks the interpreter (docs/python.md: its frames win and
+/// the trampolines are left out), by its name.
+fn python_function(frame: &str, name: &str) -> bool {
+    frame == name
+        || frame
+            .strip_prefix("py::")
+            .and_then(|rest| rest.strip_prefix(name))
+            .is_some_and(|rest| rest.starts_with(':'))
 }
 
 /// Runs `python -X option script` and profiles it (with [`profile`]) once

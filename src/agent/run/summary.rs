@@ -194,6 +194,10 @@ impl std::fmt::Display for RunSummary {
                 o.timed_out, o.not_tried, o.stuck_now
             )?;
         }
+        let (unknown, unplaced) = crate::unwind::interp::frame_counters();
+        if unknown + unplaced > 0 {
+            write!(f, "\npython frames: unknown={unknown} unplaced={unplaced}")?;
+        }
         let j = crate::process::untrusted::counters();
         if j != Default::default() {
             write!(

@@ -44,6 +44,9 @@ pub enum FrameClass {
     /// jitdump, or anonymous memory. Green: red 60-120, green 170-220,
     /// blue 60-120.
     Jit,
+    /// A Python function (a frame in the `[python]` mapping,
+    /// [`crate::unwind::interp`]). Aqua: red 40-90, green 170-220, blue 200-240.
+    Python,
     /// An `[unwind: ...]` marker: the user walk stopped early. Grey: red =
     /// green = blue, 150-190.
     UnwindResult,
@@ -75,6 +78,11 @@ impl FrameClass {
                 span(170, 220, v(8)),
                 span(60, 120, v(16)),
             ),
+            FrameClass::Python => (
+                span(40, 90, v(0)),
+                span(170, 220, v(8)),
+                span(200, 240, v(16)),
+            ),
             FrameClass::UnwindResult => {
                 let grey = span(150, 190, v(0));
                 (grey, grey, grey)
@@ -100,7 +108,9 @@ pub fn frame_classes(profile: &Profile) -> HashMap<String, FrameClass> {
             FrameKind::UnwindMarker => FrameClass::UnwindResult,
             FrameKind::User => {
                 let filename = frame.mapping.map(|m| profile.mappings[m].filename.as_str());
-                if filename.is_none_or(is_anonymous) {
+                if filename == Some(crate::unwind::interp::python::MAPPING_NAME) {
+                    FrameClass::Python
+                } else if filename.is_none_or(is_anonymous) {
                     FrameClass::Jit
                 } else {
                     FrameClass::UserNative
@@ -390,6 +400,7 @@ mod tests {
                 FrameClass::Kernel => c.r >= 230 && (100..=150).contains(&c.g) && c.b <= 40,
                 FrameClass::UserNative => c.r >= 230 && (180..=230).contains(&c.g),
                 FrameClass::Jit => c.g >= 170 && c.r <= 120,
+                FrameClass::Python => c.b >= 200 && c.r <= 90,
                 FrameClass::UnwindResult => c.r == c.g && c.g == c.b,
             };
             assert!(fits, "{name}: {class:?} {c:?}");

@@ -130,8 +130,8 @@ static __always_inline void begin_wait_record(struct scratch_space *sc, struct t
 	h->tid = task->pid;
 	h->cpu = bpf_get_smp_processor_id();
 	h->flags = SAMPLE_FLAG_OFF_CPU | (p->runnable ? SAMPLE_FLAG_RUNNABLE : 0);
-	h->padding = 0;
-	h->padding2 = 0;
+	h->python_frames = 0;
+	h->python_status = PYTHON_NOT_WALKED;
 	h->off_cpu_ns = p->waited_ns;
 	BPF_CORE_READ_STR_INTO(&h->thread_comm, task, comm);
 	BPF_CORE_READ_STR_INTO(&h->process_comm, task, group_leader, comm);

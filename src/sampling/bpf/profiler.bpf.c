@@ -34,7 +34,11 @@
 #include "walker_variants.h"
 /* Stack copies for user space to walk on from. */
 #include "stack_copy.h"
-/* A record's walk across tail calls and its sending (programs walk_user_stack*). */
+/* Sending a record, and the program array walks go on through. */
+#include "send.h"
+/* The CPython walker, run after a native walk (program walk_python). */
+#include "python.h"
+/* A record's walk across tail calls (programs walk_user_stack*). */
 #include "record.h"
 /* The sample entry points (programs on_cpu_sample*). */
 #include "on_cpu.h"

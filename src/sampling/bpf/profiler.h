@@ -140,10 +140,58 @@ enum sample_flag {
 /* Bytes above mm->start_stack a small copy must also hold. */
 #define STACK_TOP_SLACK 512
 
+/* How the Python walk of a sample went (sample_header.python_status; src/sampling/bpf/python.h). */
+enum python_status {
+	PYTHON_NOT_WALKED = 0,      /* not a process with a known interpreter */
+	PYTHON_WALKED = 1,          /* the thread's frames were walked to the end */
+	PYTHON_NO_THREAD = 2,       /* no thread state of the main interpreter has this thread's id */
+	PYTHON_READ_FAULT = 3,      /* reading the interpreter's memory failed part-way */
+	PYTHON_TRUNCATED = 4,       /* stopped at the frame limit */
+};
+
+/* Offsets (bytes) the Python walker reads the interpreter's structures at;
+ * PYTHON_NO_OFFSET (0xffff) where the version has no such field. User
+ * space fills them from its table or the interpreter's _Py_DebugOffsets
+ * (src/unwind/interp/python/layout.rs). */
+struct python_offsets {
+	__u16 runtime_interpreters; /* _PyRuntimeState.interpreters.head */
+	__u16 interp_threads;       /* PyInterpreterState.threads.head */
+	__u16 tstate_next;          /* PyThreadState.next */
+	__u16 tstate_native_thread_id;
+	__u16 tstate_frame;         /* PyThreadState.cframe (3.11, 3.12) or .current_frame (3.13) */
+	__u16 cframe_current_frame; /* _PyCFrame.current_frame; none on 3.13 */
+	__u16 frame_code;           /* _PyInterpreterFrame.f_code / f_executable */
+	__u16 frame_previous;
+	__u16 frame_instr;          /* prev_instr (3.11, 3.12) / instr_ptr (3.13) */
+	__u16 frame_owner;
+	__u16 frame_is_entry;       /* 3.11 only */
+	__u16 code_firstlineno;     /* PyCodeObject.co_firstlineno */
+	__u16 code_linetable;       /* PyCodeObject.co_linetable */
+	__u16 code_adaptive;        /* PyCodeObject.co_code_adaptive: the first instruction */
+	__u8 cstack_owner;          /* owner value of the eval loop's entry shim (0xff: none) */
+	__u8 padding[3];
+};
+
+/* A process running a CPython the walker knows (value of python_procs, key: pid). */
+struct python_proc {
+	__u64 runtime;              /* absolute address of _PyRuntime */
+	struct python_offsets offsets;
+};
+
+/* One Python frame of a sample: two frame slots after its user frames. */
+struct python_frame {
+	__u64 code;                 /* address of the PyCodeObject */
+	__u64 word;                 /* bits 0-31: bytes from the first instruction to the frame's
+	                             * current (last started) one; bits 32-62: guard (co_firstlineno
+	                             * ^ (co_linetable address >> 4)); bit 63: the outermost frame
+	                             * of its eval-loop call */
+};
+
 /*
  * The fixed-size head of one sample record in a `samples` ring buffer. It is
  * followed by kernel_frames kernel addresses (leaf first), then user_frames user
- * addresses (leaf first, each a u64). Records are variable length: only the
+ * addresses (leaf first, each a u64), then python_frames struct python_frame
+ * (innermost first). Records are variable length: only the
  * frames that exist are sent.
  */
 struct sample_header {
@@ -156,8 +204,8 @@ struct sample_header {
 	__u16 user_frames;
 	__u8 user_status;           /* enum unwind_status */
 	__u8 flags;                 /* SAMPLE_FLAG_* */
-	__u16 padding;
-	__u32 padding2;
+	__u16 python_frames;        /* struct python_frame entries after the user frames */
+	__u32 python_status;        /* enum python_status */
 	__u64 off_cpu_ns;           /* SAMPLE_FLAG_OFF_CPU: ns from leaving the CPU to running
 	                             * again (timestamp_ns); 0 for cpu-clock samples */
 	char process_comm[TASK_COMM_LEN]; /* group leader's comm */

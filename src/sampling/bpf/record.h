@@ -3,62 +3,13 @@
  * One record's life: it is begun (begin_record), its user stack is walked
  * FRAMES_PER_PROGRAM frames per program run and on through tail calls to
  * the walker programs (continue_walk, walk_user_stack), and it is sent to
- * user space through its CPU's ring in `samples` (send_sample), with a
- * stack copy when the walk stopped for want of a table or mapping. The
+ * user space (send.h), through the Python walker when the process runs a
+ * CPython it knows (python.h). The
  * cpu-clock samples (on_cpu.h) and the off-CPU waits (off_cpu.h) both go
  * through walk_from.
  */
 #ifndef LIGHTSWITCH_RECORD_H
 #define LIGHTSWITCH_RECORD_H
-
-/* The walker itself, for tail calls (slot 0). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u32);
-} walker_programs SEC(".maps");
-
-
-/* Copy the finished record out to user space. */
-static __always_inline void send_sample(struct scratch_space *sc, bool compat)
-{
-	struct stack_sample *s = &sc->sample;
-	__u32 kframes = sc->state.kernel_frames;
-	__u32 uframes = sc->state.user_frames;
-
-	if (kframes > MAX_KERNEL_FRAMES)
-		kframes = MAX_KERNEL_FRAMES;
-	if (uframes > MAX_USER_FRAMES)
-		uframes = MAX_USER_FRAMES;
-	s->header.kernel_frames = kframes;
-	s->header.user_frames = uframes;
-	s->header.user_status = sc->state.status;
-	__u64 size = sizeof(struct sample_header) + (kframes + uframes) * sizeof(__u64);
-	if (size > sizeof(struct stack_sample))
-		size = sizeof(struct stack_sample);
-	__u32 cpu = s->header.cpu;
-	void *ring = bpf_map_lookup_elem(&samples, &cpu);
-	if (!ring) {
-		/* User space attaches only to CPUs it made a ring for; were
-		 * this one missing, its samples count as lost. */
-		count(STAT_LOST_RINGBUF);
-		return;
-	}
-	__u64 waiting = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
-	__u8 status = sc->state.status;
-	/* A walk that stopped for want of a table or mapping takes its stack
-	 * along, while the ring would stay less than half full. */
-	if ((status == UNWIND_NO_TABLE || status == UNWIND_NO_MAPPING || status == UNWIND_MAPPINGS_UNKNOWN) &&
-	    sc->state.copy_wanted) {
-		if (send_with_copy(sc, ring, size, waiting, compat))
-			return;
-		count(STAT_STACK_COPY_SKIPPED);
-	}
-	__u64 wakeup = waiting > samples_wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
-	if (bpf_ringbuf_output(ring, s, size, wakeup) != 0)
-		count(STAT_LOST_RINGBUF);
-}
 
 /* Walk up to FRAMES_PER_PROGRAM frames, then either send the record or go
  * on in a fresh run of this program: the walker in slot 0 of `programs`, a
@@ -117,6 +68,8 @@ static __always_inline int continue_walk(void *ctx, struct scratch_space *sc, st
 			finish(&sc->state, UNWIND_TRUNCATED);
 		}
 	}
+	if (!compat)
+		python_hook(ctx, sc, programs);
 	send_sample(sc, compat);
 	return 0;
 }
@@ -144,8 +97,8 @@ static __always_inline void begin_record(struct scratch_space *sc, struct task_s
 	h->tid = tid;
 	h->cpu = bpf_get_smp_processor_id();
 	h->flags = 0;
-	h->padding = 0;
-	h->padding2 = 0;
+	h->python_frames = 0;
+	h->python_status = PYTHON_NOT_WALKED;
 	h->off_cpu_ns = 0;
 	bpf_get_current_comm(h->thread_comm, sizeof(h->thread_comm));
 	if (pid == tid)

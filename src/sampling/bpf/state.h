@@ -56,13 +56,14 @@ const volatile struct process_event process_event_layout = {};
  * in the ring, from no map value). */
 const volatile struct stack_copy stack_copy_layout = {};
 /* Likewise for the enums whose numbers user space reads (counters, walk
- * outcomes, record flags, process events, mapping kinds): it names them,
+ * outcomes, record flags, process events, mapping kinds, Python walks): it names them,
  * never numbers them itself. */
 const volatile enum stat_index stat_index_layout = STAT_SAMPLES;
 const volatile enum unwind_status unwind_status_layout = UNWIND_COMPLETE;
 const volatile enum event_type event_type_layout = EVENT_EXEC;
 const volatile enum sample_flag sample_flag_layout = SAMPLE_FLAG_KERNEL_THREAD;
 const volatile enum mapping_kind mapping_kind_layout = MAPPING_TABLE;
+const volatile enum python_status python_status_layout = PYTHON_NOT_WALKED;
 
 /* Per-CPU counters, indexed by enum stat_index. */
 struct {
@@ -201,6 +202,7 @@ struct walk_state {
 	__u32 kernel_frames;
 	__u32 user_frames;
 	__u32 tail_calls;
+	__u32 python_frames;  /* struct python_frame entries after the user frames (python.h) */
 	__u8 status;        /* enum unwind_status, valid once done */
 	__u8 done;
 	__u8 exact_ip;      /* ip is not a return address (leaf, or after a signal frame) */

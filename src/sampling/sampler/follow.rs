@@ -49,6 +49,13 @@ pub trait WalkerMaps {
     /// Tell the exec and mmap programs to forget the file `(dev, inode)`
     /// (its object was retired). Files not known are fine.
     fn remove_object_file(&self, dev: u64, inode: u64);
+
+    /// Give the interpreter walker `pid`'s entry (the bytes of `struct
+    /// python_proc`, [`crate::unwind::interp`]), or take it away (`None`).
+    /// Errors: the map update failed.
+    fn set_interpreter(&self, _pid: u32, _entry: Option<&[u8]>) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Attach the programs that follow processes: exec, exit and fork.
@@ -107,6 +114,27 @@ impl WalkerMaps for Sampler<'_> {
 
     fn remove_process(&self, pid: u32) {
         let _ = self.skel.maps.process_mappings.delete(&pid.to_ne_bytes());
+        let _ = self.skel.maps.python_procs.delete(&pid.to_ne_bytes());
+    }
+
+    fn set_interpreter(&self, pid: u32, entry: Option<&[u8]>) -> Result<()> {
+        let map = &self.skel.maps.python_procs;
+        if entry.is_some() && self.variant != super::ProgramVariant::BpfLoop {
+            anyhow::bail!(
+                "Python frames need the bpf_loop BPF programs (Linux 5.17 or later); this run \
+                 loads the {} programs: Python processes get native frames only",
+                self.variant.name()
+            );
+        }
+        match entry {
+            Some(value) => map
+                .update(&pid.to_ne_bytes(), value, MapFlags::ANY)
+                .with_context(|| format!("giving pid {pid} to the Python walker")),
+            None => {
+                let _ = map.delete(&pid.to_ne_bytes());
+                Ok(())
+            }
+        }
     }
 
     fn latest_exec(&self, pid: u32) -> Option<ExecTime> {

@@ -156,6 +156,9 @@ fn log_load_report(
         ("on_exec", variant.exec(p).as_fd()),
         ("on_exit", p.on_exit.as_fd()),
     ];
+    if variant == ProgramVariant::BpfLoop {
+        loaded.push(("walk_python", p.walk_python.as_fd()));
+    }
     if off_cpu {
         loaded.push(("off_cpu_resume", p.off_cpu_resume.as_fd()));
         loaded.push(("walk_user_stack_off_cpu", p.walk_user_stack_off_cpu.as_fd()));
@@ -249,6 +252,15 @@ impl<'obj> Sampler<'obj> {
             .walker_programs
             .update(&0u32.to_ne_bytes(), &walker_fd.to_ne_bytes(), MapFlags::ANY)
             .context("installing the stack walker for tail calls")?;
+        if variant == ProgramVariant::BpfLoop {
+            // The Python walker (src/sampling/bpf/python.h) steps with bpf_loop: the
+            // compat variant leaves its slot empty and sends native stacks.
+            let python_fd = skel.progs.walk_python.as_fd().as_raw_fd();
+            skel.maps
+                .walker_programs
+                .update(&1u32.to_ne_bytes(), &python_fd.to_ne_bytes(), MapFlags::ANY)
+                .context("installing the Python walker for tail calls")?;
+        }
         if off_cpu {
             off_cpu::install_walker(&skel)?;
         }

@@ -60,6 +60,7 @@ impl ProgramVariant {
             (&mut progs.on_cpu_sample, !compat),
             (&mut progs.walk_user_stack, !compat),
             (&mut progs.on_exec, !compat),
+            (&mut progs.walk_python, !compat),
             (&mut progs.on_cpu_sample_compat, compat),
             (&mut progs.walk_user_stack_compat, compat),
             (&mut progs.on_exec_compat, compat),

@@ -144,6 +144,24 @@ pub(super) fn render_objects_given_up(out: &mut String) {
     );
 }
 
+/// Python frames shown as `[python: unknown]` and frames with no
+/// eval-loop frame to go at ([`crate::unwind::interp::frame_counters`]).
+pub(super) fn render_python(out: &mut String) {
+    let (unknown, unplaced) = crate::unwind::interp::frame_counters();
+    family(
+        out,
+        "lightswitch_python_frames_total",
+        "counter",
+        "Python frames the BPF walker recorded that were shown as [python: unknown] (code object \
+         unreadable, or freed and reused: its guard did not match), or dropped because the \
+         sample's native stack had no eval-loop frame to put them at.",
+        &[
+            ("kind=\"unknown\"", unknown),
+            ("kind=\"unplaced\"", unplaced),
+        ],
+    );
+}
+
 /// The profiler process's own memory: `rss_bytes` its resident memory,
 /// `heap` jemalloc's counters; a family only for what was read.
 pub(super) fn render_process(out: &mut String, rss_bytes: Option<u64>, heap: Option<HeapStats>) {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 mod families;
 use families::{
     family, render_debuginfod, render_jit_files, render_minidebuginfo, render_objects_given_up,
-    render_process, render_symbol_tables,
+    render_process, render_python, render_symbol_tables,
 };
 
 use crate::agent::heap::HeapStats;
@@ -181,6 +181,7 @@ impl Metrics {
         self.render_serving(&mut out);
         render_jit_files(&mut out);
         render_objects_given_up(&mut out);
+        render_python(&mut out);
         render_debuginfod(&mut out, crate::symbolize::debuginfod::stats());
         render_minidebuginfo(&mut out, crate::symbolize::minidebuginfo::stats());
         render_symbol_tables(&mut out, crate::symbolize::object_tables::builds());

@@ -1,0 +1,398 @@
+//! Interpreter unwinders: the seam through which interpreted frames (CPython
+//! today) join native stacks (docs/architecture.md, "Interpreters").
+//!
+//! An interpreter is one BPF file (`src/sampling/bpf/python.h`) and one module here
+//! behind [`Unwinder`]. The process tracker shows each unwinder the objects
+//! a process maps when it describes the process to the BPF walker
+//! ([`Interpreters::attach`]); an unwinder that recognises its interpreter
+//! returns the address ranges of the interpreter's eval loop and the entry
+//! its BPF walker needs. Each sample then carries the interpreted frames
+//! the BPF walker found (raw: object address, instruction offset, guard);
+//! [`Interpreters::splice`] has the unwinder name them at once (the process
+//! may exit before its window closes) and puts each run of them at the
+//! native frame of the eval-loop call that ran it, leaf first.
+//!
+//! A named interpreted frame is a [`UserFrame`] with no mapping and an
+//! address tagged with [`INTERPRETED_TAG`]: an index into a table of
+//! distinct names ([`frame_name`]) that lives as long as the profiler
+//! (distinct function and line pairs, bounded by the code that runs).
+
+pub mod python;
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use indexmap::IndexSet;
+use rustc_hash::FxHashMap;
+
+use crate::process::UserFrame;
+
+/// Bit 63 of a [`UserFrame::address`] marks an interpreted frame (user
+/// space addresses never have it); the low 32 bits index [`frame_name`]'s table.
+pub const INTERPRETED_TAG: u64 = 1 << 63;
+
+/// An interpreted frame's name, as formats show it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FrameName {
+    /// The profile mapping it is shown in (`[python]`): how formats tell
+    /// interpreted frames from native ones.
+    pub mapping: &'static str,
+    /// Qualified function name (`Class.method`, `<lambda>`, `<module>`), or
+    /// a bracketed marker (`[python: unknown]`).
+    pub function: Arc<str>,
+    /// Source file, when known.
+    pub file: Option<Arc<str>>,
+    /// Line in `file`, when known.
+    pub line: Option<u32>,
+}
+
+static NAMES: Mutex<Option<IndexSet<Arc<FrameName>>>> = Mutex::new(None);
+
+/// The tagged address of `name` (added to the table when new).
+pub fn intern(name: FrameName) -> u64 {
+    let mut guard = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    let set = guard.get_or_insert_with(IndexSet::new);
+    let (index, _) = set.insert_full(Arc::new(name));
+    INTERPRETED_TAG | index as u64
+}
+
+/// The name of the interpreted frame at tagged address `address`, if it is one.
+pub fn frame_name(address: u64) -> Option<Arc<FrameName>> {
+    if address & INTERPRETED_TAG == 0 {
+        return None;
+    }
+    let guard = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    let index = (address & u64::from(u32::MAX)) as usize;
+    guard.as_ref()?.get_index(index).cloned()
+}
+
+/// Interpreted frames shown as unknown (`[python: unknown]`: the code
+/// object could not be read, or its guard did not match), since the start.
+pub static UNKNOWN_FRAMES: AtomicU64 = AtomicU64::new(0);
+/// Interpreted frames dropped because the sample's native stack had no
+/// frame in the eval loop to put them at, since the start.
+pub static UNPLACED_FRAMES: AtomicU64 = AtomicU64::new(0);
+
+/// ([`UNKNOWN_FRAMES`], [`UNPLACED_FRAMES`]) since the start: for the
+/// summary and `/metrics`.
+pub fn frame_counters() -> (u64, u64) {
+    (
+        UNKNOWN_FRAMES.load(Ordering::Relaxed),
+        UNPLACED_FRAMES.load(Ordering::Relaxed),
+    )
+}
+
+/// An object file a process maps, as unwinders look at it.
+#[derive(Debug, Clone)]
+pub struct MappedObject {
+    /// A path that opens the file from the profiler (`/proc/self/fd/N`).
+    pub open_path: PathBuf,
+    /// The path the process mapped it from.
+    pub path: String,
+    /// Device and inode, as `/proc/PID/maps` shows them.
+    pub file_key: (u64, u64),
+    /// Absolute address = object vaddr + `bias`.
+    pub bias: u64,
+}
+
+/// What an unwinder found in a process.
+#[derive(Debug, Clone)]
+pub struct Attachment {
+    /// Absolute address ranges of the eval loop (every part of it).
+    pub eval: Vec<Range<u64>>,
+    /// The BPF walker's entry for the process (the bytes of the
+    /// interpreter's map value), or why there is none: the frame
+    /// (`[python: unsupported 3.9.18]`) its eval-loop frames get instead.
+    pub walker: Result<Vec<u8>, String>,
+}
+
+/// One interpreter's unwinder (user-space side).
+pub trait Unwinder: Send {
+    /// Look at the objects `pid` maps; `Some` if it runs this interpreter.
+    fn attach(&mut self, pid: u32, objects: &[MappedObject]) -> Option<Attachment>;
+
+    /// Name the raw frames the BPF walker recorded for one sample of `pid`
+    /// (its walker's record words), innermost first, into `out` as
+    /// (tagged address, ends its eval-loop call).
+    fn name_frames(&mut self, pid: u32, raw: &[u64], out: &mut Vec<(u64, bool)>);
+
+    /// `pid` exited or exec'd: forget what was kept for it.
+    fn forget(&mut self, pid: u32);
+}
+
+/// What is known of one process's interpreter.
+#[derive(Debug)]
+struct Attached {
+    eval: Vec<Range<u64>>,
+    /// The frame shown at each eval-loop frame when the walker cannot walk
+    /// this process (tagged address).
+    unsupported: Option<u64>,
+}
+
+/// The interpreter unwinders and the processes they attached to. Owned by
+/// the process tracker.
+#[derive(Default)]
+pub struct Interpreters {
+    python: python::Python,
+    procs: FxHashMap<u32, Attached>,
+    named: Vec<(u64, bool)>,
+}
+
+impl std::fmt::Debug for Interpreters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interpreters")
+            .field("procs", &self.procs.len())
+            .finish()
+    }
+}
+
+impl Interpreters {
+    /// Look for an interpreter in `pid`'s objects; the BPF walker's entry
+    /// when one is found and supported (`None`: nothing for the walker).
+    pub fn attach(&mut self, pid: u32, objects: &[MappedObject]) -> Option<Vec<u8>> {
+        let Some(found) = self.python.attach(pid, objects) else {
+            self.forget(pid);
+            return None;
+        };
+        let (unsupported, entry) = match found.walker {
+            Ok(entry) => (None, Some(entry)),
+            Err(label) => {
+                let name = FrameName {
+                    mapping: python::MAPPING_NAME,
+                    function: label.into(),
+                    file: None,
+                    line: None,
+                };
+                (Some(intern(name)), None)
+            }
+        };
+        self.procs.insert(
+            pid,
+            Attached {
+                eval: found.eval,
+                unsupported,
+            },
+        );
+        entry
+    }
+
+    /// Whether an interpreter was found in `pid`.
+    pub fn knows(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+
+    /// Whether the BPF walker walks `pid`'s interpreter (found and supported).
+    pub fn walks(&self, pid: u32) -> bool {
+        self.procs
+            .get(&pid)
+            .is_some_and(|a| a.unsupported.is_none())
+    }
+
+    /// `pid` exited or exec'd.
+    pub fn forget(&mut self, pid: u32) {
+        if self.procs.remove(&pid).is_some() {
+            self.python.forget(pid);
+        }
+    }
+
+    /// Put the interpreted frames of a sample of `pid` (`raw`: its walker's
+    /// record words; `walked`: whether the walker found the thread) among
+    /// its native `frames` (leaf first): each run of them, up to the frame
+    /// that began its eval-loop call, goes right before (leaf-ward of) the
+    /// next native frame in the eval loop. Runs left when the eval-loop
+    /// frames are used up go at the last one; with no eval-loop frame at
+    /// all they are dropped and counted ([`UNPLACED_FRAMES`]).
+    pub fn splice(&mut self, pid: u32, raw: &[u64], walked: bool, frames: &mut Vec<UserFrame>) {
+        let Some(attached) = self.procs.get(&pid) else {
+            return;
+        };
+        let in_eval = |f: &UserFrame| attached.eval.iter().any(|r| r.contains(&f.address));
+        if let Some(label) = attached.unsupported {
+            insert_before_each(frames, in_eval, |_| vec![label]);
+            return;
+        }
+        self.named.clear();
+        if walked {
+            self.python.name_frames(pid, raw, &mut self.named);
+        }
+        let eval_frames = frames.iter().filter(|f| in_eval(f)).count();
+        if eval_frames == 0 {
+            UNPLACED_FRAMES.fetch_add(self.named.len() as u64, Ordering::Relaxed);
+            return;
+        }
+        if !walked {
+            let unknown = unknown_frame();
+            UNKNOWN_FRAMES.fetch_add(eval_frames as u64, Ordering::Relaxed);
+            insert_before_each(frames, in_eval, |_| vec![unknown]);
+            return;
+        }
+        let mut runs = runs_of(&self.named, eval_frames).into_iter();
+        insert_before_each(frames, in_eval, |_| runs.next().unwrap_or_default());
+    }
+}
+
+/// Split `named` (innermost first: tagged address, ends its eval-loop
+/// call) into one run per eval-loop call, for `eval_frames` (at least 1)
+/// eval-loop frames: runs past the last one join its run.
+fn runs_of(named: &[(u64, bool)], eval_frames: usize) -> Vec<Vec<u64>> {
+    let mut runs: Vec<Vec<u64>> = Vec::new();
+    let mut run = Vec::new();
+    for &(address, entry) in named {
+        run.push(address);
+        if entry {
+            runs.push(std::mem::take(&mut run));
+        }
+    }
+    if !run.is_empty() {
+        runs.push(run);
+    }
+    if runs.len() > eval_frames {
+        let rest: Vec<u64> = runs.drain(eval_frames..).flatten().collect();
+        runs[eval_frames - 1].extend(rest);
+    }
+    runs
+}
+
+/// Put the interpreted frames of `sample` (of a process
+/// [`Interpreters::knows`]) among its native `frames` (leaf first,
+/// resolved through `tracker`): [`Interpreters::splice`]. Where the
+/// walker walks the process, frames in anonymous executable memory are
+/// dropped first: those are CPython's `-X perf` / `-X perf_jit`
+/// trampolines, which would name each Python function a second time
+/// (docs/python.md: the walker's frames win).
+pub fn place(
+    sample: &crate::sampling::records::RawSample,
+    tracker: &mut crate::process::ProcessTracker,
+    frames: &mut Vec<UserFrame>,
+) {
+    if tracker.interpreters.walks(sample.pid) {
+        frames.retain(|f| {
+            f.mapping
+                .and_then(|m| tracker.mapping(m))
+                .is_none_or(|m| m.object.is_some() || m.name == "[vdso]")
+        });
+    }
+    let walked = sample.python_walked;
+    (tracker.interpreters).splice(sample.pid, &sample.python, walked, frames);
+}
+
+/// Look for an interpreter among the objects `tracker` knows `pid` maps
+/// (each object once); the BPF walker's entry when one is found and
+/// supported.
+pub fn attach(tracker: &mut crate::process::ProcessTracker, pid: u32) -> Option<Vec<u8>> {
+    let mut objects: Vec<MappedObject> = Vec::new();
+    let mut seen = Vec::new();
+    for &id in tracker.process_mappings(pid) {
+        let Some(object) = tracker.mapping(id).and_then(|m| m.object) else {
+            continue;
+        };
+        let (Some(file), Some(bias)) = (tracker.object(object), tracker.load_bias(id)) else {
+            continue;
+        };
+        if !seen.contains(&object) {
+            seen.push(object);
+            objects.push(MappedObject {
+                open_path: file.open_path.clone(),
+                path: file.path.clone(),
+                file_key: file.file_key,
+                bias,
+            });
+        }
+    }
+    tracker.interpreters.attach(pid, &objects)
+}
+
+/// The tagged address of `[python: unknown]`.
+pub fn unknown_frame() -> u64 {
+    intern(FrameName {
+        mapping: python::MAPPING_NAME,
+        function: "[python: unknown]".into(),
+        file: None,
+        line: None,
+    })
+}
+
+/// Insert, before each frame of `frames` that `select` picks, the tagged
+/// addresses `insert` gives for it (the n-th picked frame: `insert(n)`).
+fn insert_before_each(
+    frames: &mut Vec<UserFrame>,
+    select: impl Fn(&UserFrame) -> bool,
+    mut insert: impl FnMut(usize) -> Vec<u64>,
+) {
+    let mut out = Vec::with_capacity(frames.len() + 8);
+    let mut picked = 0;
+    for frame in frames.drain(..) {
+        if select(&frame) {
+            out.extend(insert(picked).into_iter().map(|address| UserFrame {
+                mapping: None,
+                address,
+            }));
+            picked += 1;
+        }
+        out.push(frame);
+    }
+    *frames = out;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn native(address: u64) -> UserFrame {
+        UserFrame {
+            mapping: None,
+            address,
+        }
+    }
+
+    /// `sorted(key=f)` called from `g`: the eval loop ran `f` (entry), and
+    /// below `sorted` it ran `g` and `<module>` (entry).
+    #[test]
+    fn runs_go_leaf_ward_of_their_eval_frames() {
+        let (f, g, module) = (
+            INTERPRETED_TAG | 1,
+            INTERPRETED_TAG | 2,
+            INTERPRETED_TAG | 3,
+        );
+        let runs = runs_of(&[(f, true), (g, false), (module, true)], 2);
+        assert_eq!(runs, vec![vec![f], vec![g, module]]);
+        // Leaf first: sort helper, eval (f), sorted, eval (g), main.
+        let mut frames = vec![native(10), native(100), native(20), native(101), native(30)];
+        let mut runs = runs.into_iter();
+        insert_before_each(
+            &mut frames,
+            |fr| fr.address == 100 || fr.address == 101,
+            |_| runs.next().unwrap_or_default(),
+        );
+        let order: Vec<u64> = frames.iter().map(|fr| fr.address).collect();
+        assert_eq!(order, vec![10, f, 100, 20, g, module, 101, 30]);
+    }
+
+    #[test]
+    fn runs_beyond_the_eval_frames_join_the_last() {
+        let (a, b, c) = (
+            INTERPRETED_TAG | 1,
+            INTERPRETED_TAG | 2,
+            INTERPRETED_TAG | 3,
+        );
+        let runs = runs_of(&[(a, true), (b, true), (c, false)], 1);
+        assert_eq!(runs, vec![vec![a, b, c]]);
+    }
+
+    #[test]
+    fn names_round_trip_through_tagged_addresses() {
+        let name = FrameName {
+            mapping: python::MAPPING_NAME,
+            function: "Worker.middle".into(),
+            file: Some("/t/chain.py".into()),
+            line: Some(4),
+        };
+        let tagged = intern(name.clone());
+        assert_ne!(tagged & INTERPRETED_TAG, 0);
+        assert_eq!(*frame_name(tagged).unwrap(), name);
+        assert_eq!(intern(name), tagged);
+        assert!(frame_name(0x40_1000).is_none());
+    }
+}

@@ -1,0 +1,264 @@
+//! The CPython unwinder (docs/python.md). An object exporting `_PyRuntime`
+//! is a CPython interpreter (an executable with libpython linked in, or
+//! libpython itself); its version comes from `Py_Version` (3.11 on), else
+//! its file name (`libpython3.9.so`, `python3.9`). Offsets come from the
+//! interpreter's `_Py_DebugOffsets` (3.13) or the table in [`layout`],
+//! checked against the process's `PyCode_Type.tp_basicsize`; any other
+//! version, or a check that fails, gets one `[python: unsupported …]`
+//! frame at each eval-loop frame. The eval loop is
+//! `_PyEval_EvalFrameDefault` and its `.cold` part where a symbol table
+//! names it.
+
+pub mod layout;
+mod lines;
+mod names;
+
+use std::ops::Range;
+
+use object::{Object, ObjectSymbol};
+use rustc_hash::FxHashMap;
+use tracing::debug;
+
+use super::{intern, unknown_frame, Attachment, FrameName, MappedObject, Unwinder};
+use layout::Layout;
+use names::{read_memory, CodeCache};
+
+/// The profile mapping Python frames are shown in.
+pub const MAPPING_NAME: &str = "[python]";
+
+/// python_frame.word bit 63 (`PYTHON_ENTRY_BIT` in `src/sampling/bpf/python.h`).
+const ENTRY_BIT: u64 = 1 << 63;
+
+/// What an interpreter object's symbols say (object vaddrs).
+#[derive(Debug, Clone)]
+struct Symbols {
+    runtime: u64,
+    version: Option<u64>,
+    code_type: Option<u64>,
+    eval: Vec<Range<u64>>,
+    /// (major, minor) from the file name, and whether it names a
+    /// free-threaded build (`python3.13t`).
+    file_version: Option<(u8, u8, bool)>,
+}
+
+/// A process whose frames this names.
+#[derive(Debug, Clone, Copy)]
+struct Proc {
+    layout: Layout,
+    code_type: u64,
+}
+
+/// The CPython unwinder.
+#[derive(Debug, Default)]
+pub struct Python {
+    /// Symbols by object file (device, inode, path; `None`: not an interpreter).
+    objects: FxHashMap<(u64, u64, String), Option<Symbols>>,
+    procs: FxHashMap<u32, Proc>,
+    codes: CodeCache,
+    /// Tagged addresses by (pid, code address, guard, instruction offset).
+    frames: FxHashMap<(u32, u64, u32, u32), u64>,
+}
+
+/// (major, minor, free-threaded) from a file name like `libpython3.12.so.1.0` or `python3.13t`.
+fn version_in_name(path: &str) -> Option<(u8, u8, bool)> {
+    let name = path.rsplit('/').next()?;
+    let rest = &name[name.find("python")? + "python".len()..];
+    let (major, rest) = rest.split_once('.')?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let free_threaded = rest[digits.len()..].starts_with('t');
+    Some((major.parse().ok()?, digits.parse().ok()?, free_threaded))
+}
+
+/// The interpreter symbols of the object at `open_path`, if it exports `_PyRuntime`.
+fn read_symbols(open_path: &std::path::Path, path: &str) -> Option<Symbols> {
+    let file = std::fs::File::open(open_path).ok()?;
+    // SAFETY: a read-only private mapping; a file changed under it gives
+    // wrong symbols at worst, which the run-time checks catch.
+    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let elf = object::File::parse(&*map).ok()?;
+    let mut symbols = Symbols {
+        runtime: 0,
+        version: None,
+        code_type: None,
+        eval: Vec::new(),
+        file_version: version_in_name(path),
+    };
+    // Only an object exporting _PyRuntime is read further (most objects
+    // are not interpreters: their static symbols are never iterated).
+    if !elf.dynamic_symbols().any(|s| s.name() == Ok("_PyRuntime")) {
+        return None;
+    }
+    for sym in elf.dynamic_symbols().chain(elf.symbols()) {
+        let range = sym.address()..sym.address() + sym.size().max(1);
+        match sym.name() {
+            Ok("_PyRuntime") => symbols.runtime = sym.address(),
+            Ok("Py_Version") => symbols.version = Some(sym.address()),
+            Ok("PyCode_Type") => symbols.code_type = Some(sym.address()),
+            Ok("_PyEval_EvalFrameDefault" | "_PyEval_EvalFrameDefault.cold")
+                if !symbols.eval.contains(&range) =>
+            {
+                symbols.eval.push(range);
+            }
+            _ => {}
+        }
+    }
+    (symbols.runtime != 0 && !symbols.eval.is_empty()).then_some(symbols)
+}
+
+/// A u64 of `pid`'s memory.
+fn read_u64(pid: u32, addr: u64) -> Option<u64> {
+    let mut b = [0u8; 8];
+    read_memory(pid, addr, &mut b).then(|| u64::from_le_bytes(b))
+}
+
+/// The layout for `pid`'s interpreter of version `(major, minor)`, or why there is none.
+fn layout_of(pid: u32, minor: u8, runtime: u64) -> Result<Layout, String> {
+    if minor < 13 {
+        return layout::table(minor).ok_or_else(|| "version not supported yet".into());
+    }
+    let mut raw = [0u8; 8 * (layout::DEBUG_OFFSETS_WORDS + 1)];
+    if !read_memory(pid, runtime, &mut raw) {
+        return Err("_Py_DebugOffsets unreadable".into());
+    }
+    if &raw[..8] != layout::DEBUG_COOKIE {
+        return Err("no _Py_DebugOffsets".into());
+    }
+    let mut words = [0u64; layout::DEBUG_OFFSETS_WORDS];
+    for (w, chunk) in words.iter_mut().zip(raw[8..].chunks_exact(8)) {
+        *w = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+    }
+    if (words[0] >> 16) != 0x030d {
+        return Err("_Py_DebugOffsets of a version this does not know".into());
+    }
+    layout::from_debug_offsets(&words).ok_or_else(|| "free-threaded build".into())
+}
+
+impl Python {
+    /// Attach to `pid`, whose interpreter object has `symbols` at `bias`.
+    fn attach_with(&mut self, pid: u32, s: &Symbols, bias: u64) -> Attachment {
+        let eval = s
+            .eval
+            .iter()
+            .map(|r| r.start.wrapping_add(bias)..r.end.wrapping_add(bias))
+            .collect();
+        let runtime = s.runtime.wrapping_add(bias);
+        let hex = s
+            .version
+            .and_then(|v| read_u64(pid, v.wrapping_add(bias)))
+            .map(|v| v as u32);
+        let (label, minor) = match (hex, s.file_version) {
+            (Some(v), _) => {
+                let (major, minor, micro) = (v >> 24, (v >> 16) & 0xff, (v >> 8) & 0xff);
+                (
+                    format!("{major}.{minor}.{micro}"),
+                    (major == 3).then_some(minor as u8),
+                )
+            }
+            (None, Some((major, minor, _))) => {
+                (format!("{major}.{minor}"), (major == 3).then_some(minor))
+            }
+            (None, None) => ("of unknown version".to_string(), None),
+        };
+        let free_threaded = s.file_version.is_some_and(|(_, _, t)| t);
+        let checked = match minor {
+            _ if free_threaded => Err("free-threaded build".to_string()),
+            Some(minor @ 11..=13) => layout_of(pid, minor, runtime).and_then(|layout| {
+                let code_type = s
+                    .code_type
+                    .map(|a| a.wrapping_add(bias))
+                    .ok_or("no PyCode_Type")?;
+                let size = read_u64(pid, code_type + 32).ok_or("PyCode_Type unreadable")?;
+                // CPython sizes code objects' fixed part up to their
+                // first instruction (Objects/codeobject.c, PyCode_Type).
+                if size != u64::from(layout.code_adaptive) {
+                    return Err(format!("PyCode_Type size {size}"));
+                }
+                Ok(Proc { layout, code_type })
+            }),
+            _ => Err("version not supported".to_string()),
+        };
+        let walker = match checked {
+            Ok(proc) => {
+                self.procs.insert(pid, proc);
+                Ok(proc.layout.walker_entry(runtime))
+            }
+            Err(why) => {
+                debug!("pid {pid}: CPython {label}: {why}");
+                Err(format!("[python: unsupported {label}]"))
+            }
+        };
+        Attachment { eval, walker }
+    }
+
+    /// The tagged address of the frame at `code` (`word`: the walker's second word).
+    fn name_one(&mut self, pid: u32, proc: Proc, code: u64, word: u64) -> u64 {
+        let offset = word as u32;
+        let guard = ((word >> 32) as u32) & 0x7fff_ffff;
+        if let Some(&tagged) = self.frames.get(&(pid, code, guard, offset)) {
+            return tagged;
+        }
+        let Some(found) = self
+            .codes
+            .get(pid, &proc.layout, proc.code_type, code, guard)
+        else {
+            super::UNKNOWN_FRAMES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return unknown_frame();
+        };
+        let tagged = intern(FrameName {
+            mapping: MAPPING_NAME,
+            function: found.qualname.clone(),
+            file: Some(found.filename.clone()),
+            line: found.line(offset as i32),
+        });
+        self.frames.insert((pid, code, guard, offset), tagged);
+        tagged
+    }
+}
+
+impl Unwinder for Python {
+    fn attach(&mut self, pid: u32, objects: &[MappedObject]) -> Option<Attachment> {
+        for object in objects {
+            let symbols = self
+                .objects
+                .entry((object.file_key.0, object.file_key.1, object.path.clone()))
+                .or_insert_with(|| read_symbols(&object.open_path, &object.path))
+                .clone();
+            if let Some(s) = symbols {
+                return Some(self.attach_with(pid, &s, object.bias));
+            }
+        }
+        None
+    }
+
+    fn name_frames(&mut self, pid: u32, raw: &[u64], out: &mut Vec<(u64, bool)>) {
+        let Some(&proc) = self.procs.get(&pid) else {
+            return;
+        };
+        for pair in raw.chunks_exact(2) {
+            let tagged = self.name_one(pid, proc, pair[0], pair[1]);
+            out.push((tagged, pair[1] & ENTRY_BIT != 0));
+        }
+    }
+
+    fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+        self.codes.forget(pid);
+        self.frames.retain(|&(p, ..), _| p != pid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::version_in_name;
+
+    #[test]
+    fn versions_in_file_names() {
+        assert_eq!(
+            version_in_name("/usr/lib/libpython3.9.so.1.0"),
+            Some((3, 9, false))
+        );
+        assert_eq!(version_in_name("/usr/bin/python3.13t"), Some((3, 13, true)));
+        assert_eq!(version_in_name("/usr/bin/python3"), None);
+        assert_eq!(version_in_name("/usr/lib/libc.so.6"), None);
+    }
+}
