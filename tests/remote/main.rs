@@ -10,6 +10,7 @@ mod api;
 #[path = "../common/mod.rs"]
 mod common;
 mod delivery;
+mod full_disk;
 mod misbehaving;
 mod off_cpu;
 mod samples;
