@@ -15,7 +15,13 @@ impl Tmpfs {
     pub fn mount(size: &str) -> Tmpfs {
         let dir = tempfile::tempdir().unwrap();
         let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
             .arg(dir.path())
             .status()
             .expect("running mount");
@@ -42,7 +48,10 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }
 
@@ -69,7 +78,10 @@ pub fn stored(collector: &Collector) -> (u64, u64) {
         .unwrap();
     assert_eq!(r.status(), 200);
     let n = |name: &str| r.headers()[name].to_str().unwrap().parse::<u64>().unwrap();
-    (n("X-Lightswitch-Samples"), n("X-Lightswitch-Merged-Profiles"))
+    (
+        n("X-Lightswitch-Samples"),
+        n("X-Lightswitch-Merged-Profiles"),
+    )
 }
 
 /// An agent sending 1 s windows of `workload` with `sender` to `url` for
@@ -78,7 +90,12 @@ fn agent(workload: &Workload, sender: &str, url: &str, seconds: u32) -> Lightswi
     let mut cmd = lightswitch_command();
     cmd.args(["--pids", &workload.pid_arg(), "--sample-freq", "499"])
         .args(["--sender", sender, "--server-url", url])
-        .args(["--profile-interval", "1", "--duration", &seconds.to_string()])
+        .args([
+            "--profile-interval",
+            "1",
+            "--duration",
+            &seconds.to_string(),
+        ])
         .args(["--flush-timeout", "30"]);
     Lightswitch::spawn_command(cmd)
 }
@@ -127,8 +144,15 @@ fn a_full_disk_at_the_collector_is_waited_out_and_no_sample_is_lost() {
         assert_eq!(summary.get("delivery.rejected"), 0, "{out}");
         assert_eq!(summary.get("delivery.sent"), summary.windows, "{out}");
         // Every sample the agent took is stored, once.
-        assert_eq!(stored(collector), (summary.samples, summary.windows), "{out}");
-        assert_eq!(metric(collector, "lightswitch_collector_storage_failing"), 0);
+        assert_eq!(
+            stored(collector),
+            (summary.samples, summary.windows),
+            "{out}"
+        );
+        assert_eq!(
+            metric(collector, "lightswitch_collector_storage_failing"),
+            0
+        );
         assert!(metric(collector, "lightswitch_collector_failed_writes_total") >= unavailable);
     }
 }
