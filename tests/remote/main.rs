@@ -14,6 +14,7 @@ mod full_disk;
 mod misbehaving;
 mod off_cpu;
 mod samples;
+mod spool;
 
 use std::collections::BTreeMap;
 use std::fs;
