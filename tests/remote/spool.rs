@@ -97,7 +97,7 @@ fn windows_spooled_before_sigterm_and_kill_9_arrive_exactly_once() {
     );
     assert!(spooled(&spool).is_empty(), "{:?}", spooled(&spool));
     let (samples, windows) = stored(&collector);
-    assert_eq!(windows as u64, before_up + summary.windows, "{out}");
+    assert_eq!(windows, before_up + summary.windows, "{out}");
 
     // Sent again (as by an agent that died after the collector stored its
     // windows but before it heard so): counted once.
