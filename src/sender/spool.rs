@@ -130,7 +130,12 @@ impl Spool {
             .map(|e| e.path())
             .filter(|p| {
                 let name = p.file_name().unwrap_or_default().to_string_lossy();
-                name.ends_with(SUFFIX) && !name.starts_with(TMP_PREFIX)
+                if name.starts_with(TMP_PREFIX) {
+                    // A write cut short by a crash: never renamed, never acknowledged.
+                    let _ = fs::remove_file(p);
+                    return false;
+                }
+                name.ends_with(SUFFIX)
             })
             .collect();
         names.sort();
