@@ -1,4 +1,4 @@
-//! Received profiles -> the sample store ([`super::sample_store`]): OTLP
+//! Received profiles -> the sample store ([`super::store`]): OTLP
 //! requests (`POST /v1development/profiles`, every sample at its own
 //! time) and pprof windows (`POST /v1/profiles`, no per-sample time: each
 //! sample is placed at its window's start). Off-CPU waits (`--off-cpu`)
@@ -16,17 +16,19 @@ use axum::response::{IntoResponse, Response};
 use prost::Message;
 use tracing::{info, warn};
 
+use crate::profile::merge::{self, BodyError};
+use super::state::AppState;
+use super::sample_store::health;
+use super::sample_store::identity::{content_hash, WindowId};
 use super::sample_store::writer::{Batch, Ingested, Wait};
 use super::sample_store::SampleStore;
-use super::state::AppState;
-use crate::agent::http::{blocking, text};
 use crate::profile::format::otlp::proto::collector::{
     ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
 };
 use crate::profile::format::otlp::proto::profiles as otlp;
 use crate::profile::format::otlp::read::{self, Names};
 use crate::profile::format::otlp::OFF_CPU_TYPE;
-use crate::profile::merge::{self, BodyError};
+use crate::agent::http::{blocking, text};
 use crate::profile::{Profile, Sample};
 use crate::util::wire::HOST_HEADER;
 
@@ -57,13 +59,16 @@ fn too_many(n: u64) -> Refusal {
 
 /// Store a pprof window of `host`, `[start, end)`: each of its samples at
 /// `start` (pprof has no per-sample time), and each stack's off-CPU ns
-/// ([`Sample::off_cpu_ns`]) as one wait at `start`. Errors: more than
-/// [`MAX_INGEST_SAMPLES`] (413), the store's (500).
+/// ([`Sample::off_cpu_ns`]) as one wait at `start`; `content` is the
+/// [`content_hash`] of the inflated pprof, for the window's identity (a
+/// window stored before is not stored again). Errors: more than
+/// [`MAX_INGEST_SAMPLES`] (413), the store's ([`storing_failed`]: 503 or 500).
 pub fn store_pprof(
     store: &SampleStore,
     host: &str,
     window: (u64, u64),
     profile: &Profile,
+    content: u128,
 ) -> Result<Ingested, Refusal> {
     let total = profile.total_samples();
     if total > MAX_INGEST_SAMPLES {
@@ -90,15 +95,49 @@ pub fn store_pprof(
         times,
         waits,
     };
-    store.ingest(batch).map_err(internal)
+    let id = WindowId::of(&[(host, window.0, window.1)], content);
+    store
+        .ingest_request(vec![batch], Some(id))
+        .map_err(storing_failed)
 }
 
-fn internal(e: anyhow::Error) -> Refusal {
-    warn!("storing samples failed: {e:#}");
-    (
-        StatusCode::INTERNAL_SERVER_ERROR,
-        format!("storing the samples failed: {e:#}"),
-    )
+/// How long a sender is asked to wait (`Retry-After`, seconds) when the
+/// storage failed in a way that may pass (a full disk): long enough for
+/// retention or an operator to make room, short enough that a window
+/// waits in the agent's queue for little longer than the disk is full.
+pub const RETRY_AFTER_SECS: u64 = 2;
+
+/// The answer to a failed store (already counted and logged once per
+/// episode by [`SampleStore::health`]): `503 Service Unavailable` (with
+/// `Retry-After`, see [`refusal`]) when the failure may pass
+/// ([`health::is_transient`]: a full disk, a quota, an I/O error), else
+/// `500` (and a log line each time).
+pub fn storing_failed(e: anyhow::Error) -> Refusal {
+    if health::is_transient(&e) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("storing the samples failed, try again later: {e:#}"),
+        )
+    } else {
+        warn!("storing samples failed: {e:#}");
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("storing the samples failed: {e:#}"),
+        )
+    }
+}
+
+/// A refusal as an HTTP answer (plain text); a 503 says when to try again
+/// ([`RETRY_AFTER_SECS`]).
+pub fn refusal((status, message): Refusal) -> Response {
+    let mut response = text(status, message);
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(
+            header::RETRY_AFTER,
+            header::HeaderValue::from(RETRY_AFTER_SECS),
+        );
+    }
+    response
 }
 
 /// One resource's samples, ready for the store.
@@ -328,7 +367,7 @@ impl ResourceBatch {
 /// its `host.name`, else `fallback_host`. Returns the OTLP response (its
 /// `partial_success` set when samples were refused) and what was stored.
 /// Errors: the status and message to answer with (400 not a request, 413
-/// too large, 500 the store failed).
+/// too large, 503 or 500 the store failed: [`storing_failed`]).
 pub fn store_otlp(
     store: &SampleStore,
     body: &[u8],
@@ -336,6 +375,7 @@ pub fn store_otlp(
     fallback_host: &str,
 ) -> Result<(ExportProfilesServiceResponse, Ingested), Refusal> {
     let raw = merge::inflate(body, max_decoded_bytes).map_err(refused)?;
+    let content = content_hash(&raw);
     let request = ExportProfilesServiceRequest::decode(raw.as_slice()).map_err(|e| {
         (
             StatusCode::BAD_REQUEST,
@@ -345,20 +385,24 @@ pub fn store_otlp(
     drop(raw);
     let converted = convert(&request, fallback_host)?;
     drop(request);
-    let mut stored = Ingested::default();
-    for b in converted.batches {
-        let batch = Batch {
+    let mut resources = converted.batches;
+    let windows: Vec<(&str, u64, u64)> = (resources.iter())
+        .map(|b| (&*b.host, b.window.0, b.window.1))
+        .collect();
+    let id = WindowId::of(&windows, content);
+    drop(windows);
+    let batches = (resources.iter_mut())
+        .map(|b| Batch {
             host: &b.host,
             window: b.window,
             profile: &b.profile,
-            times: b.times,
-            waits: b.waits,
-        };
-        let done = store.ingest(batch).map_err(internal)?;
-        stored.samples += done.samples;
-        stored.waits += done.waits;
-        stored.blocks += done.blocks;
-    }
+            times: std::mem::take(&mut b.times),
+            waits: std::mem::take(&mut b.waits),
+        })
+        .collect();
+    let stored = store
+        .ingest_request(batches, Some(id))
+        .map_err(storing_failed)?;
     let partial_success = (converted.rejected_samples > 0).then(|| {
         let reason = converted.reason.as_deref().unwrap_or("");
         warn!(
@@ -383,18 +427,24 @@ fn otlp_blocking(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("unknown");
     let (response, stored) = store_otlp(&state.store, body, state.max_decoded_bytes, fallback)?;
-    info!(
-        "stored {} OTLP samples and {} off-CPU waits in {} blocks",
-        stored.samples, stored.waits, stored.blocks
-    );
+    if stored.duplicate {
+        info!("an OTLP request stored before came again: answered, not stored twice");
+    } else {
+        info!(
+            "stored {} OTLP samples and {} off-CPU waits in {} blocks",
+            stored.samples, stored.waits, stored.blocks
+        );
+    }
     Ok(response)
 }
 
 /// `POST /v1development/profiles`: an OTLP/HTTP export (binary protobuf,
 /// gzip'd or not). 200 with an `ExportProfilesServiceResponse` (its
 /// `partial_success` says how many samples were refused and why); 400 with
-/// a message if the body is not a request; 413 over the size limits; 500
-/// if storing failed.
+/// a message if the body is not a request; 413 over the size limits; 503
+/// with `Retry-After` if storing failed in a way that may pass (a full
+/// disk), else 500. A request stored before (the same window sent again)
+/// is answered 200 and not stored twice.
 pub async fn otlp(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     blocking(move || match otlp_blocking(&state, &headers, &body) {
         Ok(response) => (
@@ -403,7 +453,7 @@ pub async fn otlp(State(state): State<AppState>, headers: HeaderMap, body: Bytes
             response.encode_to_vec(),
         )
             .into_response(),
-        Err((status, message)) => text(status, message),
+        Err(refused) => refusal(refused),
     })
     .await
 }
@@ -414,9 +464,9 @@ mod tests {
     use crate::collector::sample_store::assemble::Assembler;
     use crate::collector::sample_store::query::Selection;
     use crate::collector::sample_store::timeline::Density;
+    use crate::util::files::PROFILE_MODE;
     use crate::profile::format::off_cpu::tests::waited_profile;
     use crate::profile::format::{encode, Compression, ProfileFormat};
-    use crate::util::files::PROFILE_MODE;
 
     /// Everything stored, as `merged` assembles it (with a timeline), and
     /// the timeline's total (counted row by row, then from the blocks'
@@ -498,7 +548,7 @@ mod tests {
         let sent = waited_profile();
         let model = merge::profile_from_pprof(&crate::profile::format::pprof::to_proto(&sent));
         let window = (sent.start_unix_ns, sent.start_unix_ns + sent.duration_ns);
-        let stored = store_pprof(&store, "h", window, &model).unwrap();
+        let stored = store_pprof(&store, "h", window, &model, 1).unwrap();
         assert_eq!((stored.samples, stored.waits), (sent.total_samples(), 2));
         let (back, _) = everything(&store);
         assert!(back.off_cpu);

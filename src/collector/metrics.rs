@@ -1,5 +1,6 @@
-//! `GET /metrics` of the collector: its sample store's counters and size
-//! in the Prometheus text format (version 0.0.4).
+//! `GET /metrics` of the collector: its sample store's counters and size,
+//! failed writes and free space, in the Prometheus text format (version
+//! 0.0.4).
 
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
@@ -9,6 +10,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::state::AppState;
+use super::sample_store::health;
 use crate::agent::http::blocking;
 
 /// The metrics text for `state` (counters, then gauges).
@@ -48,6 +50,26 @@ pub fn text(state: &AppState) -> String {
             "Bytes deleted by retention.",
             &s.deleted_bytes,
         ),
+        (
+            "duplicate_windows_total",
+            "Requests whose window was stored before (sent again): answered, not stored twice.",
+            &s.duplicates,
+        ),
+        (
+            "incomplete_blocks_removed_total",
+            "Blocks of requests found incomplete at start-up (never acknowledged) and removed.",
+            &s.incomplete_removed,
+        ),
+        (
+            "failed_writes_total",
+            "Requests whose storing failed (nothing of them kept).",
+            &store.health.failed_writes,
+        ),
+        (
+            "unavailable_total",
+            "Of the failed writes, those that may pass (full disk, quota, I/O error): answered 503.",
+            &store.health.unavailable,
+        ),
     ];
     for (name, help, value) in counters {
         let _ = writeln!(out, "# HELP lightswitch_collector_{name} {help}");
@@ -68,6 +90,16 @@ pub fn text(state: &AppState) -> String {
             "store_blocks",
             "Blocks in the sample store.",
             store.block_count() as u64,
+        ),
+        (
+            "storage_free_bytes",
+            "Bytes free on the storage's file system (statvfs f_bavail).",
+            health::free_bytes(store.root()).unwrap_or(0),
+        ),
+        (
+            "storage_failing",
+            "1 while storing fails (the last write failed), else 0.",
+            u64::from(store.health.is_failing()),
         ),
     ];
     for (name, help, value) in gauges {

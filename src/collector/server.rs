@@ -10,8 +10,12 @@
 //!   `--max-decoded-bytes` (decompression is streamed and stops there). At
 //!   most `--max-concurrent-ingests` bodies are read and decoded at once;
 //!   others wait, and a request not done within [`INGEST_TIMEOUT`] gets 408.
-//!   Its samples also go into the sample store ([`super::sample_store`]), each
-//!   at the window's start (pprof has no per-sample time).
+//!   Its samples also go into the sample store ([`super::store`]), each
+//!   at the window's start (pprof has no per-sample time). A storage
+//!   failure that may pass (a full disk) is answered 503 with
+//!   `Retry-After`, other storage failures 500, and nothing of the request
+//!   is kept; a window stored before (the same host, window and content) is
+//!   answered 200 and not stored twice.
 //! - `POST /v1development/profiles`: OTLP/HTTP ([`super::ingest::otlp`]).
 //! - `GET /v1/profiles?host=&from=&to=`: JSON list of stored pprof files whose
 //!   window overlaps `[from, to)`, oldest first.
@@ -21,7 +25,7 @@
 //!
 //! - `GET /v1/profiles/diff?from=&to=&base_from=&base_to=`: the
 //!   differential flame graph of two ranges ([`super::diff`]).
-//! - `GET /`, `/assets/…`, `/licenses`: the web view ([`crate::agent::page`]); with
+//! - `GET /`, `/assets/…`, `/licenses`: the web view ([`crate::web`]); with
 //!   a token, a browser is asked for it as a Basic password.
 //!
 //! Times (headers and `from`/`to`) outside what u64 nanoseconds hold
@@ -43,13 +47,15 @@ use axum::Router;
 use tower_http::timeout::TimeoutLayer;
 use tracing::{info, warn};
 
-use super::archive::{Filter, Storage, StoredProfile};
+use super::ingest::{refusal, storing_failed};
+use crate::profile::merge::{self, BodyError};
 use super::queries;
 use super::state::{json, query_pairs, query_value, time_param, AppState, TIME_FORMS};
+use super::archive::{Filter, Storage, StoredProfile};
+use super::sample_store::identity::content_hash;
 use crate::agent::http::{blocking, text};
-use crate::agent::page::assets::check_request;
-use crate::profile::merge::{self, BodyError};
 use crate::util::timefmt;
+use crate::agent::page::assets::check_request;
 use crate::util::wire::{HOST_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
 
 /// Longest a `POST /v1/profiles` may take, waiting for its turn and
@@ -210,11 +216,7 @@ fn ingest_blocking(
     }
     let model = merge::profile_from_pprof(&profile);
     drop(profile);
-    if let Err((status, message)) =
-        super::ingest::store_pprof(&state.store, &host, (start, end), &model)
-    {
-        return text(status, message);
-    }
+    let content = content_hash(&raw);
     let gzipped = if merge::is_gzip(body) {
         body.to_vec()
     } else {
@@ -223,19 +225,34 @@ fn ingest_blocking(
             Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
         }
     };
-    match state.storage.store(&host, start, end, &gzipped) {
-        Ok(stored) => {
-            info!("stored {} ({} bytes)", stored.path.display(), stored.size);
-            json(StatusCode::OK, &describe(&state.storage, &stored))
-        }
+    // The archive first: its file is named by content, so storing it again
+    // is harmless, and it is removed if the samples cannot be stored.
+    let stored = match state.storage.store(&host, start, end, &gzipped) {
+        Ok(stored) => stored,
         Err(e) => {
-            warn!("storing a profile failed: {e:#}");
-            text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("storing the profile failed: {e:#}"),
-            )
+            state.store.health.failed(&e);
+            return refusal(storing_failed(e));
+        }
+    };
+    match super::ingest::store_pprof(&state.store, &host, (start, end), &model, content) {
+        Ok(done) if done.duplicate => {
+            info!(
+                "{} came again: answered, not stored twice",
+                stored.path.display()
+            );
+        }
+        Ok(_) => info!("stored {} ({} bytes)", stored.path.display(), stored.size),
+        Err(refused) => {
+            if let Err(e) = std::fs::remove_file(&stored.path) {
+                warn!(
+                    "cannot remove {} of a failed request: {e}",
+                    stored.path.display()
+                );
+            }
+            return refusal(refused);
         }
     }
+    json(StatusCode::OK, &describe(&state.storage, &stored))
 }
 
 fn gzip(raw: &[u8]) -> anyhow::Result<Vec<u8>> {

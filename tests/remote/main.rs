@@ -10,9 +10,11 @@ mod api;
 #[path = "../common/mod.rs"]
 mod common;
 mod delivery;
+mod full_disk;
 mod misbehaving;
 mod off_cpu;
 mod samples;
+mod spool;
 
 use std::collections::BTreeMap;
 use std::fs;

@@ -134,6 +134,9 @@ impl std::fmt::Display for RunSummary {
             )?;
             if let Some(delivery) = &c.report.sender.delivery {
                 write!(f, "\ndelivery: {delivery}")?;
+                if let Some(spool) = &delivery.spool {
+                    write!(f, "\nspool: {spool}")?;
+                }
             }
         } else {
             write!(

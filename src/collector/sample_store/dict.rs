@@ -26,129 +26,7 @@ use crate::profile::{Frame, FrameKind, Line, Profile, ProfileMapping};
 use crate::sampling::records::UnwindStatus;
 use crate::util::files::{write_atomic, TMP_PREFIX};
 
-/// A mapping: string ids for its file name and build ID (0: none).
-#[derive(Clone, PartialEq, Eq, Hash, Message)]
-pub struct MappingRec {
-    /// First address (inclusive).
-    #[prost(uint64, tag = "1")]
-    pub start: u64,
-    /// End address (exclusive).
-    #[prost(uint64, tag = "2")]
-    pub limit: u64,
-    /// File offset of `start`, bytes.
-    #[prost(uint64, tag = "3")]
-    pub file_offset: u64,
-    /// String id of the file name.
-    #[prost(uint32, tag = "4")]
-    pub filename: u32,
-    /// String id of the GNU build ID in hex (0: none).
-    #[prost(uint32, tag = "5")]
-    pub build_id: u32,
-}
-
-/// One line of a frame (string ids; `file` 0: none, `line` 0: unknown).
-#[derive(Clone, PartialEq, Eq, Hash, Message)]
-pub struct LineRec {
-    /// String id of the demangled function name.
-    #[prost(uint32, tag = "1")]
-    pub function: u32,
-    /// String id of the symbol-table name.
-    #[prost(uint32, tag = "2")]
-    pub system_name: u32,
-    /// String id of the source file (0: none).
-    #[prost(uint32, tag = "3")]
-    pub file: u32,
-    /// Source line (0: unknown).
-    #[prost(uint32, tag = "4")]
-    pub line: u32,
-}
-
-/// A frame: kind (0 kernel, 1 user, 2 unwind marker), address, mapping id
-/// + 1 (0: none), lines innermost first, whether symbolized.
-#[derive(Clone, PartialEq, Eq, Hash, Message)]
-pub struct FrameRec {
-    /// 0 kernel, 1 user, 2 unwind marker.
-    #[prost(uint32, tag = "1")]
-    pub kind: u32,
-    /// Absolute address (0 for markers).
-    #[prost(uint64, tag = "2")]
-    pub address: u64,
-    /// Mapping id + 1 (0: none).
-    #[prost(uint32, tag = "3")]
-    pub mapping: u32,
-    /// Innermost first; never empty.
-    #[prost(message, repeated, tag = "4")]
-    pub lines: Vec<LineRec>,
-    /// Whether the lines came from a symbol table.
-    #[prost(bool, tag = "5")]
-    pub symbolized: bool,
-}
-
-/// A stack: frame ids leaf first, and the string id of its unwind result's name.
-#[derive(Clone, PartialEq, Eq, Hash, Message)]
-pub struct StackRec {
-    /// Frame ids, leaf first.
-    #[prost(uint32, repeated, tag = "1")]
-    pub frames: Vec<u32>,
-    /// String id of the unwind result's name.
-    #[prost(uint32, tag = "2")]
-    pub status: u32,
-}
-
-/// Who ran: string ids of host, process name and thread name; pid and tid.
-#[derive(Clone, PartialEq, Eq, Hash, Message)]
-pub struct ThreadRec {
-    /// String id of the host name.
-    #[prost(uint32, tag = "1")]
-    pub host: u32,
-    /// Process id.
-    #[prost(uint32, tag = "2")]
-    pub pid: u32,
-    /// Thread id.
-    #[prost(uint32, tag = "3")]
-    pub tid: u32,
-    /// String id of the process name.
-    #[prost(uint32, tag = "4")]
-    pub comm: u32,
-    /// String id of the thread name.
-    #[prost(uint32, tag = "5")]
-    pub name: u32,
-}
-
-/// One segment file's content: the entries of each table from its `first_*` id on.
-#[derive(Clone, PartialEq, Message)]
-pub struct Segment {
-    /// Id of the first string in this segment.
-    #[prost(uint32, tag = "1")]
-    pub first_string: u32,
-    /// Id of the first mapping.
-    #[prost(uint32, tag = "2")]
-    pub first_mapping: u32,
-    /// Id of the first frame.
-    #[prost(uint32, tag = "3")]
-    pub first_frame: u32,
-    /// Id of the first stack.
-    #[prost(uint32, tag = "4")]
-    pub first_stack: u32,
-    /// Id of the first thread.
-    #[prost(uint32, tag = "5")]
-    pub first_thread: u32,
-    /// Strings, from `first_string` on.
-    #[prost(string, repeated, tag = "6")]
-    pub strings: Vec<String>,
-    /// Mappings, from `first_mapping` on.
-    #[prost(message, repeated, tag = "7")]
-    pub mappings: Vec<MappingRec>,
-    /// Frames, from `first_frame` on.
-    #[prost(message, repeated, tag = "8")]
-    pub frames: Vec<FrameRec>,
-    /// Stacks, from `first_stack` on.
-    #[prost(message, repeated, tag = "9")]
-    pub stacks: Vec<StackRec>,
-    /// Threads, from `first_thread` on.
-    #[prost(message, repeated, tag = "10")]
-    pub threads: Vec<ThreadRec>,
-}
+pub use super::records::{FrameRec, LineRec, MappingRec, Segment, StackRec, ThreadRec};
 
 /// A table whose entries are held once: id -> value, value -> id.
 #[derive(Debug)]
@@ -180,6 +58,23 @@ impl<T: Eq + std::hash::Hash + Clone> Table<T> {
     fn len(&self) -> u32 {
         self.items.len() as u32
     }
+
+    /// Forget every entry from id `len` on.
+    fn truncate(&mut self, len: u32) {
+        if len < self.len() {
+            self.items.truncate(len as usize);
+            self.ids.retain(|_, id| *id < len);
+        }
+    }
+}
+
+/// Where the table stood before an ingest ([`Dictionary::mark`]), to go
+/// back to if the ingest fails ([`Dictionary::undo`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    persisted: Counts,
+    next_seq: u64,
+    segments: usize,
 }
 
 /// How many entries of each table: the ids below are taken.
@@ -351,6 +246,45 @@ impl Dictionary {
         Ok(())
     }
 
+    /// Where the table stands: what is on disk (call it with nothing
+    /// unpersisted, i.e. before interning a request's entries).
+    pub fn mark(&self) -> Mark {
+        Mark {
+            persisted: self.persisted,
+            next_seq: self.next_seq,
+            segments: self.segments,
+        }
+    }
+
+    /// Go back to `mark` after a failed ingest: the segment written since
+    /// (if any) is removed and the entries added since are forgotten, so
+    /// the table in memory is what is on disk and no entry is left that
+    /// nothing refers to. If that segment cannot be removed, its entries
+    /// stay (in memory as on disk: still consistent) and only unpersisted
+    /// ones are forgotten.
+    pub fn undo(&mut self, mark: Mark) {
+        if self.next_seq > mark.next_seq {
+            let path = self.dir.join(segment_name(mark.next_seq));
+            match fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    warn!("stack table: cannot remove {}: {e}", path.display());
+                }
+                _ => {
+                    let _ = crate::util::files::sync_dir(&self.dir);
+                    self.persisted = mark.persisted;
+                    self.next_seq = mark.next_seq;
+                    self.segments = mark.segments;
+                }
+            }
+        }
+        let p = self.persisted;
+        self.strings.truncate(p.strings);
+        self.mappings.truncate(p.mappings);
+        self.frames.truncate(p.frames);
+        self.stacks.truncate(p.stacks);
+        self.threads.truncate(p.threads);
+    }
+
     fn segment_from(&self, p: Counts) -> Segment {
         Segment {
             first_string: p.strings,
@@ -376,7 +310,11 @@ impl Dictionary {
         let crc = crc32fast::hash(&bytes);
         bytes.extend_from_slice(&crc.to_le_bytes());
         let path = self.dir.join(segment_name(self.next_seq));
-        write_atomic(&path, &bytes, self.file_mode)?;
+        if let Err(e) = super::health::write_file(&path, &bytes, self.file_mode) {
+            // Renamed but not synced, perhaps: the next segment takes this name.
+            let _ = fs::remove_file(&path);
+            return Err(e);
+        }
         self.next_seq += 1;
         self.segments += 1;
         Ok(())

@@ -6,27 +6,37 @@
 //! a host directory of the pprof archive beside it):
 //! - `stacks/SEQ.seg`: the stack table ([`dict`]): strings, mappings,
 //!   frames, stacks and threads, each once, across all windows;
-//! - `blocks/HOST/DAY/FIRST-LAST-SAMPLES-SEQ.blk`: one block per ingested
-//!   window and host ([`block`]; FIRST/LAST: its first and last sample's
-//!   time, ns; SAMPLES: how many; SEQ: a sequence number), so that a
-//!   listing reads directories only.
+//! - `blocks/HOST/DAY/FIRST-LAST-SAMPLES-SEQ-ID-PART-PARTS.blk`: one block
+//!   per ingested window and host ([`block`]; FIRST/LAST: its first and
+//!   last sample's time, ns; SAMPLES: how many; SEQ: a sequence number;
+//!   ID: the request's identity ([`identity`]), PART of PARTS: the block's
+//!   place among the request's blocks), so that a listing reads directories
+//!   only. Blocks of older stores are named without `-ID-PART-PARTS`.
 //!
 //! Every file is written atomically (temporary file, fsync, rename, fsync
 //! of the directory: [`crate::util::files::write_atomic`]); a block's stack-table
-//! entries are on disk before the block. Temporary files (`.tmp-*`) and
-//! files whose names or contents do not check are ignored and counted.
-//! Ingest is [`writer`], queries [`query`] and [`timeline`], deletion
-//! [`retention`].
+//! entries are on disk before the block. One request is stored all or
+//! nothing: what it wrote before a failure is removed again ([`writer`]),
+//! and a request whose blocks are not all on disk at start-up (the
+//! collector died while renaming them) is removed then. Temporary files
+//! (`.tmp-*`) and files whose names or contents do not check are ignored
+//! and counted. Ingest is [`writer`], queries [`query`] and [`timeline`],
+//! deletion [`retention`], failures that may pass [`health`].
 
 pub mod assemble;
 pub mod block;
 pub mod columns;
 pub mod dict;
+pub mod health;
+pub mod identity;
 pub mod query;
+pub mod records;
 pub mod retention;
 pub mod timeline;
 pub mod writer;
 
+use std::collections::{HashMap, HashSet};
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, RwLock};
@@ -35,6 +45,7 @@ use anyhow::{Context, Result};
 
 use crate::util::files::TMP_PREFIX;
 use dict::Dictionary;
+use identity::{PartOf, WindowId};
 
 /// Name of the store's directory under the storage root.
 pub const STORE_DIR: &str = ".samples";
@@ -57,6 +68,8 @@ pub struct BlockMeta {
     pub samples: u64,
     /// Its size, bytes.
     pub bytes: u64,
+    /// The request it came with (`None`: a block of an older store).
+    pub part_of: Option<PartOf>,
 }
 
 /// What the store counts for `/metrics` (monotonic unless said otherwise).
@@ -76,6 +89,11 @@ pub struct StoreStats {
     pub deleted_by_size: AtomicU64,
     /// Bytes deleted by retention (both causes).
     pub deleted_bytes: AtomicU64,
+    /// Requests whose window was stored before (a re-sent window), answered
+    /// as stored and not stored again.
+    pub duplicates: AtomicU64,
+    /// Blocks of requests found incomplete at start-up and removed.
+    pub incomplete_removed: AtomicU64,
 }
 
 /// The sample store (see the module docs).
@@ -88,8 +106,12 @@ pub struct SampleStore {
     index: RwLock<Vec<BlockMeta>>,
     /// Held by an ingest from interning to the block's rename: one writer at a time.
     writer: Mutex<u64>,
+    /// The identities of the requests stored (of the blocks in the index).
+    seen: Mutex<HashSet<WindowId>>,
     /// Counters for `/metrics`.
     pub stats: StoreStats,
+    /// Failed writes and their episodes.
+    pub health: health::Health,
 }
 
 /// Create `dir` and its missing parents with the store's directory mode.
@@ -100,12 +122,42 @@ pub(crate) fn create_dir(dir: &Path, file_mode: u32) -> Result<()> {
         .with_context(|| format!("creating {}", dir.display()))
 }
 
-/// `FIRST-LAST-SAMPLES-SEQ.blk` -> (first, last, samples, seq).
-fn parse_block_name(name: &str) -> Option<(u64, u64, u64, u64)> {
-    let mut parts = name.strip_suffix(".blk")?.split('-');
-    let mut next = || parts.next()?.parse().ok();
-    let parsed = (next()?, next()?, next()?, next()?);
-    (parsed.0 <= parsed.1 && parsed.2 > 0).then_some(parsed)
+/// A block's file name: `FIRST-LAST-SAMPLES-SEQ[-ID-PART-PARTS].blk`.
+fn block_name(first: u64, last: u64, samples: usize, seq: u64, part_of: Option<PartOf>) -> String {
+    match part_of {
+        Some(p) => format!(
+            "{first}-{last}-{samples}-{seq}-{}-{}-{}.blk",
+            p.id, p.part, p.parts
+        ),
+        None => format!("{first}-{last}-{samples}-{seq}.blk"),
+    }
+}
+
+/// A parsed block name: (first, last, samples, seq) and the request it
+/// belongs to ([`block_name`]).
+type ParsedName = ((u64, u64, u64, u64), Option<PartOf>);
+
+/// `FIRST-LAST-SAMPLES-SEQ[-ID-PART-PARTS].blk` -> its fields.
+fn parse_block_name(name: &str) -> Option<ParsedName> {
+    let fields: Vec<&str> = name.strip_suffix(".blk")?.split('-').collect();
+    let num = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    let parsed = (num(0)?, num(1)?, num(2)?, num(3)?);
+    if parsed.0 > parsed.1 || parsed.2 == 0 {
+        return None;
+    }
+    let part_of = match fields.len() {
+        4 => None,
+        7 => {
+            let p = PartOf {
+                id: fields[4].parse().ok()?,
+                part: fields[5].parse().ok()?,
+                parts: fields[6].parse().ok()?,
+            };
+            Some(p).filter(|p| p.part < p.parts)
+        }
+        _ => return None,
+    };
+    Some((parsed, part_of))
 }
 
 impl SampleStore {
@@ -119,14 +171,18 @@ impl SampleStore {
         if let Err(e) = dict.compact(MAX_SEGMENTS) {
             tracing::warn!("compacting the stack table failed: {e:#}");
         }
-        let (index, max_seq) = list_blocks(&root.join("blocks"))?;
+        let (mut index, max_seq) = list_blocks(&root.join("blocks"))?;
+        let stats = StoreStats::default();
+        let seen = complete_requests(&mut index, &stats);
         Ok(SampleStore {
             root,
             file_mode,
             dict: RwLock::new(dict),
             index: RwLock::new(index),
             writer: Mutex::new(max_seq + 1),
-            stats: StoreStats::default(),
+            seen: Mutex::new(seen),
+            stats,
+            health: health::Health::default(),
         })
     }
 
@@ -188,6 +244,50 @@ impl SampleStore {
         let at = index.partition_point(|b| b.first_time <= meta.first_time);
         index.insert(at, meta);
     }
+
+    /// Forget `id` (its blocks are being deleted): a window sent again
+    /// after retention removed it is stored again.
+    fn forget(&self, id: WindowId) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
+}
+
+/// The identities of the requests whose blocks are all in `index`; the
+/// blocks of the others (a collector killed while renaming a request's
+/// blocks into place: the request was never answered, and its sender sends
+/// it again) are deleted and left out of `index`.
+fn complete_requests(index: &mut Vec<BlockMeta>, stats: &StoreStats) -> HashSet<WindowId> {
+    let mut parts: HashMap<WindowId, (u32, HashSet<u32>)> = HashMap::new();
+    for p in index.iter().filter_map(|b| b.part_of) {
+        let entry = parts.entry(p.id).or_insert((p.parts, HashSet::new()));
+        entry.1.insert(p.part);
+    }
+    let complete: HashSet<WindowId> = parts
+        .iter()
+        .filter(|(_, (n, have))| have.len() == *n as usize)
+        .map(|(id, _)| *id)
+        .collect();
+    index.retain(|b| {
+        let Some(p) = b.part_of.filter(|p| !complete.contains(&p.id)) else {
+            return true;
+        };
+        tracing::warn!(
+            "removing {}: part {} of a request whose other blocks are missing (never acknowledged)",
+            b.path.display(),
+            p.part
+        );
+        stats
+            .incomplete_removed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = fs::remove_file(&b.path) {
+            tracing::warn!("cannot remove {}: {e}", b.path.display());
+        }
+        false
+    });
+    complete
 }
 
 /// Every block file under `blocks` (`HOST/DAY/NAME`), sorted by first
@@ -204,7 +304,7 @@ fn list_blocks(blocks: &Path) -> Result<(Vec<BlockMeta>, u64)> {
             if name.starts_with(TMP_PREFIX) {
                 return;
             }
-            let Some((first, last, samples, seq)) = parse_block_name(&name) else {
+            let Some(((first, last, samples, seq), part_of)) = parse_block_name(&name) else {
                 return;
             };
             max_seq = max_seq.max(seq);
@@ -215,6 +315,7 @@ fn list_blocks(blocks: &Path) -> Result<(Vec<BlockMeta>, u64)> {
                 last_time: last,
                 samples,
                 bytes: file.metadata().map_or(0, |m| m.len()),
+                part_of,
             });
         },
     )?;
@@ -222,5 +323,7 @@ fn list_blocks(blocks: &Path) -> Result<(Vec<BlockMeta>, u64)> {
     Ok((out, max_seq))
 }
 
+#[cfg(test)]
+mod failure_tests;
 #[cfg(test)]
 mod tests;

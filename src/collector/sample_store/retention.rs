@@ -126,7 +126,18 @@ impl SampleStore {
     fn delete(&self, item: &Item) -> bool {
         if item.block {
             let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
-            index.retain(|b| b.path != item.path);
+            let mut gone = None;
+            index.retain(|b| {
+                let keep = b.path != item.path;
+                if !keep {
+                    gone = b.part_of;
+                }
+                keep
+            });
+            drop(index);
+            if let Some(p) = gone {
+                self.forget(p.id);
+            }
         }
         match fs::remove_file(&item.path) {
             Ok(()) => {}

@@ -250,6 +250,25 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_seconds, default_value = "5")]
     pub flush_timeout: f64,
 
+    /// Remote senders: keep every profile not yet delivered in this
+    /// directory (created 0700), written atomically and removed once the
+    /// server acknowledged it, so that a restarted agent sends what an
+    /// earlier run could not, first and with its original times (the
+    /// collector counts a window it already has once). Files of another
+    /// host or damaged ones are skipped, counted and moved to DIR/skipped/.
+    #[arg(long, value_name = "DIR")]
+    pub spool_dir: Option<PathBuf>,
+
+    /// --spool-dir: most bytes of spooled profiles; beyond it the oldest
+    /// files are removed (their profiles may still be sent from memory).
+    #[arg(long, value_parser = parse_count::<u64>, default_value_t = 256 * 1024 * 1024)]
+    pub spool_max_bytes: u64,
+
+    /// --spool-dir: spooled profiles older than this are removed (seconds,
+    /// or with a unit).
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds, default_value = "24h")]
+    pub spool_max_age: f64,
+
     /// Serve on-demand CPU profiles, the profiler's own heap profile and
     /// metrics over HTTP at this address (`HOST:PORT`; `:PORT` or `PORT`
     /// binds 127.0.0.1; port 0 picks a free one). The bound address is

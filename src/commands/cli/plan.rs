@@ -14,7 +14,7 @@ use crate::collector::sample_store::retention::Retention;
 use crate::collector::CollectorPlan;
 use crate::commands::compare::command::{DiffPlan, ReportPlan};
 use crate::commands::record::RecordPlan;
-use crate::output::sender::{otlp::OtlpSettings, remote::HttpSettings, SenderConfig};
+use crate::output::sender::{otlp::OtlpSettings, remote::HttpSettings, spool::SpoolSettings, SenderConfig};
 use crate::profile::format::ProfileFormat;
 
 /// Window length of continuous mode when only a network sender asks for
@@ -86,6 +86,9 @@ impl ProfileArgs {
         }
         if self.sender != SenderKind::Otlp && !self.otlp_headers.is_empty() {
             bail!("--otlp-header is for --sender otlp");
+        }
+        if self.spool_dir.is_some() && self.sender == SenderKind::Disk {
+            bail!("--spool-dir is for --sender remote, pyroscope or otlp");
         }
         if self.max_profiles.is_some() && !(self.is_continuous() && self.sender == SenderKind::Disk)
         {
@@ -159,6 +162,12 @@ impl ProfileArgs {
             token: self.token.clone(),
             send_timeout_s: self.send_timeout,
             send_queue_bytes: self.send_queue_bytes,
+            spool: self.spool_dir.clone().map(|dir| SpoolSettings {
+                dir,
+                max_bytes: self.spool_max_bytes,
+                max_age: Duration::try_from_secs_f64(self.spool_max_age).unwrap_or(Duration::MAX),
+                host: String::new(),
+            }),
         };
         match self.sender {
             SenderKind::Disk => SenderConfig::Disk {

@@ -3,7 +3,9 @@
 //! to `lightswitch collector`), [`pyroscope`] (Grafana Pyroscope's push
 //! API) and [`otlp`] (OTLP/HTTP profiles, every sample's time kept). Each
 //! sends the formats [`formats_of`] names, never a substitute. The network senders hand encoded profiles to [`queue`] (bounded by
-//! bytes, retries with backoff) so they never block the caller.
+//! bytes, retries with backoff) so they never block the caller, and with
+//! `--spool-dir` to [`spool`] (kept on disk until acknowledged, across
+//! restarts).
 //! [`worker`] runs symbolization, encoding and sending of closed windows on
 //! a thread of its own, off the sampling loop.
 
@@ -12,6 +14,7 @@ pub mod otlp;
 pub mod pyroscope;
 pub mod queue;
 pub mod remote;
+pub mod spool;
 pub mod worker;
 
 use std::path::PathBuf;

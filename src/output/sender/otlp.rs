@@ -209,14 +209,16 @@ impl OtlpSender {
     /// HTTP client or the thread could not be created.
     pub fn start(config: HttpConfig, headers: Vec<(String, String)>) -> Result<Self> {
         let (queue_bytes, timeout, backoff) = (config.queue_bytes, config.timeout, config.backoff);
+        let spool = config.spool.clone();
         let mut fixed = vec![
             ("Content-Type".to_string(), CONTENT_TYPE.to_string()),
             ("Content-Encoding".to_string(), "gzip".to_string()),
         ];
         fixed.extend(headers);
         let http = HttpTransport::new(config, fixed)?;
-        let delivery = Delivery::start(OtlpTransport { http }, queue_bytes, timeout, backoff)
-            .context("starting the sender thread")?;
+        let delivery =
+            Delivery::start(OtlpTransport { http }, queue_bytes, timeout, backoff, spool)
+                .context("starting the sender thread")?;
         Ok(OtlpSender { delivery })
     }
 }

@@ -124,6 +124,7 @@ impl PyroscopeSender {
         tenant: Option<String>,
     ) -> Result<Self> {
         let (queue_bytes, timeout, backoff) = (config.queue_bytes, config.timeout, config.backoff);
+        let spool = config.spool.clone();
         let mut headers = vec![
             ("Content-Type".to_string(), "application/proto".to_string()),
             ("Connect-Protocol-Version".to_string(), "1".to_string()),
@@ -132,7 +133,7 @@ impl PyroscopeSender {
             headers.push(("X-Scope-OrgID".to_string(), tenant));
         }
         let transport = HttpTransport::new(config, headers)?;
-        let delivery = Delivery::start(transport, queue_bytes, timeout, backoff)
+        let delivery = Delivery::start(transport, queue_bytes, timeout, backoff, spool)
             .context("starting the sender thread")?;
         Ok(PyroscopeSender { delivery, labels })
     }

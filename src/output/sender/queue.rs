@@ -17,14 +17,22 @@
 //! On shutdown ([`Queue::close`]) the thread keeps sending until the queue
 //! is empty or the flush deadline passes; every request's timeout is cut to
 //! the time left, and what is still queued at the deadline is counted as
-//! dropped.
+//! dropped, unless it is in the spool.
+//!
+//! With a spool ([`super::spool`], `--spool-dir`), every profile is also
+//! written to disk before it is queued and removed from there once it is
+//! acknowledged, refused for good or dropped; a new queue starts with what
+//! an earlier run left there.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
+
+use super::spool::{Spool, SpoolSettings, SpoolStats};
 
 /// One profile waiting to be sent.
 #[derive(Debug, Clone)]
@@ -86,6 +94,8 @@ pub struct DeliveryStats {
     /// The first failed attempt's error, as logged (e.g. `connection
     /// refused`, `HTTP 401 Unauthorized: ...`), for the summary.
     pub first_error: Option<String>,
+    /// What the spool did (`--spool-dir`; `None` without one).
+    pub spool: Option<SpoolStats>,
 }
 
 impl std::fmt::Display for DeliveryStats {
@@ -161,6 +171,8 @@ impl Default for Jitter {
 struct Entry {
     seq: u64,
     item: Item,
+    /// Its spool file, while it has one.
+    spooled: Option<PathBuf>,
 }
 
 struct State {
@@ -178,6 +190,7 @@ pub struct Queue {
     state: Mutex<State>,
     wake: Condvar,
     max_bytes: usize,
+    spool: Option<Mutex<Spool>>,
 }
 
 impl Queue {
@@ -186,11 +199,39 @@ impl Queue {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn spool(&self) -> Option<MutexGuard<'_, Spool>> {
+        (self.spool.as_ref()).map(|s| s.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Remove the spool files of `paths` (acknowledged, refused or dropped).
+    fn unspool(&self, paths: impl IntoIterator<Item = PathBuf>) {
+        if let Some(mut spool) = self.spool() {
+            for path in paths {
+                spool.remove(&path);
+            }
+        }
+    }
+
     /// Add `item`, dropping the oldest queued profiles (not the one being
     /// sent) while the queue would exceed its byte budget. Never blocks for
-    /// longer than it takes to take the lock.
+    /// longer than it takes to take the lock and, with a spool, to write
+    /// the profile's spool file.
     pub fn push(&self, item: Item) {
+        let (spooled, unspooled) = match self.spool() {
+            Some(mut spool) => spool.keep(&item),
+            None => (None, Vec::new()),
+        };
+        let mut dropped_files = Vec::new();
         let mut state = self.lock();
+        for entry in state.entries.iter_mut() {
+            if entry
+                .spooled
+                .as_ref()
+                .is_some_and(|p| unspooled.contains(p))
+            {
+                entry.spooled = None;
+            }
+        }
         let size = item.body.len();
         while state.bytes + size > self.max_bytes {
             let in_flight = state.in_flight;
@@ -202,6 +243,7 @@ impl Queue {
             };
             state.bytes -= old.item.body.len();
             state.stats.dropped += 1;
+            dropped_files.extend(old.spooled);
             warn!(
                 "send queue full ({} bytes): dropped the profile of {}",
                 self.max_bytes, old.item.description
@@ -211,14 +253,17 @@ impl Queue {
         state.next_seq += 1;
         state.bytes += size;
         state.stats.queued += 1;
-        state.entries.push_back(Entry { seq, item });
+        state.entries.push_back(Entry { seq, item, spooled });
         drop(state);
         self.wake.notify_all();
+        self.unspool(dropped_files);
     }
 
     /// The counters so far.
     pub fn stats(&self) -> DeliveryStats {
-        self.lock().stats.clone()
+        let mut stats = self.lock().stats.clone();
+        stats.spool = self.spool().map(|s| s.stats.clone());
+        stats
     }
 
     /// Profiles waiting (including one being sent).
@@ -252,24 +297,48 @@ pub struct Delivery {
 impl Delivery {
     /// Start a sender thread that delivers through `transport`, with a
     /// queue of at most `max_bytes` body bytes and per-attempt `timeout`.
+    ///
+    /// With `spool`, the queue starts with the profiles an earlier run left
+    /// in it. Errors: the spool directory cannot be created or listed, the
+    /// thread cannot be started.
     pub fn start<T: Transport>(
         mut transport: T,
         max_bytes: usize,
         timeout: Duration,
         backoff: Backoff,
-    ) -> std::io::Result<Self> {
+        spool: Option<SpoolSettings>,
+    ) -> anyhow::Result<Self> {
+        let (spool, found) = match spool {
+            Some(settings) => {
+                let (spool, found) = Spool::open(settings)?;
+                (Some(Mutex::new(spool)), found)
+            }
+            None => (None, Vec::new()),
+        };
+        let bytes = found.iter().map(|(_, i)| i.body.len()).sum();
+        let entries: VecDeque<Entry> = (found.into_iter().enumerate())
+            .map(|(seq, (path, item))| Entry {
+                seq: seq as u64,
+                item,
+                spooled: Some(path),
+            })
+            .collect();
         let queue = Arc::new(Queue {
             state: Mutex::new(State {
-                entries: VecDeque::new(),
-                bytes: 0,
-                next_seq: 0,
+                next_seq: entries.len() as u64,
+                stats: DeliveryStats {
+                    queued: entries.len() as u64,
+                    ..Default::default()
+                },
+                entries,
+                bytes,
                 in_flight: None,
                 closed: false,
                 deadline: None,
-                stats: DeliveryStats::default(),
             }),
             wake: Condvar::new(),
             max_bytes,
+            spool,
         });
         let destination = transport.destination();
         let shared = queue.clone();
@@ -326,18 +395,31 @@ impl Delivery {
             }
         }
         let mut state = self.queue.lock();
-        // Whatever is left was not delivered in time.
-        let left = state.entries.len() as u64;
+        // Whatever is left was not delivered in time: kept for the next
+        // start if it is in the spool, else dropped.
+        let kept = state.entries.iter().filter(|e| e.spooled.is_some()).count() as u64;
+        let left = state.entries.len() as u64 - kept;
         if left > 0 {
             warn!(
                 "{left} profile(s) not delivered to {} before the flush deadline",
                 self.destination
             );
         }
+        if kept > 0 {
+            warn!(
+                "{kept} profile(s) not delivered to {} before the flush deadline are kept \
+                 in the spool for the next start",
+                self.destination
+            );
+        }
         state.stats.dropped += left;
         state.entries.clear();
         state.bytes = 0;
-        state.stats.clone()
+        drop(state);
+        if let Some(mut spool) = self.queue.spool() {
+            spool.stats.left += kept;
+        }
+        self.queue.stats()
     }
 }
 
@@ -449,6 +531,8 @@ fn worker<T: Transport>(queue: &Queue, transport: &mut T, timeout: Duration, bac
             if state.entries.front().is_some_and(|e| e.seq == seq) {
                 if let Some(done) = state.entries.pop_front() {
                     state.bytes -= done.item.body.len();
+                    drop(state);
+                    queue.unspool(done.spooled);
                 }
             }
             continue;

@@ -56,7 +56,7 @@ fn retries_transient_failures_then_delivers_once() {
         vec![Attempt::Retry("500".into()), Attempt::Retry("500".into())],
         Duration::ZERO,
     );
-    let d = Delivery::start(t, 1 << 20, Duration::from_secs(1), fast()).unwrap();
+    let d = Delivery::start(t, 1 << 20, Duration::from_secs(1), fast(), None).unwrap();
     d.queue().push(item("w1", 10));
     let stats = d.finish(Instant::now() + Duration::from_secs(5));
     assert_eq!(stats.sent, 1);
@@ -69,7 +69,7 @@ fn retries_transient_failures_then_delivers_once() {
 #[test]
 fn rejected_is_not_retried_and_the_next_goes_on() {
     let (t, seen) = script(vec![Attempt::Rejected("401".into())], Duration::ZERO);
-    let d = Delivery::start(t, 1 << 20, Duration::from_secs(1), fast()).unwrap();
+    let d = Delivery::start(t, 1 << 20, Duration::from_secs(1), fast(), None).unwrap();
     d.queue().push(item("w1", 10));
     d.queue().push(item("w2", 10));
     let stats = d.finish(Instant::now() + Duration::from_secs(5));
@@ -86,7 +86,7 @@ fn retry_after_is_waited_for_and_partial_counts_as_sent() {
         ],
         Duration::ZERO,
     );
-    let d = Delivery::start(t, 1 << 20, Duration::from_secs(1), fast()).unwrap();
+    let d = Delivery::start(t, 1 << 20, Duration::from_secs(1), fast(), None).unwrap();
     let start = Instant::now();
     d.queue().push(item("w1", 10));
     let stats = d.finish(Instant::now() + Duration::from_secs(5));
@@ -99,7 +99,7 @@ fn retry_after_is_waited_for_and_partial_counts_as_sent() {
 #[test]
 fn full_queue_drops_oldest_but_not_the_one_in_flight() {
     let (t, seen) = script(vec![], Duration::from_millis(200));
-    let d = Delivery::start(t, 25, Duration::from_secs(1), fast()).unwrap();
+    let d = Delivery::start(t, 25, Duration::from_secs(1), fast(), None).unwrap();
     d.queue().push(item("w1", 10));
     std::thread::sleep(Duration::from_millis(50)); // w1 is in flight
     d.queue().push(item("w2", 10));
@@ -114,7 +114,7 @@ fn full_queue_drops_oldest_but_not_the_one_in_flight() {
 fn flush_deadline_bounds_shutdown() {
     let outcomes = vec![Attempt::Retry("down".into()); 1000];
     let (t, _) = script(outcomes, Duration::from_millis(1));
-    let d = Delivery::start(t, 1 << 20, Duration::from_secs(1), fast()).unwrap();
+    let d = Delivery::start(t, 1 << 20, Duration::from_secs(1), fast(), None).unwrap();
     d.queue().push(item("w1", 10));
     d.queue().push(item("w2", 10));
     let start = Instant::now();

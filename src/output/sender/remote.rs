@@ -20,6 +20,7 @@ use reqwest::StatusCode;
 use url::Url;
 
 use super::queue::{Attempt, Backoff, Delivery, Item, Transport};
+use super::spool::SpoolSettings;
 use super::{Sender, SenderReport};
 use crate::profile::format::pprof;
 use crate::profile::format::{Compression, ProfileFormat};
@@ -44,6 +45,8 @@ pub struct HttpConfig {
     pub queue_bytes: usize,
     /// Retry policy.
     pub backoff: Backoff,
+    /// Where undelivered profiles are kept across restarts (`--spool-dir`).
+    pub spool: Option<SpoolSettings>,
 }
 
 impl std::fmt::Debug for HttpConfig {
@@ -69,6 +72,9 @@ pub struct HttpSettings {
     pub send_timeout_s: f64,
     /// Queue budget, bytes.
     pub send_queue_bytes: usize,
+    /// `--spool-dir`, `--spool-max-bytes`, `--spool-max-age` (the host is
+    /// filled in by [`HttpConfig::new`]).
+    pub spool: Option<SpoolSettings>,
 }
 
 impl std::fmt::Debug for HttpSettings {
@@ -78,6 +84,7 @@ impl std::fmt::Debug for HttpSettings {
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("send_timeout_s", &self.send_timeout_s)
             .field("send_queue_bytes", &self.send_queue_bytes)
+            .field("spool", &self.spool)
             .finish()
     }
 }
@@ -123,6 +130,10 @@ impl HttpConfig {
             )?,
             queue_bytes: settings.send_queue_bytes,
             backoff: Backoff::default(),
+            spool: settings.spool.clone().map(|s| SpoolSettings {
+                host: super::hostname(),
+                ..s
+            }),
         })
     }
 }
@@ -266,6 +277,7 @@ impl RemoteSender {
     /// the [`HOST_HEADER`] header.
     pub fn start(config: HttpConfig, host: String) -> Result<Self> {
         let (queue_bytes, timeout, backoff) = (config.queue_bytes, config.timeout, config.backoff);
+        let spool = config.spool.clone();
         let transport = HttpTransport::new(
             config,
             vec![
@@ -276,7 +288,7 @@ impl RemoteSender {
                 ("Content-Encoding".into(), "gzip".into()),
             ],
         )?;
-        let delivery = Delivery::start(transport, queue_bytes, timeout, backoff)
+        let delivery = Delivery::start(transport, queue_bytes, timeout, backoff, spool)
             .context("starting the sender thread")?;
         Ok(RemoteSender { delivery, host })
     }

@@ -379,6 +379,21 @@ impl Metrics {
                     ("outcome=\"partial\"", d.partial),
                 ],
             );
+            if let Some(spool) = &d.spool {
+                family(
+                    out,
+                    "lightswitch_sender_spool_total",
+                    "counter",
+                    "Network sender with --spool-dir: profiles by what the spool did with them.",
+                    &[
+                        ("outcome=\"kept\"", spool.kept),
+                        ("outcome=\"resent\"", spool.resent),
+                        ("outcome=\"skipped\"", spool.skipped),
+                        ("outcome=\"failed\"", spool.failed),
+                        ("outcome=\"evicted\"", spool.evicted),
+                    ],
+                );
+            }
             family(
                 out,
                 "lightswitch_sender_retries_total",
