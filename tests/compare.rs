@@ -145,6 +145,76 @@ fn diff_gates_on_a_doubled_share_and_not_on_itself() {
         "{titles:?}"
     );
     assert!(titles.iter().any(|t| t.starts_with("beta (")), "{titles:?}");
+
+    // For CI: the gate as GitHub annotations, a JUnit report and Markdown.
+    let junit_path = dir.path().join("diff.xml");
+    let ci = lightswitch(&[
+        "diff",
+        "--format",
+        "markdown",
+        "--annotations",
+        "github",
+        "--fail-above",
+        "10",
+        "--junit",
+        s(&junit_path),
+        base,
+        new,
+    ]);
+    assert_eq!(ci.status.code(), Some(1), "{ci}");
+    let errors: Vec<&str> = ci
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("::error "))
+        .collect();
+    assert!(
+        errors
+            .iter()
+            .any(|l| l.starts_with("::error title=alpha (cmp_split) grew by +")),
+        "{ci}"
+    );
+    assert!(!errors.iter().any(|l| l.contains("beta")), "{ci}");
+    // The Markdown table, as a GFM parser reads it: alpha's row is marked failed.
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut cell: Option<String> = None;
+    let mut row = Vec::new();
+    use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
+    for event in Parser::new_ext(&ci.stdout, Options::ENABLE_TABLES) {
+        match event {
+            Event::Start(Tag::TableCell) => cell = Some(String::new()),
+            Event::End(TagEnd::TableCell) => row.push(cell.take().unwrap()),
+            Event::End(TagEnd::TableRow | TagEnd::TableHead) => rows.push(std::mem::take(&mut row)),
+            Event::Text(t) | Event::Code(t) => {
+                if let Some(c) = cell.as_mut() {
+                    c.push_str(&t)
+                }
+            }
+            _ => {}
+        }
+    }
+    let alpha_row = rows
+        .iter()
+        .find(|r| r.get(1).map(String::as_str) == Some("alpha"))
+        .unwrap_or_else(|| panic!("no alpha row: {ci}"));
+    assert_eq!(alpha_row[0], "❌", "{ci}");
+    assert_eq!(alpha_row[2], "cmp_split", "{ci}");
+    // JUnit: alpha's test case failed, beta's passed.
+    let xml = std::fs::read_to_string(&junit_path).unwrap();
+    let doc = roxmltree::Document::parse(&xml).unwrap();
+    let case = |name: &str| {
+        doc.descendants()
+            .find(|n| n.has_tag_name("testcase") && n.attribute("name") == Some(name))
+            .unwrap_or_else(|| panic!("no test case {name}: {xml}"))
+    };
+    assert!(
+        case("alpha").children().any(|n| n.has_tag_name("failure")),
+        "{xml}"
+    );
+    assert!(
+        !case("beta").children().any(|n| n.has_tag_name("failure")),
+        "{xml}"
+    );
+    assert_eq!(case("alpha").attribute("classname"), Some("cmp_split"));
 }
 
 #[test]

@@ -16,19 +16,19 @@ use axum::response::{IntoResponse, Response};
 use prost::Message;
 use tracing::{info, warn};
 
-use crate::profile::merge::{self, BodyError};
-use super::state::AppState;
 use super::sample_store::health;
 use super::sample_store::identity::{content_hash, WindowId};
 use super::sample_store::writer::{Batch, Ingested, Wait};
 use super::sample_store::SampleStore;
+use super::state::AppState;
+use crate::agent::http::{blocking, text};
 use crate::profile::format::otlp::proto::collector::{
     ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
 };
 use crate::profile::format::otlp::proto::profiles as otlp;
 use crate::profile::format::otlp::read::{self, Names};
 use crate::profile::format::otlp::OFF_CPU_TYPE;
-use crate::agent::http::{blocking, text};
+use crate::profile::merge::{self, BodyError};
 use crate::profile::{Profile, Sample};
 use crate::util::wire::HOST_HEADER;
 
@@ -464,9 +464,9 @@ mod tests {
     use crate::collector::sample_store::assemble::Assembler;
     use crate::collector::sample_store::query::Selection;
     use crate::collector::sample_store::timeline::Density;
-    use crate::util::files::PROFILE_MODE;
     use crate::profile::format::off_cpu::tests::waited_profile;
     use crate::profile::format::{encode, Compression, ProfileFormat};
+    use crate::util::files::PROFILE_MODE;
 
     /// Everything stored, as `merged` assembles it (with a timeline), and
     /// the timeline's total (counted row by row, then from the blocks'

@@ -9,8 +9,8 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use super::state::AppState;
 use super::sample_store::health;
+use super::state::AppState;
 use crate::agent::http::blocking;
 
 /// The metrics text for `state` (counters, then gauges).

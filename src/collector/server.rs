@@ -47,15 +47,15 @@ use axum::Router;
 use tower_http::timeout::TimeoutLayer;
 use tracing::{info, warn};
 
-use super::ingest::{refusal, storing_failed};
-use crate::profile::merge::{self, BodyError};
-use super::queries;
-use super::state::{json, query_pairs, query_value, time_param, AppState, TIME_FORMS};
 use super::archive::{Filter, Storage, StoredProfile};
+use super::ingest::{refusal, storing_failed};
+use super::queries;
 use super::sample_store::identity::content_hash;
+use super::state::{json, query_pairs, query_value, time_param, AppState, TIME_FORMS};
 use crate::agent::http::{blocking, text};
-use crate::util::timefmt;
 use crate::agent::page::assets::check_request;
+use crate::profile::merge::{self, BodyError};
+use crate::util::timefmt;
 use crate::util::wire::{HOST_HEADER, WINDOW_END_HEADER, WINDOW_START_HEADER};
 
 /// Longest a `POST /v1/profiles` may take, waiting for its turn and

@@ -24,7 +24,7 @@ use tracing::warn;
 
 use crate::profile::{Frame, FrameKind, Line, Profile, ProfileMapping};
 use crate::sampling::records::UnwindStatus;
-use crate::util::files::{write_atomic, TMP_PREFIX};
+use crate::util::files::TMP_PREFIX;
 
 pub use super::records::{FrameRec, LineRec, MappingRec, Segment, StackRec, ThreadRec};
 

@@ -13,9 +13,9 @@ use super::identity::{content_hash, WindowId};
 use super::query::Selection;
 use super::writer::{Batch, Ingested};
 use super::*;
-use crate::util::files::PROFILE_MODE;
 use crate::profile::format::folded;
 use crate::profile::{Frame, FrameKind, Line, Profile};
+use crate::util::files::PROFILE_MODE;
 
 const S: u64 = 1_000_000_000;
 const T0: u64 = 1_714_564_800 * S;

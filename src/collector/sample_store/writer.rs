@@ -184,7 +184,9 @@ impl SampleStore {
                     off_cpu: batch.profile.off_cpu,
                 };
                 let bytes = block::encode(info, chunk)?;
-                let dir = blocks_dir.join(&host_dir).join(crate::util::timefmt::day(first));
+                let dir = blocks_dir
+                    .join(&host_dir)
+                    .join(crate::util::timefmt::day(first));
                 create_dirs(&blocks_dir, &dir, self.file_mode)?;
                 let part_of = id.map(|id| PartOf {
                     id,

@@ -14,7 +14,9 @@ use crate::collector::sample_store::retention::Retention;
 use crate::collector::CollectorPlan;
 use crate::commands::compare::command::{DiffPlan, ReportPlan};
 use crate::commands::record::RecordPlan;
-use crate::output::sender::{otlp::OtlpSettings, remote::HttpSettings, spool::SpoolSettings, SenderConfig};
+use crate::output::sender::{
+    otlp::OtlpSettings, remote::HttpSettings, spool::SpoolSettings, SenderConfig,
+};
 use crate::profile::format::ProfileFormat;
 
 /// Window length of continuous mode when only a network sender asks for

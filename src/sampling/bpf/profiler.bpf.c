@@ -7,7 +7,7 @@
  * for what each piece is built on.
  *
  * Two variants of the programs that need newer helpers are built side by
- * side and the loader loads one (src/sampler/variant.rs): `bpf_loop`
+ * side and the loader loads one (src/sampling/sampler/variant.rs): `bpf_loop`
  * (Linux 5.17 and newer) and `compat` (5.10 to 5.16); their walk loops are
  * in walker_variants.h, the other differences are a constant `compat`
  * argument through the files.

@@ -2,7 +2,7 @@
 /*
  * Types shared by the BPF programs (profiler.bpf.c) and user space. User
  * space reads these records byte for byte through the types the skeleton
- * generates from the object's BTF (src/skel.rs), enums included (their
+ * generates from the object's BTF (src/sampling/skel.rs), enums included (their
  * `*_layout` globals in state.h put them into the BTF): it never numbers
  * a counter, status, flag or event itself.
  */
@@ -67,7 +67,7 @@ enum unwind_status {
 	                             * that existed before its exec or fork could be followed,
 	                             * or whose description is from before its latest exec):
 	                             * frame pointers gave the frames there are */
-	/* 9 is user space's own (UnwindStatus::StackCopyEnded in src/sample.rs):
+	/* 9 is user space's own (UnwindStatus::StackCopyEnded in src/sampling/records.rs):
 	 * a walk user space went on with from a stack copy ended with the copy. */
 	UNWIND_NOT_WALKED = 10,     /* an off-CPU wait that did not end in a system call's
 	                             * return (a preemption, a page fault): the thread's

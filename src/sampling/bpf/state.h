@@ -50,7 +50,7 @@ struct {
 } events SEC(".maps");
 
 /* Never read: puts struct process_event into the object's BTF, so that the
- * skeleton generates its Rust type (src/sample.rs parses events with it). */
+ * skeleton generates its Rust type (src/sampling/records.rs parses events with it). */
 const volatile struct process_event process_event_layout = {};
 /* Likewise for struct stack_copy (records with a stack copy are assembled
  * in the ring, from no map value). */
