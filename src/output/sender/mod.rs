@@ -10,6 +10,7 @@
 //! a thread of its own, off the sampling loop.
 
 pub mod disk;
+pub mod item;
 pub mod otlp;
 pub mod pyroscope;
 pub mod queue;

@@ -32,18 +32,8 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
+pub use super::item::Item;
 use super::spool::{Spool, SpoolSettings, SpoolStats};
-
-/// One profile waiting to be sent.
-#[derive(Debug, Clone)]
-pub struct Item {
-    /// The request body.
-    pub body: Vec<u8>,
-    /// Extra request headers (name, value) for this profile.
-    pub headers: Vec<(String, String)>,
-    /// What the profile is, for log lines (e.g. its window).
-    pub description: String,
-}
 
 /// The result of one attempt to deliver an [`Item`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -30,7 +30,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::queue::Item;
+use super::item::Item;
 use crate::util::files::{write_atomic, TMP_PREFIX};
 
 const MAGIC: &[u8] = b"lightswitch-spool 1\n";
