@@ -1,16 +1,18 @@
 //! Python frames in native stacks, with real CPython interpreters, as
 //! root with real BPF sampling: for each CPython the walker supports that
 //! is installed (Debian's `/usr/bin/python3.11`: non-PIE, libpython linked
-//! in, no `.symtab`; pyenv's shared-libpython 3.11, 3.12 and 3.13), a
+//! in, no `.symtab`; pyenv's shared-libpython 3.8 to 3.13), a
 //! script whose hot loop is `<module> -> outer -> Worker.middle -> a
 //! lambda -> leaf_work` is profiled for 2 s into pprof, read back by
 //! `go tool pprof -traces -lines`, and by py-spy (PyPI; scripts/setup.sh
 //! installs it into the target directory) at the same time. Each version
 //! must name the exact chain (qualified names, file and lines) in at least
 //! 95% of its samples, and its share must be within 2 points of py-spy's
-//! or better. A version that is not installed is skipped with a message.
-//! An unsupported version (pyenv's 3.8-3.10) must show
-//! `[python: unsupported 3.x.y]` at its eval-loop frames, never a name.
+//! or better (before 3.11, which has no `co_qualname`, both name the
+//! method and the lambda by `co_name`: `middle`, `<lambda>`). A version
+//! that is not installed is skipped with a message. An unsupported version
+//! (pyenv's 3.7) must show `[python: unsupported 3.7]` at its eval-loop
+//! frames, never a name.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -39,14 +41,35 @@ while time.time() < end:
     outer(20000)
 ";
 
-/// The chain, root first: (qualified name, accepted lines).
-const CHAIN: [(&str, &[u32]); 5] = [
+/// A chain of Python frames, root first: (name, accepted lines).
+type Chain = [(&'static str, &'static [u32]); 5];
+
+/// The chain, root first, as 3.11 and later name it (`co_qualname`).
+const CHAIN: Chain = [
     ("<module>", &[14]),
     ("outer", &[11]),
     ("Worker.middle", &[4]),
     ("Worker.middle.<locals>.<lambda>", &[4]),
     ("leaf_work", &[6, 7, 8, 9]),
 ];
+
+/// The chain as 3.8 to 3.10 name it (`co_name`: no qualified names).
+const CHAIN_CO_NAME: Chain = [
+    ("<module>", &[14]),
+    ("outer", &[11]),
+    ("middle", &[4]),
+    ("<lambda>", &[4]),
+    ("leaf_work", &[6, 7, 8, 9]),
+];
+
+/// The chain `python` (`.../python3.MINOR`) names.
+fn chain_of(python: &Path) -> &'static Chain {
+    let name = python.file_name().unwrap_or_default().to_string_lossy();
+    match name.trim_start_matches("python3.").parse::<u32>() {
+        Ok(minor) if minor < 11 => &CHAIN_CO_NAME,
+        _ => &CHAIN,
+    }
+}
 
 /// Installed CPythons of `minor` versions: Debian's and pyenv's.
 fn interpreters(minors: &[u32]) -> Vec<PathBuf> {
@@ -92,8 +115,8 @@ fn py_spy() -> Option<PathBuf> {
 /// Share of samples in `traces` (`go tool pprof -sample_index=0 -traces
 /// -lines` output: blocks of frames, the first line of each starting with
 /// the block's count) whose Python frames (those in `script`), root first,
-/// are exactly [`CHAIN`]; and the samples counted.
-fn our_share(traces: &str, script: &str) -> (f64, u64) {
+/// are exactly `chain`; and the samples counted.
+fn our_share(traces: &str, script: &str, chain: &Chain) -> (f64, u64) {
     let (mut good, mut all) = (0u64, 0u64);
     for block in traces.split("-----------+").skip(1) {
         let mut count = None;
@@ -124,11 +147,11 @@ fn our_share(traces: &str, script: &str) -> (f64, u64) {
         let count = count.unwrap_or(0);
         all += count;
         python.reverse();
-        let exact = python.len() == CHAIN.len()
+        let exact = python.len() == chain.len()
             && python
                 .iter()
-                .zip(CHAIN)
-                .all(|((name, line), (want, lines))| {
+                .zip(chain)
+                .all(|((name, line), &(want, lines))| {
                     (name == want || (want == "<module>" && name.is_empty()))
                         && lines.contains(line)
                 });
@@ -139,8 +162,8 @@ fn our_share(traces: &str, script: &str) -> (f64, u64) {
     (good as f64 / all.max(1) as f64, all)
 }
 
-/// Share of py-spy's raw samples (`frame (file:line);... count`) with the chain.
-fn spy_share(raw: &str) -> f64 {
+/// Share of py-spy's raw samples (`frame (file:line);... count`) with `chain`.
+fn spy_share(raw: &str, chain: &Chain) -> f64 {
     let (mut good, mut all) = (0u64, 0u64);
     for l in raw.lines() {
         let Some((stack, n)) = l.rsplit_once(' ') else {
@@ -152,7 +175,7 @@ fn spy_share(raw: &str) -> f64 {
             .split(';')
             .filter_map(|f| f.split_once(" (")?.0.into())
             .collect();
-        let want: Vec<&str> = CHAIN.iter().map(|(name, _)| *name).collect();
+        let want: Vec<&str> = chain.iter().map(|(name, _)| *name).collect();
         if names.ends_with(&want) {
             good += n;
         }
@@ -207,14 +230,17 @@ fn profile(python: &Path, spy: Option<&Path>) -> (f64, u64, Option<f64>, String)
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     let spy_share = spy_run.map(|mut run| {
         let _ = run.wait();
-        spy_share(&std::fs::read_to_string(&spy_out).unwrap_or_default())
+        spy_share(
+            &std::fs::read_to_string(&spy_out).unwrap_or_default(),
+            chain_of(python),
+        )
     });
     let _ = child.kill();
     let _ = child.wait();
     assert!(out.status.success(), "lightswitch failed:\n{stdout}");
     let pb = out_dir.join("profile.pb");
     let traces = go_pprof(&["-sample_index=0", "-traces", "-lines", s(&pb)]);
-    let (share, samples) = our_share(&traces, s(&script));
+    let (share, samples) = our_share(&traces, s(&script), chain_of(python));
     (share, samples, spy_share, traces)
 }
 
@@ -225,7 +251,7 @@ fn chains_of_supported_versions_match_py_spy() {
     if spy.is_none() {
         eprintln!("py-spy not found (scripts/setup.sh installs it): no reference share");
     }
-    for python in interpreters(&[11, 12, 13]) {
+    for python in interpreters(&[8, 9, 10, 11, 12, 13]) {
         let (share, samples, spy_share, traces) = profile(&python, spy.as_deref());
         eprintln!(
             "{}: lightswitch {share:.3} of {samples} samples, py-spy {spy_share:?}",
@@ -255,7 +281,7 @@ fn chains_of_supported_versions_match_py_spy() {
 #[test]
 fn unsupported_versions_are_marked_never_named() {
     let _serial = serial();
-    for python in interpreters(&[8, 9, 10]) {
+    for python in interpreters(&[7]) {
         let (share, _, _, traces) = profile(&python, None);
         assert_eq!(share, 0.0, "{}", python.display());
         assert!(

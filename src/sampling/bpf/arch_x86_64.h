@@ -124,4 +124,12 @@ static __always_inline __u64 stack_end_from_tls(struct task_struct *task, __u64 
 	return fs > sp && fs - sp < (64ULL << 20) ? end : 0;
 }
 
+/* The thread pointer of `task` (its fs base, which the kernel keeps from
+ * arch_prctl or clone's TLS argument): what pthread_self() returns with glibc
+ * and musl, so what CPython 3.8-3.10 keep as PyThreadState.thread_id. */
+static __always_inline __u64 arch_thread_pointer(struct task_struct *task)
+{
+	return BPF_CORE_READ(task, thread.fsbase);
+}
+
 #endif

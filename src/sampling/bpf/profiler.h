@@ -157,19 +157,23 @@ struct python_offsets {
 	__u16 runtime_interpreters; /* _PyRuntimeState.interpreters.head */
 	__u16 interp_threads;       /* PyInterpreterState.threads.head */
 	__u16 tstate_next;          /* PyThreadState.next */
-	__u16 tstate_native_thread_id;
-	__u16 tstate_frame;         /* PyThreadState.cframe (3.11, 3.12) or .current_frame (3.13) */
+	__u16 tstate_native_thread_id; /* .native_thread_id; 3.8-3.10: .thread_id (pthread_t) */
+	__u16 tstate_frame;         /* PyThreadState.cframe (3.11, 3.12), .current_frame (3.13),
+	                             * .frame (3.8-3.10) */
 	__u16 cframe_current_frame; /* _PyCFrame.current_frame; none on 3.13 */
-	__u16 frame_code;           /* _PyInterpreterFrame.f_code / f_executable */
-	__u16 frame_previous;
+	__u16 frame_code;           /* _PyInterpreterFrame.f_code / f_executable; PyFrameObject.f_code */
+	__u16 frame_previous;       /* _PyInterpreterFrame.previous; PyFrameObject.f_back */
 	__u16 frame_instr;          /* prev_instr (3.11, 3.12) / instr_ptr (3.13) */
 	__u16 frame_owner;
 	__u16 frame_is_entry;       /* 3.11 only */
 	__u16 code_firstlineno;     /* PyCodeObject.co_firstlineno */
-	__u16 code_linetable;       /* PyCodeObject.co_linetable */
+	__u16 code_linetable;       /* PyCodeObject.co_linetable (co_lnotab on 3.8, 3.9) */
 	__u16 code_adaptive;        /* PyCodeObject.co_code_adaptive: the first instruction */
+	__u16 frame_lasti;          /* PyFrameObject.f_lasti (an int; 3.8-3.10 only) */
 	__u8 cstack_owner;          /* owner value of the eval loop's entry shim (0xff: none) */
-	__u8 padding[3];
+	__u8 frame_objects;         /* 1 on 3.8-3.10: a chain of PyFrameObject, each frame its own
+	                             * eval-loop call, threads known by pthread_t (their thread
+	                             * pointer); the offset is f_lasti as is */
 };
 
 /* A process running a CPython the walker knows (value of python_procs, key: pid). */
@@ -182,7 +186,8 @@ struct python_proc {
 struct python_frame {
 	__u64 code;                 /* address of the PyCodeObject */
 	__u64 word;                 /* bits 0-31: bytes from the first instruction to the frame's
-	                             * current (last started) one; bits 32-62: guard (co_firstlineno
+	                             * current (last started) one (3.8-3.10: f_lasti, bytes on 3.8
+	                             * and 3.9, code units on 3.10); bits 32-62: guard (co_firstlineno
 	                             * ^ (co_linetable address >> 4)); bit 63: the outermost frame
 	                             * of its eval-loop call */
 };

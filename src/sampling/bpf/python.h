@@ -5,7 +5,8 @@
  * once the native walk of a sample of a process in python_procs is done.
  * It finds the sampled thread's PyThreadState in the main interpreter's
  * thread list (by its native thread id, as the thread's own pid namespace
- * numbers it), walks its chain of _PyInterpreterFrame, appends one
+ * numbers it; 3.8-3.10: by its pthread_t, the thread pointer), walks its
+ * chain of _PyInterpreterFrame (3.8-3.10: of PyFrameObject), appends one
  * python_frame per frame after the sample's user frames and sends the
  * record. User space names the frames and puts each run of them at the
  * native frame of the eval loop that ran it (src/unwind/interp/python/).
@@ -70,10 +71,14 @@ static __always_inline __u64 python_field(struct python_scratch *buf, __u16 off,
 	return buf->frame[off];
 }
 
-/* The sampled thread's id in its own pid namespace (what CPython keeps as native_thread_id). */
-static __always_inline __u64 python_thread_id(void)
+/* The sampled thread as CPython knows it: its id in its own pid namespace
+ * (native_thread_id, 3.11 on), or with frame objects (3.8-3.10) its thread
+ * pointer (thread_id: pthread_self()). */
+static __always_inline __u64 python_thread_id(struct python_offsets *o)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
+	if (o->frame_objects)
+		return arch_thread_pointer(task);
 	struct pid *p = task->thread_pid;
 	if (!p)
 		return 0;
@@ -101,6 +106,7 @@ static long python_step(__u64 index, void *data)
 	__u64 instr = python_field(w->buf, o->frame_instr, 8);
 	__u8 owner = python_field(w->buf, o->frame_owner, 1);
 	__u8 entry = o->frame_is_entry != PYTHON_NO_OFFSET && python_field(w->buf, o->frame_is_entry, 1);
+	__u64 frame = w->frame;
 	w->frame = python_field(w->buf, o->frame_previous, 8);
 	if (o->cstack_owner != 0xff && owner == o->cstack_owner) {
 		/* A shim the eval loop pushes at its entry: the frame before it was the first it ran. */
@@ -120,6 +126,13 @@ static long python_step(__u64 index, void *data)
 	bpf_probe_read_user(&linetable, sizeof(linetable), (void *)(code + o->code_linetable));
 	__u64 guard = (firstlineno ^ (__u32)(linetable >> 4)) & 0x7fffffff;
 	__u64 offset = instr - (code + o->code_adaptive);
+	if (o->frame_objects) {
+		/* Each frame object on the chain is its own eval-loop call. */
+		__s32 lasti = -1;
+		bpf_probe_read_user(&lasti, sizeof(lasti), (void *)(frame + o->frame_lasti));
+		offset = (__u32)lasti;
+		entry = 1;
+	}
 	__u64 word = (offset & 0xffffffff) | (guard << 32) | (entry ? PYTHON_ENTRY_BIT : 0);
 	__u32 slot = w->first_slot + 2 * w->frames;
 	barrier_var(slot);
@@ -153,7 +166,7 @@ static __always_inline void python_walk(struct scratch_space *sc, struct python_
 		sc->sample.header.python_status = PYTHON_READ_FAULT;
 		return;
 	}
-	__u64 tid = python_thread_id();
+	__u64 tid = python_thread_id(o);
 	for (int i = 0; i < PYTHON_MAX_THREADS && tstate; i++) {
 		__u64 native = 0;
 		bpf_probe_read_user(&native, 8, (void *)(tstate + o->tstate_native_thread_id));

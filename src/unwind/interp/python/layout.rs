@@ -1,12 +1,13 @@
 //! Where CPython keeps what the walker and the namer read, per minor
 //! version: from CPython's own `_Py_DebugOffsets` (3.13 on: the start of
 //! `_PyRuntime`, in the `.PyRuntime` section, after the cookie `xdebugpy`),
-//! else from a table (3.11, 3.12) whose values are `offsetof` of each
+//! else from a table (3.8 to 3.12) whose values are `offsetof` of each
 //! version's structures in its installed internal headers
 //! (`Include/internal/pycore_{runtime,interp,frame,code}.h`,
-//! `Include/cpython/{pystate,code,unicodeobject}.h`), checked against the
-//! process at run time (`PyCode_Type.tp_basicsize`, which is
-//! [`Layout::code_adaptive`]).
+//! `Include/cpython/{pystate,code,frameobject,unicodeobject}.h`; 3.8:
+//! `Include/internal/pycore_pystate.h`), checked against the process at run
+//! time (`PyCode_Type.tp_basicsize`, which is [`Layout::code_basicsize`];
+//! before 3.11 also `PyFrame_Type.tp_basicsize`, [`Layout::frame_size`]).
 
 use crate::sampling::skel::types;
 
@@ -18,22 +19,32 @@ pub const NONE: u16 = 0xffff;
 pub struct Layout {
     /// `_PyRuntimeState.interpreters.head`.
     pub runtime_interpreters: u16,
-    /// `PyInterpreterState.threads.head`.
+    /// `PyInterpreterState.threads.head` (`.tstate_head` before 3.11).
     pub interp_threads: u16,
     /// `PyThreadState.next`.
     pub tstate_next: u16,
-    /// `PyThreadState.native_thread_id`.
+    /// `PyThreadState.native_thread_id` (3.11 on); before 3.11
+    /// `.thread_id`, the thread's `pthread_t`.
     pub tstate_native_thread_id: u16,
-    /// `PyThreadState.cframe` (3.11, 3.12) or `.current_frame` (3.13).
+    /// `PyThreadState.cframe` (3.11, 3.12), `.current_frame` (3.13) or
+    /// `.frame` (before 3.11).
     pub tstate_frame: u16,
     /// `_PyCFrame.current_frame` ([`NONE`] on 3.13).
     pub cframe_current_frame: u16,
-    /// `_PyInterpreterFrame.f_code` / `.f_executable`.
+    /// `_PyInterpreterFrame.f_code` / `.f_executable` (`PyFrameObject.f_code` before 3.11).
     pub frame_code: u16,
-    /// `_PyInterpreterFrame.previous`.
+    /// `_PyInterpreterFrame.previous` (`PyFrameObject.f_back` before 3.11).
     pub frame_previous: u16,
-    /// `_PyInterpreterFrame.prev_instr` / `.instr_ptr`.
+    /// `_PyInterpreterFrame.prev_instr` / `.instr_ptr` ([`NONE`] before 3.11).
     pub frame_instr: u16,
+    /// `PyFrameObject.f_lasti`, an `int` (before 3.11; else [`NONE`]).
+    pub frame_lasti: u16,
+    /// Before 3.11: threads run chains of `PyFrameObject`, each its own
+    /// eval-loop call, and are known by their `pthread_t`.
+    pub frame_objects: bool,
+    /// `PyFrame_Type.tp_basicsize` (`sizeof(PyFrameObject)`) before 3.11,
+    /// checked at run time; [`NONE`] from 3.11.
+    pub frame_size: u16,
     /// `_PyInterpreterFrame.owner`.
     pub frame_owner: u16,
     /// `_PyInterpreterFrame.is_entry` (3.11 only).
@@ -42,14 +53,19 @@ pub struct Layout {
     pub cstack_owner: u8,
     /// `PyCodeObject.co_firstlineno` (an `int`).
     pub code_firstlineno: u16,
-    /// `PyCodeObject.co_filename`, `.co_qualname`, `.co_linetable` (object pointers).
+    /// `PyCodeObject.co_filename`, `.co_qualname`, `.co_linetable` (object
+    /// pointers). Before 3.11, which has no `co_qualname`, `co_name`; on
+    /// 3.8 and 3.9, `co_lnotab` for `co_linetable`.
     pub code_filename: u16,
     /// See [`Layout::code_filename`].
     pub code_qualname: u16,
     /// See [`Layout::code_filename`].
     pub code_linetable: u16,
-    /// `PyCodeObject.co_code_adaptive`: the first instruction; also what
-    /// `PyCode_Type.tp_basicsize` says in a process of this version.
+    /// The format of the table at [`Layout::code_linetable`].
+    pub lines: LineTable,
+    /// `PyCodeObject.co_code_adaptive`: the first instruction, also what
+    /// `PyCode_Type.tp_basicsize` says in a process of this version (3.11
+    /// on; [`NONE`] before).
     pub code_adaptive: u16,
     /// `sizeof(PyCodeObject)`: bytes of a code object read to name it.
     pub code_size: u16,
@@ -58,6 +74,54 @@ pub struct Layout {
     /// `sizeof(PyCompactUnicodeObject)`: where another compact string's start.
     pub compact_size: u16,
 }
+
+/// How a code object maps its instructions to source lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineTable {
+    /// `co_lnotab` (3.8, 3.9): (bytes, signed lines) increments.
+    Lnotab,
+    /// 3.10's `co_linetable`: (bytes, signed lines) per range, -128 for none.
+    Ranges,
+    /// The location table of 3.11 on (`Objects/locations.md`).
+    Locations,
+}
+
+/// CPython 3.8 and 3.9 (measured on 3.8.18 and 3.9.18: the same offsets).
+const V3_8: Layout = Layout {
+    runtime_interpreters: 32,
+    interp_threads: 8,
+    tstate_next: 8,
+    tstate_native_thread_id: 176,
+    tstate_frame: 24,
+    cframe_current_frame: NONE,
+    frame_code: 32,
+    frame_previous: 24,
+    frame_instr: NONE,
+    frame_lasti: 104,
+    frame_objects: true,
+    frame_size: 368,
+    frame_owner: NONE,
+    frame_is_entry: NONE,
+    cstack_owner: 0xff,
+    code_firstlineno: 40,
+    code_filename: 104,
+    code_qualname: 112,
+    code_linetable: 120,
+    lines: LineTable::Lnotab,
+    code_adaptive: NONE,
+    code_size: 176,
+    ascii_size: 48,
+    compact_size: 72,
+};
+
+/// CPython 3.10 (measured on 3.10.13): 3.9's but for the frame object and
+/// the line table.
+const V3_10: Layout = Layout {
+    frame_lasti: 96,
+    frame_size: 360,
+    lines: LineTable::Ranges,
+    ..V3_8
+};
 
 /// CPython 3.11 (measured on 3.11.7; Debian's 3.11.2 matches at run time).
 const V3_11: Layout = Layout {
@@ -70,6 +134,9 @@ const V3_11: Layout = Layout {
     frame_code: 32,
     frame_previous: 48,
     frame_instr: 56,
+    frame_lasti: NONE,
+    frame_objects: false,
+    frame_size: NONE,
     frame_owner: 69,
     frame_is_entry: 68,
     cstack_owner: 0xff,
@@ -77,6 +144,7 @@ const V3_11: Layout = Layout {
     code_filename: 112,
     code_qualname: 128,
     code_linetable: 136,
+    lines: LineTable::Locations,
     code_adaptive: 184,
     code_size: 192,
     ascii_size: 48,
@@ -94,6 +162,9 @@ const V3_12: Layout = Layout {
     frame_code: 0,
     frame_previous: 8,
     frame_instr: 56,
+    frame_lasti: NONE,
+    frame_objects: false,
+    frame_size: NONE,
     frame_owner: 70,
     frame_is_entry: NONE,
     cstack_owner: 3,
@@ -101,6 +172,7 @@ const V3_12: Layout = Layout {
     code_filename: 112,
     code_qualname: 128,
     code_linetable: 136,
+    lines: LineTable::Locations,
     code_adaptive: 192,
     code_size: 200,
     ascii_size: 40,
@@ -110,6 +182,8 @@ const V3_12: Layout = Layout {
 /// The table's layout for CPython `minor` (3.x), if it has one.
 pub fn table(minor: u8) -> Option<Layout> {
     match minor {
+        8 | 9 => Some(V3_8),
+        10 => Some(V3_10),
         11 => Some(V3_11),
         12 => Some(V3_12),
         _ => None,
@@ -148,6 +222,9 @@ pub fn from_debug_offsets(words: &[u64; DEBUG_OFFSETS_WORDS]) -> Option<Layout> 
         frame_code: w(27 + 2)?,
         frame_previous: w(27 + 1)?,
         frame_instr: w(27 + 3)?,
+        frame_lasti: NONE,
+        frame_objects: false,
+        frame_size: NONE,
         frame_owner: w(27 + 5)?,
         frame_is_entry: NONE,
         cstack_owner: 3,
@@ -155,6 +232,7 @@ pub fn from_debug_offsets(words: &[u64; DEBUG_OFFSETS_WORDS]) -> Option<Layout> 
         code_filename: w(33 + 1)?,
         code_qualname: w(33 + 3)?,
         code_linetable: w(33 + 4)?,
+        lines: LineTable::Locations,
         code_adaptive: w(33 + 9)?,
         code_size: w(33)?,
         ascii_size: 40,
@@ -163,6 +241,17 @@ pub fn from_debug_offsets(words: &[u64; DEBUG_OFFSETS_WORDS]) -> Option<Layout> 
 }
 
 impl Layout {
+    /// What `PyCode_Type.tp_basicsize` is in a process of this version:
+    /// the fixed part up to the first instruction from 3.11
+    /// (`Objects/codeobject.c`), `sizeof(PyCodeObject)` before.
+    pub fn code_basicsize(&self) -> u16 {
+        if self.frame_objects {
+            self.code_size
+        } else {
+            self.code_adaptive
+        }
+    }
+
     /// The walker's map value for a process whose `_PyRuntime` is at
     /// `runtime` (absolute), as bytes of `struct python_proc`.
     pub fn walker_entry(&self, runtime: u64) -> Vec<u8> {
@@ -181,7 +270,9 @@ impl Layout {
             code_firstlineno: self.code_firstlineno,
             code_linetable: self.code_linetable,
             code_adaptive: self.code_adaptive,
+            frame_lasti: self.frame_lasti,
             cstack_owner: self.cstack_owner,
+            frame_objects: u8::from(self.frame_objects),
             ..Default::default()
         };
         let value = types::python_proc { runtime, offsets };

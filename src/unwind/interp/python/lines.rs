@@ -1,6 +1,46 @@
 //! Source lines of CPython bytecode: the location table of CPython 3.11 and
 //! later (`co_linetable`, format described in CPython's
-//! `Objects/locations.md`).
+//! `Objects/locations.md`), 3.10's `co_linetable` and the `co_lnotab` of
+//! 3.8 and 3.9 (both described in those versions' `Objects/lnotab_notes.txt`).
+
+/// The line of the instruction `byte` bytes from the first of a code
+/// object whose first line is `first_line` and whose `co_lnotab` (3.8,
+/// 3.9) is `table`: pairs of (bytes, signed lines) increments, the line
+/// changing at each byte offset the pairs reach.
+pub fn lnotab_line(table: &[u8], first_line: i64, byte: u64) -> Option<u32> {
+    let mut line = first_line;
+    let mut at = 0u64;
+    for pair in table.chunks_exact(2) {
+        at += u64::from(pair[0]);
+        if at > byte {
+            break;
+        }
+        line += i64::from(pair[1] as i8);
+    }
+    u32::try_from(line).ok()
+}
+
+/// The line of the instruction `byte` bytes from the first of a code
+/// object whose first line is `first_line` and whose `co_linetable` (3.10)
+/// is `table`: consecutive ranges, each (bytes, signed line change), a
+/// change of -128 marking a range with no line; `None` for those, and
+/// past the table.
+pub fn ranges_line(table: &[u8], first_line: i64, byte: u64) -> Option<u32> {
+    let mut line = first_line;
+    let mut end = 0u64;
+    for pair in table.chunks_exact(2) {
+        end += u64::from(pair[0]);
+        let delta = pair[1] as i8;
+        let here = (delta != -128).then(|| {
+            line += i64::from(delta);
+            line
+        });
+        if byte < end {
+            return here.and_then(|l| u32::try_from(l).ok());
+        }
+    }
+    None
+}
 
 /// The line of the instruction `unit` code units (2 bytes each) from the
 /// first of a code object whose first line is `first_line` and whose
@@ -107,6 +147,32 @@ mod tests {
         assert_eq!(at(10_000), None);
     }
 
+    /// `leaf_work` as above but defined at line 2, compiled by CPython 3.8.18 and
+    /// 3.9.18 (`co_lnotab`, the same bytes) and 3.10.13 (`co_linetable`);
+    /// `dis.get_instructions` and 3.10's `co_lines()` give bytes 0-3 line
+    /// 3, 4-15 line 4, 16-29 line 5, 30-33 line 6.
+    const LEAF_WORK_3_9: &[u8] = b"\x00\x01\x04\x01\x0c\x01\x0e\x01";
+    const LEAF_WORK_3_10: &[u8] = b"\x04\x01\x0c\x01\x0e\x01\x04\x01";
+
+    #[test]
+    fn lines_of_3_8_to_3_10_tables() {
+        let expected = |byte| match byte {
+            0..=3 => 3,
+            4..=15 => 4,
+            16..=29 => 5,
+            _ => 6,
+        };
+        for byte in (0..34).step_by(2) {
+            let want = Some(expected(byte));
+            assert_eq!(lnotab_line(LEAF_WORK_3_9, 2, byte), want, "byte {byte}");
+            assert_eq!(ranges_line(LEAF_WORK_3_10, 2, byte), want, "byte {byte}");
+        }
+        assert_eq!(ranges_line(LEAF_WORK_3_10, 2, 34), None);
+        // A range with no line (-128), as 3.10 marks some cleanup code.
+        assert_eq!(ranges_line(b"\x04\x01\x02\x80\x02\x01", 2, 4), None);
+        assert_eq!(ranges_line(b"\x04\x01\x02\x80\x02\x01", 2, 6), Some(4));
+    }
+
     #[test]
     fn hostile_tables_give_no_line() {
         assert_eq!(line_of(b"", 1, 0), None);
@@ -115,5 +181,8 @@ mod tests {
             line_of(b"\xf0\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 1, 0),
             None
         );
+        assert_eq!(lnotab_line(b"\x01", 1, 0), Some(1));
+        assert_eq!(lnotab_line(b"\x00\x80\x00\x80", 1, 0), None);
+        assert_eq!(ranges_line(b"", 1, 0), None);
     }
 }

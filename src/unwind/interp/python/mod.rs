@@ -2,8 +2,9 @@
 //! is a CPython interpreter (an executable with libpython linked in, or
 //! libpython itself); its version comes from `Py_Version` (3.11 on), else
 //! its file name (`libpython3.9.so`, `python3.9`). Offsets come from the
-//! interpreter's `_Py_DebugOffsets` (3.13) or the table in [`layout`],
-//! checked against the process's `PyCode_Type.tp_basicsize`; any other
+//! interpreter's `_Py_DebugOffsets` (3.13) or the table in [`layout`]
+//! (3.8 to 3.12), checked against the process's `PyCode_Type.tp_basicsize`
+//! (and before 3.11 `PyFrame_Type.tp_basicsize`); any other
 //! version, or a check that fails, gets one `[python: unsupported …]`
 //! frame at each eval-loop frame. The eval loop is
 //! `_PyEval_EvalFrameDefault` and its `.cold` part where a symbol table
@@ -35,6 +36,7 @@ struct Symbols {
     runtime: u64,
     version: Option<u64>,
     code_type: Option<u64>,
+    frame_type: Option<u64>,
     eval: Vec<Range<u64>>,
     /// (major, minor) from the file name, and whether it names a
     /// free-threaded build (`python3.13t`).
@@ -80,6 +82,7 @@ fn read_symbols(open_path: &std::path::Path, path: &str) -> Option<Symbols> {
         runtime: 0,
         version: None,
         code_type: None,
+        frame_type: None,
         eval: Vec::new(),
         file_version: version_in_name(path),
     };
@@ -94,6 +97,7 @@ fn read_symbols(open_path: &std::path::Path, path: &str) -> Option<Symbols> {
             Ok("_PyRuntime") => symbols.runtime = sym.address(),
             Ok("Py_Version") => symbols.version = Some(sym.address()),
             Ok("PyCode_Type") => symbols.code_type = Some(sym.address()),
+            Ok("PyFrame_Type") => symbols.frame_type = Some(sym.address()),
             Ok("_PyEval_EvalFrameDefault" | "_PyEval_EvalFrameDefault.cold")
                 if !symbols.eval.contains(&range) =>
             {
@@ -133,6 +137,35 @@ fn layout_of(pid: u32, minor: u8, runtime: u64) -> Result<Layout, String> {
     layout::from_debug_offsets(&words).ok_or_else(|| "free-threaded build".into())
 }
 
+/// A type object's `tp_basicsize` (bytes 32-39 of a `PyTypeObject`: after
+/// `PyObject_VAR_HEAD` and `tp_name`).
+fn basicsize(pid: u32, type_object: u64) -> Option<u64> {
+    read_u64(pid, type_object + 32)
+}
+
+/// Check `layout` against `pid`'s interpreter (whose object has symbols
+/// `s` at `bias`): the sizes its type objects give code objects and
+/// (before 3.11) frame objects.
+fn check(pid: u32, s: &Symbols, bias: u64, layout: Layout) -> Result<Proc, String> {
+    let code_type = s
+        .code_type
+        .map(|a| a.wrapping_add(bias))
+        .ok_or("no PyCode_Type")?;
+    let size = basicsize(pid, code_type).ok_or("PyCode_Type unreadable")?;
+    if size != u64::from(layout.code_basicsize()) {
+        return Err(format!("PyCode_Type size {size}"));
+    }
+    if layout.frame_size != layout::NONE {
+        let frame_type = s.frame_type.ok_or("no PyFrame_Type")?;
+        let size =
+            basicsize(pid, frame_type.wrapping_add(bias)).ok_or("PyFrame_Type unreadable")?;
+        if size != u64::from(layout.frame_size) {
+            return Err(format!("PyFrame_Type size {size}"));
+        }
+    }
+    Ok(Proc { layout, code_type })
+}
+
 impl Python {
     /// Attach to `pid`, whose interpreter object has `symbols` at `bias`.
     fn attach_with(&mut self, pid: u32, s: &Symbols, bias: u64) -> Attachment {
@@ -162,19 +195,9 @@ impl Python {
         let free_threaded = s.file_version.is_some_and(|(_, _, t)| t);
         let checked = match minor {
             _ if free_threaded => Err("free-threaded build".to_string()),
-            Some(minor @ 11..=13) => layout_of(pid, minor, runtime).and_then(|layout| {
-                let code_type = s
-                    .code_type
-                    .map(|a| a.wrapping_add(bias))
-                    .ok_or("no PyCode_Type")?;
-                let size = read_u64(pid, code_type + 32).ok_or("PyCode_Type unreadable")?;
-                // CPython sizes code objects' fixed part up to their
-                // first instruction (Objects/codeobject.c, PyCode_Type).
-                if size != u64::from(layout.code_adaptive) {
-                    return Err(format!("PyCode_Type size {size}"));
-                }
-                Ok(Proc { layout, code_type })
-            }),
+            Some(minor @ 8..=13) => {
+                layout_of(pid, minor, runtime).and_then(|layout| check(pid, s, bias, layout))
+            }
             _ => Err("version not supported".to_string()),
         };
         let walker = match checked {

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use super::layout::Layout;
-use super::lines::line_of;
+use super::layout::{Layout, LineTable};
+use super::lines::{line_of, lnotab_line, ranges_line};
 
 /// Most bytes of a name read.
 const MAX_NAME_BYTES: usize = 1024;
@@ -49,23 +49,31 @@ fn field(bytes: &[u8], off: u16, width: usize) -> Option<u64> {
 /// What a code object says about itself.
 #[derive(Debug)]
 pub struct Code {
-    /// `co_qualname`.
+    /// `co_qualname` (`co_name` before 3.11).
     pub qualname: Arc<str>,
     /// `co_filename`.
     pub filename: Arc<str>,
     /// `co_firstlineno`.
     pub first_line: i64,
-    /// `co_linetable`'s bytes.
+    /// `co_linetable`'s bytes (`co_lnotab`'s on 3.8 and 3.9).
     pub table: Vec<u8>,
+    /// The table's format.
+    pub format: LineTable,
 }
 
 impl Code {
-    /// The line of the instruction `offset` bytes from the first one
-    /// (negative: before it, as a frame that has not started yet shows it).
+    /// The line of the instruction at `offset` from the first one, as the
+    /// walker recorded it: bytes, but code units (2 bytes) on 3.10, whose
+    /// `f_lasti` counts those; negative: before the first, as a frame
+    /// that has not started yet shows it (its first line).
     pub fn line(&self, offset: i32) -> Option<u32> {
-        match u64::try_from(offset) {
-            Ok(bytes) => line_of(&self.table, self.first_line, bytes / 2),
-            Err(_) => u32::try_from(self.first_line).ok(),
+        let Ok(at) = u64::try_from(offset) else {
+            return u32::try_from(self.first_line).ok();
+        };
+        match self.format {
+            LineTable::Locations => line_of(&self.table, self.first_line, at / 2),
+            LineTable::Lnotab => lnotab_line(&self.table, self.first_line, at),
+            LineTable::Ranges => ranges_line(&self.table, self.first_line, at * 2),
         }
     }
 }
@@ -115,6 +123,7 @@ fn read_code(pid: u32, layout: &Layout, code_type: u64, addr: u64, guard: u32) -
         filename: read_str(pid, layout, field(&head, layout.code_filename, 8)?)?.into(),
         first_line: i64::from(first_line as i32),
         table: read_bytes(pid, table_addr)?,
+        format: layout.lines,
     })
 }
 
