@@ -136,7 +136,7 @@ fn our_share(traces: &str, script: &str, chain: &Chain) -> (f64, u64) {
                 }
             }
             if let Some(at) = frame.find(script) {
-                // "NAME /path/chain.py:LINE"; pprof shows no name in <...> (`<module>`).
+                // "NAME /path/chain.py:LINE"; pprof shows no name in <...> (`<module>`, `<lambda>`).
                 let line: u32 = frame[at + script.len()..]
                     .trim_start_matches(':')
                     .parse()
@@ -152,7 +152,7 @@ fn our_share(traces: &str, script: &str, chain: &Chain) -> (f64, u64) {
                 .iter()
                 .zip(chain)
                 .all(|((name, line), &(want, lines))| {
-                    (name == want || (want == "<module>" && name.is_empty()))
+                    (name == want || (want.starts_with('<') && name.is_empty()))
                         && lines.contains(line)
                 });
         if exact {
