@@ -273,7 +273,6 @@ impl Layout {
             frame_lasti: self.frame_lasti,
             cstack_owner: self.cstack_owner,
             frame_objects: u8::from(self.frame_objects),
-            ..Default::default()
         };
         let value = types::python_proc { runtime, offsets };
         // SAFETY: python_proc is plain old data generated from the BPF
