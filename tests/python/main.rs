@@ -11,9 +11,15 @@
 //! or better. A version that is not installed is skipped with a message.
 //! An unsupported version (pyenv's 3.8-3.10) must show
 //! `[python: unsupported 3.x.y]` at its eval-loop frames, never a name.
+//! `scenarios` covers the shapes Python code takes (recursion, methods,
+//! generators, coroutines, callbacks from C, threads, `record`) and
+//! `container` an interpreter only visible under `/proc/PID/root`.
 
+mod chains;
 #[path = "../common/mod.rs"]
 mod common;
+mod container;
+mod scenarios;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,6 +27,10 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
+
+/// Minor versions of CPython 3 the BPF walker walks: every test here runs
+/// on each installed interpreter of these.
+const WALKED_MINORS: &[u32] = &[11, 12, 13];
 
 /// The workload; `argv[1]` is how long it runs, s.
 const SCRIPT: &str = "import sys, time
@@ -225,7 +235,7 @@ fn chains_of_supported_versions_match_py_spy() {
     if spy.is_none() {
         eprintln!("py-spy not found (scripts/setup.sh installs it): no reference share");
     }
-    for python in interpreters(&[11, 12, 13]) {
+    for python in interpreters(WALKED_MINORS) {
         let (share, samples, spy_share, traces) = profile(&python, spy.as_deref());
         eprintln!(
             "{}: lightswitch {share:.3} of {samples} samples, py-spy {spy_share:?}",
