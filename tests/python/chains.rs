@@ -42,9 +42,10 @@ impl Stack {
 /// A pprof frame line: `NAME FILE:LINE [(inline)]`, `FILE:LINE` or `NAME`.
 fn pprof_frame(text: &str) -> Frame {
     let text = text.trim().trim_end_matches("(inline)").trim_end();
-    let (name, place) = match text.rsplit_once(' ') {
-        Some((name, place)) => (name, place),
-        None => ("", text),
+    // A file is a path, or `<frozen MODULE>` (which has a space).
+    let (name, place) = match text.find("<frozen ") {
+        Some(at) => (text[..at].trim_end(), &text[at..]),
+        None => text.rsplit_once(' ').unwrap_or(("", text)),
     };
     if let Some((file, line)) = place.rsplit_once(':') {
         if let Ok(line) = line.parse() {
@@ -242,6 +243,13 @@ mod tests {
         assert_eq!((f.name.as_str(), f.line), ("", 140));
         let f = pprof_frame("pymalloc_free /a/obmalloc.c:1809 (inline)");
         assert_eq!((f.name.as_str(), f.line), ("pymalloc_free", 1809));
+        let f = pprof_frame("_load_unlocked <frozen importlib._bootstrap>:690");
+        assert_eq!(
+            (f.name.as_str(), f.file.as_str()),
+            ("_load_unlocked", "<frozen importlib._bootstrap>")
+        );
+        let f = pprof_frame("<frozen importlib._bootstrap_external>:1550");
+        assert_eq!((f.name.as_str(), f.line), ("", 1550));
         let f = pprof_frame("[python: unknown]");
         assert_eq!((f.name.as_str(), f.line), ("[python: unknown]", 0));
         let s = spy_stacks("<module> (/s.py:9);Shape.area (/s.py:3) 12\n");

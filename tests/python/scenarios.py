@@ -5,11 +5,11 @@ every scenario in turn, each in its own thread for SECONDS, printing
 `FUNCTION TID` (the thread's id as the kernel numbers it) for each thread
 that runs a scenario's root function.
 `python scenarios.py main SECONDS`: run the method chain from the module's
-top level, on the main thread, at once, for SECONDS.
+top level, on the main thread, at once, for SECONDS (the modules the
+other scenarios need are imported where they are used, so that the chain
+starts with the script).
 """
-import asyncio
 import sys
-import threading
 import time
 
 
@@ -60,17 +60,22 @@ async def compute(n):
 
 
 async def amain(end):
+    import asyncio
+
     while time.time() < end:
-        await compute(20000)  # amain: call
+        for _ in range(10):
+            await compute(20000)  # amain: call
         await asyncio.sleep(0)
 
 
 def run_async(end):
+    import asyncio
+
     asyncio.run(amain(end))  # run_async: call
 
 
 def sort_key(x):
-    return leaf_work(2000 + x)  # sort_key: call
+    return leaf_work(20000 + x)  # sort_key: call
 
 
 def run_sorted(end):
@@ -79,7 +84,7 @@ def run_sorted(end):
 
 
 def map_fn(x):
-    return leaf_work(2000 + x)  # map_fn: call
+    return leaf_work(20000 + x)  # map_fn: call
 
 
 def run_map(end):
@@ -103,6 +108,8 @@ def thread_c(end):
 
 
 def in_thread(function, end):
+    import threading
+
     thread = threading.Thread(target=function, args=(end,))
     thread.start()
     print(function.__name__, thread.native_id, flush=True)
@@ -117,6 +124,8 @@ def run_threads(end):
 SCENARIOS = [run_recursion, run_methods, run_generator, run_async, run_sorted, run_map]
 
 if sys.argv[1] == "drive":
+    import asyncio, threading  # noqa: E401,F401 (imported before the scenarios run)
+
     seconds = float(sys.argv[2])
     sys.stdin.readline()
     for scenario in SCENARIOS:

@@ -116,22 +116,22 @@ fn add(tally: &mut Tally, root: &str, stack: &Stack, good: bool) {
 }
 
 /// Whether a sample of ours counts toward its scenario's share: it names
-/// one of the script's frames, or the walker did not name its Python frames
-/// (`[python: ...]`, or an eval-loop frame without any Python frame). Not
-/// counted: samples whose Python frames are all named and outside the script
-/// (a thread's start and end in threading.py, the interpreter's start-up
-/// and shut-down), which py-spy's tally leaves out as well, and native
-/// code outside the eval loop.
+/// one of the script's frames, or it ran the eval loop and the walker named
+/// none of its Python frames (none at all, or only `[python: ...]`). Not
+/// counted, as py-spy's tally does not count them either: samples whose
+/// named Python frames are all outside the script (a thread's start and end
+/// in threading.py; the interpreter's start-up, where a module's code
+/// object may be freed before its frames are named: `[python: unknown]`),
+/// and native code outside the eval loop.
 fn counted(stack: &Stack, script: &Path) -> bool {
-    let python = |f: &&Frame| f.file.ends_with(".py") || f.file.starts_with("<frozen");
-    let marker = stack.frames.iter().any(|f| f.name.starts_with("[python"));
+    let named = |f: &&Frame| f.file.ends_with(".py") || f.file.starts_with("<frozen");
     let eval = stack
         .frames
         .iter()
         .any(|f| f.name == "_PyEval_EvalFrameDefault");
-    let mut frames = stack.frames.iter().filter(python).peekable();
+    let mut frames = stack.frames.iter().filter(named).peekable();
     let none = frames.peek().is_none();
-    marker || (eval && none) || frames.any(|f| f.file == s(script))
+    (eval && none) || frames.any(|f| f.file == s(script))
 }
 
 /// Our tally: each sample goes to the scenario of its thread.
@@ -305,15 +305,18 @@ fn expected_roots() -> [&'static str; 9] {
     ]
 }
 
-/// The pid of the first child of `parent`, once it runs `comm_prefix`.
+/// The pid of a child of `parent` (forked by any of its threads), once it runs `comm_prefix`.
 pub fn child_running(parent: u32, comm_prefix: &str, timeout: Duration) -> Option<u32> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"));
-        for pid in children.unwrap_or_default().split_whitespace() {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if comm.starts_with(comm_prefix) {
-                return pid.parse().ok();
+        let tasks = std::fs::read_dir(format!("/proc/{parent}/task")).ok()?;
+        for task in tasks.flatten() {
+            let children = std::fs::read_to_string(task.path().join("children"));
+            for pid in children.unwrap_or_default().split_whitespace() {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"));
+                if comm.unwrap_or_default().starts_with(comm_prefix) {
+                    return pid.parse().ok();
+                }
             }
         }
         thread::sleep(Duration::from_millis(5));
