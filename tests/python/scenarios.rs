@@ -26,7 +26,7 @@ use crate::common::*;
 /// The workloads.
 pub const SCRIPT: &str = include_str!("scenarios.py");
 /// How long each scenario runs, s.
-const SECONDS: &str = "1.2";
+const SECONDS: &str = "1.5";
 /// Sampling frequency of both tools, Hz.
 const FREQ: &str = "999";
 /// Fewest samples a scenario needs for its share to mean something.
@@ -354,6 +354,16 @@ fn record_covers_a_script_from_its_first_samples() {
         let profiler = Lightswitch::spawn_command(cmd);
         let comm = python.file_name().unwrap().to_string_lossy();
         let pid = child_running(profiler.pid(), &comm, Duration::from_secs(30));
+        // py-spy gives up on a process whose libpython is not mapped yet
+        // (an interpreter without one: py-spy starts 200 ms late).
+        let deadline = Instant::now() + Duration::from_millis(200);
+        while let Some(pid) = pid.filter(|_| Instant::now() < deadline) {
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+            if maps.contains("libpython") {
+                break;
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
         let spy_out = dir.path().join("spy.txt");
         let spy_run = spy
             .as_deref()
