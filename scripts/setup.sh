@@ -5,7 +5,8 @@
 # message types), Go (`go tool pprof` in the tests), util-linux
 # (setpriv/unshare in the tests), linux-perf (the overhead harness compares
 # against `perf record`; bpftrace and rt-tests's hackbench are the off-CPU cost
-# harness's anchors, bench/overhead/offcpu.sh), nodejs (JIT perf-map tests: `node --perf-basic-prof`),
+# harness's anchors, bench/overhead/offcpu.sh; bpftool switches the Python
+# walk off and on in its `python` mode), nodejs (JIT perf-map tests: `node --perf-basic-prof`),
 # debuginfod (a real debuginfod server for the debug-file fetching test),
 # fuse3 and libfuse3-dev (tests/reliability/hung_fs.rs compiles a FUSE
 # server whose reads never answer),
@@ -25,7 +26,7 @@
 # Idempotent: installs only what is missing.
 set -euo pipefail
 
-packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf nodejs debuginfod man-db python3-venv qemu-system-x86 busybox-static curl xz-utils chromium bpftrace rt-tests fuse3 libfuse3-dev)
+packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf nodejs debuginfod man-db python3-venv qemu-system-x86 busybox-static curl xz-utils chromium bpftrace rt-tests fuse3 libfuse3-dev bpftool)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -21,6 +21,7 @@ mod hostile;
 mod matrix;
 mod measure;
 mod profiler;
+mod python;
 mod readings;
 mod report;
 mod startup;
@@ -61,6 +62,11 @@ enum Mode {
     /// Time from start to the first complete stack and to every running
     /// process covered, with a cold and a warm unwind-table cache.
     Startup,
+    /// The cost of walking CPython frames: one CPU-bound Python process,
+    /// lightswitch with its Python walk and with the native walk only (the
+    /// walk's tail call taken away with bpftool), and py-spy, at
+    /// `--python-freq` Hz.
+    Python,
     /// Every mode above, in that order (timeline before start-up).
     All,
 }
@@ -138,6 +144,12 @@ struct Args {
     /// The hostile neighbours' program (built by run.sh from hostile.c).
     #[arg(long)]
     hostile_program: Option<PathBuf>,
+    /// Python: the interpreter of the workload.
+    #[arg(long, default_value = "/usr/bin/python3")]
+    python: PathBuf,
+    /// Python: sampling frequency of lightswitch and py-spy, Hz.
+    #[arg(long, default_value_t = 999)]
+    python_freq: u64,
     /// The workload binary (built by run.sh from workload.c).
     #[arg(long)]
     workload: PathBuf,
@@ -218,6 +230,7 @@ fn run(args: &Args) -> Result<()> {
             Mode::Churn,
             Mode::Timeline,
             Mode::Startup,
+            Mode::Python,
         ],
         m => vec![m],
     };
@@ -242,6 +255,18 @@ fn run(args: &Args) -> Result<()> {
             Mode::Startup => {
                 startup::startup(&ctx.tools, &ctx.workload, ctx.cpus, quick, &ctx.doc)?
             }
+            Mode::Python => python::python(
+                &ctx.tools,
+                &python::PythonConfig {
+                    python: args.python.clone(),
+                    freq: args.python_freq,
+                    seconds: args.seconds.unwrap_or(if quick { 2.0 } else { 10.0 }),
+                    rounds: ctx.rounds,
+                    warmup: ctx.warmup,
+                    cpus: ctx.cpus,
+                    doc: ctx.doc.clone(),
+                },
+            )?,
             Mode::All => unreachable!("expanded above"),
         }
         eprintln!(

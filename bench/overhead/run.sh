@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Overhead harness (docs/performance.md), one command as root:
 #
-#   sudo bash bench/overhead/run.sh [matrix|soak|rss|churn|timeline|startup|all] [--quick] [OPTIONS]
+#   sudo bash bench/overhead/run.sh [matrix|soak|rss|churn|timeline|startup|python|all] [--quick] [OPTIONS]
 #
 # Builds the workload (workload.c: no frame pointers, hot loop 30 frames
 # deep) and lightswitch in release mode, then runs the harness

@@ -12,10 +12,16 @@
 //! method and the lambda by `co_name`: `middle`, `<lambda>`). A version
 //! that is not installed is skipped with a message. An unsupported version
 //! (pyenv's 3.7) must show `[python: unsupported 3.7]` at its eval-loop
-//! frames, never a name.
+//! frames, never a name. `scenarios` covers the shapes Python code takes
+//! (recursion, methods, generators, coroutines, callbacks from C, threads,
+//! `record`) and `container` an interpreter only visible under
+//! `/proc/PID/root`.
 
+mod chains;
 #[path = "../common/mod.rs"]
 mod common;
+mod container;
+mod scenarios;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -23,6 +29,10 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
+
+/// Minor versions of CPython 3 the BPF walker walks: every test here runs
+/// on each installed interpreter of these.
+const WALKED_MINORS: &[u32] = &[8, 9, 10, 11, 12, 13];
 
 /// The workload; `argv[1]` is how long it runs, s.
 const SCRIPT: &str = "import sys, time
@@ -64,11 +74,18 @@ const CHAIN_CO_NAME: Chain = [
 
 /// The chain `python` (`.../python3.MINOR`) names.
 fn chain_of(python: &Path) -> &'static Chain {
-    let name = python.file_name().unwrap_or_default().to_string_lossy();
-    match name.trim_start_matches("python3.").parse::<u32>() {
-        Ok(minor) if minor < 11 => &CHAIN_CO_NAME,
-        _ => &CHAIN,
+    if qualified_names(python) {
+        &CHAIN
+    } else {
+        &CHAIN_CO_NAME
     }
+}
+
+/// Whether `python` (`.../python3.MINOR`) names frames by `co_qualname`
+/// (3.11+) rather than `co_name`.
+fn qualified_names(python: &Path) -> bool {
+    let name = python.file_name().unwrap_or_default().to_string_lossy();
+    !matches!(name.trim_start_matches("python3.").parse::<u32>(), Ok(minor) if minor < 11)
 }
 
 /// Installed CPythons of `minor` versions: Debian's and pyenv's.
@@ -251,7 +268,7 @@ fn chains_of_supported_versions_match_py_spy() {
     if spy.is_none() {
         eprintln!("py-spy not found (scripts/setup.sh installs it): no reference share");
     }
-    for python in interpreters(&[8, 9, 10, 11, 12, 13]) {
+    for python in interpreters(WALKED_MINORS) {
         let (share, samples, spy_share, traces) = profile(&python, spy.as_deref());
         eprintln!(
             "{}: lightswitch {share:.3} of {samples} samples, py-spy {spy_share:?}",

@@ -129,6 +129,8 @@ struct Attached {
     /// The frame shown at each eval-loop frame when the walker cannot walk
     /// this process (tagged address).
     unsupported: Option<u64>,
+    /// The BPF walker's entry, when the walker walks it.
+    entry: Option<Vec<u8>>,
 }
 
 /// The interpreter unwinders and the processes they attached to. Owned by
@@ -156,6 +158,14 @@ impl Interpreters {
             self.forget(pid);
             return None;
         };
+        if found.walker.is_err() {
+            // Checked before, it fails now only because its memory can no
+            // longer be read: it is exiting, and its samples still on their
+            // way were walked while it lived. They keep their names.
+            if let Some(kept) = self.procs.get(&pid).and_then(|a| a.entry.clone()) {
+                return Some(kept);
+            }
+        }
         let (unsupported, entry) = match found.walker {
             Ok(entry) => (None, Some(entry)),
             Err(label) => {
@@ -173,6 +183,7 @@ impl Interpreters {
             Attached {
                 eval: found.eval,
                 unsupported,
+                entry: entry.clone(),
             },
         );
         entry
