@@ -83,8 +83,8 @@ pub fn run(plan: &RunPlan) -> Result<RunSummary> {
 /// let go once sampling is attached, and the run ends when it exits (or at
 /// `plan.duration`); a stop request is passed on to it.
 pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> Result<RunSummary> {
-    let plan = CheckedPlan::new(run_plan, workload.as_ref().map(|w| w.pid()))?;
-    setup_libbpf_logging(run_plan.libbpf_debug);
+    let plan = CheckedPlan::new(run_plan.clone(), workload.as_ref().map(|w| w.pid()))?;
+    setup_libbpf_logging(plan.run.libbpf_debug);
     let stop = progress::install_stop_handler(if plan.listen_only {
         // Nothing is written: requests in progress get 503.
         StopWords {
@@ -104,7 +104,7 @@ pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> 
     let metrics = Arc::new(Metrics::default());
     // Continuous mode: the sender (and its thread) starts before sampling,
     // so that a bad URL fails the run before anything is loaded.
-    let window_worker = if let Some(continuous) = &run_plan.continuous {
+    let window_worker = if let Some(continuous) = &plan.run.continuous {
         let sender = crate::output::sender::start(continuous.sender.clone())?;
         if let Some(queue) = sender.delivery_queue() {
             metrics.set_delivery_queue(queue);
@@ -120,7 +120,7 @@ pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> 
     // The server binds before BPF is loaded, so that a bad address fails
     // the run at once; requests wait in the channel until the loop runs.
     let (request_tx, requests) = mpsc::channel();
-    let server = match &run_plan.listen {
+    let server = match &plan.run.listen {
         Some(listen) => Some(Server::start(
             &ServerConfig {
                 listen: listen.address.clone(),
@@ -150,7 +150,7 @@ pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> 
             .transpose()?,
         requests,
     };
-    let cache_dir = run_plan.unwind_cache_dir.clone();
+    let cache_dir = plan.run.unwind_cache_dir.clone();
     crate::symbolize::debug_copy::configure(
         cache_dir
             .as_ref()
@@ -182,7 +182,7 @@ pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> 
         server.stop(Duration::from_secs(2));
     }
     drop(sampler);
-    finish(run_plan, &plan, &metrics, stopped, &provenance)
+    finish(&plan, &metrics, stopped, &provenance)
 }
 
 /// Longest a held command waits for the unwind tables of its first
@@ -244,7 +244,6 @@ fn log_run(
 /// Everything after sampling: log what the run saw, hand the last windows
 /// over (continuous mode) or write the one profile, and say what happened.
 fn finish(
-    run_plan: &RunPlan,
     plan: &CheckedPlan,
     metrics: &Metrics,
     stopped: Stopped,
@@ -279,7 +278,8 @@ fn finish(
             totals.account(&closed);
             worker.submit(closed, &tracker);
         }
-        let flush = run_plan
+        let flush = plan
+            .run
             .continuous
             .as_ref()
             .map_or(Duration::from_secs(5), |c| c.flush_timeout);
@@ -322,9 +322,10 @@ fn finish(
     // One profile for the whole run.
     let last = last.pop().context("a run has one window")?;
     let (samples, processes, unwind) =
-        write_run_profile(run_plan, plan, last, &tracker, &children_seen, provenance)?;
+        write_run_profile(plan, last, &tracker, &children_seen, provenance)?;
     Ok(RunSummary {
-        outputs: run_plan
+        outputs: plan
+            .run
             .outputs
             .iter()
             .map(|(_, path)| path.clone())
@@ -344,10 +345,9 @@ fn finish(
 /// The one profile of a one-shot run, from its only window `last`:
 /// symbolized with what `tracker` knows, stamped with `provenance`, checked
 /// for the `--pids` targets ([`check_pids_sampled`]) and written to every
-/// output of `run_plan`. Returns its samples, processes and unwind results
+/// output of the plan. Returns its samples, processes and unwind results
 /// (per result name), for the summary.
 fn write_run_profile(
-    run_plan: &RunPlan,
     plan: &CheckedPlan,
     last: ClosedWindow,
     tracker: &ProcessTracker,
@@ -373,9 +373,9 @@ fn write_run_profile(
     );
     write_outputs(
         &profile,
-        &run_plan.outputs,
-        run_plan.compression,
-        run_plan.file_mode,
+        &plan.run.outputs,
+        plan.run.compression,
+        plan.run.file_mode,
     )?;
     let unwind = aggregator
         .status_counts()

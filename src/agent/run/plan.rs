@@ -206,9 +206,12 @@ impl RunPlan {
 
 /// A [`RunPlan`] checked against the running system when the run starts,
 /// with what that check found: the sampler's settings (pids resolved to
-/// their processes), the run's shape and the kernel's limit.
+/// their processes), the run's shape and the kernel's limit. It owns the
+/// plan it checked, so a run carries one plan.
 #[derive(Debug, Clone)]
 pub struct CheckedPlan {
+    /// The plan as given (outputs, senders, server, caches).
+    pub run: RunPlan,
     /// Continuous mode: the window length; `None` for one profile of the run.
     pub interval: Option<Duration>,
     /// How long the run lasts; `None`: until a signal or the targets exit.
@@ -232,7 +235,7 @@ impl CheckedPlan {
     ///
     /// `workload`: the pid of `record`'s held command, which replaces
     /// `plan.pids` and is followed into its children.
-    pub fn new(plan: &RunPlan, workload: Option<u32>) -> Result<CheckedPlan> {
+    pub fn new(plan: RunPlan, workload: Option<u32>) -> Result<CheckedPlan> {
         plan.check()?;
         let max_sample_rate_hz = preflight::max_sample_rate()?;
         preflight::check_frequency(plan.sample_freq_hz, max_sample_rate_hz)?;
@@ -272,6 +275,7 @@ impl CheckedPlan {
                 // are symbolized then).
                 after_load: Some(crate::symbolize::kallsyms::remember_bpf_programs),
             },
+            run: plan,
         })
     }
 }
