@@ -33,7 +33,10 @@ pub const VDSO_OBJECT_ID: u32 = u32::MAX - 1;
 
 /// The `object_files` key of the vDSO's table (`VDSO_FILE_DEV`,
 /// `VDSO_FILE_INODE` in `src/sampling/bpf/profiler.h`): no file has inode 0.
-pub const VDSO_FILE_KEY: (u64, u64) = (0, 0);
+pub const VDSO_FILE_KEY: (u64, u64) = (
+    crate::sampling::skel::defines::VDSO_FILE_DEV,
+    crate::sampling::skel::defines::VDSO_FILE_INODE,
+);
 
 /// Where the objects of described processes are announced: the owner of
 /// the unwind tables, which builds and loads one for each.
