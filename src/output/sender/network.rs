@@ -8,11 +8,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::item::Item;
-use super::queue::{Delivery, Queue, Transport};
-use super::remote::HttpConfig;
+use super::queue::{Delivery, Queue};
 use super::{Sender, SenderReport};
 use crate::profile::Profile;
 
@@ -33,19 +32,10 @@ pub struct NetworkSender<R: Request> {
 }
 
 impl<R: Request> NetworkSender<R> {
-    /// Start the delivery thread sending through `transport`, with the
-    /// queue budget, per-request timeout, backoff and spool of `config`.
-    /// Errors: the spool cannot be opened or the thread cannot be started.
-    pub fn launch<T: Transport>(transport: T, config: &HttpConfig, request: R) -> Result<Self> {
-        let delivery = Delivery::start(
-            transport,
-            config.queue_bytes,
-            config.timeout,
-            config.backoff,
-            config.spool.clone(),
-        )
-        .context("starting the sender thread")?;
-        Ok(NetworkSender { delivery, request })
+    /// A sender making requests with `request` and handing them to
+    /// `delivery` (started by [`super::remote::HttpConfig::deliver_through`]).
+    pub fn new(delivery: Delivery, request: R) -> Self {
+        NetworkSender { delivery, request }
     }
 }
 

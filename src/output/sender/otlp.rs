@@ -220,7 +220,8 @@ impl OtlpSender {
         ];
         fixed.extend(headers);
         let http = HttpTransport::new(config.clone(), fixed)?;
-        NetworkSender::launch(OtlpTransport { http }, &config, OtlpRequest)
+        let delivery = config.deliver_through(OtlpTransport { http })?;
+        Ok(NetworkSender::new(delivery, OtlpRequest))
     }
 }
 

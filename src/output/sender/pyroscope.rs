@@ -139,7 +139,10 @@ impl PyroscopeSender {
             headers.push(("X-Scope-OrgID".to_string(), tenant));
         }
         let transport = HttpTransport::new(config.clone(), headers)?;
-        NetworkSender::launch(transport, &config, PyroscopeRequest { labels })
+        Ok(NetworkSender::new(
+            config.deliver_through(transport)?,
+            PyroscopeRequest { labels },
+        ))
     }
 }
 

@@ -20,7 +20,7 @@ use reqwest::StatusCode;
 use url::Url;
 
 use super::network::{NetworkSender, Request};
-use super::queue::{Attempt, Backoff, Item, Transport};
+use super::queue::{Attempt, Backoff, Delivery, Item, Transport};
 use super::spool::SpoolSettings;
 use crate::profile::format::pprof;
 use crate::profile::format::{Compression, ProfileFormat};
@@ -135,6 +135,22 @@ impl HttpConfig {
                 ..s
             }),
         })
+    }
+}
+
+impl HttpConfig {
+    /// Start a delivery thread sending through `transport`, with this
+    /// config's queue budget, per-request timeout, backoff and spool.
+    /// Errors: the spool cannot be opened or the thread cannot be started.
+    pub fn deliver_through<T: Transport>(&self, transport: T) -> Result<Delivery> {
+        Delivery::start(
+            transport,
+            self.queue_bytes,
+            self.timeout,
+            self.backoff,
+            self.spool.clone(),
+        )
+        .context("starting the sender thread")
     }
 }
 
@@ -306,7 +322,10 @@ impl RemoteSender {
                 ("Content-Encoding".into(), "gzip".into()),
             ],
         )?;
-        NetworkSender::launch(transport, &config, RemoteRequest { host })
+        Ok(NetworkSender::new(
+            config.deliver_through(transport)?,
+            RemoteRequest { host },
+        ))
     }
 }
 
