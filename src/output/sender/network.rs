@@ -15,12 +15,15 @@ use super::queue::{Delivery, Queue};
 use super::{Sender, SenderReport};
 use crate::profile::Profile;
 
+/// Request headers, (name, value).
+pub type Headers = Vec<(String, String)>;
+
 /// How a network sender turns one window's profile into a request.
 pub trait Request: Send {
     /// The request body and this profile's own headers (name, value), on
     /// top of the transport's fixed ones. Errors: the profile could not be
     /// encoded (that window only).
-    fn request(&mut self, profile: &Profile) -> Result<(Vec<u8>, Vec<(String, String)>)>;
+    fn request(&mut self, profile: &Profile) -> Result<(Vec<u8>, Headers)>;
 }
 
 /// A network sender: encodes each window with its [`Request`] and hands

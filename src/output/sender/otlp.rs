@@ -26,7 +26,7 @@ use anyhow::{bail, Context, Result};
 use prost::Message;
 use reqwest::StatusCode;
 
-use super::network::{NetworkSender, Request};
+use super::network::{Headers, NetworkSender, Request};
 use super::queue::{Attempt, Item, Transport};
 use super::remote::{failed, HttpConfig, HttpTransport};
 use crate::profile::format::otlp::{self, proto::collector::ExportProfilesServiceResponse};
@@ -201,7 +201,7 @@ impl Transport for OtlpTransport {
 pub struct OtlpRequest;
 
 impl Request for OtlpRequest {
-    fn request(&mut self, profile: &Profile) -> Result<(Vec<u8>, Vec<(String, String)>)> {
+    fn request(&mut self, profile: &Profile) -> Result<(Vec<u8>, Headers)> {
         Ok((otlp::encode(profile, Compression::Gzip)?, Vec::new()))
     }
 }

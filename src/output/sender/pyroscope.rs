@@ -16,7 +16,7 @@
 use anyhow::Result;
 use prost::Message;
 
-use super::network::{NetworkSender, Request};
+use super::network::{Headers, NetworkSender, Request};
 use super::remote::{HttpConfig, HttpTransport};
 use crate::profile::format::pprof;
 use crate::profile::format::Compression;
@@ -113,7 +113,7 @@ pub struct PyroscopeRequest {
 }
 
 impl Request for PyroscopeRequest {
-    fn request(&mut self, profile: &Profile) -> Result<(Vec<u8>, Vec<(String, String)>)> {
+    fn request(&mut self, profile: &Profile) -> Result<(Vec<u8>, Headers)> {
         let raw = pprof::encode(profile, Compression::Gzip)?;
         let request = push_request(&self.labels, raw, uuid::Uuid::new_v4().to_string());
         Ok((request.encode_to_vec(), Vec::new()))

@@ -19,7 +19,7 @@ use reqwest::blocking::{Client, Response};
 use reqwest::StatusCode;
 use url::Url;
 
-use super::network::{NetworkSender, Request};
+use super::network::{Headers, NetworkSender, Request};
 use super::queue::{Attempt, Backoff, Delivery, Item, Transport};
 use super::spool::SpoolSettings;
 use crate::profile::format::pprof;
@@ -289,7 +289,7 @@ pub struct RemoteRequest {
 }
 
 impl Request for RemoteRequest {
-    fn request(&mut self, profile: &Profile) -> Result<(Vec<u8>, Vec<(String, String)>)> {
+    fn request(&mut self, profile: &Profile) -> Result<(Vec<u8>, Headers)> {
         let body = pprof::encode(profile, Compression::Gzip)?;
         let end = profile.start_unix_ns + profile.duration_ns;
         let headers = vec![
