@@ -204,7 +204,7 @@ fn a_process_gone_without_an_exit_event_is_forgotten_by_the_walker() {
         &mut Interpreters::default(),
     );
     assert_eq!(follower.described(), 1);
-    follower.processes_vanished(&[pid], &walker, &mut tables, &mut Interpreters::default());
+    follower.processes_vanished(&[pid], &walker, &mut tables);
     assert_eq!(*walker.removed.borrow(), vec![pid]);
     assert_eq!(tables.exited, vec![pid], "its JIT tables can go");
     assert_eq!(follower.described(), 0);

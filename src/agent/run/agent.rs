@@ -167,7 +167,11 @@ impl<'s, 'o> Agent<'s, 'o> {
         )
         .with_timeline(plan.timeline)
         .with_off_cpu(plan.sampler.off_cpu_min_ns.is_some());
-        let loader = UnwindLoader::new(plan.sampler.max_unwind_rows, cache_dir)?;
+        let loader = UnwindLoader::new(
+            plan.sampler.max_unwind_rows,
+            cache_dir,
+            &plan.run.symbols.debug_dirs,
+        )?;
         let mut follower = ProcessFollower::new();
         follower.scan_processes(&plan.sampler.pids, start);
         let samples = Rc::new(RefCell::new(Vec::new()));

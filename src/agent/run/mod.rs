@@ -54,6 +54,7 @@ use crate::profile::format::{self, Compression, ProfileFormat};
 use crate::profile::window::ClosedWindow;
 use crate::profile::{Profile, Provenance};
 use crate::sampling::sampler::{BpfStats, Sampler};
+use crate::symbolize::settings::SymbolContext;
 use crate::symbolize::Symbolizer;
 use crate::unwind::deferred::DeferredStats;
 use crate::unwind::loader::UnwindLoader;
@@ -102,6 +103,16 @@ pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> 
         pids: plan.sampler.pids.as_slice().into(),
     };
     let metrics = Arc::new(Metrics::default());
+    // The run's symbol sources, shared by its symbolizers; debug copies go
+    // under the unwind cache directory.
+    let cache_dir = plan.run.unwind_cache_dir.clone();
+    let symbols = SymbolContext::new(
+        &plan.run.symbols,
+        cache_dir
+            .as_ref()
+            .map(|dir| dir.join(crate::symbolize::debug_copy::SUBDIRECTORY)),
+    );
+    metrics.set_debuginfod(symbols.debuginfod.clone());
     // Continuous mode: the sender (and its thread) starts before sampling,
     // so that a bad URL fails the run before anything is loaded.
     let window_worker = if let Some(continuous) = &plan.run.continuous {
@@ -113,6 +124,7 @@ pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> 
             sender,
             metrics.clone(),
             provenance.clone(),
+            symbols.clone(),
         )?)
     } else {
         None
@@ -146,16 +158,10 @@ pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> 
         windows: window_worker,
         on_demand: server
             .as_ref()
-            .map(|_| OnDemandWorker::start())
+            .map(|_| OnDemandWorker::start(symbols.clone()))
             .transpose()?,
         requests,
     };
-    let cache_dir = plan.run.unwind_cache_dir.clone();
-    crate::symbolize::debug_copy::configure(
-        cache_dir
-            .as_ref()
-            .map(|dir| dir.join(crate::symbolize::debug_copy::SUBDIRECTORY)),
-    );
     let mut agent = Agent::new(&sampler, &plan, cache_dir, workers, metrics.clone())?;
     // After listen-only mode has paused the perf events: scripts wait for
     // this line.
@@ -182,7 +188,7 @@ pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> 
         server.stop(Duration::from_secs(2));
     }
     drop(sampler);
-    finish(&plan, &metrics, stopped, &provenance)
+    finish(&plan, &metrics, stopped, &provenance, &symbols)
 }
 
 /// Longest a held command waits for the unwind tables of its first
@@ -248,6 +254,7 @@ fn finish(
     metrics: &Metrics,
     stopped: Stopped,
     provenance: &Provenance,
+    symbols: &SymbolContext,
 ) -> Result<RunSummary> {
     let Stopped {
         tracker,
@@ -302,6 +309,7 @@ fn finish(
             }),
             served: None,
             off_cpu,
+            debuginfod: symbols.debuginfod_stats(),
         });
     }
     if plan.listen_only {
@@ -316,13 +324,14 @@ fn finish(
             continuous: None,
             served: Some(served),
             off_cpu,
+            debuginfod: symbols.debuginfod_stats(),
         });
     }
 
     // One profile for the whole run.
     let last = last.pop().context("a run has one window")?;
     let (samples, processes, unwind) =
-        write_run_profile(plan, last, &tracker, &children_seen, provenance)?;
+        write_run_profile(plan, last, &tracker, &children_seen, provenance, symbols)?;
     Ok(RunSummary {
         outputs: plan
             .run
@@ -339,6 +348,7 @@ fn finish(
         continuous: None,
         served: None,
         off_cpu,
+        debuginfod: symbols.debuginfod_stats(),
     })
 }
 
@@ -353,6 +363,7 @@ fn write_run_profile(
     tracker: &ProcessTracker,
     children_seen: &hints::ChildrenSeen,
     provenance: &Provenance,
+    symbols: &SymbolContext,
 ) -> Result<(u64, usize, BTreeMap<String, u64>)> {
     let ClosedWindow {
         mut aggregator,
@@ -360,7 +371,7 @@ fn write_run_profile(
         ..
     } = last;
     let started = Instant::now();
-    let mut profile = Symbolizer::one_shot().build_profile(&aggregator, tracker, window);
+    let mut profile = Symbolizer::one_shot(symbols).build_profile(&aggregator, tracker, window);
     aggregator.take_timeline_into(&mut profile);
     provenance.stamp(&mut profile);
     check_pids_sampled(plan, &aggregator, &profile, children_seen)?;
