@@ -165,7 +165,7 @@ fn early_page(c: &mut Criterion) {
                             started: Instant::now(),
                             arrived: Cell::new(None),
                         };
-                        build_table_early(None, black_box(&bytes), &sink).expect("table");
+                        build_table_early(None, black_box(&bytes), &sink, &[]).expect("table");
                         sink.arrived.get().expect("the page was sent ahead")
                     })
                     .sum()

@@ -23,11 +23,6 @@ fn main() {
     }
     let plan = plan_or_usage_error(&cli);
     init_logging(&cli);
-    lightswitch::unwind::identity::set_debug_dirs(cli.debug_dirs().to_vec());
-    lightswitch::symbolize::debuginfod::configure(
-        &cli.debuginfod_urls,
-        cli.debuginfod_cache.clone(),
-    );
     let plan = match plan {
         Plan::Profile(plan) => plan,
         Plan::Record(plan) => record(&plan),
@@ -195,8 +190,8 @@ fn init_logging(cli: &Cli) {
 /// own, exits here.
 fn run_tool(cli: &Cli) {
     match &cli.command {
-        Some(Command::ShowUnwind { path, .. }) => {
-            match lightswitch::unwind::show::show_unwind(path) {
+        Some(Command::ShowUnwind { path, debug_dirs }) => {
+            match lightswitch::unwind::show::show_unwind(path, debug_dirs) {
                 Ok(text) => {
                     // A closed pipe (`| head`) is not an error worth reporting.
                     let _ =

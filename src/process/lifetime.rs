@@ -76,9 +76,10 @@ impl ProcessTracker {
             .collect();
         self.prune_earlier_images(before_mono_ns);
         let mut dropped = Vec::new();
+        self.retired_pids.clear();
         for pid in &gone {
             if let Some(process) = self.processes.remove(pid) {
-                self.interpreters.forget(*pid);
+                self.retired_pids.push(*pid);
                 dropped.extend(process.all);
             }
         }
@@ -193,6 +194,13 @@ impl ProcessTracker {
     /// retirement.
     pub fn take_retired_objects(&mut self) -> Vec<(ObjectId, ObjectFile)> {
         std::mem::take(&mut self.retired_objects)
+    }
+
+    /// The pids the latest [`Self::retire_exited`] dropped: what the
+    /// caller kept of them beside the tracker (their interpreters) can go.
+    /// Those not taken are forgotten at the next retirement.
+    pub fn take_retired_pids(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.retired_pids)
     }
 
     /// Close and forget the objects no held mapping has referred to for

@@ -298,8 +298,8 @@ pub struct ProcessTracker {
     /// Objects (`(dev, inode)`) given up for the run: their open timed out
     /// or was not tried on a hung file system.
     given_up: rustc_hash::FxHashSet<(u64, u64)>,
-    /// The interpreters found in processes ([`crate::unwind::interp`]).
-    pub interpreters: crate::unwind::interp::Interpreters,
+    /// The pids the latest [`Self::retire_exited`] dropped, not yet taken.
+    retired_pids: Vec<u32>,
 }
 
 impl ProcessTracker {

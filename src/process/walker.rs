@@ -8,11 +8,14 @@
 //! them (anonymous code, the vDSO, objects whose tables were not known yet)
 //! and carry the exec they were read after.
 //!
-//! Two narrow interfaces connect this to the other stages: [`WalkerMaps`],
-//! the BPF maps that hold the descriptions (the sampler's, which defines it), and
+//! Three narrow interfaces connect this to the other stages: [`WalkerMaps`],
+//! the BPF maps that hold the descriptions (the sampler's, which defines it),
 //! [`TableSupply`], told which objects described processes map (implemented
 //! by the unwind table loader, which builds, caches, loads and evicts their
-//! tables).
+//! tables), and [`InterpreterSupply`], which looks for an interpreter in a
+//! described process (implemented by the interpreter unwinders,
+//! `crate::unwind::interp::Interpreters`, which the run owns beside the
+//! tracker).
 
 use std::time::{Duration, Instant};
 
@@ -30,7 +33,10 @@ pub const VDSO_OBJECT_ID: u32 = u32::MAX - 1;
 
 /// The `object_files` key of the vDSO's table (`VDSO_FILE_DEV`,
 /// `VDSO_FILE_INODE` in `src/sampling/bpf/profiler.h`): no file has inode 0.
-pub const VDSO_FILE_KEY: (u64, u64) = (0, 0);
+pub const VDSO_FILE_KEY: (u64, u64) = (
+    crate::sampling::skel::defines::VDSO_FILE_DEV,
+    crate::sampling::skel::defines::VDSO_FILE_INODE,
+);
 
 /// Where the objects of described processes are announced: the owner of
 /// the unwind tables, which builds and loads one for each.
@@ -64,6 +70,23 @@ pub trait TableSupply {
 
     /// Process `pid` exited: the tables of its JIT code can go.
     fn process_exited(&mut self, pid: u32);
+}
+
+/// The interpreter unwinders, as the follower asks them about processes
+/// it describes. Process tracking imports nothing of unwinding: the run
+/// owns the implementation beside the tracker and passes it in.
+pub trait InterpreterSupply {
+    /// Look for an interpreter among the objects `tracker` knows `pid`
+    /// maps: the entry for the BPF walker's interpreter map when one is
+    /// found and supported, else `None` (and nothing is kept of `pid`).
+    fn attach(&mut self, pid: u32, tracker: &ProcessTracker) -> Option<Vec<u8>>;
+
+    /// Whether an interpreter was found in `pid`.
+    fn knows(&self, pid: u32) -> bool;
+
+    /// `pid` exec'd (or its walker entry could not be written): forget
+    /// its interpreter.
+    fn forget(&mut self, pid: u32);
 }
 
 /// What the start-up scan described.
@@ -200,6 +223,7 @@ impl ProcessFollower {
         tracker: &mut ProcessTracker,
         walker: &impl WalkerMaps,
         tables: &mut impl TableSupply,
+        interpreters: &mut impl InterpreterSupply,
         budget: Duration,
     ) -> bool {
         let started = Instant::now();
@@ -208,7 +232,7 @@ impl ProcessFollower {
                 break;
             };
             if !self.described.contains(&pid) {
-                let objects = self.describe(pid, tracker, walker, tables);
+                let objects = self.describe(pid, tracker, walker, tables, interpreters);
                 if let Some(scan) = self.startup.as_mut() {
                     scan.processes += usize::from(!objects.is_empty());
                     scan.objects.extend(objects);
@@ -231,15 +255,16 @@ impl ProcessFollower {
         tracker: &mut ProcessTracker,
         walker: &impl WalkerMaps,
         tables: &mut impl TableSupply,
+        interpreters: &mut impl InterpreterSupply,
     ) {
         if sample.kernel_thread {
             return;
         }
         if !self.described.contains(&sample.pid) {
-            self.describe(sample.pid, tracker, walker, tables);
+            self.describe(sample.pid, tracker, walker, tables, interpreters);
         } else if let Some(dump) = tracker.jitdump(sample.pid).and_then(|s| s.get()) {
             if tables.jit_grew(sample.pid, &dump.file) {
-                self.describe(sample.pid, tracker, walker, tables);
+                self.describe(sample.pid, tracker, walker, tables, interpreters);
             }
         }
     }
@@ -255,6 +280,7 @@ impl ProcessFollower {
         tracker: &mut ProcessTracker,
         walker: &impl WalkerMaps,
         tables: &mut impl TableSupply,
+        interpreters: &mut impl InterpreterSupply,
     ) {
         match event {
             ProcessEvent::Exit { pid } => {
@@ -266,7 +292,7 @@ impl ProcessFollower {
             ProcessEvent::Exec { pid, timestamp_ns } => {
                 tracker.process_exec(pid, timestamp_ns);
                 // Its interpreter (if any) went with its old image.
-                tracker.interpreters.forget(pid);
+                interpreters.forget(pid);
                 let _ = walker.set_interpreter(pid, None);
                 // Its JIT code went with its old image.
                 tables.process_exited(pid);
@@ -277,7 +303,7 @@ impl ProcessFollower {
                 // processes never sampled cost no read of /proc.
                 if self.described.remove(&pid) {
                     tracker.refresh_process(pid);
-                    self.describe(pid, tracker, walker, tables);
+                    self.describe(pid, tracker, walker, tables, interpreters);
                 }
             }
             ProcessEvent::Fork {
@@ -309,15 +335,15 @@ impl ProcessFollower {
                     );
                     // An interpreter loaded after the description (ld.so
                     // maps libpython after exec: `record -- python3 ...`).
-                    if self.described.contains(&pid) && !tracker.interpreters.knows(pid) {
-                        attach_interpreter(pid, tracker, walker);
+                    if self.described.contains(&pid) && !interpreters.knows(pid) {
+                        attach_interpreter(pid, tracker, walker, interpreters);
                     }
                 }
             }
             ProcessEvent::UnknownMapping { pid, address } => {
                 debug!("pid {pid}: pc {address:#x} in no known mapping, re-reading its maps");
                 tracker.refresh_process(pid);
-                self.describe(pid, tracker, walker, tables);
+                self.describe(pid, tracker, walker, tables, interpreters);
             }
         }
     }
@@ -441,6 +467,7 @@ impl ProcessFollower {
         tracker: &mut ProcessTracker,
         walker: &impl WalkerMaps,
         tables: &mut impl TableSupply,
+        interpreters: &mut impl InterpreterSupply,
     ) -> Vec<u32> {
         tracker.ensure_process(pid);
         let exec = walker.latest_exec(pid);
@@ -459,12 +486,12 @@ impl ProcessFollower {
         match walker.set_process(pid, &mappings, exec_id) {
             Ok(()) => {
                 self.described.insert(pid);
-                attach_interpreter(pid, tracker, walker);
+                attach_interpreter(pid, tracker, walker, interpreters);
                 if exec.is_none() && walker.latest_exec(pid).is_some() {
                     // It exec'd meanwhile, and this unchecked description
                     // may have replaced the exec program's: read again.
                     tracker.refresh_process(pid);
-                    return self.describe(pid, tracker, walker, tables);
+                    return self.describe(pid, tracker, walker, tables, interpreters);
                 }
                 mappings
                     .iter()
@@ -480,13 +507,18 @@ impl ProcessFollower {
     }
 }
 
-/// Look for an interpreter in `pid`'s objects ([`crate::unwind::interp::attach`])
+/// Look for an interpreter in `pid`'s objects ([`InterpreterSupply::attach`])
 /// and give the BPF walker its entry, or take a stale one away.
-fn attach_interpreter(pid: u32, tracker: &mut ProcessTracker, walker: &impl WalkerMaps) {
-    let entry = crate::unwind::interp::attach(tracker, pid);
+fn attach_interpreter(
+    pid: u32,
+    tracker: &ProcessTracker,
+    walker: &impl WalkerMaps,
+    interpreters: &mut impl InterpreterSupply,
+) {
+    let entry = interpreters.attach(pid, tracker);
     if let Err(err) = walker.set_interpreter(pid, entry.as_deref()) {
         // Native frames only for it (one line per run).
-        tracker.interpreters.forget(pid);
+        interpreters.forget(pid);
         static ONCE: std::sync::Once = std::sync::Once::new();
         ONCE.call_once(|| warn!("pid {pid}: {err:#}"));
     }

@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::sampling::records::{ExecTime, UnwindStatus};
+use crate::unwind::interp::Interpreters;
 use std::cell::RefCell;
 
 /// What was written to the walker's maps.
@@ -108,8 +109,20 @@ fn a_process_is_described_at_its_first_sample_and_again_after_its_exit() {
     let (mut tracker, walker, mut tables) =
         (ProcessTracker::new(), Recorded::default(), Asked::default());
     let mut follower = ProcessFollower::new();
-    follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
-    follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+    follower.on_sample(
+        &sample_of(pid),
+        &mut tracker,
+        &walker,
+        &mut tables,
+        &mut Interpreters::default(),
+    );
+    follower.on_sample(
+        &sample_of(pid),
+        &mut tracker,
+        &walker,
+        &mut tables,
+        &mut Interpreters::default(),
+    );
     assert_eq!(walker.described.borrow().len(), 1, "described once");
     assert_eq!(follower.described(), 1);
     let (addr, object) = own_object(&mut tracker);
@@ -139,12 +152,19 @@ fn a_process_is_described_at_its_first_sample_and_again_after_its_exit() {
         &mut tracker,
         &walker,
         &mut tables,
+        &mut Interpreters::default(),
     );
     assert_eq!(*walker.removed.borrow(), vec![pid]);
     assert_eq!(follower.described(), 0);
     // A new process under the pid is described at its first sample; the
     // exec and mmap programs know the objects' files already.
-    follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+    follower.on_sample(
+        &sample_of(pid),
+        &mut tracker,
+        &walker,
+        &mut tables,
+        &mut Interpreters::default(),
+    );
     assert_eq!(walker.described.borrow().len(), 2);
     assert_eq!(walker.files.borrow().len(), files);
     // Once it is gone and its objects have been unused for the grace,
@@ -154,6 +174,7 @@ fn a_process_is_described_at_its_first_sample_and_again_after_its_exit() {
         &mut tracker,
         &walker,
         &mut tables,
+        &mut Interpreters::default(),
     );
     let later = crate::util::timefmt::monotonic_ns() + crate::process::EXIT_GRACE_NS + 1;
     assert_eq!(tracker.retire_exited(later), 1);
@@ -175,7 +196,13 @@ fn a_process_gone_without_an_exit_event_is_forgotten_by_the_walker() {
     let (mut tracker, walker, mut tables) =
         (ProcessTracker::new(), Recorded::default(), Asked::default());
     let mut follower = ProcessFollower::new();
-    follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+    follower.on_sample(
+        &sample_of(pid),
+        &mut tracker,
+        &walker,
+        &mut tables,
+        &mut Interpreters::default(),
+    );
     assert_eq!(follower.described(), 1);
     follower.processes_vanished(&[pid], &walker, &mut tables);
     assert_eq!(*walker.removed.borrow(), vec![pid]);
@@ -211,7 +238,13 @@ fn a_process_whose_image_is_older_than_its_latest_exec_is_not_described() {
     };
     let (mut tracker, mut tables) = (ProcessTracker::new(), Asked::default());
     let mut follower = ProcessFollower::new();
-    follower.on_sample(&sample_of(pid), &mut tracker, &walker, &mut tables);
+    follower.on_sample(
+        &sample_of(pid),
+        &mut tracker,
+        &walker,
+        &mut tables,
+        &mut Interpreters::default(),
+    );
     assert!(walker.described.borrow().is_empty());
     assert_eq!(follower.described(), 0);
     assert!(tables.objects.is_empty());
@@ -225,8 +258,20 @@ fn the_startup_scan_reports_its_tables_once_when_it_is_over() {
     let mut follower = ProcessFollower::new();
     // The second pid is above the kernel's pid_max: never a process.
     follower.scan_processes(&[pid, u32::MAX - 5], Instant::now());
-    while follower.continue_scan(&mut tracker, &walker, &mut tables, Duration::from_secs(5)) {}
-    assert!(!follower.continue_scan(&mut tracker, &walker, &mut tables, Duration::from_secs(5)));
+    while follower.continue_scan(
+        &mut tracker,
+        &walker,
+        &mut tables,
+        &mut Interpreters::default(),
+        Duration::from_secs(5),
+    ) {}
+    assert!(!follower.continue_scan(
+        &mut tracker,
+        &walker,
+        &mut tables,
+        &mut Interpreters::default(),
+        Duration::from_secs(5)
+    ));
     assert_eq!(tables.startup.len(), 1, "reported once");
     let (_, object) = own_object(&mut tracker);
     let scan = &tables.startup[0];
@@ -262,6 +307,7 @@ fn a_vdso_the_bpf_programs_described_is_the_processs_vdso_mapping() {
         &mut tracker,
         &walker,
         &mut tables,
+        &mut Interpreters::default(),
     );
     let id = tracker
         .find_mapping(pid, now, start + 0x10)

@@ -28,6 +28,7 @@ use super::interner::Interner;
 use crate::process::{ProcessTracker, UserFrame};
 use crate::profile::{LostSamples, ProcessMarker, ProcessMarkerKind, TimedSample, TimedWait};
 use crate::sampling::records::{RawSample, UnwindStatus, Wait};
+use crate::unwind::interp::Interpreters;
 
 /// The identity of one aggregated stack, with its names and frames as
 /// indices into the aggregator's tables of distinct names, user frames and
@@ -175,10 +176,10 @@ fn call_sites(stack: &[u64]) -> impl Iterator<Item = u64> + '_ {
         .map(|(i, &a)| if i == 0 { a } else { a.saturating_sub(1) })
 }
 
-/// The user frames of `sample`: call sites (every frame but the leaf is a
-/// return address, so 1 is subtracted) with the mapping of the process that
-/// contains each, as `tracker` knows them now; interpreted frames (Python)
-/// in their place among them ([`crate::unwind::interp::Interpreters::splice`]).
+/// The native user frames of `sample`: call sites (every frame but the
+/// leaf is a return address, so 1 is subtracted) with the mapping of the
+/// process that contains each, as `tracker` knows them now. A run, which
+/// follows interpreters, uses [`resolve_placed`].
 pub fn resolve(sample: &RawSample, tracker: &mut ProcessTracker) -> Box<[UserFrame]> {
     let mut frames: Box<[UserFrame]> = call_sites(&sample.user_stack)
         .map(|address| UserFrame {
@@ -198,12 +199,24 @@ pub fn resolve(sample: &RawSample, tracker: &mut ProcessTracker) -> Box<[UserFra
     for (frame, mapping) in frames.iter_mut().zip(mappings) {
         frame.mapping = mapping;
     }
-    if tracker.interpreters.knows(sample.pid) {
-        let mut placed = frames.into_vec();
-        crate::unwind::interp::place(sample, tracker, &mut placed);
-        return placed.into_boxed_slice();
-    }
     frames
+}
+
+/// [`resolve`], with the interpreted frames (Python) of a process
+/// `interpreters` knows in their place among the native ones
+/// ([`crate::unwind::interp::place`]).
+pub fn resolve_placed(
+    sample: &RawSample,
+    tracker: &mut ProcessTracker,
+    interpreters: &mut Interpreters,
+) -> Box<[UserFrame]> {
+    let frames = resolve(sample, tracker);
+    if !interpreters.knows(sample.pid) {
+        return frames;
+    }
+    let mut placed = frames.into_vec();
+    crate::unwind::interp::place(sample, interpreters, tracker, &mut placed);
+    placed.into_boxed_slice()
 }
 
 impl Aggregator {

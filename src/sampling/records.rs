@@ -557,7 +557,8 @@ pub struct ExecMapping {
 }
 
 /// Most executable mappings per process the walker holds (`MAX_PROCESS_MAPPINGS`).
-pub const MAX_PROCESS_MAPPINGS: usize = 256;
+pub const MAX_PROCESS_MAPPINGS: usize =
+    crate::sampling::skel::defines::MAX_PROCESS_MAPPINGS as usize;
 
 /// `struct process_info` for the `process_mappings` map: `mappings` (sorted
 /// by start; at most [`MAX_PROCESS_MAPPINGS`], the rest are dropped) under

@@ -1,8 +1,17 @@
 //! The libbpf-rs skeleton generated at build time from `src/sampling/bpf/profiler.bpf.c`
-//! (see `build.rs`), and plain-data views of the record types in `src/sampling/bpf/profiler.h`.
+//! (see `build.rs`), the numbers its headers `#define` ([`defines`]), and
+//! plain-data views of the record types in `src/sampling/bpf/profiler.h`.
 #![allow(clippy::all, missing_docs, non_camel_case_types, dead_code)]
 
 include!(concat!(env!("OUT_DIR"), "/profiler.skel.rs"));
+
+/// The numbers `src/sampling/bpf/profiler.h` and `arch_x86_64.h` `#define`
+/// (page bits, copy sizes, ucontext offsets, limits), as `u64` constants of
+/// the same names, generated from the headers by `build.rs`: user space
+/// never writes one of them again.
+pub mod defines {
+    include!(concat!(env!("OUT_DIR"), "/bpf_defines.rs"));
+}
 
 // SAFETY: these generated types mirror the records of src/sampling/bpf/profiler.h:
 // repr(C), integers and integer arrays only, with every padding byte an

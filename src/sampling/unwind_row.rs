@@ -1,9 +1,15 @@
 //! The compact unwind row and page types shared with the BPF program
 //! (`struct unwind_row`, `struct page_key`, `struct page_value` in
-//! `src/sampling/bpf/profiler.h`; keep both in agreement).
+//! `src/sampling/bpf/profiler.h`; keep both in agreement). Every number
+//! here is the header's own: its enums through the skeleton, its `#define`s
+//! through [`crate::sampling::skel::defines`].
 
-/// log2 of the page size: a page is 64 KiB of an object's virtual address space.
-pub const PAGE_BITS: u32 = 16;
+use crate::sampling::skel::defines;
+use crate::sampling::skel::types::{cfa_type, fp_type};
+
+/// log2 of the page size: a page is 64 KiB of an object's virtual address
+/// space (`UNWIND_PAGE_BITS`).
+pub const PAGE_BITS: u32 = defines::UNWIND_PAGE_BITS as u32;
 /// Page size, bytes.
 pub const PAGE_SIZE: u64 = 1 << PAGE_BITS;
 
@@ -12,32 +18,32 @@ pub const PAGE_SIZE: u64 = 1 << PAGE_BITS;
 #[repr(u8)]
 pub enum CfaType {
     /// No FDE covers this pc.
-    EndOfFunction = 0,
+    EndOfFunction = cfa_type::CFA_END_OF_FUNCTION.0 as u8,
     /// CFA = rsp + offset.
-    RspOffset = 1,
+    RspOffset = cfa_type::CFA_RSP_OFFSET.0 as u8,
     /// CFA = rbp + offset.
-    RbpOffset = 2,
+    RbpOffset = cfa_type::CFA_RBP_OFFSET.0 as u8,
     /// PLT stub: CFA = rsp + 8 + ((rip & 15) >= threshold ? 8 : 0).
-    Plt = 3,
+    Plt = cfa_type::CFA_PLT.0 as u8,
     /// Signal trampoline: registers are restored from the ucontext at rsp.
-    SignalFrame = 4,
+    SignalFrame = cfa_type::CFA_SIGNAL_FRAME.0 as u8,
     /// The return address is undefined: outermost frame.
-    Outermost = 5,
+    Outermost = cfa_type::CFA_OUTERMOST.0 as u8,
     /// A rule the BPF program cannot evaluate.
-    Unsupported = 6,
+    Unsupported = cfa_type::CFA_UNSUPPORTED.0 as u8,
     /// CFA = rsp + offset; the return address is in the register whose
     /// DWARF number is in `fp_offset`, rbp unchanged (glibc's `vfork` keeps
     /// it in rdi across the syscall). Known only for the interrupted frame.
-    ReturnInRegister = 7,
+    ReturnInRegister = cfa_type::CFA_RETURN_IN_REGISTER.0 as u8,
 }
 
 /// Bits of the raw `cfa_type` byte that hold the [`CfaType`].
-pub const CFA_TYPE_MASK: u8 = 0x07;
+pub const CFA_TYPE_MASK: u8 = defines::CFA_TYPE_MASK as u8;
 /// Flag in the raw `cfa_type` byte: the CFA offset is in units of 8 bytes,
 /// and bits 3-6 hold bits 16-19 of that scaled offset.
-pub const CFA_OFFSET_SCALED: u8 = 0x80;
+pub const CFA_OFFSET_SCALED: u8 = defines::CFA_OFFSET_SCALED as u8;
 /// Shift of the high scaled-offset bits in the raw `cfa_type` byte.
-pub const CFA_OFFSET_HIGH_SHIFT: u8 = 3;
+pub const CFA_OFFSET_HIGH_SHIFT: u8 = defines::CFA_OFFSET_HIGH_SHIFT as u8;
 
 /// How the caller's rbp is recovered (`enum fp_type`, bits 0-1 of the raw
 /// `fp_type` byte; see [`FP_TYPE_MASK`] for the other bits).
@@ -45,27 +51,27 @@ pub const CFA_OFFSET_HIGH_SHIFT: u8 = 3;
 #[repr(u8)]
 pub enum FpType {
     /// rbp keeps its value.
-    Unchanged = 0,
+    Unchanged = fp_type::FP_UNCHANGED.0 as u8,
     /// rbp = *(CFA + fp_offset * 8).
-    AtCfaOffset = 1,
+    AtCfaOffset = fp_type::FP_AT_CFA_OFFSET.0 as u8,
     /// Any other rule.
-    Unsupported = 2,
+    Unsupported = fp_type::FP_UNSUPPORTED.0 as u8,
 }
 
 /// Bits of the raw `fp_type` byte that hold the [`FpType`].
-pub const FP_TYPE_MASK: u8 = 0x03;
+pub const FP_TYPE_MASK: u8 = defines::FP_TYPE_MASK as u8;
 /// Flag in the raw `fp_type` byte of a [`CfaType::RbpOffset`] row: the CFA
 /// is rbx + offset, not rbp + offset (glibc's lazy-binding trampolines
 /// realign rsp and keep the old one in rbx).
-pub const FP_CFA_FROM_RBX: u8 = 0x04;
+pub const FP_CFA_FROM_RBX: u8 = defines::FP_CFA_FROM_RBX as u8;
 /// Shift of the rbx rule in the raw `fp_type` byte (bits 3-7): 0, rbx keeps
 /// its value; 1-[`MAX_RBX_SLOT`], the caller's rbx is saved at CFA - 8 *
 /// that; [`RBX_UNKNOWN`], any other rule.
-pub const RBX_RULE_SHIFT: u8 = 3;
+pub const RBX_RULE_SHIFT: u8 = defines::RBX_RULE_SHIFT as u8;
 /// Deepest save slot of rbx below the CFA a row can hold, in 8-byte units.
-pub const MAX_RBX_SLOT: u8 = 30;
+pub const MAX_RBX_SLOT: u8 = RBX_UNKNOWN - 1;
 /// The rbx rule value for a rule the walker does not follow.
-pub const RBX_UNKNOWN: u8 = 31;
+pub const RBX_UNKNOWN: u8 = defines::RBX_UNKNOWN as u8;
 
 /// One row as the BPF program reads it (`struct unwind_row`, 8 bytes,
 /// native endian).

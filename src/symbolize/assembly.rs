@@ -326,7 +326,8 @@ mod tests {
             sample_freq_hz: 99,
             off_cpu: false,
         };
-        let profile = Symbolizer::one_shot().build_profile(&aggregator, &maps, window);
+        let profile =
+            Symbolizer::one_shot(&Default::default()).build_profile(&aggregator, &maps, window);
         let user_location = |i: usize| *profile.samples[i].frames.last().unwrap();
         let (a, b, c, d) = (
             user_location(0),

@@ -11,19 +11,19 @@
 //!
 //! This module writes, once per build ID, a copy of such a file whose debug
 //! sections are stored uncompressed, inflated as streams (so the heap never
-//! holds the file), under `DIR/BUILD_ID.debug` ([`configure`]: the unwind cache directory's
+//! holds the file), under `DIR/BUILD_ID.debug` ([`DebugCopies`]: the unwind cache directory's
 //! [`SUBDIRECTORY`]). blazesym maps the copy, so the DWARF is read
 //! through the page cache instead of being inflated into the heap. A file
 //! that cannot be copied (no build ID, larger than [`MAX_COPY_BYTES`] once
 //! inflated, a corrupt section, a write error) is symbolized from the
-//! original as before, and not tried again by this process.
+//! original as before, and not tried again by the run.
 
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
@@ -44,11 +44,9 @@ pub const MAX_COPY_BYTES: u64 = 1 << 30;
 /// on use) beyond it.
 pub const DIR_BUDGET_BYTES: u64 = 4 << 30;
 
-/// Files whose answer [`uncompressed_copy`] remembers (past it, it forgets
-/// them all and looks again).
+/// Files whose answer [`DebugCopies::uncompressed_copy`] remembers (past
+/// it, it forgets them all and looks again).
 const REMEMBERED_FILES: usize = 4096;
-
-static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
 
 /// A file's identity (`stat`): the symbolizer reads objects through
 /// `/proc/self/fd/N` paths, whose numbers are reused.
@@ -60,48 +58,58 @@ struct FileId {
     mtime_ns: i64,
 }
 
-/// What [`uncompressed_copy`] answered for each file: its copy, or `None`
-/// (nothing compressed, or it could not be copied: not tried again).
-static KNOWN: Mutex<Option<HashMap<FileId, Option<PathBuf>>>> = Mutex::new(None);
-
-/// Sets the directory copies are written to (`None`: make no copies).
-/// Only the first call counts. Without a call, no copies are made.
-pub fn configure(dir: Option<PathBuf>) {
-    let _ = DIR.set(dir);
+/// The copies of one directory (a run's unwind cache directory's
+/// [`SUBDIRECTORY`]), shared by the run's symbolizers, with what was
+/// answered for each file: its copy, or `None` (nothing compressed, or it
+/// could not be copied: not tried again).
+#[derive(Debug)]
+pub struct DebugCopies {
+    dir: PathBuf,
+    known: Mutex<HashMap<FileId, Option<PathBuf>>>,
 }
 
-/// The file to read `file`'s debug information from: an uncompressed copy
-/// when `file` is an ELF file with compressed debug sections and a copy is
-/// (or can now be) in the directory [`configure`] set; `None` otherwise
-/// (read `file` itself). After the first call for a file, costs a `stat`.
-pub fn uncompressed_copy(file: &Path) -> Option<PathBuf> {
-    let dir = DIR.get()?.as_deref()?;
-    let meta = fs::metadata(file).ok()?;
-    let id = FileId {
-        dev: meta.dev(),
-        ino: meta.ino(),
-        len: meta.len(),
-        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
-    };
-    let known = |map: &mut Option<HashMap<FileId, Option<PathBuf>>>| {
-        map.get_or_insert_default().get(&id).cloned()
-    };
-    match known(&mut KNOWN.lock().unwrap_or_else(|p| p.into_inner())) {
-        Some(Some(copy)) if fs::metadata(&copy).is_ok() => return Some(copy),
-        Some(None) => return None,
-        _ => {}
+impl DebugCopies {
+    /// Copies written to `dir` (created when the first is written).
+    pub fn new(dir: PathBuf) -> Self {
+        DebugCopies {
+            dir,
+            known: Mutex::default(),
+        }
     }
-    let copy = copy_into(file, dir).unwrap_or_else(|err| {
-        debug!("debug copy: {}: {err:#}", file.display());
-        None
-    });
-    let mut map = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
-    let map = map.get_or_insert_default();
-    if map.len() >= REMEMBERED_FILES {
-        map.clear();
+
+    /// The file to read `file`'s debug information from: an uncompressed
+    /// copy when `file` is an ELF file with compressed debug sections and a
+    /// copy is (or can now be) in the directory; `None` otherwise (read
+    /// `file` itself). After the first call for a file, costs a `stat`.
+    pub fn uncompressed_copy(&self, file: &Path) -> Option<PathBuf> {
+        let meta = fs::metadata(file).ok()?;
+        let id = FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+        };
+        let known = self.lock().get(&id).cloned();
+        match known {
+            Some(Some(copy)) if fs::metadata(&copy).is_ok() => return Some(copy),
+            Some(None) => return None,
+            _ => {}
+        }
+        let copy = copy_into(file, &self.dir).unwrap_or_else(|err| {
+            debug!("debug copy: {}: {err:#}", file.display());
+            None
+        });
+        let mut map = self.lock();
+        if map.len() >= REMEMBERED_FILES {
+            map.clear();
+        }
+        map.insert(id, copy.clone());
+        copy
     }
-    map.insert(id, copy.clone());
-    copy
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<FileId, Option<PathBuf>>> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// `file`'s copy in `dir`, written now if missing; `Ok(None)` when `file`

@@ -38,6 +38,7 @@ pub mod object_tables;
 mod objects;
 mod plt;
 mod rust_paths;
+pub mod settings;
 mod symbol_source;
 mod vdso;
 
@@ -144,22 +145,27 @@ impl Default for Symbolizer {
 
 impl Symbolizer {
     /// A symbolizer with line info and inlined functions enabled (names are
-    /// demangled by [`demangle`], not by blazesym), looking for separate
-    /// debug files under the process's debug directories
-    /// ([`crate::unwind::identity::debug_dirs`]).
+    /// demangled by [`demangle`], not by blazesym), with the default
+    /// symbol settings ([`settings::SymbolContext::default`]).
     pub fn new() -> Self {
-        Self::with_keep(true)
+        Self::with_context(&settings::SymbolContext::default())
     }
 
-    /// A symbolizer for a single profile: like [`Symbolizer::new`], but
-    /// each object's parsed data is dropped once its addresses are
+    /// [`Symbolizer::new`] with a run's symbol sources: separate debug
+    /// files under `context`'s debug directories, its debuginfod client and
+    /// debug copies.
+    pub fn with_context(context: &settings::SymbolContext) -> Self {
+        Self::with_keep(context, true)
+    }
+
+    /// A symbolizer for a single profile: like [`Symbolizer::with_context`],
+    /// but each object's parsed data is dropped once its addresses are
     /// symbolized, and nothing is kept for later profiles.
-    pub fn one_shot() -> Self {
-        Self::with_keep(false)
+    pub fn one_shot(context: &settings::SymbolContext) -> Self {
+        Self::with_keep(context, false)
     }
 
-    fn with_keep(continuous: bool) -> Self {
-        let debug_dirs = crate::unwind::identity::debug_dirs().to_vec();
+    fn with_keep(context: &settings::SymbolContext, continuous: bool) -> Self {
         let cache_size = if continuous {
             LINE_CACHE_MAX_ADDRESSES
         } else {
@@ -167,7 +173,7 @@ impl Symbolizer {
         };
         Symbolizer {
             kernel: kernel::Kallsyms::new(continuous),
-            objects: objects::ElfObjects::new(debug_dirs, continuous),
+            objects: objects::ElfObjects::new(context, continuous),
             vdso: vdso::Vdso::new(),
             jitdumps: jit_dump::JitDumps::default(),
             perf_maps: jit_perf_map::PerfMaps::default(),

@@ -17,11 +17,12 @@ use blazesym::symbolize::Symbolizer as BlazeSymbolizer;
 use tracing::debug;
 
 use super::blaze::{self, InputKind, ParsedBytes};
-use super::debug_copy;
+use super::debug_copy::DebugCopies;
 use super::debuginfod::Debuginfod;
 use super::elf_file::ObjectFile;
 use super::lines::{file_name, unknown_line, Lines};
 use super::object_tables::{ObjectTables, Passes};
+use super::settings::SymbolContext;
 use super::symbol_source::{Batch, FrameRef, Site, SymbolSource};
 use super::{
     MappingSource, KEEP_PARSED_WINDOWS, KEPT_OBJECT_MAX_BYTES, PARSED_OBJECTS_BUDGET_BYTES,
@@ -69,6 +70,8 @@ pub(super) struct ElfObjects {
     debug_dirs: Vec<PathBuf>,
     /// Where debug files found nowhere on this machine are fetched from.
     debuginfod: Option<Arc<Debuginfod>>,
+    /// Inflated copies of compressed debug information (`None`: none made).
+    debug_copies: Option<Arc<DebugCopies>>,
     /// When the window being symbolized stops asking debuginfod: its start
     /// plus [`Debuginfod::window_budget`] (set by `symbolize`).
     debuginfod_deadline: Cell<Instant>,
@@ -183,10 +186,11 @@ pub(super) enum ObjectBudget {
 
 impl ElfObjects {
     /// An object source looking for separate debug files under
-    /// `debug_dirs` (and from the debuginfod servers set up by
-    /// [`super::debuginfod::configure`]); `keep_parsed_objects` keeps parsed objects between
-    /// windows (see [`super::Symbolizer`]).
-    pub(super) fn new(debug_dirs: Vec<PathBuf>, keep_parsed_objects: bool) -> Self {
+    /// `context`'s debug directories and from its debuginfod client, reading
+    /// compressed DWARF from its debug copies; `keep_parsed_objects` keeps
+    /// parsed objects between windows (see [`super::Symbolizer`]).
+    pub(super) fn new(context: &SymbolContext, keep_parsed_objects: bool) -> Self {
+        let debug_dirs = context.debug_dirs.to_vec();
         ElfObjects {
             inner: RefCell::new(blaze::blazesym(&debug_dirs)),
             keep_parsed_objects,
@@ -195,10 +199,17 @@ impl ElfObjects {
             window: Default::default(),
             budget: Default::default(),
             debug_dirs,
-            debuginfod: super::debuginfod::client(),
+            debuginfod: context.debuginfod.clone(),
+            debug_copies: context.debug_copies.clone(),
             debuginfod_deadline: Cell::new(Instant::now()),
             heap_meter: crate::util::alloc::thread_net_allocated,
         }
+    }
+
+    /// The inflated copy of `file`'s compressed debug information, when the
+    /// run makes copies ([`DebugCopies::uncompressed_copy`]).
+    fn uncompressed_copy(&self, file: &Path) -> Option<PathBuf> {
+        self.debug_copies.as_ref()?.uncompressed_copy(file)
     }
 
     /// Set the time the next windows may spend on objects.
@@ -242,9 +253,9 @@ impl ElfObjects {
                     f.debug_file_by_build_id(&self.debug_dirs)
                         .or_else(|| self.remote_debug_file(tracker, object, f))
                 })
-                .map(|d| debug_copy::uncompressed_copy(&d).unwrap_or(d))
+                .map(|d| self.uncompressed_copy(&d).unwrap_or(d))
                 // An object with compressed DWARF of its own (`gcc -gz`).
-                .or_else(|| debug_copy::uncompressed_copy(path))
+                .or_else(|| self.uncompressed_copy(path))
         };
         let kept_guard;
         let (kept, tables): (Option<&BlazeSymbolizer>, _) = if keep {

@@ -94,7 +94,8 @@ fn continuous_symbolizer_keeps_lines_and_only_the_objects_of_new_addresses() {
         &RawSample::for_test(pid, 0, vec![in_libc, in_ld, in_exe]),
         &mut tracker,
     );
-    let fresh = Symbolizer::one_shot().build_profile(&aggregator, &tracker, window);
+    let fresh =
+        Symbolizer::one_shot(&Default::default()).build_profile(&aggregator, &tracker, window);
     let fresh: Vec<Vec<Line>> = fresh.frames.iter().map(|f| f.lines.to_vec()).collect();
     assert_eq!(fresh, names);
 }
@@ -114,7 +115,7 @@ fn one_shot_profile(stack: Vec<u64>) -> Profile {
         sample_freq_hz: 99,
         off_cpu: false,
     };
-    Symbolizer::one_shot().build_profile(&aggregator, &tracker, window)
+    Symbolizer::one_shot(&Default::default()).build_profile(&aggregator, &tracker, window)
 }
 
 /// User frames of `profile` left unnamed.
@@ -254,7 +255,7 @@ fn a_worker_behind_names_no_new_object_until_it_catches_up() {
     symbolizer.set_backlog(0);
     assert_eq!(unnamed(), 0);
     assert_eq!(
-        Symbolizer::one_shot().object_budget(1_000_000_000),
+        Symbolizer::one_shot(&Default::default()).object_budget(1_000_000_000),
         ObjectBudget::Unlimited
     );
 }

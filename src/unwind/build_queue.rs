@@ -251,11 +251,12 @@ impl BuildQueue {
 /// Start the threads that take `queue`'s requests and send their tables to
 /// `results`: cache threads when there is a `cache_dir`, build threads.
 /// Requests must then start at [`Stage::Lookup`] exactly when `cache_dir`
-/// is given.
+/// is given. Separate debug files are looked up under `debug_dirs`.
 pub(super) fn start_workers(
     queue: &Arc<BuildQueue>,
     results: &Sender<BuildResult>,
     cache_dir: Option<PathBuf>,
+    debug_dirs: Arc<[PathBuf]>,
 ) -> Result<()> {
     let mut workers: Vec<(&str, Worker)> = Vec::new();
     if cache_dir.is_some() {
@@ -267,12 +268,13 @@ pub(super) fn start_workers(
     workers.extend(BUILD_THREADS);
     for (name, worker) in workers {
         let (queue, results, cache_dir) = (queue.clone(), results.clone(), cache_dir.clone());
+        let debug_dirs = debug_dirs.clone();
         std::thread::Builder::new()
             .name(name.into())
             .spawn(move || match worker {
                 Worker::Cache => cache_worker(&queue, &results, cache_dir.as_deref()),
                 Worker::Build { .. } => {
-                    build_worker(&queue, worker, &results, cache_dir.as_deref())
+                    build_worker(&queue, worker, &results, cache_dir.as_deref(), &debug_dirs)
                 }
             })
             .with_context(|| format!("starting the {name} thread"))?;
@@ -351,6 +353,7 @@ fn build_worker(
     worker: Worker,
     results: &Sender<BuildResult>,
     cache_dir: Option<&Path>,
+    debug_dirs: &[PathBuf],
 ) {
     while let Some((_, _, mut request)) = queue.pop(|p, r| worker.takes(p, r)) {
         let started = Instant::now();
@@ -363,7 +366,7 @@ fn build_worker(
             results,
             started,
         };
-        let table = build(&request.source, cache_dir.zip(missed), &early);
+        let table = build(&request.source, cache_dir.zip(missed), &early, debug_dirs);
         if !send(results, request, table, started, false) {
             return;
         }
@@ -376,6 +379,7 @@ fn build(
     source: &TableSource,
     store: Option<(&Path, Store)>,
     early: &dyn EarlySink,
+    debug_dirs: &[PathBuf],
 ) -> Result<UnwindTable> {
     let mapped;
     let (elf, path): (&[u8], Option<&Path>) = match source {
@@ -385,7 +389,7 @@ fn build(
         }
         TableSource::Bytes(bytes) => (bytes, None),
     };
-    let build = || crate::unwind::cfi::build_table_early(path, elf, early);
+    let build = || crate::unwind::cfi::build_table_early(path, elf, early, debug_dirs);
     let Some((dir, store)) = store else {
         return Ok(build()?);
     };

@@ -116,7 +116,7 @@ fn a_file_without_build_id_is_built_then_keyed_and_found_by_its_identity() {
         started: Instant::now(),
     };
     let store = Some((cache_dir.path(), Store::KeyAfterBuild));
-    let built = build(&source, store, &early).expect("built");
+    let built = build(&source, store, &early, &[]).expect("built");
     assert_eq!(built, crate::unwind::build_table(&bytes).expect("direct"));
     // Now keyed by its content hash, found through its identity.
     let key = ObjectKey::ContentHash(xxhash_rust::xxh3::xxh3_128(&bytes));
@@ -185,6 +185,7 @@ fn a_cached_table_is_read_while_the_build_threads_are_busy_and_a_miss_is_built()
         &missed.source,
         Some((dir.path(), Store::Key(key.clone(), CacheError::Missing))),
         &early,
+        &[],
     )
     .expect("built");
     assert_eq!(built, direct);

@@ -96,34 +96,45 @@ pub fn build_table_early(
     path: Option<&Path>,
     elf_bytes: &[u8],
     early: &dyn EarlySink,
+    debug_dirs: &[PathBuf],
 ) -> Result<UnwindTable, BuildError> {
-    build_at(path, elf_bytes, Some(early))
+    build_at(path, elf_bytes, Some(early), debug_dirs)
 }
 
 /// Reads the object at `path` and builds its table with
 /// [`build_table_at`].
-pub fn build_table_from_path(path: &Path) -> Result<UnwindTable, BuildError> {
-    build_table_at(path, &read(path)?)
+pub fn build_table_from_path(
+    path: &Path,
+    debug_dirs: &[PathBuf],
+) -> Result<UnwindTable, BuildError> {
+    build_table_at(path, &read(path)?, debug_dirs)
 }
 
 /// Builds the table of the object whose bytes are `elf_bytes`, read from
 /// `path`: when the object has no CFI, its separate debug file (found by
-/// [`find_debug_file`] from `path` and the object's build ID or
-/// `.gnu_debuglink`) supplies `.debug_frame`.
-pub fn build_table_at(path: &Path, elf_bytes: &[u8]) -> Result<UnwindTable, BuildError> {
-    build_at(Some(path), elf_bytes, None)
+/// [`find_debug_file`] under `debug_dirs` (`--debug-dirs`) from `path`
+/// and the object's build ID or `.gnu_debuglink`) supplies `.debug_frame`.
+pub fn build_table_at(
+    path: &Path,
+    elf_bytes: &[u8],
+    debug_dirs: &[PathBuf],
+) -> Result<UnwindTable, BuildError> {
+    build_at(Some(path), elf_bytes, None, debug_dirs)
 }
 
 fn build_at(
     path: Option<&Path>,
     elf_bytes: &[u8],
     early: Option<&dyn EarlySink>,
+    debug_dirs: &[PathBuf],
 ) -> Result<UnwindTable, BuildError> {
     match build_with(elf_bytes, None, early) {
-        Err(BuildError::NoCfi) => match path.and_then(|p| find_debug_file(p, elf_bytes)) {
-            Some(debug_path) => build_with(elf_bytes, Some(&read(&debug_path)?), early),
-            None => Err(BuildError::NoCfi),
-        },
+        Err(BuildError::NoCfi) => {
+            match path.and_then(|p| find_debug_file(p, elf_bytes, debug_dirs)) {
+                Some(debug_path) => build_with(elf_bytes, Some(&read(&debug_path)?), early),
+                None => Err(BuildError::NoCfi),
+            }
+        }
         result => result,
     }
 }

@@ -33,6 +33,7 @@ use std::collections::VecDeque;
 use crate::process::ProcessTracker;
 use crate::sampling::records::{RawSample, StackCopy, UnwindStatus};
 use crate::sampling::sampler::{RowLookup, Sampler};
+use crate::sampling::skel::defines;
 use crate::unwind::rule::{Bx, Fp, Rule};
 
 /// How long a sample is held at most waiting for rows, ns. A cold table of
@@ -51,19 +52,14 @@ const MAPPING_RETRY_NS: u64 = 100_000_000;
 
 /// The most user frames a walk records (`MAX_USER_FRAMES` in
 /// `src/sampling/bpf/profiler.h`).
-const MAX_USER_FRAMES: usize = 1024;
+const MAX_USER_FRAMES: usize = defines::MAX_USER_FRAMES as usize;
 
-/// Lowest and first-invalid user addresses a return address can have
-/// (`USER_MIN_ADDRESS`, `USER_ADDRESS_LIMIT` in `src/sampling/bpf/arch_x86_64.h`).
-const USER_MIN_ADDRESS: u64 = 4096;
-const USER_ADDRESS_LIMIT: u64 = 0x0000_8000_0000_0000;
-
-/// Where the kernel's signal frame (`struct ucontext` at rsp) keeps the
-/// interrupted rbp, rbx, rsp and rip (`UCONTEXT_*` in `src/sampling/bpf/arch_x86_64.h`).
-const UCONTEXT_RBP: u64 = 40 + 80;
-const UCONTEXT_RBX: u64 = 40 + 88;
-const UCONTEXT_RSP: u64 = 40 + 120;
-const UCONTEXT_RIP: u64 = 40 + 128;
+// Lowest and first-invalid user addresses a return address can have
+// (`src/sampling/bpf/arch_x86_64.h`), and where the kernel's signal frame
+// (`struct ucontext` at rsp) keeps the interrupted rbp, rbx, rsp and rip.
+use defines::{
+    UCONTEXT_RBP, UCONTEXT_RBX, UCONTEXT_RIP, UCONTEXT_RSP, USER_ADDRESS_LIMIT, USER_MIN_ADDRESS,
+};
 
 /// The code a pc is in, as a walk needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -239,7 +239,7 @@ mod tests {
             asked: RefCell::new(asked.clone()),
             got: RefCell::new(Vec::new()),
         };
-        let built = build_table_early(None, &elf, &recorder).expect("table");
+        let built = build_table_early(None, &elf, &recorder, &[]).expect("table");
         // The full table is the same as without early pages...
         assert_eq!(built, full, "{}", path.display());
         // ...each page sent has exactly its rows, and is sent once...

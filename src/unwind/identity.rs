@@ -5,7 +5,6 @@ use std::fmt;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use object::read::elf::ElfFile64;
 use object::{Endianness, Object};
@@ -101,35 +100,12 @@ pub fn build_id(elf: &[u8]) -> Result<Option<Vec<u8>>, object::Error> {
     Ok(file.build_id()?.map(<[u8]>::to_vec))
 }
 
-/// Sets the directories separate debug files are looked up in, for the
-/// whole process (`--debug-dirs`): the profiler's unwind tables and
-/// symbolizers all read [`debug_dirs`]. Call once at start-up, before any
-/// table is built or address symbolized; returns `false` (and changes
-/// nothing) when they were already set.
-pub fn set_debug_dirs(dirs: Vec<PathBuf>) -> bool {
-    DEBUG_DIRS.set(dirs).is_ok()
-}
-
-/// The directories separate debug files are looked up in: those given to
-/// [`set_debug_dirs`], else [`DEFAULT_DEBUG_ROOT`] alone.
-pub fn debug_dirs() -> &'static [PathBuf] {
-    DEBUG_DIRS.get_or_init(|| vec![PathBuf::from(DEFAULT_DEBUG_ROOT)])
-}
-
-static DEBUG_DIRS: OnceLock<Vec<PathBuf>> = OnceLock::new();
-
-/// Finds the separate debug file of the object at `path` (whose bytes are
-/// `elf`) under [`debug_dirs`]; see [`find_debug_file_in`].
-pub fn find_debug_file(path: &Path, elf: &[u8]) -> Option<PathBuf> {
-    find_debug_file_in(path, elf, debug_dirs())
-}
-
 /// Finds the separate debug file of the object at `path`, the way gdb does:
 /// by build ID ([`find_debug_file_by_build_id`]), then the `.gnu_debuglink`
 /// name in the object's directory, its `.debug/` subdirectory and
 /// `ROOT/<object's directory>` for each `ROOT` of `debug_dirs` (its CRC32
 /// must match the link's).
-pub fn find_debug_file_in(path: &Path, elf: &[u8], debug_dirs: &[PathBuf]) -> Option<PathBuf> {
+pub fn find_debug_file(path: &Path, elf: &[u8], debug_dirs: &[PathBuf]) -> Option<PathBuf> {
     let file = ElfFile64::<Endianness>::parse(elf).ok()?;
     if let Some(found) = file
         .build_id()
@@ -248,7 +224,7 @@ mod tests {
             Some(at(&roots[2]))
         );
         assert_eq!(
-            find_debug_file_in(Path::new("/elsewhere/libc.so.6"), &bytes, &roots),
+            find_debug_file(Path::new("/elsewhere/libc.so.6"), &bytes, &roots),
             Some(at(&roots[2]))
         );
         assert_eq!(find_debug_file_by_build_id(&id, &roots[..2]), None);

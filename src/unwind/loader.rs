@@ -123,13 +123,19 @@ impl Drop for UnwindLoader {
 
 impl UnwindLoader {
     /// A loader for a walker whose `unwind_rows` map holds `capacity_rows`
-    /// rows. Tables are cached on disk under `cache_dir` when given.
-    /// Starts the cache and build threads (see [`SMALL_OBJECT_BYTES`]).
-    pub fn new(capacity_rows: u32, cache_dir: Option<PathBuf>) -> Result<Self> {
+    /// rows. Tables are cached on disk under `cache_dir` when given; an
+    /// object without CFI gets it from its separate debug file under
+    /// `debug_dirs` (`--debug-dirs`). Starts the cache and build threads
+    /// (see [`SMALL_OBJECT_BYTES`]).
+    pub fn new(
+        capacity_rows: u32,
+        cache_dir: Option<PathBuf>,
+        debug_dirs: &[PathBuf],
+    ) -> Result<Self> {
         let queue = Arc::new(BuildQueue::default());
         let (result_tx, result_rx) = mpsc::channel();
         let lookup_first = cache_dir.is_some();
-        start_workers(&queue, &result_tx, cache_dir)?;
+        start_workers(&queue, &result_tx, cache_dir, debug_dirs.into())?;
         Ok(UnwindLoader {
             capacity_rows,
             allocator: RowAllocator::new(capacity_rows),

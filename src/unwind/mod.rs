@@ -14,7 +14,7 @@
 //! `lightswitch show-unwind`; [`deferred`] finishes in user space, from a
 //! copy of the stack, the walks the BPF walker stopped for want of a table.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tracing::debug;
 
@@ -70,11 +70,12 @@ pub fn cached_table_at(
     path: &Path,
     file: &std::fs::File,
     elf_bytes: &[u8],
+    debug_dirs: &[PathBuf],
 ) -> anyhow::Result<UnwindTable> {
     cached(
         cache_dir,
         || object_key_at(file, elf_bytes),
-        || build_table_at(path, elf_bytes),
+        || build_table_at(path, elf_bytes, debug_dirs),
     )
 }
 
@@ -113,7 +114,7 @@ mod tests {
             return;
         };
         let dir = tempfile::tempdir().expect("tempdir");
-        let built = cached_table_at(Some(dir.path()), path, &file, &bytes).expect("built");
+        let built = cached_table_at(Some(dir.path()), path, &file, &bytes, &[]).expect("built");
         let entry = cache::entry_path(dir.path(), &ObjectKey::for_object(&bytes));
         assert!(entry.exists());
         assert_eq!(

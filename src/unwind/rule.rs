@@ -7,13 +7,15 @@
 
 use std::fmt;
 
+use crate::sampling::skel::defines;
 use crate::sampling::unwind_row::{
     CfaType, FpType, RawRow, CFA_OFFSET_HIGH_SHIFT, CFA_OFFSET_SCALED, CFA_TYPE_MASK,
     FP_CFA_FROM_RBX, FP_TYPE_MASK, MAX_RBX_SLOT, RBX_RULE_SHIFT, RBX_UNKNOWN,
 };
 
-/// Largest CFA offset a row can hold, bytes: `u16::MAX` units of 8 bytes.
-pub const MAX_CFA_OFFSET: u32 = ((1 << 20) - 1) * 8;
+/// Largest CFA offset a row can hold, bytes: 2^20 - 1 units of 8 bytes (16
+/// bits in `cfa_offset`, `CFA_OFFSET_HIGH_MASK`'s 4 in `cfa_type`).
+pub const MAX_CFA_OFFSET: u32 = ((((defines::CFA_OFFSET_HIGH_MASK + 1) << 16) - 1) * 8) as u32;
 
 /// Why a CFI rule could not be turned into a row the BPF program evaluates.
 ///
@@ -29,13 +31,13 @@ pub enum UnsupportedKind {
     /// CFA computed from a register other than rsp, rbp or rbx; counted
     /// by the walker also when an rbx-based CFA meets an rbx it cannot
     /// recover (a frame-pointer step or an unfollowed rbx rule below it).
-    CfaRegister = 2,
+    CfaRegister = defines::UNSUPPORTED_KIND_CFA_REGISTER as u16,
     /// CFA offset negative, above [`MAX_CFA_OFFSET`], or above 65535 and not a
     /// multiple of 8.
     CfaOffset = 3,
     /// Return-address (DWARF register 16) rule other than "saved at CFA-8" or
     /// "undefined".
-    ReturnAddress = 4,
+    ReturnAddress = defines::UNSUPPORTED_KIND_RETURN_ADDRESS as u16,
     /// rbp rule other than unchanged or "saved at CFA + 8*k" (k fits i16).
     /// Counted only: the row stays usable with [`FpType::Unsupported`], so this
     /// kind never appears in an unsupported row.

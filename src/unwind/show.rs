@@ -2,7 +2,7 @@
 //! line, then a summary.
 
 use std::fmt::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
@@ -10,11 +10,12 @@ use super::cfi::build_table_at;
 use super::identity::ObjectKey;
 use super::table::UnwindTable;
 
-/// Builds the table of the object at `path` (its separate debug file is used
-/// when the object has no CFI) and renders it with [`render`].
-pub fn show_unwind(path: &Path) -> anyhow::Result<String> {
+/// Builds the table of the object at `path` (its separate debug file, found
+/// under `debug_dirs`, is used when the object has no CFI) and renders it
+/// with [`render`].
+pub fn show_unwind(path: &Path, debug_dirs: &[PathBuf]) -> anyhow::Result<String> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let table = build_table_at(path, &bytes)
+    let table = build_table_at(path, &bytes, debug_dirs)
         .with_context(|| format!("unwind table of {}", path.display()))?;
     let key = ObjectKey::for_object(&bytes);
     Ok(render(&format!("{} ({key})", path.display()), &table))
@@ -81,7 +82,7 @@ mod tests {
             eprintln!("skipped: {} is absent", path.display());
             return;
         }
-        let text = show_unwind(path).expect("libc has a table");
+        let text = show_unwind(path, &[]).expect("libc has a table");
         assert!(text.starts_with("unwind table of /lib/x86_64-linux-gnu/libc.so.6 (buildid-"));
         for needle in [
             "signal-frame",
@@ -104,11 +105,11 @@ mod tests {
 
     #[test]
     fn missing_and_non_elf_files_are_errors() {
-        assert!(show_unwind(Path::new("/nonexistent/lib.so")).is_err());
+        assert!(show_unwind(Path::new("/nonexistent/lib.so"), &[]).is_err());
         let dir = tempfile::tempdir().expect("tempdir");
         let text = dir.path().join("notes.txt");
         std::fs::write(&text, "not an object").expect("write");
-        let err = show_unwind(&text).expect_err("not ELF");
+        let err = show_unwind(&text, &[]).expect_err("not ELF");
         assert!(format!("{err:#}").contains("notes.txt"), "{err:#}");
     }
 }

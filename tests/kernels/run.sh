@@ -41,8 +41,9 @@
 # Under TCG (the default: KVM hangs at boot in nested VMs) one kernel takes
 # 1-2 minutes here (5.10: 2-4), far more on a loaded machine; the guest is
 # stopped after VM_TIMEOUT seconds (default 600). KVM=1 uses KVM where it
-# works; KEEP=1 keeps the run's files (under target/kernel-check.*) for a
-# look. `--install-only` after KERNEL installs the kernel package, qemu and
+# works; KEEP=1 keeps the run's files (under target/kernel-check.*, or
+# /var/lib/lightswitch-kernel-check/ for a checkout under /tmp) for a look.
+# `--install-only` after KERNEL installs the kernel package, qemu and
 # virtme-ng and stops (scripts/setup.sh does this for 5.10 and 6.1).
 set -uo pipefail
 
@@ -132,10 +133,27 @@ fi
 command -v go >/dev/null || die "go is missing (bash scripts/setup.sh installs it)"
 
 # --- The guest's work ------------------------------------------------------------
-# /tmp is private to the guest: everything it shares with us lives under target/.
-mkdir -p "$ROOT/target"
-D=$(mktemp -d "$ROOT/target/kernel-check.XXXXXX")
+# The guest sees this machine's root file system, but virtme-ng mounts empty
+# file systems of its own on /tmp, /var/tmp, /run, /dev/shm, /var/log and
+# /var/cache. Everything the guest shares with us (the programs, the binary,
+# the results) lives under target/, or, when the checkout is under one of
+# those, under /var/lib/lightswitch-kernel-check/.
+hidden_from_guest() {
+    case "$(realpath -m "$1")/" in
+    /tmp/* | /var/tmp/* | /run/* | /dev/shm/* | /var/log/* | /var/cache/*) return 0 ;;
+    esac
+    return 1
+}
+exchange=$ROOT/target
+hidden_from_guest "$exchange" && exchange=/var/lib/lightswitch-kernel-check
+mkdir -p "$exchange" || die "cannot create $exchange"
+D=$(mktemp -d "$exchange/kernel-check.XXXXXX") || die "cannot create a directory in $exchange"
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$D"' EXIT
+hidden_from_guest "$D" && die "$D is hidden from the guest"
+if hidden_from_guest "$LS"; then
+    cp "$LS" "$D/lightswitch" || die "copying $LS to $D failed"
+    LS=$D/lightswitch
+fi
 cat >"$D/chain.c" <<'C'
 #include <stdlib.h>
 #include <time.h>

@@ -30,6 +30,7 @@ use crate::profile::{ProcessMarkerKind, Profile, Provenance, Window};
 use crate::sampling::records::{ProcessEvent, RawSample, TimedEvent};
 use crate::sampling::sampler::Sampler;
 use crate::symbolize::mapping_source::{ObjectCache, TrackerSnapshot};
+use crate::symbolize::settings::SymbolContext;
 use crate::symbolize::Symbolizer;
 use crate::util::guard::contain;
 use crate::util::timefmt;
@@ -316,12 +317,12 @@ pub struct OnDemandWorker {
 }
 
 impl OnDemandWorker {
-    /// Start the worker thread.
-    pub fn start() -> Result<Self> {
+    /// Start the worker thread, which symbolizes with the run's `symbols`.
+    pub fn start(symbols: SymbolContext) -> Result<Self> {
         let (tx, rx) = channel();
         let thread = std::thread::Builder::new()
             .name("lsw-on-demand".into())
-            .spawn(move || run(rx))
+            .spawn(move || run(rx, &symbols))
             .context("starting the on-demand profile worker thread")?;
         Ok(OnDemandWorker {
             tx,
@@ -364,7 +365,7 @@ impl OnDemandWorker {
 /// memory back while a series of requests reuses it.
 const SYMBOLIZER_IDLE: Duration = Duration::from_secs(30);
 
-fn run(rx: Receiver<Job>) {
+fn run(rx: Receiver<Job>, symbols: &SymbolContext) {
     let mut cached: Option<Symbolizer> = None;
     loop {
         let job = if cached.is_some() {
@@ -383,7 +384,7 @@ fn run(rx: Receiver<Job>) {
                 Err(_) => break,
             }
         };
-        let symbolizer = cached.get_or_insert_with(Symbolizer::new);
+        let symbolizer = cached.get_or_insert_with(|| Symbolizer::with_context(symbols));
         let (mut closed, snapshot) = *job;
         if closed.reply.is_closed() {
             continue;

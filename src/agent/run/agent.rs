@@ -28,11 +28,13 @@ use crate::output::sender::worker::WindowWorker;
 use crate::process::walker::ProcessFollower;
 use crate::process::ProcessTracker;
 use crate::process::UserFrame;
+use crate::profile::aggregate::resolve_placed;
 use crate::profile::window::{Windows, CLOSE_SLACK_NS};
 use crate::sampling::records::{RawSample, TimedEvent};
 use crate::sampling::sampler::off_cpu::OffCpuCounts;
 use crate::sampling::sampler::{self, BpfStats, Sampler};
 use crate::unwind::deferred::{self, DeferredStats, DeferredWalks, LiveView};
+use crate::unwind::interp::Interpreters;
 use crate::unwind::loader::UnwindLoader;
 use crate::util::timefmt;
 
@@ -70,6 +72,9 @@ pub struct Agent<'s, 'o> {
     events: Rc<RefCell<Vec<TimedEvent>>>,
     malformed: Rc<RefCell<u64>>,
     tracker: ProcessTracker,
+    /// The interpreters found in processes, kept beside the tracker and
+    /// passed to the follower and to [`resolve_placed`].
+    interpreters: Interpreters,
     follower: ProcessFollower,
     windows: Windows,
     subscriptions: Subscriptions,
@@ -162,7 +167,11 @@ impl<'s, 'o> Agent<'s, 'o> {
         )
         .with_timeline(plan.timeline)
         .with_off_cpu(plan.sampler.off_cpu_min_ns.is_some());
-        let loader = UnwindLoader::new(plan.sampler.max_unwind_rows, cache_dir)?;
+        let loader = UnwindLoader::new(
+            plan.sampler.max_unwind_rows,
+            cache_dir,
+            &plan.run.symbols.debug_dirs,
+        )?;
         let mut follower = ProcessFollower::new();
         follower.scan_processes(&plan.sampler.pids, start);
         let samples = Rc::new(RefCell::new(Vec::new()));
@@ -178,6 +187,7 @@ impl<'s, 'o> Agent<'s, 'o> {
             events,
             malformed,
             tracker,
+            interpreters: Interpreters::default(),
             follower,
             windows,
             subscriptions: Subscriptions::default(),
@@ -242,6 +252,7 @@ impl<'s, 'o> Agent<'s, 'o> {
             &mut self.tracker,
             self.sampler,
             &mut self.loader,
+            &mut self.interpreters,
             SCAN_SLICE,
         )
     }
@@ -338,6 +349,7 @@ impl<'s, 'o> Agent<'s, 'o> {
                 &mut self.tracker,
                 self.sampler,
                 &mut self.loader,
+                &mut self.interpreters,
             );
         }
         let now = timefmt::monotonic_ns();
@@ -345,9 +357,14 @@ impl<'s, 'o> Agent<'s, 'o> {
         // sample can be delivered through &mut self.
         let mut samples = std::mem::take(&mut *self.samples.borrow_mut());
         for sample in samples.drain(..) {
-            let frames = crate::profile::aggregate::resolve(&sample, &mut self.tracker);
-            self.follower
-                .on_sample(&sample, &mut self.tracker, self.sampler, &mut self.loader);
+            let frames = resolve_placed(&sample, &mut self.tracker, &mut self.interpreters);
+            self.follower.on_sample(
+                &sample,
+                &mut self.tracker,
+                self.sampler,
+                &mut self.loader,
+                &mut self.interpreters,
+            );
             self.loader.on_sample(&sample, &frames, &self.tracker);
             if let Some(sample) = self.deferred.hold(sample, now) {
                 self.deliver(sample, frames);
@@ -386,7 +403,7 @@ impl<'s, 'o> Agent<'s, 'o> {
             },
         );
         for sample in done {
-            let frames = crate::profile::aggregate::resolve(&sample, &mut self.tracker);
+            let frames = resolve_placed(&sample, &mut self.tracker, &mut self.interpreters);
             // Objects only the finished walk reached get their tables too.
             self.loader.on_sample(&sample, &frames, &self.tracker);
             self.deliver(sample, frames);
@@ -525,6 +542,9 @@ impl<'s, 'o> Agent<'s, 'o> {
         let retired = self.tracker.retire_exited(since);
         if retired > 0 {
             debug!("retired {retired} exited processes");
+        }
+        for pid in self.tracker.take_retired_pids() {
+            self.interpreters.forget(pid);
         }
         let objects = self.tracker.take_retired_objects();
         if !objects.is_empty() {

@@ -54,6 +54,7 @@ use crate::profile::format::{self, Compression, ProfileFormat};
 use crate::profile::window::ClosedWindow;
 use crate::profile::{Profile, Provenance};
 use crate::sampling::sampler::{BpfStats, Sampler};
+use crate::symbolize::settings::SymbolContext;
 use crate::symbolize::Symbolizer;
 use crate::unwind::deferred::DeferredStats;
 use crate::unwind::loader::UnwindLoader;
@@ -83,8 +84,8 @@ pub fn run(plan: &RunPlan) -> Result<RunSummary> {
 /// let go once sampling is attached, and the run ends when it exits (or at
 /// `plan.duration`); a stop request is passed on to it.
 pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> Result<RunSummary> {
-    let plan = CheckedPlan::new(run_plan, workload.as_ref().map(|w| w.pid()))?;
-    setup_libbpf_logging(run_plan.libbpf_debug);
+    let plan = CheckedPlan::new(run_plan.clone(), workload.as_ref().map(|w| w.pid()))?;
+    setup_libbpf_logging(plan.run.libbpf_debug);
     let stop = progress::install_stop_handler(if plan.listen_only {
         // Nothing is written: requests in progress get 503.
         StopWords {
@@ -102,9 +103,19 @@ pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> 
         pids: plan.sampler.pids.as_slice().into(),
     };
     let metrics = Arc::new(Metrics::default());
+    // The run's symbol sources, shared by its symbolizers; debug copies go
+    // under the unwind cache directory.
+    let cache_dir = plan.run.unwind_cache_dir.clone();
+    let symbols = SymbolContext::new(
+        &plan.run.symbols,
+        cache_dir
+            .as_ref()
+            .map(|dir| dir.join(crate::symbolize::debug_copy::SUBDIRECTORY)),
+    );
+    metrics.set_debuginfod(symbols.debuginfod.clone());
     // Continuous mode: the sender (and its thread) starts before sampling,
     // so that a bad URL fails the run before anything is loaded.
-    let window_worker = if let Some(continuous) = &run_plan.continuous {
+    let window_worker = if let Some(continuous) = &plan.run.continuous {
         let sender = crate::output::sender::start(continuous.sender.clone())?;
         if let Some(queue) = sender.delivery_queue() {
             metrics.set_delivery_queue(queue);
@@ -113,6 +124,7 @@ pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> 
             sender,
             metrics.clone(),
             provenance.clone(),
+            symbols.clone(),
         )?)
     } else {
         None
@@ -120,7 +132,7 @@ pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> 
     // The server binds before BPF is loaded, so that a bad address fails
     // the run at once; requests wait in the channel until the loop runs.
     let (request_tx, requests) = mpsc::channel();
-    let server = match &run_plan.listen {
+    let server = match &plan.run.listen {
         Some(listen) => Some(Server::start(
             &ServerConfig {
                 listen: listen.address.clone(),
@@ -146,16 +158,10 @@ pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> 
         windows: window_worker,
         on_demand: server
             .as_ref()
-            .map(|_| OnDemandWorker::start())
+            .map(|_| OnDemandWorker::start(symbols.clone()))
             .transpose()?,
         requests,
     };
-    let cache_dir = run_plan.unwind_cache_dir.clone();
-    crate::symbolize::debug_copy::configure(
-        cache_dir
-            .as_ref()
-            .map(|dir| dir.join(crate::symbolize::debug_copy::SUBDIRECTORY)),
-    );
     let mut agent = Agent::new(&sampler, &plan, cache_dir, workers, metrics.clone())?;
     // After listen-only mode has paused the perf events: scripts wait for
     // this line.
@@ -182,7 +188,7 @@ pub fn run_with(run_plan: &RunPlan, mut workload: Option<&mut dyn Workload>) -> 
         server.stop(Duration::from_secs(2));
     }
     drop(sampler);
-    finish(run_plan, &plan, &metrics, stopped, &provenance)
+    finish(&plan, &metrics, stopped, &provenance, &symbols)
 }
 
 /// Longest a held command waits for the unwind tables of its first
@@ -244,11 +250,11 @@ fn log_run(
 /// Everything after sampling: log what the run saw, hand the last windows
 /// over (continuous mode) or write the one profile, and say what happened.
 fn finish(
-    run_plan: &RunPlan,
     plan: &CheckedPlan,
     metrics: &Metrics,
     stopped: Stopped,
     provenance: &Provenance,
+    symbols: &SymbolContext,
 ) -> Result<RunSummary> {
     let Stopped {
         tracker,
@@ -279,7 +285,8 @@ fn finish(
             totals.account(&closed);
             worker.submit(closed, &tracker);
         }
-        let flush = run_plan
+        let flush = plan
+            .run
             .continuous
             .as_ref()
             .map_or(Duration::from_secs(5), |c| c.flush_timeout);
@@ -302,6 +309,7 @@ fn finish(
             }),
             served: None,
             off_cpu,
+            debuginfod: symbols.debuginfod_stats(),
         });
     }
     if plan.listen_only {
@@ -316,15 +324,17 @@ fn finish(
             continuous: None,
             served: Some(served),
             off_cpu,
+            debuginfod: symbols.debuginfod_stats(),
         });
     }
 
     // One profile for the whole run.
     let last = last.pop().context("a run has one window")?;
     let (samples, processes, unwind) =
-        write_run_profile(run_plan, plan, last, &tracker, &children_seen, provenance)?;
+        write_run_profile(plan, last, &tracker, &children_seen, provenance, symbols)?;
     Ok(RunSummary {
-        outputs: run_plan
+        outputs: plan
+            .run
             .outputs
             .iter()
             .map(|(_, path)| path.clone())
@@ -338,21 +348,22 @@ fn finish(
         continuous: None,
         served: None,
         off_cpu,
+        debuginfod: symbols.debuginfod_stats(),
     })
 }
 
 /// The one profile of a one-shot run, from its only window `last`:
 /// symbolized with what `tracker` knows, stamped with `provenance`, checked
 /// for the `--pids` targets ([`check_pids_sampled`]) and written to every
-/// output of `run_plan`. Returns its samples, processes and unwind results
+/// output of the plan. Returns its samples, processes and unwind results
 /// (per result name), for the summary.
 fn write_run_profile(
-    run_plan: &RunPlan,
     plan: &CheckedPlan,
     last: ClosedWindow,
     tracker: &ProcessTracker,
     children_seen: &hints::ChildrenSeen,
     provenance: &Provenance,
+    symbols: &SymbolContext,
 ) -> Result<(u64, usize, BTreeMap<String, u64>)> {
     let ClosedWindow {
         mut aggregator,
@@ -360,7 +371,7 @@ fn write_run_profile(
         ..
     } = last;
     let started = Instant::now();
-    let mut profile = Symbolizer::one_shot().build_profile(&aggregator, tracker, window);
+    let mut profile = Symbolizer::one_shot(symbols).build_profile(&aggregator, tracker, window);
     aggregator.take_timeline_into(&mut profile);
     provenance.stamp(&mut profile);
     check_pids_sampled(plan, &aggregator, &profile, children_seen)?;
@@ -373,9 +384,9 @@ fn write_run_profile(
     );
     write_outputs(
         &profile,
-        &run_plan.outputs,
-        run_plan.compression,
-        run_plan.file_mode,
+        &plan.run.outputs,
+        plan.run.compression,
+        plan.run.file_mode,
     )?;
     let unwind = aggregator
         .status_counts()

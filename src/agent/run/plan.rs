@@ -14,6 +14,7 @@ use crate::output::sender::SenderConfig;
 use crate::profile::format::{Compression, ProfileFormat};
 use crate::sampling::preflight;
 use crate::sampling::sampler::SamplerConfig;
+use crate::symbolize::settings::SymbolSettings;
 
 /// Default sampling frequency per CPU, Hz (`--sample-freq`).
 pub const DEFAULT_SAMPLE_FREQ_HZ: u64 = 99;
@@ -62,6 +63,9 @@ pub struct RunPlan {
     /// Where built unwind tables and inflated debug information are cached
     /// between runs; `None`: no cache.
     pub unwind_cache_dir: Option<PathBuf>,
+    /// Where separate debug files come from (`--debug-dirs`, debuginfod),
+    /// for unwind tables and symbols.
+    pub symbols: SymbolSettings,
 }
 
 /// Continuous mode's settings.
@@ -125,8 +129,8 @@ impl RunPlan {
 
     /// One profile of the whole machine in `format`, written to the
     /// format's default file name in `output_dir`, until a signal: the
-    /// command line's defaults (99 Hz, 64 MiB of unwind tables, mode 600),
-    /// without an unwind cache.
+    /// command line's defaults (99 Hz, 64 MiB of unwind tables, mode 600,
+    /// debug files under `/usr/lib/debug`), without an unwind cache.
     pub fn new(output_dir: impl Into<PathBuf>, format: ProfileFormat) -> RunPlan {
         let output_dir = output_dir.into();
         RunPlan {
@@ -144,6 +148,7 @@ impl RunPlan {
             continuous: None,
             listen: None,
             unwind_cache_dir: None,
+            symbols: SymbolSettings::default(),
         }
     }
 
@@ -206,9 +211,12 @@ impl RunPlan {
 
 /// A [`RunPlan`] checked against the running system when the run starts,
 /// with what that check found: the sampler's settings (pids resolved to
-/// their processes), the run's shape and the kernel's limit.
+/// their processes), the run's shape and the kernel's limit. It owns the
+/// plan it checked, so a run carries one plan.
 #[derive(Debug, Clone)]
 pub struct CheckedPlan {
+    /// The plan as given (outputs, senders, server, caches).
+    pub run: RunPlan,
     /// Continuous mode: the window length; `None` for one profile of the run.
     pub interval: Option<Duration>,
     /// How long the run lasts; `None`: until a signal or the targets exit.
@@ -232,7 +240,7 @@ impl CheckedPlan {
     ///
     /// `workload`: the pid of `record`'s held command, which replaces
     /// `plan.pids` and is followed into its children.
-    pub fn new(plan: &RunPlan, workload: Option<u32>) -> Result<CheckedPlan> {
+    pub fn new(plan: RunPlan, workload: Option<u32>) -> Result<CheckedPlan> {
         plan.check()?;
         let max_sample_rate_hz = preflight::max_sample_rate()?;
         preflight::check_frequency(plan.sample_freq_hz, max_sample_rate_hz)?;
@@ -272,6 +280,7 @@ impl CheckedPlan {
                 // are symbolized then).
                 after_load: Some(crate::symbolize::kallsyms::remember_bpf_programs),
             },
+            run: plan,
         })
     }
 }

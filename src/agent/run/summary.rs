@@ -7,6 +7,7 @@ use crate::output::sender::worker::WorkerReport;
 use crate::profile::window::ClosedWindow;
 use crate::sampling::records::UnwindStatus;
 use crate::sampling::sampler::off_cpu::OffCpuCounts;
+use crate::symbolize::debuginfod::DebuginfodStats;
 use crate::unwind::deferred::DeferredStats;
 use crate::util::text::plural;
 
@@ -58,6 +59,8 @@ pub struct RunSummary {
     pub served: Option<u64>,
     /// With `--off-cpu`: the waits recorded and those left out.
     pub off_cpu: Option<OffCpuCounts>,
+    /// What the run's debuginfod client did; `None` without servers.
+    pub debuginfod: Option<DebuginfodStats>,
 }
 
 /// What a continuous run emitted.
@@ -181,7 +184,7 @@ impl std::fmt::Display for RunSummary {
             )?;
         }
         // The run's one debuginfod client, when servers are set.
-        if let Some(d) = crate::symbolize::debuginfod::stats() {
+        if let Some(d) = &self.debuginfod {
             write!(
                 f,
                 "\ndebuginfod: fetched={} cached={} failed={} timed_out={} too_large={} skipped={} \

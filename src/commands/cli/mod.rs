@@ -561,17 +561,6 @@ pub struct ReportArgs {
 }
 
 impl Cli {
-    /// The directories separate debug files are looked up in: the
-    /// subcommand's `--debug-dirs` for `show-unwind` and `record`, else the
-    /// top-level one.
-    pub fn debug_dirs(&self) -> &[PathBuf] {
-        match &self.command {
-            Some(Command::ShowUnwind { debug_dirs, .. }) => debug_dirs,
-            Some(Command::Record(record)) => &record.profile.debug_dirs,
-            _ => &self.profile.debug_dirs,
-        }
-    }
-
     /// The log level: `record`'s `--logging`, else the top-level one.
     pub fn log_level(&self) -> LogLevel {
         match &self.command {

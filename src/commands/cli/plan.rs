@@ -18,6 +18,7 @@ use crate::output::sender::{
     otlp::OtlpSettings, remote::HttpSettings, spool::SpoolSettings, SenderConfig,
 };
 use crate::profile::format::ProfileFormat;
+use crate::symbolize::settings::SymbolSettings;
 
 /// Window length of continuous mode when only a network sender asks for
 /// it (no `--profile-interval`), seconds.
@@ -64,6 +65,11 @@ impl ProfileArgs {
             }),
             unwind_cache_dir: (self.unwind_cache_dir != "none")
                 .then(|| PathBuf::from(&self.unwind_cache_dir)),
+            symbols: SymbolSettings {
+                debug_dirs: self.debug_dirs.clone(),
+                debuginfod_urls: self.debuginfod_urls.clone(),
+                debuginfod_cache: self.debuginfod_cache.clone(),
+            },
         };
         plan.check()?;
         Ok(plan)

@@ -2,10 +2,25 @@
 
 use super::*;
 
-fn dirs(args: &[&str]) -> Vec<PathBuf> {
+/// The symbol settings the command line gives: the plan's of a profiling
+/// run or of `record`, or `show-unwind`'s debug directories.
+fn symbols(args: &[&str]) -> crate::symbolize::settings::SymbolSettings {
     let cli = Cli::try_parse_from(std::iter::once("lightswitch").chain(args.iter().copied()))
         .expect("parses");
-    cli.debug_dirs().to_vec()
+    match &cli.command {
+        Some(Command::ShowUnwind { debug_dirs, .. }) => {
+            crate::symbolize::settings::SymbolSettings {
+                debug_dirs: debug_dirs.clone(),
+                ..Default::default()
+            }
+        }
+        Some(Command::Record(record)) => record.plan().expect("a valid plan").run.symbols,
+        _ => cli.profile.plan(false).expect("a valid plan").symbols,
+    }
+}
+
+fn dirs(args: &[&str]) -> Vec<PathBuf> {
+    symbols(args).debug_dirs
 }
 
 #[test]
@@ -15,12 +30,30 @@ fn debug_dirs_default_split_repeat_and_reach_show_unwind() {
     assert_eq!(dirs(&[]), default);
     assert_eq!(dirs(&["--debug-dirs", "/a,/b"]), ab);
     assert_eq!(dirs(&["--debug-dirs", "/a", "--debug-dirs", "/b"]), ab);
+    assert_eq!(dirs(&["record", "--debug-dirs", "/a,/b", "--", "true"]), ab);
     assert_eq!(dirs(&["show-unwind", "/bin/true"]), default);
     // The path after the list is the object, not one more directory.
     assert_eq!(
         dirs(&["show-unwind", "--debug-dirs", "/a,/b", "/bin/true"]),
         ab
     );
+}
+
+/// The debuginfod flags reach the plan (top level and `record`'s own),
+/// not a process-wide client.
+#[test]
+fn debuginfod_flags_travel_in_the_plan() {
+    let given = symbols(&[
+        "--debuginfod",
+        "http://a,http://b",
+        "--debuginfod-cache",
+        "/c",
+    ]);
+    assert_eq!(given.debuginfod_urls, vec!["http://a", "http://b"]);
+    assert_eq!(given.debuginfod_cache, Some(PathBuf::from("/c")));
+    let record = symbols(&["record", "--debuginfod", "http://r", "--", "true"]);
+    assert_eq!(record.debuginfod_urls, vec!["http://r"]);
+    assert_eq!(symbols(&[]).debuginfod_urls, Vec::<String>::new());
 }
 
 #[test]

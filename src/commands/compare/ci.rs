@@ -52,6 +52,16 @@ impl Gate {
         }
     }
 
+    /// The functions of `diff` the gate fails, largest change first: the
+    /// one rule behind `diff`'s exit status (1 when any) and every CI
+    /// output's failures. Empty without `fail_above`.
+    pub fn failed<'a>(&self, diff: &'a Diff) -> Vec<&'a FunctionChange> {
+        diff.functions
+            .iter()
+            .filter(|c| self.verdict(c) == Verdict::Failed)
+            .collect()
+    }
+
     /// Whether any threshold is set.
     pub fn is_set(&self) -> bool {
         self.fail_above.is_some() || self.warn_above.is_some()
@@ -112,11 +122,7 @@ pub fn markdown(diff: &Diff, base: &Path, new: &Path, gate: &Gate, top: usize) -
         code_cell(&new.display().to_string()),
         diff.new_samples
     ));
-    let failed = diff
-        .functions
-        .iter()
-        .filter(|c| gate.verdict(c) == Verdict::Failed)
-        .count();
+    let failed = gate.failed(diff).len();
     if let Some(limit) = gate.fail_above {
         if failed == 0 {
             out.push_str(&format!(

@@ -163,8 +163,8 @@ pub fn report(args: &ReportPlan) -> Result<()> {
 }
 
 /// `lightswitch diff`: print the comparison, write the flame graph when
-/// asked, and return the exit status: 1 when `--fail-above` is exceeded,
-/// else 0. Errors (exit status [`super::diff::BAD_INPUT_EXIT_STATUS`]) name the input
+/// asked, and return the exit status: 1 when the gate fails a function
+/// ([`ci::Gate::failed`]: growth above `--fail-above`), else 0. Errors (exit status [`super::diff::BAD_INPUT_EXIT_STATUS`]) name the input
 /// that could not be read, or the flame graph that could not be written
 /// (mode 0600, as profiles are), or an input without samples.
 pub fn diff(args: &DiffPlan) -> Result<i32> {
@@ -219,10 +219,7 @@ pub fn diff(args: &DiffPlan) -> Result<i32> {
         crate::util::files::write_atomic(path, &svg, crate::util::files::PROFILE_MODE)
             .context("writing the differential flame graph")?;
     }
-    let grown = args
-        .fail_above
-        .map(|points| diff.grown_above(points))
-        .unwrap_or_default();
+    let grown = gate.failed(&diff);
     let mut stdout = std::io::stdout().lock();
     match args.output {
         DiffOutput::Json => {

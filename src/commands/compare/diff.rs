@@ -133,14 +133,6 @@ pub fn diff(base: &Profile, new: &Profile) -> Result<Diff> {
 }
 
 impl Diff {
-    /// Functions whose inclusive share grew by more than `points`.
-    pub fn grown_above(&self, points: f64) -> Vec<&FunctionChange> {
-        self.functions
-            .iter()
-            .filter(|c| c.inclusive_change > points)
-            .collect()
-    }
-
     /// The table for people: the `top` largest changes (0: all).
     pub fn render_text(&self, base: &Path, new: &Path, top: usize) -> String {
         let mut out = format!(
@@ -186,10 +178,18 @@ impl Diff {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::commands::compare::ci::Gate;
     use crate::commands::compare::input::parse_folded;
 
     fn profile(text: &str) -> Profile {
         parse_folded(text).unwrap()
+    }
+
+    fn gate(fail_above: f64) -> Gate {
+        Gate {
+            fail_above: Some(fail_above),
+            warn_above: None,
+        }
     }
 
     #[test]
@@ -197,7 +197,7 @@ mod tests {
         let p = profile("app;main;a 30\napp;main;b 70\n");
         let d = diff(&p, &p).unwrap();
         assert!(d.functions.is_empty());
-        assert!(d.grown_above(0.0).is_empty());
+        assert!(gate(0.0).failed(&d).is_empty());
     }
 
     #[test]
@@ -212,8 +212,8 @@ mod tests {
         let a = d.functions.iter().find(|c| c.function == "a").unwrap();
         assert_eq!((a.base.inclusive, a.new.inclusive), (25.0, 50.0));
         assert_eq!((a.base.self_share, a.new.self_share), (25.0, 50.0));
-        let grown: Vec<_> = d
-            .grown_above(10.0)
+        let grown: Vec<_> = gate(10.0)
+            .failed(&d)
             .iter()
             .map(|c| c.function.clone())
             .collect();

@@ -2,7 +2,9 @@
 //! [`Sender`]: [`disk`] (files), [`remote`] (HTTP POST of gzip'd pprof, e.g.
 //! to `lightswitch collector`), [`pyroscope`] (Grafana Pyroscope's push
 //! API) and [`otlp`] (OTLP/HTTP profiles, every sample's time kept). Each
-//! sends the formats [`formats_of`] names, never a substitute. The network senders hand encoded profiles to [`queue`] (bounded by
+//! sends the formats [`formats_of`] names, never a substitute. The network
+//! senders are each a [`network::NetworkSender`] with a request of their
+//! own: it hands encoded profiles to [`queue`] (bounded by
 //! bytes, retries with backoff) so they never block the caller, and with
 //! `--spool-dir` to [`spool`] (kept on disk until acknowledged, across
 //! restarts).
@@ -11,6 +13,7 @@
 
 pub mod disk;
 pub mod item;
+pub mod network;
 pub mod otlp;
 pub mod pyroscope;
 pub mod queue;

@@ -22,15 +22,13 @@
 //! Where it sends ([`endpoint`]) and the extra headers ([`headers`]) follow
 //! the OpenTelemetry SDKs' environment variables.
 
-use std::time::Instant;
-
 use anyhow::{bail, Context, Result};
 use prost::Message;
 use reqwest::StatusCode;
 
-use super::queue::{Attempt, Delivery, Item, Transport};
-use super::remote::{describe_window, failed, HttpConfig, HttpTransport};
-use super::{Sender, SenderReport};
+use super::network::{Headers, NetworkSender, Request};
+use super::queue::{Attempt, Item, Transport};
+use super::remote::{failed, HttpConfig, HttpTransport};
 use crate::profile::format::otlp::{self, proto::collector::ExportProfilesServiceResponse};
 use crate::profile::format::Compression;
 use crate::profile::Profile;
@@ -198,48 +196,32 @@ impl Transport for OtlpTransport {
     }
 }
 
-/// The `--sender=otlp` sender.
-pub struct OtlpSender {
-    delivery: Delivery,
+/// How the `--sender=otlp` sender makes a request of a window: the gzip'd
+/// export request of [`otlp::encode`].
+pub struct OtlpRequest;
+
+impl Request for OtlpRequest {
+    fn request(&mut self, profile: &Profile) -> Result<(Vec<u8>, Headers)> {
+        Ok((otlp::encode(profile, Compression::Gzip)?, Vec::new()))
+    }
 }
+
+/// The `--sender=otlp` sender.
+pub type OtlpSender = NetworkSender<OtlpRequest>;
 
 impl OtlpSender {
     /// Start the sender thread posting to `config.url` (already the full
     /// endpoint, see [`endpoint`]) with the extra `headers`. Errors: the
     /// HTTP client or the thread could not be created.
     pub fn start(config: HttpConfig, headers: Vec<(String, String)>) -> Result<Self> {
-        let (queue_bytes, timeout, backoff) = (config.queue_bytes, config.timeout, config.backoff);
-        let spool = config.spool.clone();
         let mut fixed = vec![
             ("Content-Type".to_string(), CONTENT_TYPE.to_string()),
             ("Content-Encoding".to_string(), "gzip".to_string()),
         ];
         fixed.extend(headers);
-        let http = HttpTransport::new(config, fixed)?;
-        let delivery =
-            Delivery::start(OtlpTransport { http }, queue_bytes, timeout, backoff, spool)
-                .context("starting the sender thread")?;
-        Ok(OtlpSender { delivery })
-    }
-}
-
-impl Sender for OtlpSender {
-    fn send(&mut self, profile: &Profile) -> Result<()> {
-        let body = otlp::encode(profile, Compression::Gzip)?;
-        self.delivery.queue().push(Item {
-            body,
-            headers: Vec::new(),
-            description: describe_window(profile),
-        });
-        Ok(())
-    }
-
-    fn finish(self: Box<Self>, deadline: Instant) -> SenderReport {
-        self.delivery.finish_report(deadline)
-    }
-
-    fn delivery_queue(&self) -> Option<std::sync::Arc<super::queue::Queue>> {
-        Some(self.delivery.shared_queue())
+        let http = HttpTransport::new(config.clone(), fixed)?;
+        let delivery = config.deliver_through(OtlpTransport { http })?;
+        Ok(NetworkSender::new(delivery, OtlpRequest))
     }
 }
 

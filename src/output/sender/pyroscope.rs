@@ -13,14 +13,11 @@
 //! URL are sent as basic auth (Grafana Cloud's user id and API token), else
 //! `--token` as a bearer token.
 
-use std::time::Instant;
-
-use anyhow::{Context, Result};
+use anyhow::Result;
 use prost::Message;
 
-use super::queue::{Delivery, Item};
-use super::remote::{describe_window, HttpConfig, HttpTransport};
-use super::{Sender, SenderReport};
+use super::network::{Headers, NetworkSender, Request};
+use super::remote::{HttpConfig, HttpTransport};
 use crate::profile::format::pprof;
 use crate::profile::format::Compression;
 use crate::profile::Profile;
@@ -109,11 +106,22 @@ pub fn push_request(labels: &[LabelPair], gzipped_pprof: Vec<u8>, id: String) ->
     }
 }
 
-/// The `--sender=pyroscope` sender.
-pub struct PyroscopeSender {
-    delivery: Delivery,
+/// How the `--sender=pyroscope` sender makes a request of a window: a
+/// push request with the series' labels and a new UUID.
+pub struct PyroscopeRequest {
     labels: Vec<LabelPair>,
 }
+
+impl Request for PyroscopeRequest {
+    fn request(&mut self, profile: &Profile) -> Result<(Vec<u8>, Headers)> {
+        let raw = pprof::encode(profile, Compression::Gzip)?;
+        let request = push_request(&self.labels, raw, uuid::Uuid::new_v4().to_string());
+        Ok((request.encode_to_vec(), Vec::new()))
+    }
+}
+
+/// The `--sender=pyroscope` sender.
+pub type PyroscopeSender = NetworkSender<PyroscopeRequest>;
 
 impl PyroscopeSender {
     /// Start the sender thread posting to `config.url` (the push endpoint)
@@ -123,8 +131,6 @@ impl PyroscopeSender {
         labels: Vec<LabelPair>,
         tenant: Option<String>,
     ) -> Result<Self> {
-        let (queue_bytes, timeout, backoff) = (config.queue_bytes, config.timeout, config.backoff);
-        let spool = config.spool.clone();
         let mut headers = vec![
             ("Content-Type".to_string(), "application/proto".to_string()),
             ("Connect-Protocol-Version".to_string(), "1".to_string()),
@@ -132,31 +138,11 @@ impl PyroscopeSender {
         if let Some(tenant) = tenant.filter(|t| !t.is_empty()) {
             headers.push(("X-Scope-OrgID".to_string(), tenant));
         }
-        let transport = HttpTransport::new(config, headers)?;
-        let delivery = Delivery::start(transport, queue_bytes, timeout, backoff, spool)
-            .context("starting the sender thread")?;
-        Ok(PyroscopeSender { delivery, labels })
-    }
-}
-
-impl Sender for PyroscopeSender {
-    fn send(&mut self, profile: &Profile) -> Result<()> {
-        let raw = pprof::encode(profile, Compression::Gzip)?;
-        let request = push_request(&self.labels, raw, uuid::Uuid::new_v4().to_string());
-        self.delivery.queue().push(Item {
-            body: request.encode_to_vec(),
-            headers: Vec::new(),
-            description: describe_window(profile),
-        });
-        Ok(())
-    }
-
-    fn finish(self: Box<Self>, deadline: Instant) -> SenderReport {
-        self.delivery.finish_report(deadline)
-    }
-
-    fn delivery_queue(&self) -> Option<std::sync::Arc<super::queue::Queue>> {
-        Some(self.delivery.shared_queue())
+        let transport = HttpTransport::new(config.clone(), headers)?;
+        Ok(NetworkSender::new(
+            config.deliver_through(transport)?,
+            PyroscopeRequest { labels },
+        ))
     }
 }
 

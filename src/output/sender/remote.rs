@@ -12,16 +12,16 @@
 //! [`super::queue`]'s; [`HttpTransport`] is also what the Pyroscope sender posts with.
 
 use std::io::Read;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use reqwest::blocking::{Client, Response};
 use reqwest::StatusCode;
 use url::Url;
 
+use super::network::{Headers, NetworkSender, Request};
 use super::queue::{Attempt, Backoff, Delivery, Item, Transport};
 use super::spool::SpoolSettings;
-use super::{Sender, SenderReport};
 use crate::profile::format::pprof;
 use crate::profile::format::{Compression, ProfileFormat};
 use crate::profile::Profile;
@@ -135,6 +135,22 @@ impl HttpConfig {
                 ..s
             }),
         })
+    }
+}
+
+impl HttpConfig {
+    /// Start a delivery thread sending through `transport`, with this
+    /// config's queue budget, per-request timeout, backoff and spool.
+    /// Errors: the spool cannot be opened or the thread cannot be started.
+    pub fn deliver_through<T: Transport>(&self, transport: T) -> Result<Delivery> {
+        Delivery::start(
+            transport,
+            self.queue_bytes,
+            self.timeout,
+            self.backoff,
+            self.spool.clone(),
+        )
+        .context("starting the sender thread")
     }
 }
 
@@ -266,20 +282,38 @@ impl Transport for HttpTransport {
     }
 }
 
-/// The `--sender=remote` sender.
-pub struct RemoteSender {
-    delivery: Delivery,
+/// How the `--sender=remote` sender makes a request of a window: gzip'd
+/// pprof with the host, window and sample count headers.
+pub struct RemoteRequest {
     host: String,
 }
+
+impl Request for RemoteRequest {
+    fn request(&mut self, profile: &Profile) -> Result<(Vec<u8>, Headers)> {
+        let body = pprof::encode(profile, Compression::Gzip)?;
+        let end = profile.start_unix_ns + profile.duration_ns;
+        let headers = vec![
+            (HOST_HEADER.into(), self.host.clone()),
+            (
+                WINDOW_START_HEADER.into(),
+                profile.start_unix_ns.to_string(),
+            ),
+            (WINDOW_END_HEADER.into(), end.to_string()),
+            (SAMPLES_HEADER.into(), profile.total_samples().to_string()),
+        ];
+        Ok((body, headers))
+    }
+}
+
+/// The `--sender=remote` sender.
+pub type RemoteSender = NetworkSender<RemoteRequest>;
 
 impl RemoteSender {
     /// Start the sender thread for `config`; `host` names this machine in
     /// the [`HOST_HEADER`] header.
     pub fn start(config: HttpConfig, host: String) -> Result<Self> {
-        let (queue_bytes, timeout, backoff) = (config.queue_bytes, config.timeout, config.backoff);
-        let spool = config.spool.clone();
         let transport = HttpTransport::new(
-            config,
+            config.clone(),
             vec![
                 (
                     "Content-Type".into(),
@@ -288,48 +322,10 @@ impl RemoteSender {
                 ("Content-Encoding".into(), "gzip".into()),
             ],
         )?;
-        let delivery = Delivery::start(transport, queue_bytes, timeout, backoff, spool)
-            .context("starting the sender thread")?;
-        Ok(RemoteSender { delivery, host })
-    }
-}
-
-/// A log-friendly description of a profile's window.
-pub fn describe_window(profile: &Profile) -> String {
-    format!(
-        "window {} +{:.3}s ({} samples)",
-        crate::util::timefmt::rfc3339(profile.start_unix_ns),
-        profile.duration_ns as f64 / 1e9,
-        profile.total_samples()
-    )
-}
-
-impl Sender for RemoteSender {
-    fn send(&mut self, profile: &Profile) -> Result<()> {
-        let body = pprof::encode(profile, Compression::Gzip)?;
-        let end = profile.start_unix_ns + profile.duration_ns;
-        self.delivery.queue().push(Item {
-            body,
-            headers: vec![
-                (HOST_HEADER.into(), self.host.clone()),
-                (
-                    WINDOW_START_HEADER.into(),
-                    profile.start_unix_ns.to_string(),
-                ),
-                (WINDOW_END_HEADER.into(), end.to_string()),
-                (SAMPLES_HEADER.into(), profile.total_samples().to_string()),
-            ],
-            description: describe_window(profile),
-        });
-        Ok(())
-    }
-
-    fn finish(self: Box<Self>, deadline: Instant) -> SenderReport {
-        self.delivery.finish_report(deadline)
-    }
-
-    fn delivery_queue(&self) -> Option<std::sync::Arc<super::queue::Queue>> {
-        Some(self.delivery.shared_queue())
+        Ok(NetworkSender::new(
+            config.deliver_through(transport)?,
+            RemoteRequest { host },
+        ))
     }
 }
 

@@ -28,6 +28,7 @@ use crate::process::ProcessTracker;
 use crate::profile::window::ClosedWindow;
 use crate::profile::Provenance;
 use crate::symbolize::mapping_source::{ObjectCache, TrackerSnapshot};
+use crate::symbolize::settings::SymbolContext;
 use crate::symbolize::Symbolizer;
 use crate::util::guard::contain;
 use crate::util::text::plural;
@@ -143,13 +144,15 @@ pub trait WindowCounters: Send + Sync {
 }
 
 impl WindowWorker {
-    /// Start the worker thread, which sends every window's profile
-    /// (stamped with `provenance`: what was profiled, the host) to `sender`
-    /// and counts what happened to each window in `metrics`.
+    /// Start the worker thread, which symbolizes every window with the
+    /// run's `symbols`, sends its profile (stamped with `provenance`: what
+    /// was profiled, the host) to `sender` and counts what happened to each
+    /// window in `metrics`.
     pub fn start(
         sender: Box<dyn Sender>,
         metrics: Arc<dyn WindowCounters>,
         provenance: Provenance,
+        symbols: SymbolContext,
     ) -> Result<Self> {
         let (tx, rx) = sync_channel(MAX_PENDING_WINDOWS);
         let worker_metrics = metrics.clone();
@@ -157,7 +160,16 @@ impl WindowWorker {
         let worker_waiting = waiting.clone();
         let thread = std::thread::Builder::new()
             .name("lsw-windows".into())
-            .spawn(move || run(rx, sender, &worker_metrics, &worker_waiting, &provenance))
+            .spawn(move || {
+                run(
+                    rx,
+                    sender,
+                    &worker_metrics,
+                    &worker_waiting,
+                    &provenance,
+                    &symbols,
+                )
+            })
             .context("starting the window worker thread")?;
         Ok(WindowWorker {
             tx,
@@ -250,8 +262,9 @@ fn run(
     metrics: &Arc<dyn WindowCounters>,
     waiting: &AtomicUsize,
     provenance: &Provenance,
+    symbols: &SymbolContext,
 ) -> WorkerReport {
-    let mut symbolizer = Symbolizer::new();
+    let mut symbolizer = Symbolizer::with_context(symbols);
     let mut report = WorkerReport::default();
     let mut flush = Duration::from_secs(5);
     for message in rx {
@@ -282,7 +295,7 @@ fn run(
                     }
                     None => {
                         // Its caches may be half updated: start afresh.
-                        symbolizer = Symbolizer::new();
+                        symbolizer = Symbolizer::with_context(symbols);
                         report.windows_panicked += 1;
                         metrics.window_panicked();
                     }

@@ -56,14 +56,18 @@ const volatile struct process_event process_event_layout = {};
  * in the ring, from no map value). */
 const volatile struct stack_copy stack_copy_layout = {};
 /* Likewise for the enums whose numbers user space reads (counters, walk
- * outcomes, record flags, process events, mapping kinds, Python walks): it names them,
- * never numbers them itself. */
+ * outcomes, record flags, process events, mapping kinds, Python walks, the
+ * unwind rows' CFA and rbp rules): it names them, never numbers them
+ * itself. Numbers written as #define in profiler.h and arch_x86_64.h reach
+ * it through build.rs (`skel::defines`). */
 const volatile enum stat_index stat_index_layout = STAT_SAMPLES;
 const volatile enum unwind_status unwind_status_layout = UNWIND_COMPLETE;
 const volatile enum event_type event_type_layout = EVENT_EXEC;
 const volatile enum sample_flag sample_flag_layout = SAMPLE_FLAG_KERNEL_THREAD;
 const volatile enum mapping_kind mapping_kind_layout = MAPPING_TABLE;
 const volatile enum python_status python_status_layout = PYTHON_NOT_WALKED;
+const volatile enum cfa_type cfa_type_layout = CFA_END_OF_FUNCTION;
+const volatile enum fp_type fp_type_layout = FP_UNCHANGED;
 
 /* Per-CPU counters, indexed by enum stat_index. */
 struct {

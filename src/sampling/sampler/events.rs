@@ -11,9 +11,9 @@ use perf_event_open_sys as perf;
 use super::variant::ProgramVariant;
 use crate::sampling::skel::ProfilerSkel;
 
-/// Bytes of user stack in the largest stack-copy record, the BPF side's
-/// `STACK_COPY_LARGE_BYTES` (`src/sampling/bpf/profiler.h`): 96 KiB.
-const STACK_COPY_LARGE_BYTES: u64 = 96 << 10;
+// Bytes of user stack in the largest stack-copy record, the BPF side's
+// `STACK_COPY_LARGE_BYTES` (`src/sampling/bpf/profiler.h`): 96 KiB.
+use crate::sampling::skel::defines::STACK_COPY_LARGE_BYTES;
 
 /// Size of each CPU's ring buffer in `samples`, bytes: room for a quarter
 /// second of samples at 1 KiB each (a 30-frame stack takes 350 bytes, a

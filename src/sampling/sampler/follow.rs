@@ -82,7 +82,7 @@ pub(super) fn attach_tracking(
 
 /// Generations user space gives descriptions stay below the BPF programs'
 /// (`BPF_GENERATION_BASE`).
-const USER_GENERATIONS: u32 = 0x8000_0000;
+const USER_GENERATIONS: u32 = crate::sampling::skel::defines::BPF_GENERATION_BASE as u32;
 
 impl Sampler<'_> {
     /// A lookup of the latest exec's time of a pid that outlives this

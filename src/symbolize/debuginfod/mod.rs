@@ -43,7 +43,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use object::Object;
@@ -131,31 +131,6 @@ pub struct Debuginfod {
     too_large: AtomicU64,
     skipped: AtomicU64,
     cancelled: AtomicU64,
-}
-
-static CLIENT: OnceLock<Option<Arc<Debuginfod>>> = OnceLock::new();
-
-/// Sets the servers (`urls`; empty: `DEBUGINFOD_URLS`) and cache directory
-/// (`None`: the default, see the module docs) every symbolizer uses. Call
-/// once at start-up, before any symbolizer exists; returns `false` if the
-/// client was already set up.
-pub fn configure(urls: &[String], cache_dir: Option<PathBuf>) -> bool {
-    CLIENT
-        .set(Debuginfod::new(urls, cache_dir).map(Arc::new))
-        .is_ok()
-}
-
-/// The configured client (from the environment if [`configure`] was not
-/// called); `None` when no server is set.
-pub fn client() -> Option<Arc<Debuginfod>> {
-    CLIENT
-        .get_or_init(|| Debuginfod::new(&[], None).map(Arc::new))
-        .clone()
-}
-
-/// What the client did so far; `None` when no server is set.
-pub fn stats() -> Option<DebuginfodStats> {
-    CLIENT.get()?.as_ref().map(|c| c.stats())
 }
 
 /// A positive whole number from the environment variable `name`.

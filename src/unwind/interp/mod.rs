@@ -2,9 +2,10 @@
 //! today) join native stacks (docs/architecture.md, "Interpreters").
 //!
 //! An interpreter is one BPF file (`src/sampling/bpf/python.h`) and one module here
-//! behind [`Unwinder`]. The process tracker shows each unwinder the objects
-//! a process maps when it describes the process to the BPF walker
-//! ([`Interpreters::attach`]); an unwinder that recognises its interpreter
+//! behind [`Unwinder`]. [`Interpreters`] is owned by the run beside the
+//! process tracker (`crate::agent::run`) and passed in: the process follower
+//! has it look at the objects a process maps when it describes the process
+//! to the BPF walker ([`InterpreterSupply::attach`]); an unwinder that recognises its interpreter
 //! returns the address ranges of the interpreter's eval loop and the entry
 //! its BPF walker needs. Each sample then carries the interpreted frames
 //! the BPF walker found (raw: object address, instruction offset, guard);
@@ -27,7 +28,8 @@ use std::sync::{Arc, Mutex};
 use indexmap::IndexSet;
 use rustc_hash::FxHashMap;
 
-use crate::process::UserFrame;
+use crate::process::walker::InterpreterSupply;
+use crate::process::{ProcessTracker, UserFrame};
 
 /// Bit 63 of a [`UserFrame::address`] marks an interpreted frame (user
 /// space addresses never have it); the low 32 bits index [`frame_name`]'s table.
@@ -133,8 +135,10 @@ struct Attached {
     entry: Option<Vec<u8>>,
 }
 
-/// The interpreter unwinders and the processes they attached to. Owned by
-/// the process tracker.
+/// The interpreter unwinders and the processes they attached to. Owned
+/// beside the process tracker by whoever owns that (the run); the
+/// follower reaches it as an [`InterpreterSupply`], the aggregator through
+/// [`crate::profile::aggregate::resolve_placed`].
 #[derive(Default)]
 pub struct Interpreters {
     python: python::Python,
@@ -275,10 +279,11 @@ fn runs_of(named: &[(u64, bool)], eval_frames: usize) -> Vec<Vec<u64>> {
 /// (docs/python.md: the walker's frames win).
 pub fn place(
     sample: &crate::sampling::records::RawSample,
-    tracker: &mut crate::process::ProcessTracker,
+    interpreters: &mut Interpreters,
+    tracker: &ProcessTracker,
     frames: &mut Vec<UserFrame>,
 ) {
-    if tracker.interpreters.walks(sample.pid) {
+    if interpreters.walks(sample.pid) {
         frames.retain(|f| {
             f.mapping
                 .and_then(|m| tracker.mapping(m))
@@ -286,33 +291,42 @@ pub fn place(
         });
     }
     let walked = sample.python_walked;
-    (tracker.interpreters).splice(sample.pid, &sample.python, walked, frames);
+    interpreters.splice(sample.pid, &sample.python, walked, frames);
 }
 
-/// Look for an interpreter among the objects `tracker` knows `pid` maps
-/// (each object once); the BPF walker's entry when one is found and
-/// supported.
-pub fn attach(tracker: &mut crate::process::ProcessTracker, pid: u32) -> Option<Vec<u8>> {
-    let mut objects: Vec<MappedObject> = Vec::new();
-    let mut seen = Vec::new();
-    for &id in tracker.process_mappings(pid) {
-        let Some(object) = tracker.mapping(id).and_then(|m| m.object) else {
-            continue;
-        };
-        let (Some(file), Some(bias)) = (tracker.object(object), tracker.load_bias(id)) else {
-            continue;
-        };
-        if !seen.contains(&object) {
-            seen.push(object);
-            objects.push(MappedObject {
-                open_path: file.open_path.clone(),
-                path: file.path.clone(),
-                file_key: file.file_key,
-                bias,
-            });
+impl InterpreterSupply for Interpreters {
+    /// Look for an interpreter among the objects `tracker` knows `pid` maps
+    /// (each object once): [`Interpreters::attach`].
+    fn attach(&mut self, pid: u32, tracker: &ProcessTracker) -> Option<Vec<u8>> {
+        let mut objects: Vec<MappedObject> = Vec::new();
+        let mut seen = Vec::new();
+        for &id in tracker.process_mappings(pid) {
+            let Some(object) = tracker.mapping(id).and_then(|m| m.object) else {
+                continue;
+            };
+            let (Some(file), Some(bias)) = (tracker.object(object), tracker.load_bias(id)) else {
+                continue;
+            };
+            if !seen.contains(&object) {
+                seen.push(object);
+                objects.push(MappedObject {
+                    open_path: file.open_path.clone(),
+                    path: file.path.clone(),
+                    file_key: file.file_key,
+                    bias,
+                });
+            }
         }
+        Interpreters::attach(self, pid, &objects)
     }
-    tracker.interpreters.attach(pid, &objects)
+
+    fn knows(&self, pid: u32) -> bool {
+        Interpreters::knows(self, pid)
+    }
+
+    fn forget(&mut self, pid: u32) {
+        Interpreters::forget(self, pid)
+    }
 }
 
 /// The tagged address of `[python: unknown]`.

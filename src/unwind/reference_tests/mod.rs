@@ -425,7 +425,10 @@ fn libc_debug_file_is_found_by_build_id() {
         eprintln!("skipped: no debug files installed");
         return;
     }
-    if let Some(debug) = find_debug_file(path, &bytes) {
+    let roots = [std::path::PathBuf::from(
+        super::identity::DEFAULT_DEBUG_ROOT,
+    )];
+    if let Some(debug) = find_debug_file(path, &bytes, &roots) {
         assert!(
             debug.starts_with("/usr/lib/debug/.build-id"),
             "{}",

@@ -217,7 +217,7 @@ fn debug_frame_and_separate_debug_file() {
     std::fs::create_dir(stripped_dir.join(".debug")).expect("mkdir");
     std::fs::copy(&debug, stripped_dir.join(".debug/libdf.debug")).expect("copy");
     assert_eq!(
-        build_table_from_path(&stripped).expect("via debuglink"),
+        build_table_from_path(&stripped, &[]).expect("via debuglink"),
         table
     );
 

@@ -18,6 +18,7 @@ use crate::output::sender::queue::Queue;
 use crate::output::sender::worker::WindowCounters;
 use crate::sampling::records::UnwindStatus;
 use crate::sampling::sampler::off_cpu::OffCpuCounts;
+use crate::symbolize::debuginfod::Debuginfod;
 use crate::unwind::deferred::DeferredStats;
 
 /// The agent's metrics, shared between the sampling loop and the server.
@@ -43,6 +44,7 @@ pub struct Metrics {
     profile_requests: Mutex<HashMap<&'static str, u64>>,
     profile_requests_active: AtomicU64,
     delivery: OnceLock<Arc<Queue>>,
+    debuginfod: OnceLock<Option<Arc<Debuginfod>>>,
     connections: Arc<ConnectionStats>,
 }
 
@@ -149,6 +151,12 @@ impl Metrics {
         self.samples_missing_mapping.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// The run's debuginfod client (`None`: no servers), whose counters
+    /// are exported.
+    pub fn set_debuginfod(&self, client: Option<Arc<Debuginfod>>) {
+        let _ = self.debuginfod.set(client);
+    }
+
     /// The network sender's queue, whose delivery counters are exported.
     pub fn set_delivery_queue(&self, queue: Arc<Queue>) {
         let _ = self.delivery.set(queue);
@@ -182,7 +190,8 @@ impl Metrics {
         render_jit_files(&mut out);
         render_objects_given_up(&mut out);
         render_python(&mut out);
-        render_debuginfod(&mut out, crate::symbolize::debuginfod::stats());
+        let debuginfod = self.debuginfod.get().and_then(Option::as_ref);
+        render_debuginfod(&mut out, debuginfod.map(|d| d.stats()));
         render_minidebuginfo(&mut out, crate::symbolize::minidebuginfo::stats());
         render_symbol_tables(&mut out, crate::symbolize::object_tables::builds());
         render_process(&mut out, rss_bytes, heap);
