@@ -246,6 +246,10 @@ impl JitdumpCursor {
             pos += size as usize;
         }
         data.drain(..pos);
+        // Only the incomplete record is kept, not the chunk's capacity: a
+        // cursor lives as long as its process (two per jitdump file), and
+        // would hold about 1 MiB each between reads.
+        data.shrink_to_fit();
         self.partial = data;
         self.skip_ahead(limit);
         Ok(())
@@ -422,6 +426,31 @@ mod tests {
             })
             .expect("read");
         (restarted, seen)
+    }
+
+    #[test]
+    fn the_cursor_keeps_only_the_incomplete_record_between_reads() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("jit-1.dump");
+        let mut file = File::create(&path).expect("create");
+        let one = record(0, &[7u8; 1000]);
+        let mut data = header();
+        while data.len() < READ_CHUNK as usize - 2 * one.len() {
+            data.extend_from_slice(&one);
+        }
+        data.extend_from_slice(&one[..100]);
+        file.write_all(&data).unwrap();
+        let reader = File::open(&path).expect("open");
+        let mut cursor = JitdumpCursor::default();
+        let (_, seen) = read(&mut cursor, &reader);
+        assert!(seen.len() > 1000, "{} records", seen.len());
+        assert_eq!(cursor.partial.len(), 100);
+        assert!(
+            cursor.partial.capacity() < 4096,
+            "a read chunk of capacity held: {} bytes",
+            cursor.partial.capacity()
+        );
     }
 
     #[test]

@@ -52,6 +52,9 @@ const MAX_TABLES: usize = 256;
 const FIRST_READ_WAIT: Duration = Duration::from_millis(5);
 /// Shortest time between two looks at whether a process's jitdump grew.
 const CHECK_INTERVAL: Duration = Duration::from_millis(50);
+/// Shortest time between two sweeps of the processes no longer in `/proc`
+/// ([`JitTables::forget_gone`]).
+const GONE_SWEEP: Duration = Duration::from_secs(5);
 
 /// A piece of JIT code with its unwinding information.
 #[derive(Debug)]
@@ -306,11 +309,15 @@ impl ProcessJit {
 pub type BuiltTable = (u32, String, UnwindTable);
 
 /// The JIT tables of every process whose jitdump carries unwinding
-/// information. Per process at most 2^18 pieces of code and 256 tables.
+/// information. Per process at most 2^18 pieces of code and 256 tables;
+/// only processes still in `/proc` (swept every 5 s), besides those whose
+/// exit was just reported.
 #[derive(Debug)]
 pub struct JitTables {
     processes: FxHashMap<u32, ProcessJit>,
     next_id: u32,
+    /// When [`Self::forget_gone`] last swept.
+    last_sweep: Option<Instant>,
 }
 
 impl Default for JitTables {
@@ -318,6 +325,7 @@ impl Default for JitTables {
         JitTables {
             processes: FxHashMap::default(),
             next_id: JIT_OBJECT_ID_BASE,
+            last_sweep: None,
         }
     }
 }
@@ -337,6 +345,7 @@ impl JitTables {
         built: &mut Vec<BuiltTable>,
         retired: &mut Vec<u32>,
     ) -> Option<u32> {
+        self.forget_gone(retired);
         let process = self.processes.entry(pid).or_default();
         process.poll(file, CHECK_INTERVAL / 2);
         let digest = process.digest(start, end);
@@ -387,6 +396,7 @@ impl JitTables {
         evicted: impl Fn(u32) -> bool,
         retired: &mut Vec<u32>,
     ) -> bool {
+        self.forget_gone(retired);
         // A process described before its jitdump was open is first seen
         // here: its first read starts now.
         let process = self.processes.entry(pid).or_default();
@@ -414,6 +424,30 @@ impl JitTables {
         if let Some(process) = self.processes.remove(&pid) {
             retired.extend(process.tables.values().map(|t| t.object_id));
         }
+        self.forget_gone(retired);
+    }
+
+    /// Forget the processes no longer in `/proc`, at most once per
+    /// [`GONE_SWEEP`]; their tables' ids go onto `retired`. An exit is not
+    /// the last word: a sample the process took before it, handled after
+    /// it, describes the process again ([`Self::mapping_table`],
+    /// [`Self::grew`]), and nothing else would remove it then (beside a
+    /// jitdump writer that restarts every few seconds, each such process
+    /// kept its cursor's read buffer, about 1 MiB: the agent's heap grew
+    /// without bound). Its samples are named by the symbolizer from the
+    /// tracker's open file, not from here.
+    fn forget_gone(&mut self, retired: &mut Vec<u32>) {
+        if self.last_sweep.is_some_and(|t| t.elapsed() < GONE_SWEEP) {
+            return;
+        }
+        self.last_sweep = Some(Instant::now());
+        self.processes.retain(|pid, process| {
+            let alive = std::fs::symlink_metadata(format!("/proc/{pid}")).is_ok();
+            if !alive {
+                retired.extend(process.tables.values().map(|t| t.object_id));
+            }
+            alive
+        });
     }
 
     /// The id of the current table of `pid`'s mapping starting at `start`.

@@ -257,3 +257,39 @@ fn a_real_cpython_313_jitdump() {
         assert_trampoline(&table, addr - first);
     }
 }
+
+/// Pids above the kernel's highest `pid_max` (2^22): never in `/proc`.
+const NO_SUCH_PID: u32 = (1 << 22) + 1;
+
+#[test]
+fn exited_processes_asked_about_again_by_late_samples_are_forgotten() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("jit-1.dump");
+    let info = record(JIT_CODE_UNWINDING_INFO, &hex(CPYTHON_313_UNWINDING_INFO));
+    std::fs::write(&path, [header(), info, load(BASE, "py::a")].concat()).expect("write");
+    let reader = std::fs::File::open(&path).expect("open");
+    let mut jit = JitTables::default();
+    let (mut built, mut retired) = (Vec::new(), Vec::new());
+    let mapping = (BASE, BASE + 0x1_0000);
+    let lifetimes = 300;
+    for pid in NO_SUCH_PID..NO_SUCH_PID + lifetimes {
+        jit.mapping_table(pid, mapping, &reader, &mut built, &mut retired);
+        jit.process_exited(pid, &mut retired);
+        // A sample taken before the exit, handled after it.
+        jit.grew(pid, &reader, |_| false, &mut retired);
+    }
+    // A live process (this one) keeps its state through the sweep.
+    let me = std::process::id();
+    jit.mapping_table(me, mapping, &reader, &mut built, &mut retired);
+    std::thread::sleep(GONE_SWEEP + Duration::from_millis(100));
+    jit.process_exited(NO_SUCH_PID + lifetimes, &mut retired);
+    let kept: Vec<u32> = jit.processes.keys().copied().collect();
+    assert_eq!(kept, vec![me], "only live processes are kept");
+    let ids: std::collections::HashSet<u32> = built.iter().map(|b| b.0).collect();
+    let live = jit.object_of(me, BASE);
+    assert!(
+        ids.iter()
+            .all(|id| retired.contains(id) || Some(*id) == live),
+        "every table of a forgotten process is retired"
+    );
+}
