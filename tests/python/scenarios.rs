@@ -250,7 +250,12 @@ fn run_all(python: &Path, spy: Option<&Path>) -> (Tally, Option<Tally>) {
         "-lines",
         s(&out_dir.join("profile.pb")),
     ]);
-    let ours = our_tally(&pprof_stacks(&traces), &roots, &script, qualified_names(python));
+    let ours = our_tally(
+        &pprof_stacks(&traces),
+        &roots,
+        &script,
+        qualified_names(python),
+    );
     assert_eq!(
         roots.len(),
         9,
