@@ -530,7 +530,10 @@ impl ProcessTracker {
         match self.opener.open(paths, entry.dev, opener::OPEN_DEADLINE) {
             opener::Outcome::Opened(opened) => {
                 if let Some(fs) = &opened.copied_from {
-                    debug!("pid {pid}: {} read from a copy in memory (on {fs})", entry.path);
+                    debug!(
+                        "pid {pid}: {} read from a copy in memory (on {fs})",
+                        entry.path
+                    );
                 }
                 Some(self.insert_object(opened, entry.path.clone(), key))
             }

@@ -10,8 +10,8 @@ use rustc_hash::FxBuildHasher;
 use super::lines::{file_name, unknown_line, SharedLines};
 use super::symbol_source::{FrameRef, Resolved};
 use super::{kernel, MappingSource};
-use crate::process::{GivenUp, MappingId};
 use crate::process::UserFrame;
+use crate::process::{GivenUp, MappingId};
 use crate::profile::{Frame, FrameKind, Profile, ProfileMapping};
 use crate::sampling::records::UnwindStatus;
 

@@ -16,11 +16,8 @@ pub struct Bystander {
 impl Bystander {
     /// Compile the chain program (named `bystander`) and start it.
     pub fn start() -> Bystander {
-        let program: Program = super::compile(
-            "bystander",
-            &super::chain_forever_source(),
-            super::FP_FLAGS,
-        );
+        let program: Program =
+            super::compile("bystander", &super::chain_forever_source(), super::FP_FLAGS);
         let workload = Workload::spawn(&program);
         let cpu_at_start = workload.cpu_time();
         Bystander {

@@ -359,7 +359,17 @@ fn run_beside_hung_mount(later: bool) {
     // holds the request it never answers. A 3 s run: loading the BPF
     // programs and symbolizing take seconds more (up to 20 s measured on a
     // 2-core machine under a load of 20). A stalled run never exits.
-    let out = profiler.wait(Duration::from_secs(50));
+    while profiler.is_running() && started.elapsed() < Duration::from_secs(60) {
+        thread::sleep(Duration::from_millis(20));
+    }
+    if profiler.is_running() {
+        // Stuck in the server's wait: released first, or it could not be
+        // killed.
+        mount.end_server();
+        let out = profiler.wait(Duration::from_secs(20));
+        panic!("the profiler did not exit while the server held its request:\n{out}");
+    }
+    let out = profiler.wait(Duration::from_secs(1));
     let ended = started.elapsed();
     let held_now: Vec<u32> = held_pids(&held)
         .into_iter()

@@ -146,17 +146,29 @@ impl Helper {
     /// Leave the helper: a process is killed (it ends at once, or when the
     /// read it waits in is answered), a thread is left to end when its job
     /// does. [`Abandoned::ended`] tells when it has.
-    pub fn abandon(self) -> Abandoned {
-        let host = match self.host {
+    pub fn abandon(mut self) -> Abandoned {
+        let ended = Host::Thread(Arc::new(AtomicBool::new(true)));
+        let host = match std::mem::replace(&mut self.host, ended) {
             Host::Process(mut child) => {
                 let _ = child.kill();
                 Host::Process(child)
             }
             thread => thread,
         };
-        // Closing our end ends the helper once it looks at its socket.
-        drop(self.socket);
+        // Dropping `self` closes our end: a thread ends once its job does.
         Abandoned { host }
+    }
+}
+
+impl Drop for Helper {
+    /// A helper not left behind waits for no file system: a process is
+    /// killed and reaped at once, a thread ends when it sees the socket
+    /// closed.
+    fn drop(&mut self) {
+        if let Host::Process(child) = &mut self.host {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 

@@ -282,9 +282,12 @@ fn outcome(reply: job::Reply, file: Option<File>) -> Outcome {
         (job::Reply::Opened { .. }, None) => {
             Outcome::Failed(std::io::Error::other("the helper sent no descriptor"))
         }
-        (job::Reply::Failed { errno: Some(errno), .. }, _) => {
-            Outcome::Failed(std::io::Error::from_raw_os_error(errno))
-        }
+        (
+            job::Reply::Failed {
+                errno: Some(errno), ..
+            },
+            _,
+        ) => Outcome::Failed(std::io::Error::from_raw_os_error(errno)),
         (job::Reply::Failed { message, .. }, _) => Outcome::Failed(std::io::Error::other(message)),
         (job::Reply::TooLarge { bytes, fs }, _) => {
             TOO_LARGE.fetch_add(1, Ordering::Relaxed);
