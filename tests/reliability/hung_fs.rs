@@ -278,9 +278,10 @@ fn read_hangs(file: &Path, bytes: Option<u64>, marker: &Path) -> bool {
         }
         thread::sleep(Duration::from_millis(20));
     }
-    // Killed, its reader stays in the kernel until the server goes; not
-    // waited for.
+    // The shell ends at once; its reader stays in the kernel until the
+    // server goes (not waited for).
     let _ = reader.kill();
+    let _ = reader.wait();
     true
 }
 
