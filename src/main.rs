@@ -17,6 +17,9 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 pub static malloc_conf: &[u8] = lightswitch::agent::heap::DEFAULT_MALLOC_CONF;
 
 fn main() {
+    // Started as the object opener's helper process, it serves and exits
+    // here; otherwise helpers are this executable run again.
+    lightswitch::process::opener::serve_if_helper();
     let cli = Cli::parse();
     if generate(&cli) {
         return;

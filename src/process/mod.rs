@@ -14,9 +14,10 @@
 //! the BPF walker in walker.rs; lifetime.rs says when what the tracker
 //! knows of exited and exec'd processes can go; container.rs which
 //! container each sampled process runs in (`/proc/PID/cgroup`). Objects
-//! are opened, and their ELF identity read, by opener.rs: on a thread of
-//! its own within a deadline, so that a hung file system never stalls the
-//! sampling thread.
+//! are opened, and their ELF identity read, by opener/: in a helper process
+//! within a deadline, so that a hung file system never stalls the sampling
+//! thread nor the profiler's exit; objects on file systems that can hang
+//! are handed on as copies in memory.
 
 mod anon_text;
 pub mod container;
@@ -138,10 +139,20 @@ pub struct Mapping {
     pub name: String,
     /// The object backing it, if it is a file we could open.
     pub object: Option<ObjectId>,
-    /// Its file was given up because opening it or reading its ELF
-    /// identity passed its deadline (a hung file system: opener.rs); its
-    /// frames name that.
-    pub object_timed_out: bool,
+    /// Why its file was given up, if it was (opener/); its frames name
+    /// that.
+    pub object_given_up: Option<GivenUp>,
+}
+
+/// Why a mapped object was given up for the run (opener/).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GivenUp {
+    /// Opening it, reading its ELF identity or copying it passed its
+    /// deadline, or it was not tried while its file system was stuck.
+    TimedOut,
+    /// On a file system that can hang, and too large to copy
+    /// ([`opener::MAX_COPY_BYTES`]).
+    TooLarge,
 }
 
 impl Mapping {
@@ -261,8 +272,11 @@ pub struct TrackerStats {
     /// Executable file mappings whose object could not be opened.
     pub objects_unopenable: u64,
     /// Objects given up for the run: their open or ELF identity read passed
-    /// its deadline, or was not tried on a hung file system (opener.rs).
+    /// its deadline, or was not tried on a hung file system (opener/).
     pub objects_timed_out: u64,
+    /// Objects given up for the run: on a file system that can hang, and
+    /// too large to copy (opener/).
+    pub objects_too_large: u64,
 }
 
 /// Knows the executable mappings of every process seen in a sample.
@@ -295,9 +309,8 @@ pub struct ProcessTracker {
     departed_containers: container::Departed,
     /// Opens objects off this thread, within [`opener::OPEN_DEADLINE`].
     opener: opener::Opener,
-    /// Objects (`(dev, inode)`) given up for the run: their open timed out
-    /// or was not tried on a hung file system.
-    given_up: rustc_hash::FxHashSet<(u64, u64)>,
+    /// Objects (`(dev, inode)`) given up for the run, and why.
+    given_up: FxHashMap<(u64, u64), GivenUp>,
     /// The pids the latest [`Self::retire_exited`] dropped, not yet taken.
     retired_pids: Vec<u32>,
 }
@@ -306,6 +319,12 @@ impl ProcessTracker {
     /// An empty tracker.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Start the object opener's helper now (opener/), so that the first
+    /// object opened does not wait for its start-up.
+    pub fn start_opener(&mut self) {
+        self.opener.start();
     }
 
     /// One object; `None` for an id this tracker never gave out or has
@@ -430,9 +449,11 @@ impl ProcessTracker {
             entry.path.clone()
         };
         let id = self.intern(pid, entry.start, entry.end, entry.file_offset, name, object);
-        if object.is_none() && self.given_up.contains(&(entry.dev, entry.inode)) {
-            if let Some(held) = self.mappings.get_mut(&id) {
-                held.mapping.object_timed_out = true;
+        if object.is_none() {
+            if let Some(&why) = self.given_up.get(&(entry.dev, entry.inode)) {
+                if let Some(held) = self.mappings.get_mut(&id) {
+                    held.mapping.object_given_up = Some(why);
+                }
             }
         }
         id
@@ -475,7 +496,7 @@ impl ProcessTracker {
                     file_offset,
                     name,
                     object,
-                    object_timed_out: false,
+                    object_given_up: None,
                 },
                 sampled: false,
             },
@@ -486,15 +507,17 @@ impl ProcessTracker {
 
     /// The object of `entry`, a file mapping of `pid`, opened through
     /// `/proc/PID/map_files` (else `/proc/PID/root/PATH`) by the opener
-    /// (opener.rs): `None` when it cannot be opened (counted in
+    /// (opener/): `None` when it cannot be opened (counted in
     /// [`TrackerStats::objects_unopenable`]) or was given up on a hung file
-    /// system ([`TrackerStats::objects_timed_out`]; never tried again).
+    /// system ([`TrackerStats::objects_timed_out`]) or as too large to copy
+    /// from one that can hang ([`TrackerStats::objects_too_large`]; never
+    /// tried again).
     fn intern_object(&mut self, pid: u32, entry: &MapsEntry) -> Option<ObjectId> {
         let key = (entry.dev, entry.inode);
         if let Some(&id) = self.object_index.get(&key) {
             return Some(id);
         }
-        if self.given_up.contains(&key) {
+        if self.given_up.contains_key(&key) {
             return None;
         }
         let paths = vec![
@@ -506,6 +529,12 @@ impl ProcessTracker {
         ];
         match self.opener.open(paths, entry.dev, opener::OPEN_DEADLINE) {
             opener::Outcome::Opened(opened) => {
+                if let Some(fs) = &opened.copied_from {
+                    debug!(
+                        "pid {pid}: {} read from a copy in memory (on {fs})",
+                        entry.path
+                    );
+                }
                 Some(self.insert_object(opened, entry.path.clone(), key))
             }
             opener::Outcome::Failed(err) => {
@@ -521,7 +550,19 @@ impl ProcessTracker {
                     opener::OPEN_DEADLINE
                 );
                 self.stats.objects_timed_out += 1;
-                self.given_up.insert(key);
+                self.given_up.insert(key, GivenUp::TimedOut);
+                None
+            }
+            opener::Outcome::TooLarge { bytes, fs } => {
+                warn!(
+                    "pid {pid}: {} given up: {bytes} bytes on {fs}, a file system that can hang, \
+                     over the {} bytes copied into memory; its frames are named \
+                     [too large to copy: ...]",
+                    entry.path,
+                    opener::MAX_COPY_BYTES
+                );
+                self.stats.objects_too_large += 1;
+                self.given_up.insert(key, GivenUp::TooLarge);
                 None
             }
             opener::Outcome::NotTried => {
@@ -530,7 +571,7 @@ impl ProcessTracker {
                     entry.path
                 );
                 self.stats.objects_timed_out += 1;
-                self.given_up.insert(key);
+                self.given_up.insert(key, GivenUp::TimedOut);
                 None
             }
         }

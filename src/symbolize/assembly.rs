@@ -10,8 +10,8 @@ use rustc_hash::FxBuildHasher;
 use super::lines::{file_name, unknown_line, SharedLines};
 use super::symbol_source::{FrameRef, Resolved};
 use super::{kernel, MappingSource};
-use crate::process::MappingId;
 use crate::process::UserFrame;
+use crate::process::{GivenUp, MappingId};
 use crate::profile::{Frame, FrameKind, Profile, ProfileMapping};
 use crate::sampling::records::UnwindStatus;
 
@@ -60,11 +60,15 @@ pub(super) fn user_frame(
                     None => {
                         let offset = mapping.file_offset_of(frame.address);
                         let file = file_name(&mapping.name);
-                        let name = if mapping.object_timed_out {
-                            // Its file system never answered (process/opener.rs).
-                            format!("[read timed out: {file}]+0x{offset:x}")
-                        } else {
-                            format!("{file}+0x{offset:x}")
+                        // Given up by the opener (process/opener/).
+                        let name = match mapping.object_given_up {
+                            Some(GivenUp::TimedOut) => {
+                                format!("[read timed out: {file}]+0x{offset:x}")
+                            }
+                            Some(GivenUp::TooLarge) => {
+                                format!("[too large to copy: {file}]+0x{offset:x}")
+                            }
+                            None => format!("{file}+0x{offset:x}"),
                         };
                         (vec![unknown_line(name)].into(), false)
                     }
@@ -297,7 +301,7 @@ mod tests {
             file_offset: 0,
             name: "/x/libx.so".to_string(),
             object: None,
-            object_timed_out: false,
+            object_given_up: None,
         };
         let maps = Maps(HashMap::from([
             (MappingId(1), mapping(10, 0x1000)),

@@ -8,6 +8,7 @@
 // Each test crate uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub mod bystander;
 mod run;
 #[allow(unused_imports)] // not every test crate runs the binary
 pub use run::*;

@@ -11,7 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::common::{self, Lightswitch, Workload, CHAIN};
+use crate::common::bystander::{self, Bystander};
+use crate::common::{self, Lightswitch};
 
 /// A JIT-like program: it maps an anonymous executable page and spins in it.
 /// `argv[1]`: a file to map read+exec first (a jitdump's marker), or "".
@@ -105,14 +106,8 @@ struct Verdict {
 /// bystander runs the chain; samples the profiler's peak RSS (VmHWM)
 /// every 20 ms.
 fn whole_machine_run(dir: &Path) -> Verdict {
-    let bystander_program = common::compile(
-        "bystander",
-        &common::chain_forever_source(),
-        common::FP_FLAGS,
-    );
-    let bystander = Workload::spawn(&bystander_program);
+    let bystander = Bystander::start();
     let out_dir = dir.join("out");
-    let cpu_before = bystander.cpu_time();
     let started = Instant::now();
     let mut profiler = Lightswitch::spawn(&[
         "--duration",
@@ -140,15 +135,9 @@ fn whole_machine_run(dir: &Path) -> Verdict {
     }
     let out = profiler.wait(Duration::from_secs(5));
     let wall = started.elapsed();
-    let bystander_cpu = bystander.cpu_time() - cpu_before;
-    drop(bystander);
+    let bystander_cpu = bystander.stop();
     let folded = fs::read_to_string(out_dir.join("folded.txt")).unwrap_or_default();
-    let stacks = common::parse_folded(&folded);
-    let bystander = common::of_process(&stacks, "bystander")
-        .iter()
-        .filter(|(frames, _)| common::ends_with_chain(&common::user_frames(frames), CHAIN))
-        .map(|(_, count)| count)
-        .sum();
+    let bystander = bystander::samples(&common::parse_folded(&folded));
     Verdict {
         out,
         wall,
@@ -179,17 +168,8 @@ fn assert_held(v: &Verdict) {
         v.wall,
         v.out
     );
-    // Its CPU time while profiled (a little more than the 3 s sampled) at
-    // 999 Hz, less what a loaded machine's tick placement takes: a stalled
-    // run gives none, a starved one far fewer.
-    let expected = v.bystander_cpu.as_secs_f64() * 999.0;
-    assert!(
-        v.bystander as f64 >= 0.4 * expected,
-        "bystander: {} samples for {:?} of CPU\n{}",
-        v.bystander,
-        v.bystander_cpu,
-        v.out
-    );
+    // Its CPU time while profiled: a little more than the 3 s sampled.
+    bystander::assert_kept(v.bystander, v.bystander_cpu, 999.0, &v.out);
     assert!(
         v.peak_rss_mib < 256,
         "peak RSS {} MiB\n{}",

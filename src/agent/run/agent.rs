@@ -179,6 +179,7 @@ impl<'s, 'o> Agent<'s, 'o> {
         let malformed = Rc::new(RefCell::new(0u64));
         let ring = sampler.ring_buffer(samples.clone(), events.clone(), malformed.clone())?;
         let mut tracker = ProcessTracker::new();
+        tracker.start_opener();
         tracker.set_exec_clock(crate::process::ExecClock::new(sampler.exec_clock()?));
         Ok(Agent {
             sampler,

@@ -193,11 +193,18 @@ impl std::fmt::Display for RunSummary {
             )?;
         }
         let o = crate::process::opener::counters();
-        if o.timed_out + o.not_tried > 0 {
+        if o.timed_out + o.not_tried + o.too_large > 0 {
             write!(
                 f,
-                "\nobjects given up: timed_out={} not_tried={} stuck_readers={}",
-                o.timed_out, o.not_tried, o.stuck_now
+                "\nobjects given up: timed_out={} not_tried={} too_large={} stuck_readers={}",
+                o.timed_out, o.not_tried, o.too_large, o.stuck_now
+            )?;
+        }
+        if o.copied > 0 {
+            write!(
+                f,
+                "\nobjects copied from file systems that can hang: {}",
+                o.copied
             )?;
         }
         let (unknown, unplaced) = crate::unwind::interp::frame_counters();

@@ -119,27 +119,38 @@ pub(super) fn render_jit_files(out: &mut String) {
     );
 }
 
-/// Objects of profiled processes given up on a hung file system
-/// ([`crate::process::opener::counters`]).
+/// Objects of profiled processes given up on a hung file system, or
+/// copied from one that can hang ([`crate::process::opener::counters`]).
 pub(super) fn render_objects_given_up(out: &mut String) {
     let c = crate::process::opener::counters();
     family(
         out,
         "lightswitch_objects_given_up_total",
         "counter",
-        "Mapped objects given up for the run: opening one and reading its ELF headers passed its \
-         deadline (timed_out), or it was not tried while a read on its file system was stuck \
-         (not_tried). Their frames are named [read timed out: NAME].",
+        "Mapped objects given up for the run: opening one, reading its ELF headers or copying it \
+         passed its deadline (timed_out), it was not tried while a helper stuck on its file \
+         system had not ended (not_tried), or it was too large to copy from a file system that \
+         can hang (too_large). Their frames are named [read timed out: NAME] or [too large to \
+         copy: NAME].",
         &[
             ("reason=\"timed_out\"", c.timed_out),
             ("reason=\"not_tried\"", c.not_tried),
+            ("reason=\"too_large\"", c.too_large),
         ],
+    );
+    family(
+        out,
+        "lightswitch_objects_copied_total",
+        "counter",
+        "Mapped objects on a file system that can hang (FUSE, NFS, CIFS, 9p, ...) copied into \
+         memory, so that no later read goes to that file system.",
+        &[("", c.copied)],
     );
     family(
         out,
         "lightswitch_object_readers_stuck",
         "gauge",
-        "Threads stuck opening an object past their deadline (at most 8).",
+        "Opener helper processes left behind past their deadline that have not ended (at most 8).",
         &[("", c.stuck_now)],
     );
 }
