@@ -266,6 +266,7 @@ impl Command {
             max_timeline_samples,
             retention,
             max_storage,
+            ..
         } = self
         else {
             return None;
