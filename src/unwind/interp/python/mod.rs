@@ -324,7 +324,7 @@ mod tests {
             version,
             code_type: Some(code_type),
             frame_type: None,
-            eval: vec![0x10..0x20],
+            eval: std::iter::once(0x10..0x20).collect(),
             file_version: Some((file_version.0, file_version.1, false)),
         }
     }
