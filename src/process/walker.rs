@@ -334,7 +334,8 @@ impl ProcessFollower {
                         ObjectId(object),
                     );
                     // An interpreter loaded after the description (ld.so
-                    // maps libpython after exec: `record -- python3 ...`).
+                    // maps libpython after exec: `record -- python3 ...`), or
+                    // one whose memory could not be read yet: look again.
                     if self.described.contains(&pid) && !interpreters.knows(pid) {
                         attach_interpreter(pid, tracker, walker, interpreters);
                     }

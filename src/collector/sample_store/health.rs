@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use anyhow::Result;
-use tracing::{info, warn};
+use tracing::warn;
 
 /// Whether `error` is a storage failure that may pass with time: no space
 /// left (`ENOSPC`), a quota reached (`EDQUOT`) or an I/O error (`EIO`), on
@@ -70,7 +70,7 @@ impl Health {
     pub fn succeeded(&self) {
         if self.failing.swap(false, Ordering::Relaxed) {
             let n = self.episode.swap(0, Ordering::Relaxed);
-            info!("storage writable again after {n} failed request(s)");
+            warn!("storage writable again after {n} failed request(s)");
         }
     }
 

@@ -447,6 +447,9 @@ pub enum Command {
         /// `500MB`, bytes without a unit), checked every 10 s. Default: no limit.
         #[arg(long, value_name = "BYTES", value_parser = parse_storage_size)]
         max_storage: Option<u64>,
+        /// Log level of the collector's own messages (stderr).
+        #[arg(long, value_enum, default_value_t = LogLevel::Warn)]
+        logging: LogLevel,
     },
 }
 
@@ -561,10 +564,12 @@ pub struct ReportArgs {
 }
 
 impl Cli {
-    /// The log level: `record`'s `--logging`, else the top-level one.
+    /// The log level: `record`'s or `collector`'s `--logging`, else the
+    /// top-level one.
     pub fn log_level(&self) -> LogLevel {
         match &self.command {
             Some(Command::Record(record)) => record.profile.logging,
+            Some(Command::Collector { logging, .. }) => *logging,
             _ => self.profile.logging,
         }
     }

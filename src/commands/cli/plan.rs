@@ -272,6 +272,7 @@ impl Command {
             max_timeline_samples,
             retention,
             max_storage,
+            ..
         } = self
         else {
             return None;

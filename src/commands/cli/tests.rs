@@ -179,3 +179,16 @@ fn flags_build_the_plan_a_library_user_would() {
         "{err}"
     );
 }
+
+#[test]
+fn collector_takes_its_own_log_level() {
+    let level = |args: &[&str]| {
+        Cli::try_parse_from(std::iter::once("lightswitch").chain(args.iter().copied()))
+            .map(|cli| cli.log_level())
+    };
+    let collector = ["collector", "--storage", "/tmp/s"];
+    assert!(matches!(level(&collector), Ok(LogLevel::Warn)));
+    let info = [&collector[..], &["--logging", "info"]].concat();
+    assert!(matches!(level(&info), Ok(LogLevel::Info)));
+    assert!(level(&[&collector[..], &["--logging", "loud"]].concat()).is_err());
+}

@@ -74,10 +74,15 @@ impl ValueEnum for ProfileFormat {
 
     fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
         let spec = self.spec();
+        // clap hides aliases: the help line names them.
+        let help = match spec.aliases {
+            [] => spec.help.to_string(),
+            aliases => format!("{} (also: {})", spec.help, aliases.join(", ")),
+        };
         Some(
             clap::builder::PossibleValue::new(spec.name)
                 .aliases(spec.aliases.iter().copied())
-                .help(spec.help),
+                .help(help),
         )
     }
 }
@@ -205,6 +210,14 @@ impl ValueEnum for Annotations {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn format_help_lists_aliases() {
+        let flame = ProfileFormat::FlameGraph.to_possible_value().unwrap();
+        let help = flame.get_help().unwrap().to_string();
+        assert!(help.contains("(also: flamegraph, flame, svg)"), "{help}");
+        assert!(flame.matches("SVG", true));
+    }
 
     #[test]
     fn durations_with_and_without_units() {

@@ -208,6 +208,9 @@ pub fn diff(args: &DiffPlan) -> Result<i32> {
         new = off_cpu_of(new, &args.new)?;
     }
     let diff = compare(&base, &new)?;
+    if let Some(hint) = diff.renamed_hint() {
+        eprintln!("{hint}");
+    }
     if let Some(path) = &args.flame_graph {
         let svg = flamegraph::differential(
             &base,

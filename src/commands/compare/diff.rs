@@ -9,7 +9,7 @@
 //! folded stacks do not), so two builds of one program in different
 //! directories compare.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -76,6 +76,11 @@ pub struct Diff {
     /// Every function of either profile whose shares changed, largest
     /// change first.
     pub functions: Vec<FunctionChange>,
+    /// Functions in both profiles only in objects of different names (the
+    /// binaries were likely renamed): how many, and the first one as
+    /// (function, BASE's object, NEW's object).
+    #[serde(skip)]
+    pub renamed: Option<(usize, [String; 3])>,
 }
 
 /// Compare `base` and `new` function by function: by name as folded
@@ -129,10 +134,50 @@ pub fn diff(base: &Profile, new: &Profile) -> Result<Diff> {
         base_samples: before.total,
         new_samples: after.total,
         functions,
+        renamed: renamed(&before, &after),
     })
 }
 
+/// Functions of `before` and `after` whose name both have, but never in
+/// an object of the same name: how many, and the first by name with its
+/// object in each.
+fn renamed(before: &FunctionTable, after: &FunctionTable) -> Option<(usize, [String; 3])> {
+    fn objects(table: &FunctionTable) -> BTreeMap<&str, BTreeSet<&str>> {
+        let mut by_name: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for key in table.functions.keys() {
+            if let Some(object) = &key.object {
+                by_name.entry(&key.name).or_default().insert(object);
+            }
+        }
+        by_name
+    }
+    let (base, new) = (objects(before), objects(after));
+    let mut found = base.iter().filter_map(|(name, b)| {
+        let n = new.get(name)?;
+        b.is_disjoint(n).then(|| {
+            let first = |set: &BTreeSet<&str>| set.first().copied().unwrap_or_default().to_string();
+            [name.to_string(), first(b), first(n)]
+        })
+    });
+    let first = found.next()?;
+    Some((1 + found.count(), first))
+}
+
 impl Diff {
+    /// One line for people when functions match only by name, in objects
+    /// named differently ([`Diff::renamed`]); `None` otherwise.
+    pub fn renamed_hint(&self) -> Option<String> {
+        let (count, [function, base, new]) = self.renamed.as_ref()?;
+        Some(format!(
+            "hint: {} of BASE {} in NEW only under another object name \
+             ({function}: {base} in BASE, {new} in NEW) and {} counted apart: \
+             are the binaries named differently?",
+            plural(*count as u64, "function", "functions"),
+            if *count == 1 { "is" } else { "are" },
+            if *count == 1 { "is" } else { "are" },
+        ))
+    }
+
     /// The table for people: the `top` largest changes (0: all).
     pub fn render_text(&self, base: &Path, new: &Path, top: usize) -> String {
         let mut out = format!(
@@ -297,6 +342,22 @@ mod across_formats {
             }
         }
         p
+    }
+
+    /// The same samples from a binary of another name: every user function
+    /// changes (they are told apart by object), and the hint names one.
+    #[test]
+    fn renamed_binaries_get_a_hint() {
+        let base = tricky_profile();
+        assert_eq!(diff(&base, &base).unwrap().renamed_hint(), None);
+        let mut new = tricky_profile();
+        new.mappings[0].filename = "/opt/app/bin/app2".into();
+        let d = diff(&base, &new).unwrap();
+        assert!(d.functions.iter().any(|c| c.inclusive_change > 0.0));
+        let hint = d.renamed_hint().expect("a hint");
+        assert!(hint.contains(": app in BASE, app2 in NEW)"), "{hint}");
+        assert!(hint.contains("named differently?"), "{hint}");
+        assert!(!hint.contains('\n'), "{hint}");
     }
 
     /// The same samples written in any two formats diff to nothing.

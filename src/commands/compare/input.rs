@@ -154,6 +154,18 @@ fn decode<R: BufRead>(mut input: R, size: u64, max_bytes: u64) -> Result<Vec<u8>
     Ok(raw)
 }
 
+/// Characters of an input line an error quotes at most.
+const QUOTE_CHARS: usize = 80;
+
+/// `line` quoted for an error: its first [`QUOTE_CHARS`] characters, and
+/// `…` when there are more.
+fn quote(line: &str) -> String {
+    match line.char_indices().nth(QUOTE_CHARS) {
+        Some((cut, _)) => format!("{:?}…", &line[..cut]),
+        None => format!("{line:?}"),
+    }
+}
+
 /// Parse decoded (decompressed) `raw` bytes: JSON as a timeline, other
 /// text as folded stacks, anything else as pprof. A [`CountOverflow`] is
 /// returned as it is, other errors say which format was tried.
@@ -167,6 +179,13 @@ fn parse_decoded(raw: &[u8]) -> Result<(Profile, InputFormat)> {
         return Ok((profile, InputFormat::Timeline));
     }
     if let Some(text) = as_text(raw) {
+        let head = text.trim_start();
+        if head.starts_with("<?xml") || head.starts_with("<svg") {
+            bail!(
+                "it is an SVG flame graph, which cannot be read back: \
+                 give the folded, pprof or Firefox output of the same run"
+            );
+        }
         let profile = parse_folded(text).map_err(|err| {
             if err.is::<CountOverflow>() {
                 err
@@ -222,10 +241,14 @@ pub fn parse_folded(text: &str) -> Result<Profile> {
             continue;
         }
         let Some((stack, count)) = line.rsplit_once(' ') else {
-            bail!("line {} has no count: {line:?}", number + 1);
+            bail!("line {} has no count: {}", number + 1, quote(line));
         };
         let Ok(count) = count.parse::<u64>() else {
-            bail!("line {} does not end in a count: {line:?}", number + 1);
+            bail!(
+                "line {} does not end in a count: {}",
+                number + 1,
+                quote(line)
+            );
         };
         total = total.checked_add(count).ok_or(CountOverflow {
             line: number + 1,
@@ -406,6 +429,19 @@ mod tests {
             "{message}"
         );
         assert!(!message.contains("pprof"), "{message}");
+        // A long line is quoted in part.
+        let long = format!("main;{} x\n", "f".repeat(5000));
+        let message = format!("{:#}", parse_profile(long.as_bytes()).unwrap_err());
+        assert!(message.contains("does not end in a count"), "{message}");
+        assert!(message.len() < 300 && message.contains('…'), "{message}");
+        // An SVG flame graph is named as one, without quoting it.
+        let svg = format!(
+            "<?xml version=\"1.0\" standalone=\"no\"?><svg {}>\n",
+            "a ".repeat(500)
+        );
+        let message = format!("{:#}", parse_profile(svg.as_bytes()).unwrap_err());
+        assert!(message.contains("SVG flame graph"), "{message}");
+        assert!(message.len() < 300, "{message}");
         // Binary is judged as pprof.
         let err = parse_profile(&[0x0a, 0xff, 0x01]).unwrap_err();
         assert!(

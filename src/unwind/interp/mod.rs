@@ -105,9 +105,20 @@ pub struct Attachment {
     /// Absolute address ranges of the eval loop (every part of it).
     pub eval: Vec<Range<u64>>,
     /// The BPF walker's entry for the process (the bytes of the
-    /// interpreter's map value), or why there is none: the frame
-    /// (`[python: unsupported 3.9.18]`) its eval-loop frames get instead.
-    pub walker: Result<Vec<u8>, String>,
+    /// interpreter's map value), or why there is none.
+    pub walker: Result<Vec<u8>, NotWalked>,
+}
+
+/// Why the BPF walker does not walk an interpreter found in a process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotWalked {
+    /// Its version or layout is not one this supports: the frame
+    /// (`[python: unsupported 3.9]`) its eval-loop frames get instead.
+    Unsupported(String),
+    /// Its memory could not be read yet (just after exec, before the
+    /// loader mapped its data): no verdict; its eval-loop frames stay
+    /// native until it is looked at again (its next mapping or description).
+    NotYet,
 }
 
 /// One interpreter's unwinder (user-space side).
@@ -172,7 +183,12 @@ impl Interpreters {
         }
         let (unsupported, entry) = match found.walker {
             Ok(entry) => (None, Some(entry)),
-            Err(label) => {
+            Err(NotWalked::NotYet) => {
+                // Not known, so that its next mapping looks again.
+                self.forget(pid);
+                return None;
+            }
+            Err(NotWalked::Unsupported(label)) => {
                 let name = FrameName {
                     mapping: python::MAPPING_NAME,
                     function: label.into(),

@@ -5,8 +5,10 @@
 //! interpreter's `_Py_DebugOffsets` (3.13) or the table in [`layout`]
 //! (3.8 to 3.12), checked against the process's `PyCode_Type.tp_basicsize`
 //! (and before 3.11 `PyFrame_Type.tp_basicsize`); any other
-//! version, or a check that fails, gets one `[python: unsupported …]`
-//! frame at each eval-loop frame. The eval loop is
+//! version, or a check that finds other values, gets one
+//! `[python: unsupported …]` frame at each eval-loop frame; a check that
+//! cannot read the process's memory yet (just after exec) is no verdict:
+//! the process is looked at again at its next mapping. The eval loop is
 //! `_PyEval_EvalFrameDefault` and its `.cold` part where a symbol table
 //! names it.
 
@@ -20,7 +22,7 @@ use object::{Object, ObjectSymbol};
 use rustc_hash::FxHashMap;
 use tracing::debug;
 
-use super::{intern, unknown_frame, Attachment, FrameName, MappedObject, Unwinder};
+use super::{intern, unknown_frame, Attachment, FrameName, MappedObject, NotWalked, Unwinder};
 use layout::Layout;
 use names::{read_memory, CodeCache};
 
@@ -109,6 +111,21 @@ fn read_symbols(open_path: &std::path::Path, path: &str) -> Option<Symbols> {
     (symbols.runtime != 0 && !symbols.eval.is_empty()).then_some(symbols)
 }
 
+/// Why a check of a process's interpreter did not pass.
+#[derive(Debug)]
+enum Failed {
+    /// It read values this does not support (a version, a size).
+    Mismatch(String),
+    /// It could not read what it needs (not mapped or not loaded yet).
+    Unreadable(&'static str),
+}
+
+impl From<&str> for Failed {
+    fn from(why: &str) -> Self {
+        Failed::Mismatch(why.to_string())
+    }
+}
+
 /// A u64 of `pid`'s memory.
 fn read_u64(pid: u32, addr: u64) -> Option<u64> {
     let mut b = [0u8; 8];
@@ -116,13 +133,13 @@ fn read_u64(pid: u32, addr: u64) -> Option<u64> {
 }
 
 /// The layout for `pid`'s interpreter of version `(major, minor)`, or why there is none.
-fn layout_of(pid: u32, minor: u8, runtime: u64) -> Result<Layout, String> {
+fn layout_of(pid: u32, minor: u8, runtime: u64) -> Result<Layout, Failed> {
     if minor < 13 {
         return layout::table(minor).ok_or_else(|| "version not supported yet".into());
     }
     let mut raw = [0u8; 8 * (layout::DEBUG_OFFSETS_WORDS + 1)];
     if !read_memory(pid, runtime, &mut raw) {
-        return Err("_Py_DebugOffsets unreadable".into());
+        return Err(Failed::Unreadable("_Py_DebugOffsets unreadable"));
     }
     if &raw[..8] != layout::DEBUG_COOKIE {
         return Err("no _Py_DebugOffsets".into());
@@ -138,29 +155,30 @@ fn layout_of(pid: u32, minor: u8, runtime: u64) -> Result<Layout, String> {
 }
 
 /// A type object's `tp_basicsize` (bytes 32-39 of a `PyTypeObject`: after
-/// `PyObject_VAR_HEAD` and `tp_name`).
+/// `PyObject_VAR_HEAD` and `tp_name`); `None` when unreadable or still 0
+/// (a static type object's data not mapped in yet reads as zeros).
 fn basicsize(pid: u32, type_object: u64) -> Option<u64> {
-    read_u64(pid, type_object + 32)
+    read_u64(pid, type_object.wrapping_add(32)).filter(|&size| size != 0)
 }
 
 /// Check `layout` against `pid`'s interpreter (whose object has symbols
 /// `s` at `bias`): the sizes its type objects give code objects and
 /// (before 3.11) frame objects.
-fn check(pid: u32, s: &Symbols, bias: u64, layout: Layout) -> Result<Proc, String> {
+fn check(pid: u32, s: &Symbols, bias: u64, layout: Layout) -> Result<Proc, Failed> {
     let code_type = s
         .code_type
         .map(|a| a.wrapping_add(bias))
         .ok_or("no PyCode_Type")?;
-    let size = basicsize(pid, code_type).ok_or("PyCode_Type unreadable")?;
+    let size = basicsize(pid, code_type).ok_or(Failed::Unreadable("PyCode_Type unreadable"))?;
     if size != u64::from(layout.code_basicsize()) {
-        return Err(format!("PyCode_Type size {size}"));
+        return Err(Failed::Mismatch(format!("PyCode_Type size {size}")));
     }
     if layout.frame_size != layout::NONE {
         let frame_type = s.frame_type.ok_or("no PyFrame_Type")?;
-        let size =
-            basicsize(pid, frame_type.wrapping_add(bias)).ok_or("PyFrame_Type unreadable")?;
+        let size = basicsize(pid, frame_type.wrapping_add(bias))
+            .ok_or(Failed::Unreadable("PyFrame_Type unreadable"))?;
         if size != u64::from(layout.frame_size) {
-            return Err(format!("PyFrame_Type size {size}"));
+            return Err(Failed::Mismatch(format!("PyFrame_Type size {size}")));
         }
     }
     Ok(Proc { layout, code_type })
@@ -175,10 +193,15 @@ impl Python {
             .map(|r| r.start.wrapping_add(bias)..r.end.wrapping_add(bias))
             .collect();
         let runtime = s.runtime.wrapping_add(bias);
-        let hex = s
-            .version
-            .and_then(|v| read_u64(pid, v.wrapping_add(bias)))
-            .map(|v| v as u32);
+        // Py_Version is a constant in the object's data: unreadable or 0,
+        // the data is not mapped in yet (not a version to judge).
+        let hex = match s.version {
+            Some(v) => match read_u64(pid, v.wrapping_add(bias)).filter(|&v| v != 0) {
+                Some(v) => Some(v as u32),
+                None => return not_yet(pid, eval, "Py_Version unreadable"),
+            },
+            None => None,
+        };
         let (label, minor) = match (hex, s.file_version) {
             (Some(v), _) => {
                 let (major, minor, micro) = (v >> 24, (v >> 16) & 0xff, (v >> 8) & 0xff);
@@ -194,20 +217,23 @@ impl Python {
         };
         let free_threaded = s.file_version.is_some_and(|(_, _, t)| t);
         let checked = match minor {
-            _ if free_threaded => Err("free-threaded build".to_string()),
+            _ if free_threaded => Err("free-threaded build".into()),
             Some(minor @ 8..=13) => {
                 layout_of(pid, minor, runtime).and_then(|layout| check(pid, s, bias, layout))
             }
-            _ => Err("version not supported".to_string()),
+            _ => Err("version not supported".into()),
         };
         let walker = match checked {
             Ok(proc) => {
                 self.procs.insert(pid, proc);
                 Ok(proc.layout.walker_entry(runtime))
             }
-            Err(why) => {
+            Err(Failed::Unreadable(why)) => return not_yet(pid, eval, why),
+            Err(Failed::Mismatch(why)) => {
                 debug!("pid {pid}: CPython {label}: {why}");
-                Err(format!("[python: unsupported {label}]"))
+                Err(NotWalked::Unsupported(format!(
+                    "[python: unsupported {label}]"
+                )))
             }
         };
         Attachment { eval, walker }
@@ -235,6 +261,15 @@ impl Python {
         });
         self.frames.insert((pid, code, guard, offset), tagged);
         tagged
+    }
+}
+
+/// The attachment of an interpreter whose memory cannot be read yet.
+fn not_yet(pid: u32, eval: Vec<Range<u64>>, why: &str) -> Attachment {
+    debug!("pid {pid}: CPython: {why}, looking again at its next mapping");
+    Attachment {
+        eval,
+        walker: Err(NotWalked::NotYet),
     }
 }
 
@@ -272,7 +307,78 @@ impl Unwinder for Python {
 
 #[cfg(test)]
 mod tests {
-    use super::version_in_name;
+    use super::*;
+
+    /// `Py_Version` of a 3.11.7 final release, in this process's memory.
+    static PY_VERSION: u64 = 0x030b_07f0;
+    /// A type object's first 5 words, `tp_basicsize` (word 4) not a code object's.
+    static WRONG_TYPE: [u64; 5] = [1, 0, 0, 0, 8];
+    /// A type object's first 5 words whose data reads as zeros (not mapped in yet).
+    static ZERO_TYPE: [u64; 5] = [0; 5];
+
+    /// Symbols of an interpreter in this test's own process (bias 0):
+    /// `version` and `code_type` at the given addresses.
+    fn symbols(version: Option<u64>, code_type: u64, file_version: (u8, u8)) -> Symbols {
+        Symbols {
+            runtime: 0x1000,
+            version,
+            code_type: Some(code_type),
+            frame_type: None,
+            eval: std::iter::once(0x10..0x20).collect(),
+            file_version: Some((file_version.0, file_version.1, false)),
+        }
+    }
+
+    fn walker(s: &Symbols) -> Result<Vec<u8>, NotWalked> {
+        Python::default()
+            .attach_with(std::process::id(), s, 0)
+            .walker
+    }
+
+    #[test]
+    fn unreadable_memory_is_no_verdict() {
+        let unmapped = 0x10; // page 0 is never mapped
+        let code = std::ptr::addr_of!(WRONG_TYPE) as u64;
+        let zeros = std::ptr::addr_of!(ZERO_TYPE) as u64;
+        let version = std::ptr::addr_of!(PY_VERSION) as u64;
+        // Py_Version unreadable: the version from the file name is not used.
+        let s = symbols(Some(unmapped), code, (3, 11));
+        assert_eq!(walker(&s), Err(NotWalked::NotYet));
+        // Py_Version read, PyCode_Type unreadable or still zeros.
+        assert_eq!(
+            walker(&symbols(Some(version), unmapped, (3, 11))),
+            Err(NotWalked::NotYet)
+        );
+        assert_eq!(
+            walker(&symbols(Some(version), zeros, (3, 11))),
+            Err(NotWalked::NotYet)
+        );
+        // No Py_Version (before 3.11), PyCode_Type unreadable.
+        assert_eq!(
+            walker(&symbols(None, unmapped, (3, 10))),
+            Err(NotWalked::NotYet)
+        );
+    }
+
+    #[test]
+    fn other_values_are_unsupported() {
+        let code = std::ptr::addr_of!(WRONG_TYPE) as u64;
+        let version = std::ptr::addr_of!(PY_VERSION) as u64;
+        let unsupported = |label: &str| Err(NotWalked::Unsupported(label.to_string()));
+        // A readable code type of another size: the micro version from Py_Version.
+        let s = symbols(Some(version), code, (3, 11));
+        assert_eq!(walker(&s), unsupported("[python: unsupported 3.11.7]"));
+        // Before 3.11 the label comes from the file name: no micro version.
+        assert_eq!(
+            walker(&symbols(None, code, (3, 9))),
+            unsupported("[python: unsupported 3.9]")
+        );
+        // 3.7 is not read whatever its memory says.
+        assert_eq!(
+            walker(&symbols(None, 0x10, (3, 7))),
+            unsupported("[python: unsupported 3.7]")
+        );
+    }
 
     #[test]
     fn versions_in_file_names() {
