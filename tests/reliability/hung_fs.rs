@@ -387,7 +387,12 @@ fn run_beside_hung_mount(later: bool) {
     let folded = out_dir.join("folded.txt");
     let stacks = common::read_folded(&folded);
     bystander::assert_kept(bystander::samples(&stacks), bystander_cpu, 999.0, &out);
-    let hung: u64 = common::of_process(&stacks, "hungspin")
+    // Every sample of the program is named as timed out. How many there
+    // are depends on the program: the server may hold its own page faults
+    // too once the profiler's open has dropped the file's cached pages.
+    let of_hungspin = common::of_process(&stacks, "hungspin");
+    let all: u64 = of_hungspin.iter().map(|(_, n)| n).sum();
+    let hung: u64 = of_hungspin
         .iter()
         .filter(|(frames, _)| {
             frames
@@ -397,8 +402,9 @@ fn run_beside_hung_mount(later: bool) {
         .map(|(_, n)| n)
         .sum();
     assert!(
-        hung >= 100,
-        "{hung} samples of hungspin named as timed out (run of {ended:?}):\n{out}"
+        hung >= 5 && hung * 10 >= all * 9,
+        "{hung} of {all} samples of hungspin named as timed out (run of {ended:?}); its stacks: {:?}\n{out}",
+        of_hungspin.iter().take(6).collect::<Vec<_>>()
     );
     let given_up = out
         .stdout
