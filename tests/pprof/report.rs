@@ -3,10 +3,11 @@
 
 use super::*;
 
-/// How far apart sums of `go tool pprof -top`'s columns may be, ms: each
-/// figure is rounded for display (a caller's 1332.67 cum against its
-/// callee's 1330.66 plus its own flat shown as 2).
-const TOP_ROUNDING_MS: f64 = 0.1;
+/// How far apart sums of `go tool pprof -top`'s columns may be, ns (0.1 ms;
+/// [`parse_top`] gives ns): each figure is rounded for display to 0.01 ms (a
+/// caller's 2028.06ms cum against its callee's 2026.05ms plus its own flat
+/// shown as 2ms).
+const TOP_ROUNDING_NS: f64 = 100_000.0;
 
 /// `go tool pprof -top` and `-traces` on the chain `main -> chain_a ->
 /// chain_b -> chain_hot` (no frame pointers): `chain_hot` has the highest
@@ -38,7 +39,7 @@ fn go_tool_pprof_top_and_traces() {
             "{caller} only calls: its flat must be tiny next to chain_hot's:\n{top}"
         );
         assert!(
-            r.cum <= below + r.flat + TOP_ROUNDING_MS && r.cum >= 0.9 * hot.flat,
+            r.cum <= below + r.flat + TOP_ROUNDING_NS && r.cum >= 0.9 * hot.flat,
             "{caller}'s cum must cover chain_hot's flat (all but samples still waiting for \
              an unwind table) and not exceed its callee's cum (plus its own flat):\n{top}"
         );
