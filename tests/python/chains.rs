@@ -63,6 +63,17 @@ fn pprof_frame(text: &str) -> Frame {
     }
 }
 
+/// `go tool pprof -sample_index=0 -traces -lines` of the pprof file
+/// `profile`: every sample's stack with files and lines, as text.
+pub fn traces_of(profile: &std::path::Path) -> String {
+    crate::common::go_pprof(&[
+        "-sample_index=0",
+        "-traces",
+        "-lines",
+        crate::common::s(profile),
+    ])
+}
+
 /// Stacks of `go tool pprof -sample_index=0 -traces -lines` output.
 pub fn pprof_stacks(traces: &str) -> Vec<Stack> {
     let mut stacks = Vec::new();

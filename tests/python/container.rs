@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::Duration;
 
-use super::chains::pprof_stacks;
+use super::chains::{pprof_stacks, traces_of};
 use super::scenarios::{child_running, expected, pyenv_root, SCRIPT};
 use super::{interpreters, qualified_names, WALKED_MINORS};
 use crate::common::*;
@@ -94,12 +94,7 @@ fn a_container_interpreter_is_walked_through_proc_root() {
         unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
         let _ = container.wait();
         out.assert_success();
-        let traces = go_pprof(&[
-            "-sample_index=0",
-            "-traces",
-            "-lines",
-            s(&out_dir.join("profile.pb")),
-        ]);
+        let traces = traces_of(&out_dir.join("profile.pb"));
         let chain = expected("<module>", &script, qualified_names(&python));
         let stacks = pprof_stacks(&traces);
         let all: u64 = stacks.iter().map(|st| st.count).sum();

@@ -256,7 +256,7 @@ fn profile(python: &Path, spy: Option<&Path>) -> (f64, u64, Option<f64>, String)
     let _ = child.wait();
     assert!(out.status.success(), "lightswitch failed:\n{stdout}");
     let pb = out_dir.join("profile.pb");
-    let traces = go_pprof(&["-sample_index=0", "-traces", "-lines", s(&pb)]);
+    let traces = chains::traces_of(&pb);
     let (share, samples) = our_share(&traces, s(&script), chain_of(python));
     (share, samples, spy_share, traces)
 }

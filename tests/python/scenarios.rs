@@ -19,7 +19,9 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::chains::{body_of, line_of, pprof_stacks, spy_stacks, Expected, Frame, Stack, Step};
+use super::chains::{
+    body_of, line_of, pprof_stacks, spy_stacks, traces_of, Expected, Frame, Stack, Step,
+};
 use super::{interpreters, py_spy, qualified_names, WALKED_MINORS};
 use crate::common::*;
 
@@ -244,12 +246,7 @@ fn run_all(python: &Path, spy: Option<&Path>) -> (Tally, Option<Tally>) {
         let raw = std::fs::read_to_string(&spy_out).unwrap_or_default();
         spy_tally(&spy_stacks(&raw), &roots, &script, qualified_names(python))
     });
-    let traces = go_pprof(&[
-        "-sample_index=0",
-        "-traces",
-        "-lines",
-        s(&out_dir.join("profile.pb")),
-    ]);
+    let traces = traces_of(&out_dir.join("profile.pb"));
     let ours = our_tally(
         &pprof_stacks(&traces),
         &roots,
@@ -394,12 +391,7 @@ fn record_covers_a_script_from_its_first_samples() {
             .map(|(spy, pid)| start_spy(spy, pid, &spy_out));
         let out = profiler.wait(Duration::from_secs(60));
         out.assert_success();
-        let traces = go_pprof(&[
-            "-sample_index=0",
-            "-traces",
-            "-lines",
-            s(&out_dir.join("profile.pb")),
-        ]);
+        let traces = traces_of(&out_dir.join("profile.pb"));
         let chain = expected("<module>", &script, qualified_names(&python));
         let mut ours = Tally::new();
         for stack in pprof_stacks(&traces)
