@@ -34,9 +34,9 @@ pub struct AgentOutcome<'a> {
     pub expected: f64,
 }
 
-/// `closed`, `handed_over`, `dropped`, `failed` and `panicked` of a
-/// `windows:` summary line.
-fn window_counts(line: &str) -> Option<[u64; 5]> {
+/// `closed`, `handed_over`, `merged`, `dropped`, `failed` and `panicked`
+/// of a `windows:` summary line (`merged` is 0 when the line has none).
+fn window_counts(line: &str) -> Option<[u64; 6]> {
     let field = |name: &str| -> Option<u64> {
         line.split_whitespace()
             .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))?
@@ -46,6 +46,7 @@ fn window_counts(line: &str) -> Option<[u64; 5]> {
     Some([
         field("closed")?,
         field("handed_over")?,
+        field("merged").unwrap_or(0),
         field("dropped")?,
         field("failed")?,
         field("panicked")?,
@@ -71,9 +72,9 @@ fn agent_checks(a: &AgentOutcome) -> Vec<(bool, String)> {
     let gap = longest_gap(&a.written);
     let gap_limit = 3.0 * a.window_s.max(a.every_s);
     let windows = match a.summary.and_then(window_counts) {
-        Some([closed, handed, dropped, failed, panicked]) => (
-            closed == handed && dropped + failed + panicked == 0,
-            format!("closed={closed} handed_over={handed} dropped={dropped} failed={failed} panicked={panicked}"),
+        Some([closed, handed, merged, dropped, failed, panicked]) => (
+            closed == handed + merged && dropped + failed + panicked == 0,
+            format!("closed={closed} handed_over={handed} merged={merged} dropped={dropped} failed={failed} panicked={panicked}"),
         ),
         None => (false, "no final summary (the agent did not exit 0)".to_string()),
     };
@@ -189,7 +190,11 @@ mod tests {
         );
         assert_eq!(
             window_counts("windows: closed=5 handed_over=4 dropped=1 failed=0 panicked=0"),
-            Some([5, 4, 1, 0, 0])
+            Some([5, 4, 0, 1, 0, 0])
+        );
+        assert_eq!(
+            window_counts("windows: closed=9 handed_over=6 merged=3 dropped=0 failed=0 panicked=0"),
+            Some([9, 6, 3, 0, 0, 0])
         );
     }
 }

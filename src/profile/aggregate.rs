@@ -450,125 +450,78 @@ impl Aggregator {
         pids.dedup();
         pids.len()
     }
+
+    /// Add everything `later` holds (a later window's aggregator of the same
+    /// run) as if its samples had been added here: stacks are interned
+    /// anew, their sample counts and off-CPU time summed, the unwind-status
+    /// counts and wait totals added, and the timeline's entries moved to
+    /// this aggregator's origin (offsets in ns). Nothing of `later` is lost;
+    /// a held-back window takes its successors in this way when the window
+    /// worker is behind ([`crate::output::sender::worker`]).
+    pub fn absorb(&mut self, later: Aggregator) {
+        let mut moved = Vec::with_capacity(later.counts.len());
+        let stacks = later.stacks.as_slice().iter();
+        for ((key, &count), &off_cpu_ns) in stacks.zip(&later.counts).zip(&later.off_cpu_ns) {
+            let kernel = &later.kernel_stacks[key.kernel][..];
+            let kernel = self.kernel_stacks.insert_as(kernel, |k| k.into());
+            let user: Vec<u32> = key
+                .user
+                .iter()
+                .map(|&i| self.user_frames.insert_as(&later.user_frames[i], |f| *f))
+                .collect();
+            let query = StackQuery {
+                pid: key.pid,
+                tid: key.tid,
+                process_comm: self.intern(&later.comms[key.process_comm]),
+                thread_comm: self.intern(&later.comms[key.thread_comm]),
+                kernel,
+                user_status: key.user_status,
+                user: &user,
+            };
+            let index = self.stacks.insert_as(&query, StackQuery::to_key);
+            if index as usize == self.counts.len() {
+                self.counts.push(0);
+                self.off_cpu_ns.push(0);
+            }
+            self.counts[index as usize] += count;
+            self.off_cpu_ns[index as usize] += off_cpu_ns;
+            moved.push(index);
+        }
+        self.total += later.total;
+        self.waits += later.waits;
+        self.wait_ns += later.wait_ns;
+        for (status, n) in later.status_counts {
+            *self.status_counts.entry(status).or_default() += n;
+        }
+        if let (Some(mine), Some(theirs)) = (self.timeline.as_mut(), later.timeline) {
+            let shift = theirs.origin_mono_ns.wrapping_sub(mine.origin_mono_ns) as i64;
+            let stack = |i: u32| moved[i as usize];
+            mine.samples
+                .extend(theirs.samples.into_iter().map(|s| TimedSample {
+                    offset_ns: s.offset_ns + shift,
+                    sample: stack(s.sample),
+                }));
+            mine.waits
+                .extend(theirs.waits.into_iter().map(|w| TimedWait {
+                    start_offset_ns: w.start_offset_ns + shift,
+                    sample: stack(w.sample),
+                    ..w
+                }));
+            mine.markers
+                .extend(theirs.markers.into_iter().map(|m| ProcessMarker {
+                    offset_ns: m.offset_ns + shift,
+                    ..m
+                }));
+            mine.lost
+                .extend(theirs.lost.into_iter().map(|l| LostSamples {
+                    start_offset_ns: l.start_offset_ns + shift,
+                    end_offset_ns: l.end_offset_ns + shift,
+                    ..l
+                }));
+        }
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sample(pid: u32, user: Vec<u64>) -> RawSample {
-        RawSample::for_test(pid, 1, user)
-    }
-
-    #[test]
-    fn identical_stacks_merge_and_different_stay_apart() {
-        let mut tracker = ProcessTracker::new();
-        let mut agg = Aggregator::new();
-        let pid = u32::MAX - 2; // no such process: frames stay unmapped
-        agg.add(&sample(pid, vec![0x10, 0x20]), &mut tracker);
-        agg.add(&sample(pid, vec![0x10, 0x20]), &mut tracker);
-        agg.add(&sample(pid, vec![0x10, 0x21]), &mut tracker);
-        assert_eq!(agg.total(), 3);
-        let mut counts: Vec<u64> = agg.stacks().map(|(_, c)| c).collect();
-        counts.sort();
-        assert_eq!(counts, vec![1, 2]);
-        assert_eq!(agg.process_count(), 1);
-        let (key, _) = agg.stacks().find(|(_, c)| *c == 2).unwrap();
-        // Non-leaf frames become call sites.
-        let user: Vec<u64> = key.user().map(|f| f.address).collect();
-        assert_eq!(user, vec![0x10, 0x1f]);
-        assert_eq!(key.kernel, &[0xffff_ffff_8100_0010, 0xffff_ffff_8100_001f]);
-        assert!(agg.take_timeline().is_empty());
-        // Each distinct user frame and kernel stack is held once.
-        let mut frames: Vec<u64> = agg.user_frames().map(|f| f.address).collect();
-        frames.sort();
-        assert_eq!(frames, vec![0x10, 0x1f, 0x20]);
-        assert_eq!(agg.kernel_stacks().count(), 1);
-    }
-
-    #[test]
-    fn stacks_of_other_processes_share_frames_and_keep_their_own() {
-        let mut tracker = ProcessTracker::new();
-        let mut agg = Aggregator::new();
-        let mut a = sample(u32::MAX - 2, vec![0x10, 0x20]);
-        let mut b = sample(u32::MAX - 3, vec![0x30, 0x20]);
-        b.kernel_stack = vec![0xffff_ffff_8100_0100];
-        agg.add(&a, &mut tracker);
-        agg.add(&b, &mut tracker);
-        a.tid = 7;
-        agg.add(&a, &mut tracker);
-        type Row = (u32, u32, Vec<u64>, Vec<u64>, u64);
-        let got: Vec<Row> = agg
-            .stacks()
-            .map(|(k, c)| {
-                let user = k.user().map(|f| f.address).collect();
-                (k.pid, k.tid, k.kernel.to_vec(), user, c)
-            })
-            .collect();
-        let kernel_a = vec![0xffff_ffff_8100_0010, 0xffff_ffff_8100_001f];
-        assert_eq!(
-            got,
-            vec![
-                (
-                    u32::MAX - 2,
-                    u32::MAX - 2,
-                    kernel_a.clone(),
-                    vec![0x10, 0x1f],
-                    1
-                ),
-                (
-                    u32::MAX - 3,
-                    u32::MAX - 3,
-                    vec![0xffff_ffff_8100_0100],
-                    vec![0x30, 0x1f],
-                    1
-                ),
-                (u32::MAX - 2, 7, kernel_a, vec![0x10, 0x1f], 1),
-            ]
-        );
-        assert_eq!(agg.user_frames().count(), 3, "0x1f is shared");
-        assert_eq!(agg.kernel_stacks().count(), 2);
-    }
-
-    #[test]
-    fn timeline_keeps_every_sample_in_time_order_with_its_stack() {
-        let mut tracker = ProcessTracker::new();
-        let mut agg = Aggregator::with_timeline(1_000);
-        let pid = u32::MAX - 2;
-        // Read out of order (two CPUs' ring buffers), one before the origin.
-        for (ts, leaf) in [(1_500, 0x10), (1_200, 0x30), (990, 0x10), (1_700, 0x10)] {
-            let mut s = sample(pid, vec![leaf, 0x20]);
-            s.timestamp_ns = ts;
-            agg.add(&s, &mut tracker);
-        }
-        let stacks: Vec<u64> = agg
-            .stacks()
-            .map(|(k, _)| k.user().next().unwrap().address)
-            .collect();
-        assert_eq!(stacks, vec![0x10, 0x30], "stacks in first-sample order");
-        let timeline = agg.take_timeline();
-        let got: Vec<(i64, u32)> = timeline.iter().map(|t| (t.offset_ns, t.sample)).collect();
-        assert_eq!(got, vec![(-10, 0), (200, 1), (500, 0), (700, 0)]);
-        assert_eq!(timeline.len() as u64, agg.total());
-        // 12 bytes a sample, not 16: 5 MB less for a 60 s run at 10 kHz on 2 CPUs.
-        assert_eq!(std::mem::size_of::<TimedSample>(), 12);
-    }
-
-    #[test]
-    fn lost_spans_start_no_earlier_than_the_origin_and_come_in_time_order() {
-        let mut agg = Aggregator::with_timeline(1_000);
-        agg.add_lost(1_500, 1_800, 7);
-        agg.add_lost(400, 1_100, 3);
-        let got: Vec<(i64, i64, u64)> = agg
-            .take_lost()
-            .iter()
-            .map(|l| (l.start_offset_ns, l.end_offset_ns, l.samples))
-            .collect();
-        assert_eq!(got, vec![(0, 100, 3), (500, 800, 7)]);
-        assert!(agg.take_lost().is_empty());
-        // Without a timeline nothing is kept.
-        let mut plain = Aggregator::new();
-        plain.add_lost(1, 2, 3);
-        assert!(plain.take_lost().is_empty());
-    }
-}
+#[path = "aggregate_tests.rs"]
+mod tests;

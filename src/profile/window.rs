@@ -42,6 +42,18 @@ pub struct ClosedWindow {
     pub window: Window,
 }
 
+impl ClosedWindow {
+    /// Take `later`, the window closed after this one, into this one: its
+    /// samples join this window's ([`Aggregator::absorb`]) and the span
+    /// grows to `later`'s end. Nothing is dropped; the profile built from
+    /// the result covers both spans.
+    pub fn absorb(&mut self, later: ClosedWindow) {
+        let end = later.window.start_unix_ns + later.window.duration_ns;
+        self.window.duration_ns = end.saturating_sub(self.window.start_unix_ns);
+        self.aggregator.absorb(later.aggregator);
+    }
+}
+
 /// A window still collecting samples.
 #[derive(Debug, Default)]
 struct OpenWindow {

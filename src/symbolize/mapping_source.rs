@@ -96,6 +96,20 @@ pub struct TrackerSnapshot {
 }
 
 impl TrackerSnapshot {
+    /// Add what `later` (the snapshot of a window closed after this one's)
+    /// holds, for a window that absorbed its successor
+    /// ([`crate::profile::window::ClosedWindow::absorb`]). Mappings and
+    /// objects are keyed by their run-wide ids; a process's perf map or
+    /// jitdump is `later`'s where both have one.
+    pub fn absorb(&mut self, later: TrackerSnapshot) {
+        self.mappings.extend(later.mappings);
+        self.objects.extend(later.objects);
+        self.perf_maps.extend(later.perf_maps);
+        self.jitdumps.extend(later.jitdumps);
+        self.containers.extend(later.containers);
+        self.missing_samples += later.missing_samples;
+    }
+
     /// Copy what `aggregator`'s stacks need from `tracker`. Objects are
     /// taken from `cache` or duplicated into it (if duplicating a descriptor
     /// fails, the tracker's own path is used). A mapping the tracker no

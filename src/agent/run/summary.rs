@@ -125,10 +125,11 @@ impl std::fmt::Display for RunSummary {
             }
             write!(
                 f,
-                "\nwindows: closed={} handed_over={} dropped={} failed={} panicked={} \
+                "\nwindows: closed={} handed_over={} merged={} dropped={} failed={} panicked={} \
                  late_samples={} samples_missing_mapping={}",
                 c.windows,
                 c.report.windows_sent,
+                c.report.windows_merged,
                 c.report.windows_dropped,
                 c.report.windows_failed,
                 c.report.windows_panicked,

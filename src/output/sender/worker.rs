@@ -5,9 +5,13 @@
 //!
 //! Windows wait in a channel of [`MAX_PENDING_WINDOWS`]. While windows wait,
 //! each spends less time naming new objects ([`Symbolizer::set_backlog`]),
-//! so that the worker catches up; if it still falls that far behind, the
-//! newest closed window is dropped (counted in
-//! [`WorkerReport::windows_dropped`]) rather than stalling sampling.
+//! so that the worker catches up. If it still falls that far behind, the
+//! newest closed window is held on the sampling side, and each window that
+//! closes while the channel stays full is merged into it
+//! ([`ClosedWindow::absorb`]): one profile then covers several intervals,
+//! and no sample is lost (counted in [`WorkerReport::windows_merged`]).
+//! Sampling never waits for the worker; what a held window costs is its
+//! distinct stacks and 12 bytes a sample of timeline (docs/reliability.md).
 //!
 //! A panic while one window is processed (its snapshot on the sampling
 //! thread, or its symbolization, encoding and sending on the worker) drops
@@ -33,11 +37,15 @@ use crate::symbolize::Symbolizer;
 use crate::util::guard::contain;
 use crate::util::text::plural;
 
-/// Closed windows that may wait for symbolization before new ones are dropped.
+/// Closed windows that may wait for symbolization before new ones are
+/// merged into a held window (see the module docs).
 pub const MAX_PENDING_WINDOWS: usize = 4;
 
+/// A closed window and what symbolizing it needs.
+type Job = Box<(ClosedWindow, TrackerSnapshot)>;
+
 enum Message {
-    Window(Box<(ClosedWindow, TrackerSnapshot)>),
+    Window(Job),
     Finish(Duration),
 }
 
@@ -46,7 +54,10 @@ enum Message {
 pub struct WorkerReport {
     /// Windows symbolized and handed to the sender.
     pub windows_sent: u64,
-    /// Windows dropped because symbolization was too far behind.
+    /// Windows merged into an earlier held window because symbolization
+    /// was behind (their samples are in that window's profile).
+    pub windows_merged: u64,
+    /// Windows dropped because the worker thread had stopped.
     pub windows_dropped: u64,
     /// Windows the sender failed on (encoding or writing; logged).
     pub windows_failed: u64,
@@ -88,7 +99,7 @@ impl WorkerReport {
         }
         if self.windows_dropped > 0 {
             lost.push(format!(
-                "{} dropped (symbolization fell behind)",
+                "{} dropped (the window worker had stopped)",
                 plural(self.windows_dropped, "window", "windows")
             ));
         }
@@ -118,6 +129,10 @@ pub struct WindowWorker {
     objects: ObjectCache,
     /// Windows submitted and not yet taken by the worker.
     waiting: Arc<AtomicUsize>,
+    /// The window held back while the channel is full, with the windows
+    /// closed since merged into it.
+    held: Option<Job>,
+    merged: u64,
     dropped: u64,
     panicked: u64,
     missing: u64,
@@ -130,7 +145,10 @@ pub trait WindowCounters: Send + Sync {
     /// A window closed and is being handed over; counted first, so that
     /// no count of what became of windows exceeds it.
     fn window_closed(&self);
-    /// A closed window was dropped because symbolization fell behind.
+    /// A closed window was merged into an earlier held one because
+    /// symbolization was behind.
+    fn window_merged(&self);
+    /// A closed window was dropped because the worker thread had stopped.
     fn window_dropped(&self);
     /// A window's profile was handed to the sender (written, for the disk sender).
     fn window_written(&self);
@@ -176,6 +194,8 @@ impl WindowWorker {
             thread,
             objects: ObjectCache::new(),
             waiting,
+            held: None,
+            merged: 0,
             dropped: 0,
             panicked: 0,
             missing: 0,
@@ -203,39 +223,68 @@ impl WindowWorker {
         self.missing += snapshot.missing_samples();
         self.metrics
             .add_samples_missing_mapping(snapshot.missing_samples());
+        if let Some(held) = self.held.take() {
+            if let Err(mut held) = self.try_hand_over(held) {
+                // Still full: the new window joins the held one.
+                held.0.absorb(closed);
+                held.1.absorb(snapshot);
+                self.merged += 1;
+                self.metrics.window_merged();
+                debug!("window {index}: merged into held window {}", held.0.index);
+                self.held = Some(held);
+                return;
+            }
+        }
+        let Err(job) = self.try_hand_over(Box::new((closed, snapshot))) else {
+            debug!(
+                "window {index}: handed to the worker in {:?}",
+                started.elapsed()
+            );
+            return;
+        };
+        warn!(
+            "symbolization is {MAX_PENDING_WINDOWS} windows behind: window {index} held, \
+             and windows closing until the worker catches up merged into it"
+        );
+        self.held = Some(job);
+    }
+
+    /// Hand `job` to the worker if the channel has room; give it back if
+    /// the channel is full. A stopped worker drops it (counted and logged).
+    fn try_hand_over(&mut self, job: Job) -> Result<(), Job> {
+        let index = job.0.index;
         // Counted before it can be taken, so that the worker never sees
         // fewer windows waiting than there are.
         self.waiting.fetch_add(1, Ordering::Relaxed);
-        let sent = self
-            .tx
-            .try_send(Message::Window(Box::new((closed, snapshot))));
-        if sent.is_err() {
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
-        }
-        match sent {
-            Ok(()) => debug!(
-                "window {index}: handed to the worker in {:?}",
-                started.elapsed()
-            ),
-            Err(TrySendError::Full(_)) => {
-                self.dropped += 1;
-                self.metrics.window_dropped();
-                warn!(
-                    "symbolization is {MAX_PENDING_WINDOWS} windows behind: window {index} dropped"
-                );
-            }
-            Err(TrySendError::Disconnected(_)) => {
-                self.dropped += 1;
-                self.metrics.window_dropped();
-                warn!("the window worker has stopped: window {index} dropped");
+        match self.tx.try_send(Message::Window(job)) {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                self.waiting.fetch_sub(1, Ordering::Relaxed);
+                match err {
+                    TrySendError::Full(Message::Window(job)) => Err(job),
+                    _ => {
+                        self.dropped += 1;
+                        self.metrics.window_dropped();
+                        warn!("the window worker has stopped: window {index} dropped");
+                        Ok(())
+                    }
+                }
             }
         }
     }
 
     /// Wait until every submitted window has been handled, then let the
     /// sender flush for at most `flush` and return the report.
-    pub fn finish(self, flush: Duration) -> WorkerReport {
-        // A blocking send: the worker is draining the channel.
+    pub fn finish(mut self, flush: Duration) -> WorkerReport {
+        // Blocking sends: the worker is draining the channel.
+        if let Some(held) = self.held.take() {
+            self.waiting.fetch_add(1, Ordering::Relaxed);
+            if self.tx.send(Message::Window(held)).is_err() {
+                self.dropped += 1;
+                self.metrics.window_dropped();
+                warn!("the window worker has stopped: the held window is dropped");
+            }
+        }
         let _ = self.tx.send(Message::Finish(flush));
         drop(self.tx);
         let mut report = match self.thread.join() {
@@ -245,6 +294,7 @@ impl WindowWorker {
                 WorkerReport::default()
             }
         };
+        report.windows_merged += self.merged;
         report.windows_dropped += self.dropped;
         report.windows_panicked += self.panicked;
         report.samples_missing_mapping = self.missing;
@@ -345,3 +395,7 @@ fn send_window(
     crate::util::alloc::release_freed();
     sent
 }
+
+#[cfg(test)]
+#[path = "worker_tests.rs"]
+mod tests;

@@ -34,6 +34,7 @@ pub struct Metrics {
     bpf_variant: OnceLock<&'static str>,
     tracker: [AtomicU64; 3],
     windows_closed: AtomicU64,
+    windows_merged: AtomicU64,
     windows_dropped: AtomicU64,
     windows_written: AtomicU64,
     windows_failed: AtomicU64,
@@ -123,8 +124,14 @@ impl Metrics {
         self.windows_closed.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Continuous mode: a closed window was dropped because symbolization
-    /// fell behind.
+    /// Continuous mode: a closed window was merged into an earlier held one
+    /// because symbolization was behind (its samples are in that window's profile).
+    pub fn window_merged(&self) {
+        self.windows_merged.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Continuous mode: a closed window was dropped because the window
+    /// worker had stopped.
     pub fn window_dropped(&self) {
         self.windows_dropped.fetch_add(1, Ordering::Relaxed);
     }
@@ -337,11 +344,13 @@ impl Metrics {
             out,
             "lightswitch_windows_total",
             "counter",
-            "Windows closed, dropped because symbolization fell behind, written (handed to the \
-             sender), failed in the sender, and dropped because processing them panicked \
-             (panicked also counts on-demand profiles).",
+            "Windows closed, merged into an earlier held window because symbolization was \
+             behind (their samples are in its profile), dropped because the window worker had \
+             stopped, written (handed to the sender), failed in the sender, and dropped because \
+             processing them panicked (panicked also counts on-demand profiles).",
             &[
                 ("outcome=\"closed\"", get(&self.windows_closed)),
+                ("outcome=\"merged\"", get(&self.windows_merged)),
                 ("outcome=\"dropped\"", get(&self.windows_dropped)),
                 ("outcome=\"written\"", get(&self.windows_written)),
                 ("outcome=\"failed\"", get(&self.windows_failed)),
@@ -450,6 +459,10 @@ fn get(a: &AtomicU64) -> u64 {
 impl WindowCounters for Metrics {
     fn window_closed(&self) {
         Metrics::window_closed(self);
+    }
+
+    fn window_merged(&self) {
+        Metrics::window_merged(self);
     }
 
     fn window_dropped(&self) {
