@@ -276,6 +276,25 @@ pub fn profile_workload<S: AsRef<std::ffi::OsStr>>(
     }
 }
 
+/// The arguments of a whole-machine run of `seconds` at 999 Hz that writes
+/// folded stacks into the directory `out` (as `folded.txt`), with no unwind-table
+/// disk cache, so nothing is shared with other runs.
+pub fn folded_run_args<'a>(seconds: &'a str, out: &'a Path) -> [&'a str; 10] {
+    let out = out.to_str().expect("UTF-8 path");
+    [
+        "--duration",
+        seconds,
+        "-F",
+        "999",
+        "--profile-format",
+        "folded",
+        "--unwind-cache-dir",
+        "none",
+        "--profile-path",
+        out,
+    ]
+}
+
 /// Run the profiler with `args` to completion (at most `timeout`).
 pub fn run<S: AsRef<std::ffi::OsStr>>(args: &[S], timeout: Duration) -> Output {
     Lightswitch::spawn(args).wait(timeout)

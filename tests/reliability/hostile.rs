@@ -109,18 +109,7 @@ fn whole_machine_run(dir: &Path) -> Verdict {
     let bystander = Bystander::start();
     let out_dir = dir.join("out");
     let started = Instant::now();
-    let mut profiler = Lightswitch::spawn(&[
-        "--duration",
-        "3",
-        "-F",
-        "999",
-        "--profile-format",
-        "folded",
-        "--unwind-cache-dir",
-        "none",
-        "--profile-path",
-        common::s(&out_dir),
-    ]);
+    let mut profiler = Lightswitch::spawn(&common::folded_run_args("3", &out_dir));
     let status = format!("/proc/{}/status", profiler.pid());
     let mut peak_kib = 0;
     while profiler.is_running() && started.elapsed() < Duration::from_secs(40) {

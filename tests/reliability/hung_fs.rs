@@ -338,18 +338,7 @@ fn run_beside_hung_mount(later: bool) {
     let held_before = held_pids(&held);
     let mut bystander = Bystander::start();
     let started = Instant::now();
-    let mut profiler = Lightswitch::spawn(&[
-        "--duration",
-        "3",
-        "-F",
-        "999",
-        "--profile-format",
-        "folded",
-        "--unwind-cache-dir",
-        "none",
-        "--profile-path",
-        common::s(&out_dir),
-    ]);
+    let mut profiler = Lightswitch::spawn(&common::folded_run_args("3", &out_dir));
     profiler.expect_sampling();
     // The bystander's CPU time while sampled (about the 3 s of the run).
     bystander.restart_clock();
@@ -449,18 +438,7 @@ fn a_program_on_a_fuse_mount_is_named_from_its_copy_in_memory() {
     let _mount = mount_and_run(dir.path(), &server.path, &spin.path, None);
     let out_dir = dir.path().join("out");
     let out = common::run(
-        &[
-            "--duration",
-            "2",
-            "-F",
-            "999",
-            "--profile-format",
-            "folded",
-            "--unwind-cache-dir",
-            "none",
-            "--profile-path",
-            common::s(&out_dir),
-        ],
+        &common::folded_run_args("2", &out_dir),
         Duration::from_secs(60),
     );
     out.assert_success();
