@@ -96,6 +96,57 @@ fn sample_of(pid: u32) -> RawSample {
     }
 }
 
+/// The follower with everything it is handed: the tracker, the walker's
+/// maps and the table supply (both recorded) and the interpreters.
+#[derive(Default)]
+struct Rig {
+    tracker: ProcessTracker,
+    walker: Recorded,
+    tables: Asked,
+    follower: ProcessFollower,
+    interpreters: Interpreters,
+}
+
+impl Rig {
+    fn with_walker(walker: Recorded) -> Self {
+        Self {
+            walker,
+            ..Default::default()
+        }
+    }
+    /// `on_sample` of a sample of `pid`.
+    fn sample(&mut self, pid: u32) {
+        let sample = sample_of(pid);
+        self.follower.on_sample(
+            &sample,
+            &mut self.tracker,
+            &self.walker,
+            &mut self.tables,
+            &mut self.interpreters,
+        );
+    }
+    /// `on_event` of one process event.
+    fn event(&mut self, event: ProcessEvent) {
+        self.follower.on_event(
+            event,
+            &mut self.tracker,
+            &self.walker,
+            &mut self.tables,
+            &mut self.interpreters,
+        );
+    }
+    /// One step of the start-up scan (5 s budget); true while it goes on.
+    fn continue_scan(&mut self) -> bool {
+        self.follower.continue_scan(
+            &mut self.tracker,
+            &self.walker,
+            &mut self.tables,
+            &mut self.interpreters,
+            Duration::from_secs(5),
+        )
+    }
+}
+
 /// The object of the mapping holding this test's own code.
 fn own_object(tracker: &mut ProcessTracker) -> (u64, ObjectId) {
     let addr = own_object as *const () as usize as u64;
@@ -106,28 +157,14 @@ fn own_object(tracker: &mut ProcessTracker) -> (u64, ObjectId) {
 #[test]
 fn a_process_is_described_at_its_first_sample_and_again_after_its_exit() {
     let pid = std::process::id();
-    let (mut tracker, walker, mut tables) =
-        (ProcessTracker::new(), Recorded::default(), Asked::default());
-    let mut follower = ProcessFollower::new();
-    follower.on_sample(
-        &sample_of(pid),
-        &mut tracker,
-        &walker,
-        &mut tables,
-        &mut Interpreters::default(),
-    );
-    follower.on_sample(
-        &sample_of(pid),
-        &mut tracker,
-        &walker,
-        &mut tables,
-        &mut Interpreters::default(),
-    );
-    assert_eq!(walker.described.borrow().len(), 1, "described once");
-    assert_eq!(follower.described(), 1);
-    let (addr, object) = own_object(&mut tracker);
+    let mut rig = Rig::default();
+    rig.sample(pid);
+    rig.sample(pid);
+    assert_eq!(rig.walker.described.borrow().len(), 1, "described once");
+    assert_eq!(rig.follower.described(), 1);
+    let (addr, object) = own_object(&mut rig.tracker);
     {
-        let described = walker.described.borrow();
+        let described = rig.walker.described.borrow();
         let (described_pid, mappings, exec_id) = &described[0];
         assert_eq!((*described_pid, *exec_id), (pid, 0));
         let own = mappings
@@ -138,76 +175,57 @@ fn a_process_is_described_at_its_first_sample_and_again_after_its_exit() {
         let vdso = mappings.iter().find(|m| m.object_id == VDSO_OBJECT_ID);
         assert!(vdso.is_some_and(|m| !m.frame_pointers), "{mappings:?}");
     }
-    assert!(tables.objects.contains(&object));
-    assert_eq!(tables.vdso.len(), 1);
-    assert!(tables.vdso[0].starts_with(b"\x7fELF"));
-    let files = walker.files.borrow().len();
-    assert!(walker.files.borrow().contains(&object.0));
+    assert!(rig.tables.objects.contains(&object));
+    assert_eq!(rig.tables.vdso.len(), 1);
+    assert!(rig.tables.vdso[0].starts_with(b"\x7fELF"));
+    let files = rig.walker.files.borrow().len();
+    assert!(rig.walker.files.borrow().contains(&object.0));
     // The vDSO's table is registered too, under its own file key, so that
     // the exec and mmap programs describe a process's vDSO at once.
-    assert!(walker.files.borrow().contains(&VDSO_OBJECT_ID));
+    assert!(rig.walker.files.borrow().contains(&VDSO_OBJECT_ID));
 
-    follower.on_event(
-        ProcessEvent::Exit { pid },
-        &mut tracker,
-        &walker,
-        &mut tables,
-        &mut Interpreters::default(),
-    );
-    assert_eq!(*walker.removed.borrow(), vec![pid]);
-    assert_eq!(follower.described(), 0);
+    rig.event(ProcessEvent::Exit { pid });
+    assert_eq!(*rig.walker.removed.borrow(), vec![pid]);
+    assert_eq!(rig.follower.described(), 0);
     // A new process under the pid is described at its first sample; the
     // exec and mmap programs know the objects' files already.
-    follower.on_sample(
-        &sample_of(pid),
-        &mut tracker,
-        &walker,
-        &mut tables,
-        &mut Interpreters::default(),
-    );
-    assert_eq!(walker.described.borrow().len(), 2);
-    assert_eq!(walker.files.borrow().len(), files);
+    rig.sample(pid);
+    assert_eq!(rig.walker.described.borrow().len(), 2);
+    assert_eq!(rig.walker.files.borrow().len(), files);
     // Once it is gone and its objects have been unused for the grace,
     // the walker forgets their files (and they close).
-    follower.on_event(
-        ProcessEvent::Exit { pid },
-        &mut tracker,
-        &walker,
-        &mut tables,
-        &mut Interpreters::default(),
-    );
+    rig.event(ProcessEvent::Exit { pid });
     let later = crate::util::timefmt::monotonic_ns() + crate::process::EXIT_GRACE_NS + 1;
+    let Rig {
+        tracker,
+        walker,
+        follower,
+        ..
+    } = &mut rig;
     assert_eq!(tracker.retire_exited(later), 1);
     tracker.retire_exited(later + super::super::lifetime::OBJECT_GRACE_NS);
     let retired = tracker.take_retired_objects();
     assert!(retired.iter().any(|(id, _)| *id == object));
     assert_eq!(tracker.object_count(), 0);
-    follower.objects_retired(retired, &walker);
+    follower.objects_retired(retired, walker);
     // Every file but the vDSO's, which is never retired.
     assert_eq!(walker.forgotten.borrow().len(), files - 1);
     // Retired ids are not forgotten twice.
-    follower.objects_retired(tracker.take_retired_objects(), &walker);
+    follower.objects_retired(tracker.take_retired_objects(), walker);
     assert_eq!(walker.forgotten.borrow().len(), files - 1);
 }
 
 #[test]
 fn a_process_gone_without_an_exit_event_is_forgotten_by_the_walker() {
     let pid = std::process::id();
-    let (mut tracker, walker, mut tables) =
-        (ProcessTracker::new(), Recorded::default(), Asked::default());
-    let mut follower = ProcessFollower::new();
-    follower.on_sample(
-        &sample_of(pid),
-        &mut tracker,
-        &walker,
-        &mut tables,
-        &mut Interpreters::default(),
-    );
-    assert_eq!(follower.described(), 1);
-    follower.processes_vanished(&[pid], &walker, &mut tables);
-    assert_eq!(*walker.removed.borrow(), vec![pid]);
-    assert_eq!(tables.exited, vec![pid], "its JIT tables can go");
-    assert_eq!(follower.described(), 0);
+    let mut rig = Rig::default();
+    rig.sample(pid);
+    assert_eq!(rig.follower.described(), 1);
+    rig.follower
+        .processes_vanished(&[pid], &rig.walker, &mut rig.tables);
+    assert_eq!(*rig.walker.removed.borrow(), vec![pid]);
+    assert_eq!(rig.tables.exited, vec![pid], "its JIT tables can go");
+    assert_eq!(rig.follower.described(), 0);
 }
 
 #[test]
@@ -228,57 +246,35 @@ fn descriptions_of_processes_gone_from_proc_are_swept() {
 
 #[test]
 fn a_process_whose_image_is_older_than_its_latest_exec_is_not_described() {
-    let pid = std::process::id();
-    let walker = Recorded {
+    let mut rig = Rig::with_walker(Recorded {
         exec: Some(ExecTime {
             timestamp_ns: 12_345,
             exec_id: 7,
         }),
         ..Default::default()
-    };
-    let (mut tracker, mut tables) = (ProcessTracker::new(), Asked::default());
-    let mut follower = ProcessFollower::new();
-    follower.on_sample(
-        &sample_of(pid),
-        &mut tracker,
-        &walker,
-        &mut tables,
-        &mut Interpreters::default(),
-    );
-    assert!(walker.described.borrow().is_empty());
-    assert_eq!(follower.described(), 0);
-    assert!(tables.objects.is_empty());
+    });
+    rig.sample(std::process::id());
+    assert!(rig.walker.described.borrow().is_empty());
+    assert_eq!(rig.follower.described(), 0);
+    assert!(rig.tables.objects.is_empty());
 }
 
 #[test]
 fn the_startup_scan_reports_its_tables_once_when_it_is_over() {
     let pid = std::process::id();
-    let (mut tracker, walker, mut tables) =
-        (ProcessTracker::new(), Recorded::default(), Asked::default());
-    let mut follower = ProcessFollower::new();
+    let mut rig = Rig::default();
     // The second pid is above the kernel's pid_max: never a process.
-    follower.scan_processes(&[pid, u32::MAX - 5], Instant::now());
-    while follower.continue_scan(
-        &mut tracker,
-        &walker,
-        &mut tables,
-        &mut Interpreters::default(),
-        Duration::from_secs(5),
-    ) {}
-    assert!(!follower.continue_scan(
-        &mut tracker,
-        &walker,
-        &mut tables,
-        &mut Interpreters::default(),
-        Duration::from_secs(5)
-    ));
-    assert_eq!(tables.startup.len(), 1, "reported once");
-    let (_, object) = own_object(&mut tracker);
-    let scan = &tables.startup[0];
+    rig.follower
+        .scan_processes(&[pid, u32::MAX - 5], Instant::now());
+    while rig.continue_scan() {}
+    assert!(!rig.continue_scan());
+    assert_eq!(rig.tables.startup.len(), 1, "reported once");
+    let (_, object) = own_object(&mut rig.tracker);
+    let scan = &rig.tables.startup[0];
     assert_eq!(scan.processes, 1);
     assert!(scan.objects.contains(&object.0));
     assert!(scan.objects.contains(&VDSO_OBJECT_ID));
-    assert_eq!(follower.described(), 1);
+    assert_eq!(rig.follower.described(), 1);
 }
 
 /// A vDSO the BPF programs described (at an exec, or at a sample that
@@ -288,31 +284,24 @@ fn the_startup_scan_reports_its_tables_once_when_it_is_over() {
 #[test]
 fn a_vdso_the_bpf_programs_described_is_the_processs_vdso_mapping() {
     let pid = std::process::id();
-    let (mut tracker, walker, mut tables) =
-        (ProcessTracker::new(), Recorded::default(), Asked::default());
-    let mut follower = ProcessFollower::new();
-    own_object(&mut tracker);
+    let mut rig = Rig::default();
+    own_object(&mut rig.tracker);
     // Below mmap_min_addr: nothing of this process is mapped there.
     let start = 0x2000;
     let now = crate::util::timefmt::monotonic_ns();
-    follower.on_event(
-        ProcessEvent::Mapping {
-            pid,
-            start,
-            end: start + 0x2000,
-            file_offset: 0,
-            object: VDSO_OBJECT_ID,
-            timestamp_ns: now,
-        },
-        &mut tracker,
-        &walker,
-        &mut tables,
-        &mut Interpreters::default(),
-    );
-    let id = tracker
+    rig.event(ProcessEvent::Mapping {
+        pid,
+        start,
+        end: start + 0x2000,
+        file_offset: 0,
+        object: VDSO_OBJECT_ID,
+        timestamp_ns: now,
+    });
+    let id = rig
+        .tracker
         .find_mapping(pid, now, start + 0x10)
         .expect("mapped");
-    let mapping = tracker.mapping(id).unwrap();
+    let mapping = rig.tracker.mapping(id).unwrap();
     assert_eq!((mapping.name.as_str(), mapping.object), ("[vdso]", None));
     assert_eq!((mapping.start, mapping.end), (start, start + 0x2000));
 }
