@@ -9,7 +9,9 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use lightswitch::profile::format::{firefox, flamegraph, folded, otlp, perfetto, pprof, Compression};
+use lightswitch::profile::format::{
+    firefox, flamegraph, folded, otlp, perfetto, pprof, Compression,
+};
 use lightswitch::profile::{Frame, FrameKind, Line, Profile, ProfileMapping, Sample, TimedSample};
 use lightswitch::sampling::records::UnwindStatus;
 

@@ -554,7 +554,11 @@ fn one_run_in_every_format_diffs_to_nothing() {
         .arg(&src)
         .output()
         .expect("running rustc");
-    assert!(built.status.success(), "rustc: {}", String::from_utf8_lossy(&built.stderr));
+    assert!(
+        built.status.success(),
+        "rustc: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     let out = lightswitch(&[
         "record",
         "--sample-freq",
@@ -572,8 +576,13 @@ fn one_run_in_every_format_diffs_to_nothing() {
         folded.contains("[u8: 4] as "),
         "no sample of the name with a ';':\n{folded}"
     );
-    let files = ["folded.txt", "profile.pb", "profile.json.gz", "profile.otlp.pb"]
-        .map(|name| dir.path().join(name));
+    let files = [
+        "folded.txt",
+        "profile.pb",
+        "profile.json.gz",
+        "profile.otlp.pb",
+    ]
+    .map(|name| dir.path().join(name));
     for base in &files {
         for new in &files {
             let out = lightswitch(&["diff", "--output", "json", "--top", "0", s(base), s(new)]);

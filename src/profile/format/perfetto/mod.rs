@@ -50,8 +50,8 @@ use prost::Message;
 
 use super::{folded, Compression, FormatSpec};
 use crate::profile::{FrameKind, Profile};
-pub use interning::{UNKNOWN_MAPPING, UNWIND_MAPPING};
 use interning::Interner;
+pub use interning::{UNKNOWN_MAPPING, UNWIND_MAPPING};
 use proto::trace_packet::{Data, OptionalTrustedPacketSequenceId, SequenceFlags};
 use proto::{BuiltinClock, InternedData, TracePacket};
 

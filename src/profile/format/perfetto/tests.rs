@@ -58,10 +58,22 @@ fn read(bytes: &[u8]) -> Decoded {
                 assert!(paths.insert(s.iid.unwrap(), text(&s.str)).is_none());
             }
             for m in &new.mappings {
-                let path: String = m.path_string_ids.iter().map(|p| format!("/{}", paths[p])).collect();
+                let path: String = m
+                    .path_string_ids
+                    .iter()
+                    .map(|p| format!("/{}", paths[p]))
+                    .collect();
                 let build_id = m
                     .build_id
-                    .map(|b| new.build_ids.iter().find(|s| s.iid == Some(b)).unwrap().str.clone().unwrap())
+                    .map(|b| {
+                        new.build_ids
+                            .iter()
+                            .find(|s| s.iid == Some(b))
+                            .unwrap()
+                            .str
+                            .clone()
+                            .unwrap()
+                    })
                     .unwrap_or_default();
                 out.mappings.push((path, build_id));
             }
@@ -75,26 +87,42 @@ fn read(bytes: &[u8]) -> Decoded {
         match packet.data.as_ref().expect("data") {
             Data::ClockSnapshot(clock) => {
                 assert_eq!(i, 0);
-                assert_eq!(clock.primary_trace_clock, Some(BuiltinClock::Realtime as i32));
+                assert_eq!(
+                    clock.primary_trace_clock,
+                    Some(BuiltinClock::Realtime as i32)
+                );
             }
             Data::TrackDescriptor(d) => {
                 let track = match (&d.process, &d.thread) {
                     (Some(p), None) => (p.pid.unwrap(), 0, p.process_name.clone().unwrap()),
-                    (None, Some(t)) => (t.pid.unwrap(), t.tid.unwrap(), t.thread_name.clone().unwrap()),
+                    (None, Some(t)) => (
+                        t.pid.unwrap(),
+                        t.tid.unwrap(),
+                        t.thread_name.clone().unwrap(),
+                    ),
                     other => panic!("{other:?}"),
                 };
                 assert!(out.tracks.insert(d.uuid.unwrap(), track).is_none());
             }
             Data::PerfSample(s) => {
-                assert_eq!(packet.timestamp_clock_id, Some(BuiltinClock::Realtime as u32));
+                assert_eq!(
+                    packet.timestamp_clock_id,
+                    Some(BuiltinClock::Realtime as u32)
+                );
                 let stack: Vec<String> = stacks[&s.callstack_iid.unwrap()]
                     .iter()
                     .map(|f| {
                         let frame = &frames[f];
                         let kernel = frame.kind_field
-                            == Some(proto::frame::KindField::Kind(proto::frame::Kind::Kernel as i32));
+                            == Some(proto::frame::KindField::Kind(
+                                proto::frame::Kind::Kernel as i32,
+                            ));
                         let name = folded::clean(&names[&frame.function_name_id.unwrap()]);
-                        if kernel { name + "_[k]" } else { name }
+                        if kernel {
+                            name + "_[k]"
+                        } else {
+                            name
+                        }
                     })
                     .collect();
                 out.samples.push((
@@ -184,7 +212,10 @@ fn samples_are_at_their_time_on_their_thread_with_their_stack() {
     // Mappings: /bin/app with its build ID's bytes, and the unwind marker's.
     assert!(read.mappings.contains(&(
         "/bin/app".to_string(),
-        vec![0x0a, 0xa7, 0x0d, 0xc6, 0x6d, 0xec, 0x07, 0x7a, 0x91, 0x40, 0xa3, 0x91, 0xcc, 0x1a, 0x09, 0x27, 0x37, 0xb7, 0x51, 0x48]
+        vec![
+            0x0a, 0xa7, 0x0d, 0xc6, 0x6d, 0xec, 0x07, 0x7a, 0x91, 0x40, 0xa3, 0x91, 0xcc, 0x1a,
+            0x09, 0x27, 0x37, 0xb7, 0x51, 0x48
+        ]
     )));
     assert!(read.mappings.contains(&("/[unwind]".to_string(), vec![])));
     // Each stack is interned once: 3 stacks, 2 of them the same frames.
@@ -232,7 +263,9 @@ fn waits_are_nested_slices_on_their_threads() {
     let mut on_8: Vec<_> = read.slices.iter().filter(|s| s.0 == thread(8)).collect();
     on_8.sort_by_key(|s| s.1);
     assert_eq!(
-        on_8.iter().map(|s| (s.1 - start, s.2 - start)).collect::<Vec<_>>(),
+        on_8.iter()
+            .map(|s| (s.1 - start, s.2 - start))
+            .collect::<Vec<_>>(),
         vec![(1_000, 6_000), (6_000, 14_000)]
     );
     assert!(on_8.iter().all(|s| s.3 == OFF_CPU_SLICE));
