@@ -372,11 +372,11 @@ impl Drop for KillOnDrop {
 }
 
 /// The samples of a sender's summary line (`2 windows queued for URL: 240
-/// samples, ...`).
+/// samples, ...`; `1 window` for one).
 fn queued_samples(stdout: &str) -> u64 {
     stdout
         .lines()
-        .find(|l| l.contains(" windows queued for "))
+        .find(|l| l.contains(" queued for "))
         .and_then(|l| l.rsplit_once(": "))
         .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("no windows queued line in:\n{stdout}"))

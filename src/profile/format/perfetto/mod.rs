@@ -36,8 +36,11 @@
 //!   waited with, root to leaf, as folded stacks write it). A thread's
 //!   waits do not overlap; should two, the later one starts where the
 //!   earlier ended, so the slices nest as Perfetto requires.
+//!
+//! [`read`] reads a trace's CPU samples back for `report` and `diff`.
 
 mod interning;
+pub mod read;
 #[cfg(test)]
 mod tests;
 

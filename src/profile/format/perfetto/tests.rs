@@ -14,6 +14,7 @@ use super::*;
 use crate::profile::format::firefox::tests::timed_profile;
 use crate::profile::format::folded::tests::sample_profile;
 use crate::profile::TimedWait;
+use crate::sampling::records::UnwindStatus;
 
 /// What a reader makes of a trace.
 #[derive(Default)]
@@ -295,4 +296,74 @@ fn a_profile_without_its_timeline_is_refused_and_an_empty_one_is_its_clock() {
     let read = read(&encode(&profile, Compression::None).unwrap());
     assert_eq!(read.packets, 1);
     assert!(read.samples.is_empty());
+}
+
+/// [`read::decode`] gives back the samples: the same folded stacks, the
+/// same threads with their names, every sample at its time, the mapping
+/// with its build ID in hex, unwind markers and their stacks' status.
+#[test]
+fn a_trace_reads_back_as_its_samples() {
+    let profile = timed_profile();
+    let back = read::decode(&encode(&profile, Compression::None).unwrap()).unwrap();
+    assert_eq!(
+        folded::folded_stacks(&back),
+        folded::folded_stacks(&profile)
+    );
+    let threads: BTreeMap<(u32, u32), (u64, &str, &str)> =
+        back.samples.iter().fold(BTreeMap::new(), |mut m, s| {
+            let entry = m
+                .entry((s.pid, s.tid))
+                .or_insert((0, &*s.process_comm, &*s.thread_comm));
+            entry.0 += s.count;
+            m
+        });
+    assert_eq!(
+        threads,
+        BTreeMap::from([
+            ((7, 7), (5, "app", "worker;1")),
+            ((7, 8), (3, "app", "worker;1"))
+        ])
+    );
+    let times = |p: &Profile| -> Vec<(i128, u64)> {
+        p.timeline
+            .iter()
+            .map(|t| {
+                let s = &p.samples[t.sample as usize];
+                (
+                    i128::from(p.start_unix_ns) + i128::from(t.offset_ns),
+                    u64::from(s.tid),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(times(&back), times(&profile));
+    assert!(back.mappings.iter().any(|m| m.filename == "/bin/app"
+        && m.build_id.as_deref() == Some("0aa70dc66dec077a9140a391cc1a092737b75148")));
+    assert!(back
+        .samples
+        .iter()
+        .any(|s| s.unwind_status == UnwindStatus::Truncated));
+    assert!(back.frames.iter().any(|f| f.kind == FrameKind::Kernel));
+}
+
+/// Bytes that are no trace, a trace without samples, and a sample whose
+/// callstack was never interned are errors that say so.
+#[test]
+fn bad_traces_are_errors() {
+    let err = |bytes: &[u8]| format!("{:#}", read::decode(bytes).unwrap_err());
+    assert!(err(b"\xff\xff\xff").contains("does not decode"));
+    let mut empty = timed_profile();
+    empty.samples.clear();
+    empty.timeline.clear();
+    let e = err(&encode(&empty, Compression::None).unwrap());
+    assert!(e.contains("no PerfSample"), "{e}");
+    let bytes = encode(&timed_profile(), Compression::None).unwrap();
+    let mut trace = Trace::decode(&bytes[..]).unwrap();
+    for packet in &mut trace.packet {
+        packet.interned_data = None;
+    }
+    let e = err(&trace.encode_to_vec());
+    assert!(e.contains("callstack 1 was never interned"), "{e}");
+    let truncated = err(&bytes[..bytes.len() - 3]);
+    assert!(truncated.contains("does not decode"), "{truncated}");
 }
