@@ -274,17 +274,18 @@ impl Tracks {
             threads: BTreeMap::new(),
             processes: BTreeMap::new(),
         };
-        let mut next_uuid = 1;
+        // 1 and up, in the order processes and threads are first met.
+        let mut uuids = 1u64..;
         for (&(pid, tid), &(time, index)) in &latest {
-            let process = tracks.processes.entry(pid).or_insert_with(|| {
-                next_uuid += 1;
-                (next_uuid - 1, time, index)
-            });
+            let process = tracks
+                .processes
+                .entry(pid)
+                .or_insert_with(|| (uuids.next().unwrap_or_default(), time, index));
             if time >= process.1 {
                 (process.1, process.2) = (time, index);
             }
-            tracks.threads.insert((pid, tid), (next_uuid, time, index));
-            next_uuid += 1;
+            let uuid = uuids.next().unwrap_or_default();
+            tracks.threads.insert((pid, tid), (uuid, time, index));
         }
         tracks
     }

@@ -79,7 +79,7 @@ fn read(bytes: &[u8]) -> Decoded {
                 out.mappings.push((path, build_id));
             }
             for f in &new.frames {
-                assert!(frames.insert(f.iid.unwrap(), f.clone()).is_none());
+                assert!(frames.insert(f.iid.unwrap(), *f).is_none());
             }
             for c in &new.callstacks {
                 assert!(stacks.insert(c.iid.unwrap(), c.frame_ids.clone()).is_none());
