@@ -3,7 +3,8 @@
 //! headers `#define` for both sides (`bpf_defines.rs`, see [`defines`]),
 //! and generates with prost the pprof message
 //! types from `proto/profile.proto`, Pyroscope's push API types from
-//! `proto/pyroscope/` and the OpenTelemetry profiles types from
+//! `proto/pyroscope/`, Perfetto's trace packets from `proto/perfetto/` and
+//! the OpenTelemetry profiles types from
 //! `proto/otlp/` (module tree in `otlp.rs`, see `src/profile/format/otlp/mod.rs`).
 
 use std::env;
@@ -133,11 +134,16 @@ fn main() {
         .concat();
     std::fs::write(out.join("bpf_defines.rs"), consts).expect("writing bpf_defines.rs");
 
-    // pprof (`perftools.profiles`), and Pyroscope's push API (`push.v1`,
-    // `types.v1`; its imports are relative to `proto/pyroscope`).
+    // pprof (`perftools.profiles`), Pyroscope's push API (`push.v1`,
+    // `types.v1`; its imports are relative to `proto/pyroscope`) and
+    // Perfetto's trace packets (`perfetto.protos`).
     prost_build::Config::new()
         .compile_protos(
-            &["proto/profile.proto", "proto/pyroscope/push/v1/push.proto"],
+            &[
+                "proto/profile.proto",
+                "proto/pyroscope/push/v1/push.proto",
+                "proto/perfetto/perfetto_trace.proto",
+            ],
             &["proto", "proto/pyroscope"],
         )
         .expect("generating the protobuf types (is protoc installed? see scripts/setup.sh)");

@@ -2,13 +2,16 @@
 //! folded stacks and the SVG flame graph of a profile with N distinct
 //! 20-frame stacks over 500 functions, per stack; and the Firefox timeline
 //! of a 60 s, 10 kHz, 2-CPU run (1.2 M timed samples over 100 000 distinct
-//! stacks of 40 threads), per sample.
+//! stacks of 40 threads), and its OTLP and Perfetto (raw and gzip'd)
+//! encodings, per sample.
 
 use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use lightswitch::profile::format::{firefox, flamegraph, folded, otlp, pprof, Compression};
+use lightswitch::profile::format::{
+    firefox, flamegraph, folded, otlp, perfetto, pprof, Compression,
+};
 use lightswitch::profile::{Frame, FrameKind, Line, Profile, ProfileMapping, Sample, TimedSample};
 use lightswitch::sampling::records::UnwindStatus;
 
@@ -138,6 +141,17 @@ fn encode_firefox(c: &mut Criterion) {
     group.bench_with_input(BenchmarkId::new("otlp-gzip", samples), &p, |b, p| {
         b.iter(|| otlp::encode(black_box(p), Compression::Gzip))
     });
+    // A Perfetto trace: one packet per sample, stacks interned as they come.
+    for (name, compression) in [
+        ("perfetto", Compression::None),
+        ("perfetto-gzip", Compression::Gzip),
+    ] {
+        let size = perfetto::encode(&p, compression).map_or(0, |b| b.len());
+        eprintln!("{name}: {samples} samples, 100000 stacks: {size} bytes");
+        group.bench_with_input(BenchmarkId::new(name, samples), &p, |b, p| {
+            b.iter(|| perfetto::encode(black_box(p), compression))
+        });
+    }
     group.finish();
 }
 

@@ -15,7 +15,9 @@
 # Python package, installed by pip into a virtualenv: Debian 12's Python is
 # "externally managed", so neither a system-wide nor a `--user` pip install
 # is allowed; the virtualenv is `otlp-venv` in the cargo target directory,
-# $CARGO_TARGET_DIR or ./target, where the test looks for it); for
+# $CARGO_TARGET_DIR or ./target, where the test looks for it; tests/perfetto
+# likewise decodes Perfetto traces with the `perfetto` package in
+# `perfetto-venv`); for
 # tests/kernels/run.sh (other kernels booted under qemu): qemu-system-x86,
 # busybox-static, curl and xz-utils (Debian 11's 5.10 kernel is fetched from
 # bullseye-security), and virtme-ng from PyPI in the virtualenv `vng-venv`
@@ -51,6 +53,15 @@ if ! "$venv/bin/python3" -c "$check" 2>/dev/null; then
     mkdir -p "$target"
     /usr/bin/python3 -m venv "$venv"
     "$venv/bin/pip" install -q 'opentelemetry-proto>=1.43'
+fi
+# The `perfetto` package's generated protobuf classes decode Perfetto traces
+# in tests/perfetto (its trace processor, which fetches a binary, is not used).
+perfetto_venv=$target/perfetto-venv
+if ! "$perfetto_venv/bin/python3" -c 'import perfetto.protos.perfetto.trace.perfetto_trace_pb2' 2>/dev/null; then
+    echo "setup: installing perfetto into $perfetto_venv" >&2
+    mkdir -p "$target"
+    /usr/bin/python3 -m venv "$perfetto_venv"
+    "$perfetto_venv/bin/pip" install -q 'perfetto>=0.59'
 fi
 vng_venv=$target/vng-venv
 if ! command -v vng >/dev/null && [ ! -x "$vng_venv/bin/vng" ]; then

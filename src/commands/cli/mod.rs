@@ -132,7 +132,8 @@ pub struct ProfileArgs {
     #[arg(long, value_parser = crate::util::files::parse_mode, default_value = "600")]
     pub profile_mode: u32,
 
-    /// Compression of pprof and OTLP output: `none` (raw protobuf) or `gzip`.
+    /// Compression of pprof, OTLP and Perfetto output: `none` (raw protobuf)
+    /// or `gzip`.
     #[arg(long, value_enum, default_value_t = Compression::None)]
     pub pprof_compression: Compression,
 
@@ -553,7 +554,7 @@ pub struct ReportArgs {
     /// file name in the current directory; `-` writes to stdout).
     #[arg(long, short = 'o', requires = "format")]
     pub output: Option<PathBuf>,
-    /// With --format pprof or otlp: `none` (raw protobuf) or `gzip`.
+    /// With --format pprof, otlp or perfetto: `none` (raw protobuf) or `gzip`.
     #[arg(long, value_enum, default_value_t = Compression::None)]
     pub pprof_compression: Compression,
     /// Largest size of the input once decoded (decompressed, when gzip'd),

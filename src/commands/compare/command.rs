@@ -115,12 +115,12 @@ pub fn report(args: &ReportPlan) -> Result<()> {
     let span = span(args)?;
     let (mut profile, input) = read_input(&args.file, u64::from(args.max_input_mb) << 20)?;
     if let Some((from, to)) = span {
-        let timed = input == InputFormat::Timeline
+        let timed = matches!(input, InputFormat::Timeline | InputFormat::Perfetto)
             || (input == InputFormat::Otlp && !profile.timeline.is_empty());
         if !timed {
             bail!(
-                "--from/--to need a timeline (a Firefox or OTLP profile, e.g. written with \
-                 --profile-format firefox or otlp), but {} is {}",
+                "--from/--to need a timeline (a Firefox, OTLP or Perfetto profile, e.g. written \
+                 with --profile-format firefox, otlp or perfetto), but {} is {}",
                 args.file.display(),
                 match input {
                     InputFormat::Pprof => "a pprof profile",

@@ -370,6 +370,7 @@ mod across_formats {
             ProfileFormat::Pprof,
             ProfileFormat::Firefox,
             ProfileFormat::Otlp,
+            ProfileFormat::Perfetto,
         ];
         let read: Vec<(ProfileFormat, Profile)> = formats
             .iter()

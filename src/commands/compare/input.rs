@@ -5,7 +5,8 @@
 //! lightswitch, inferno and Brendan Gregg's scripts write them), a
 //! timeline (Firefox Profiler JSON, raw or gzip'd: [`super::timeline`]), or
 //! OpenTelemetry profiles (an OTLP export request, raw or gzip'd:
-//! [`crate::profile::format::otlp::read`]).
+//! [`crate::profile::format::otlp::read`]), or a Perfetto trace (raw or
+//! gzip'd: [`crate::profile::format::perfetto::read`]).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -70,6 +71,9 @@ pub enum InputFormat {
     /// An OTLP profiles export request, raw or gzip'd: [`Profile::timeline`]
     /// is filled when its samples have their timestamps.
     Otlp,
+    /// A Perfetto trace, raw or gzip'd: every sample has its time
+    /// ([`Profile::timeline`] is filled).
+    Perfetto,
 }
 
 /// Read and decode the profile in `path`, refusing one larger than
@@ -105,8 +109,10 @@ pub fn read_input(path: &Path, max_bytes: u64) -> Result<(Profile, InputFormat)>
 /// text as folded stacks (its error names the first bad line), anything
 /// else as pprof (raw or gzip'd), or when it is not pprof as OTLP (the two
 /// cannot be mistaken for each other: field 1 of a pprof profile holds
-/// varints where an OTLP request's holds a message, and the reverse). At
-/// most [`DEFAULT_MAX_INPUT_MB`] of decoded bytes.
+/// varints where an OTLP request's holds a message, and the reverse), or
+/// when neither as a Perfetto trace (whose packets hold none of the fields
+/// a pprof profile or an OTLP request needs). At most
+/// [`DEFAULT_MAX_INPUT_MB`] of decoded bytes.
 pub fn parse_profile(bytes: &[u8]) -> Result<Profile> {
     parse_input(bytes).map(|(profile, _)| profile)
 }
@@ -204,7 +210,13 @@ fn parse_decoded(raw: &[u8]) -> Result<(Profile, InputFormat)> {
         Ok(proto) => Ok((merge::profile_from_pprof(&proto), InputFormat::Pprof)),
         Err(why) => match crate::profile::format::otlp::read::decode(raw) {
             Ok(profile) => Ok((profile, InputFormat::Otlp)),
-            Err(otlp) => bail!("it is binary, but not a pprof profile: {why} (nor OTLP: {otlp:#})"),
+            Err(otlp) => match crate::profile::format::perfetto::read::decode(raw) {
+                Ok(profile) => Ok((profile, InputFormat::Perfetto)),
+                Err(perfetto) => bail!(
+                    "it is binary, but not a pprof profile: {why} (nor OTLP: {otlp:#}; nor a \
+                     Perfetto trace: {perfetto:#})"
+                ),
+            },
         },
     }
 }

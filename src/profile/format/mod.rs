@@ -13,6 +13,7 @@ pub mod flamegraph;
 pub mod folded;
 pub mod off_cpu;
 pub mod otlp;
+pub mod perfetto;
 pub mod pprof;
 
 use std::io::Write;
@@ -36,6 +37,8 @@ pub enum ProfileFormat {
     Firefox,
     /// OpenTelemetry profiles protobuf, every sample's time kept ([`otlp`]).
     Otlp,
+    /// Perfetto trace, every sample at its time on its thread's track ([`perfetto`]).
+    Perfetto,
     /// Folded stacks of off-CPU time ([`off_cpu::FOLDED`]).
     FoldedOffCpu,
     /// Flame graph of off-CPU time ([`off_cpu::FLAME_GRAPH`]).
@@ -71,18 +74,19 @@ pub struct FormatSpec {
     /// The encoder: writes the encoded profile into the writer (a file
     /// for one-shot runs, so that no encoded output is held in memory;
     /// [`encode`] passes a `Vec`). The [`Compression`] applies where the
-    /// format has a choice (pprof, OTLP); formats with a fixed encoding ignore it.
+    /// format has a choice (pprof, OTLP, Perfetto); formats with a fixed encoding ignore it.
     pub encode: fn(&Profile, Compression, &mut dyn Write) -> Result<()>,
 }
 
 impl ProfileFormat {
     /// Every format, in the order `--help` lists them.
-    pub const ALL: [ProfileFormat; 7] = [
+    pub const ALL: [ProfileFormat; 8] = [
         ProfileFormat::Pprof,
         ProfileFormat::FlameGraph,
         ProfileFormat::Folded,
         ProfileFormat::Firefox,
         ProfileFormat::Otlp,
+        ProfileFormat::Perfetto,
         ProfileFormat::FlameGraphOffCpu,
         ProfileFormat::FoldedOffCpu,
     ];
@@ -95,6 +99,7 @@ impl ProfileFormat {
             ProfileFormat::Pprof => &pprof::SPEC,
             ProfileFormat::Firefox => &firefox::SPEC,
             ProfileFormat::Otlp => &otlp::SPEC,
+            ProfileFormat::Perfetto => &perfetto::SPEC,
             ProfileFormat::FoldedOffCpu => &off_cpu::FOLDED,
             ProfileFormat::FlameGraphOffCpu => &off_cpu::FLAME_GRAPH,
         }
@@ -213,7 +218,7 @@ mod tests {
         assert!(
             err.contains("png")
                 && err.contains(
-                    "pprof, flame-graph, folded, firefox, otlp, flame-graph-off-cpu, folded-off-cpu"
+                    "pprof, flame-graph, folded, firefox, otlp, perfetto, flame-graph-off-cpu, folded-off-cpu"
                 ),
             "{err}"
         );

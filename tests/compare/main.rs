@@ -1,10 +1,13 @@
 //! `lightswitch diff` and `lightswitch report` on profiles of real
 //! programs recorded by lightswitch (pprof, raw and gzip'd, and folded):
 //! a profile against itself, a function whose share doubles, JSON output,
-//! the differential flame graph, the top table and re-encoding.
-//! Needs root (recording) and gcc.
+//! the differential flame graph, the top table and re-encoding; one run
+//! written in every format `diff` reads diffs to nothing across each pair
+//! ([`formats`]). Needs root (recording), gcc and rustc.
 
+#[path = "../common/mod.rs"]
 mod common;
+mod formats;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
