@@ -339,7 +339,7 @@ const HALVES_SOURCE: &str = r#"
 #include <time.h>
 static double now_ms(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 volatile unsigned long spin;
@@ -388,10 +388,12 @@ fn timeline_times(path: &Path) -> Vec<f64> {
 }
 
 /// `report --from/--to` on the timeline of a program whose hot function
-/// switches from `fa` to `fb` 1 s after it starts: the first part of the
-/// run shows only `fa`, the second only `fb`; a re-encoded slice holds
-/// exactly the samples the file has in that span; `--from` on pprof is an
-/// error (exit 2).
+/// switches from `fa` to `fb` after 1 s of its CPU time: the part of the
+/// run before 40% of its samples shows only `fa`, the part after 60% only
+/// `fb`; a re-encoded slice holds exactly the samples the file has in that
+/// span; `--from` on pprof is an error (exit 2). The cut points come from
+/// the file's own sample times (cpu-clock samples follow CPU time), not
+/// from the wall clock, which a loaded machine stretches.
 #[test]
 fn report_slices_a_timeline_by_time() {
     let _serial = serial();
@@ -400,9 +402,27 @@ fn report_slices_a_timeline_by_time() {
     let firefox = ["--profile-format", "firefox"];
     let timeline = record(&program, (1000, 1000), dir.path(), "t.json.gz", &firefox);
     let path = s(&timeline);
+    let mut times = timeline_times(&timeline);
+    times.sort_by(f64::total_cmp);
+    assert!(times.len() > 200, "{} samples", times.len());
+    // Midway between the sample at quantile q and the next (ms), so that
+    // no sample lies on a cut; and as a flag value (s).
+    let at_ms = |q: f64| {
+        let k = ((times.len() - 2) as f64 * q) as usize;
+        (times[k] + times[k + 1]) / 2.0
+    };
+    let at = |q: f64| format!("{:.4}", at_ms(q) / 1000.0);
 
-    // The program starts a few ms after the profile: margins of 200 ms.
-    let first = lightswitch(&["report", "--top", "0", "--from", "0", "--to", "0.8", path]);
+    let first = lightswitch(&[
+        "report",
+        "--top",
+        "0",
+        "--from",
+        "0",
+        "--to",
+        &at(0.4),
+        path,
+    ]);
     assert_eq!(first.status.code(), Some(0), "{first}");
     let rows = reported(&first);
     let share = |rows: &[(String, f64)], name: &str| {
@@ -412,7 +432,7 @@ fn report_slices_a_timeline_by_time() {
     };
     assert!(share(&rows, "fa") > 80.0, "{first}");
     assert_eq!(share(&rows, "fb"), 0.0, "{first}");
-    let second = lightswitch(&["report", "--top", "0", "--from", "1.2", path]);
+    let second = lightswitch(&["report", "--top", "0", "--from", &at(0.6), path]);
     assert_eq!(second.status.code(), Some(0), "{second}");
     let rows = reported(&second);
     assert!(share(&rows, "fb") > 80.0, "{second}");
@@ -424,26 +444,36 @@ fn report_slices_a_timeline_by_time() {
     }
 
     // A slice re-encoded as folded stacks has as many samples as the file
-    // has times in [0.2 s, 1.5 s).
+    // has times in [from, to).
+    let (from, to) = (at(0.1), at(0.75));
     let out = lightswitch(&[
-        "report", "--from", "0.2", "--to", "1.5", "--format", "folded", "-o", "-", path,
+        "report", "--from", &from, "--to", &to, "--format", "folded", "-o", "-", path,
     ]);
     assert_eq!(out.status.code(), Some(0), "{out}");
     let folded = parse_folded(&out.stdout);
-    let in_span = timeline_times(&timeline)
+    let span_ms = |a: &str, b: &str| {
+        (
+            a.parse::<f64>().unwrap() * 1e3,
+            b.parse::<f64>().unwrap() * 1e3,
+        )
+    };
+    let (from_ms, to_ms) = span_ms(&from, &to);
+    let in_span = times
         .iter()
-        .filter(|&&t| (200.0..1500.0).contains(&t))
+        .filter(|&&t| (from_ms..to_ms).contains(&t))
         .count() as u64;
     assert!(in_span > 100, "{in_span} samples in the span");
     assert_eq!(total(&folded), in_span);
     // Re-encoded as a timeline again, the slice starts at 0.
+    let (from, to) = (at(0.6), at(0.9));
+    let (from_ms, to_ms) = span_ms(&from, &to);
     let sliced = dir.path().join("slice.json.gz");
     let out = lightswitch(&[
         "report",
         "--from",
-        "1.2",
+        &from,
         "--to",
-        "1.8",
+        &to,
         "--format",
         "firefox",
         "-o",
@@ -453,7 +483,7 @@ fn report_slices_a_timeline_by_time() {
     assert_eq!(out.status.code(), Some(0), "{out}");
     let times = timeline_times(&sliced);
     assert!(
-        !times.is_empty() && times.iter().all(|&t| t < 600.0),
+        !times.is_empty() && times.iter().all(|&t| t < to_ms - from_ms + 1.0),
         "{times:?}"
     );
 
