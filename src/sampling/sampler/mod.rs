@@ -18,7 +18,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, Ring
 use tracing::{info, warn};
 
 use crate::sampling::records::{RawSample, TimedEvent};
-use crate::sampling::skel::{types::stat_index, ProfilerSkel, ProfilerSkelBuilder};
+use crate::sampling::skel::{defines, types::stat_index, ProfilerSkel, ProfilerSkelBuilder};
 
 mod events;
 mod follow;
@@ -258,7 +258,11 @@ impl<'obj> Sampler<'obj> {
             let python_fd = skel.progs.walk_python.as_fd().as_raw_fd();
             skel.maps
                 .walker_programs
-                .update(&1u32.to_ne_bytes(), &python_fd.to_ne_bytes(), MapFlags::ANY)
+                .update(
+                    &(defines::PYTHON_PROGRAM_SLOT as u32).to_ne_bytes(),
+                    &python_fd.to_ne_bytes(),
+                    MapFlags::ANY,
+                )
                 .context("installing the Python walker for tail calls")?;
         }
         if off_cpu {
