@@ -15,13 +15,16 @@
 //! frames, never a name. `scenarios` covers the shapes Python code takes
 //! (recursion, methods, generators, coroutines, callbacks from C, threads,
 //! `record`), `container` an interpreter only visible under
-//! `/proc/PID/root`, and `unsupported` CPython 3.14, a free-threaded build
-//! and PyPy.
+//! `/proc/PID/root`, `many_threads` a thread behind a hundred others in
+//! the interpreter's list, `off_cpu` Python chains of `--off-cpu` waits,
+//! and `unsupported` CPython 3.14, a free-threaded build and PyPy.
 
 mod chains;
 #[path = "../common/mod.rs"]
 mod common;
 mod container;
+mod many_threads;
+mod off_cpu;
 mod scenarios;
 mod unsupported;
 

@@ -162,6 +162,7 @@ fn log_load_report(
     if off_cpu {
         loaded.push(("off_cpu_resume", p.off_cpu_resume.as_fd()));
         loaded.push(("walk_user_stack_off_cpu", p.walk_user_stack_off_cpu.as_fd()));
+        loaded.push(("walk_python_off_cpu", p.walk_python_off_cpu.as_fd()));
     }
     let programs = crate::sampling::bpf_info::verified_programs(&loaded);
     info!(
