@@ -18,8 +18,9 @@ use crate::common::*;
 /// Threads started before the busy one's work.
 const IDLE_THREADS: usize = 100;
 
-/// The workload: `argv[1]` idle threads, then `argv[2]` s of work on the
-/// main thread once a line arrives on stdin.
+/// The workload: `argv[1]` idle threads, then `argv[2]` s of the main
+/// thread's CPU time (`time.thread_time`, so that a loaded machine gives
+/// it as many samples as an idle one) once a line arrives on stdin.
 const SCRIPT: &str = "import sys, threading, time
 def leaf_work(n):
     s = 0
@@ -28,7 +29,7 @@ def leaf_work(n):
     return s
 
 def busy(end):
-    while time.time() < end:
+    while time.thread_time() < end:
         leaf_work(20000)  # busy: call
 
 stop = threading.Event()
@@ -37,7 +38,7 @@ for thread in idle:
     thread.start()
 print('ready', flush=True)
 sys.stdin.readline()
-busy(time.time() + float(sys.argv[2]))  # <module>: call
+busy(time.thread_time() + float(sys.argv[2]))  # <module>: call
 stop.set()
 ";
 

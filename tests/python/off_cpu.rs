@@ -79,7 +79,10 @@ fn a_sleeping_thread_waits_under_its_python_chain() {
             .filter(|(frames, _)| under_chain(&user_frames(frames)))
             .map(|(_, ns)| ns)
             .sum();
-        eprintln!("{label}: {:.3} s off-CPU under the chain", chained as f64 / 1e9);
+        eprintln!(
+            "{label}: {:.3} s off-CPU under the chain",
+            chained as f64 / 1e9
+        );
         // The naps are SECONDS less the loop's own time; the rest of the
         // process's waits (its wait for the line, before) are elsewhere.
         assert!(

@@ -16,7 +16,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use anyhow::{anyhow, Context, Result};
 use libbpf_rs::{Link, MapCore, MapFlags};
 
-use crate::sampling::skel::{OpenProfilerSkel, ProfilerSkel};
+use crate::sampling::skel::{defines, OpenProfilerSkel, ProfilerSkel};
 
 /// Waits that can wait at once for their system call to return (entries
 /// of `off_cpu_pending`, 1 KiB each, allocated as used).
@@ -65,12 +65,16 @@ pub(super) fn configure(
 }
 
 /// After load: put the off-CPU walker (slot 0) and its Python walker
-/// (slot 1, the slot `walk_python` has in `walker_programs`;
+/// (slot `PYTHON_PROGRAM_SLOT`, as `walk_python` in `walker_programs`;
 /// src/sampling/bpf/python.h) in their program array.
 pub(super) fn install_walker(skel: &ProfilerSkel<'_>) -> Result<()> {
     let walkers = [
         (0u32, skel.progs.walk_user_stack_off_cpu.as_fd(), "stack"),
-        (1u32, skel.progs.walk_python_off_cpu.as_fd(), "Python"),
+        (
+            defines::PYTHON_PROGRAM_SLOT as u32,
+            skel.progs.walk_python_off_cpu.as_fd(),
+            "Python",
+        ),
     ];
     for (slot, prog, what) in walkers {
         let fd = prog.as_raw_fd();
