@@ -565,7 +565,7 @@ mod tests {
         interpreters.procs.insert(
             9,
             Attached {
-                eval: vec![100..200],
+                eval: std::iter::once(100..200).collect(),
                 whole_code: true,
                 unsupported: Some(label),
                 entry: None,
