@@ -16,11 +16,13 @@ use libbpf_cargo::SkeletonBuilder;
 const BPF_SRC: &str = "src/sampling/bpf/profiler.bpf.c";
 
 /// The BPF headers whose numeric `#define`s user space reads too: the
-/// records and tables (`profiler.h`) and the architecture's registers and
-/// address limits (`arch_x86_64.h`).
-const SHARED_HEADERS: [&str; 2] = [
+/// records and tables (`profiler.h`), the architecture's registers and
+/// address limits (`arch_x86_64.h`) and the Python walker's program slot,
+/// missing-offset value and frame flags (`python.h`).
+const SHARED_HEADERS: [&str; 3] = [
     "src/sampling/bpf/profiler.h",
     "src/sampling/bpf/arch_x86_64.h",
+    "src/sampling/bpf/python.h",
 ];
 
 /// One `pub const NAME: u64 = VALUE;` for each object-like `#define NAME

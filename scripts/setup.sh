@@ -11,6 +11,7 @@
 # fuse3 and libfuse3-dev (tests/reliability/hung_fs.rs compiles a FUSE
 # server whose reads never answer),
 # man-db (tests/cli.rs renders the generated man page with `man -l`),
+# pypy3 (tests/python checks that PyPy is reported as unsupported, never named),
 # python3-venv (tests/otlp decodes OTLP files with the `opentelemetry-proto`
 # Python package, installed by pip into a virtualenv: Debian 12's Python is
 # "externally managed", so neither a system-wide nor a `--user` pip install
@@ -28,7 +29,7 @@
 # Idempotent: installs only what is missing.
 set -euo pipefail
 
-packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf nodejs debuginfod man-db python3-venv qemu-system-x86 busybox-static curl xz-utils chromium bpftrace rt-tests fuse3 libfuse3-dev bpftool)
+packages=(clang llvm libelf-dev zlib1g-dev pkg-config make protobuf-compiler golang-go util-linux linux-perf nodejs debuginfod man-db pypy3 python3-venv qemu-system-x86 busybox-static curl xz-utils chromium bpftrace rt-tests fuse3 libfuse3-dev bpftool)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -84,6 +84,10 @@ pub trait InterpreterSupply {
     /// Whether an interpreter was found in `pid`.
     fn knows(&self, pid: u32) -> bool;
 
+    /// Whether `pid`'s interpreter could not be read yet and it is time to
+    /// look at it again (cheap: asked at every sample).
+    fn retry_due(&self, pid: u32) -> bool;
+
     /// `pid` exec'd (or its walker entry could not be written): forget
     /// its interpreter.
     fn forget(&mut self, pid: u32);
@@ -248,7 +252,8 @@ impl ProcessFollower {
     }
 
     /// Account for one sample: its process is described to the walker at
-    /// its first sample (kernel threads never are).
+    /// its first sample (kernel threads never are); an interpreter that
+    /// could not be read yet is looked at again when its time has come.
     pub fn on_sample(
         &mut self,
         sample: &RawSample,
@@ -262,6 +267,10 @@ impl ProcessFollower {
         }
         if !self.described.contains(&sample.pid) {
             self.describe(sample.pid, tracker, walker, tables, interpreters);
+        } else if interpreters.retry_due(sample.pid) {
+            // Its interpreter could not be read yet, and it maps nothing
+            // more that would have it looked at again.
+            attach_interpreter(sample.pid, tracker, walker, interpreters);
         } else if let Some(dump) = tracker.jitdump(sample.pid).and_then(|s| s.get()) {
             if tables.jit_grew(sample.pid, &dump.file) {
                 self.describe(sample.pid, tracker, walker, tables, interpreters);

@@ -219,7 +219,8 @@ pub enum FrameKind {
 pub struct Line {
     /// Demangled function name, or `object+0xOFFSET` when unknown.
     pub function: Arc<str>,
-    /// Function name as in the symbol table (mangled).
+    /// Function name as in the symbol table (mangled); empty for an
+    /// interpreted (Python) frame, which has no symbol.
     pub system_name: Arc<str>,
     /// Source file, when debug info has it.
     pub file: Option<Arc<str>>,

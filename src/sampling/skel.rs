@@ -5,8 +5,9 @@
 
 include!(concat!(env!("OUT_DIR"), "/profiler.skel.rs"));
 
-/// The numbers `src/sampling/bpf/profiler.h` and `arch_x86_64.h` `#define`
-/// (page bits, copy sizes, ucontext offsets, limits), as `u64` constants of
+/// The numbers `src/sampling/bpf/profiler.h`, `arch_x86_64.h` and
+/// `python.h` `#define` (page bits, copy sizes, ucontext offsets, limits,
+/// the Python walker's slot and flags), as `u64` constants of
 /// the same names, generated from the headers by `build.rs`: user space
 /// never writes one of them again.
 pub mod defines {

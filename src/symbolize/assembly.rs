@@ -3,6 +3,7 @@
 //! every sample that passes through it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use indexmap::IndexSet;
 use rustc_hash::FxBuildHasher;
@@ -91,7 +92,8 @@ pub(super) fn user_frame(
 /// The index in `profile.frames` of the interpreted frame at tagged
 /// address `address` ([`crate::unwind::interp`]): a user frame in the pseudo
 /// mapping its interpreter names (`[python]`), which spans every tagged
-/// address, so that formats tell it from native code.
+/// address, so that formats tell it from native code. Its line has the
+/// interpreter's name for the function and no system name.
 fn interpreted_frame(
     builder: &mut ProfileAssembly,
     profile: &mut Profile,
@@ -107,9 +109,14 @@ fn interpreted_frame(
     });
     let key = (FrameKind::User, Some(mapping), address);
     builder.frame(profile, key, None, || {
+        // No system name: an interpreted function has no symbol, and a
+        // `system_name` equal to the name has pprof readers take it for an
+        // already demangled C++ name and cut its `<...>` and `(...)`
+        // (`<module>` shown empty: google/pprof's symbolizer,
+        // `demangleSingleFunction`); with none, the name is shown as is.
         let line = crate::profile::Line {
             function: name.function.clone(),
-            system_name: name.function.clone(),
+            system_name: Arc::from(""),
             file: name.file.clone(),
             line: name.line,
         };

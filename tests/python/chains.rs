@@ -5,8 +5,8 @@
 //! names the script's frames (qualified name and line) and the native
 //! frames that must lie between two of them.
 
-/// One frame: function name (empty where pprof prints none, as for
-/// `<module>`), file and line (0 and "" for a native frame without line).
+/// One frame: function name, file and line (0 and "" for a native frame
+/// without line).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Frame {
     pub name: String,
@@ -174,8 +174,7 @@ impl Expected {
     }
 
     /// Whether `stack`'s script frames are exactly the chain (names and
-    /// lines; `<module>` also matches pprof's empty name), with the native
-    /// steps between them when `native` is set.
+    /// lines), with the native steps between them when `native` is set.
     pub fn matches(&self, stack: &Stack, native: bool) -> bool {
         let mine = self.script_frames(stack);
         let python: Vec<(&String, &Vec<u32>)> = self
@@ -187,10 +186,10 @@ impl Expected {
             })
             .collect();
         if mine.len() != python.len()
-            || !mine.iter().zip(&python).all(|((_, f), (name, lines))| {
-                (f.name == **name || (f.name.is_empty() && name.starts_with('<')))
-                    && lines.contains(&f.line)
-            })
+            || !mine
+                .iter()
+                .zip(&python)
+                .all(|((_, f), (name, lines))| f.name == **name && lines.contains(&f.line))
         {
             return false;
         }

@@ -133,7 +133,7 @@ fn add(tally: &mut Tally, root: &str, stack: &Stack, good: bool) {
 /// in threading.py; the interpreter's start-up, where a module's code
 /// object may be freed before its frames are named: `[python: unknown]`),
 /// and native code outside the eval loop.
-fn counted(stack: &Stack, script: &Path) -> bool {
+pub fn counted(stack: &Stack, script: &Path) -> bool {
     let named = |f: &&Frame| f.file.ends_with(".py") || f.file.starts_with("<frozen");
     let eval = stack
         .frames

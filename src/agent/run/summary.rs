@@ -212,6 +212,17 @@ impl std::fmt::Display for RunSummary {
         if unknown + unplaced > 0 {
             write!(f, "\npython frames: unknown={unknown} unplaced={unplaced}")?;
         }
+        let v = crate::unwind::interp::verdicts();
+        if v != Default::default() {
+            write!(
+                f,
+                "\npython processes: walked={} unsupported={} unreadable={}",
+                v.walked, v.unsupported, v.unreadable
+            )?;
+            if !v.labels.is_empty() {
+                write!(f, " ({})", v.labels.join(", "))?;
+            }
+        }
         let j = crate::process::untrusted::counters();
         if j != Default::default() {
             write!(

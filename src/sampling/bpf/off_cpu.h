@@ -23,7 +23,9 @@
  * wait, its user stack is walked by the same walker as cpu-clock samples
  * (tail calls through off_cpu_walkers) and one record goes out, with
  * SAMPLE_FLAG_OFF_CPU, the wait's length in off_cpu_ns and its end as the
- * timestamp. A wait that does not end in a system call's return (a
+ * timestamp; a process running a CPython the walker knows has its Python
+ * frames walked first (walk_python_off_cpu, as walk_python does for
+ * cpu-clock samples). A wait that does not end in a system call's return (a
  * preemption, a page fault) is sent from off_cpu_switch with its kernel
  * stack and user pc only (UNWIND_NOT_WALKED).
  *
@@ -81,10 +83,11 @@ struct {
 } off_cpu_scratch SEC(".maps");
 
 /* The off-CPU walker (tp_btf/sys_exit, like off_cpu_resume: the kernel
- * only tail-calls between tracing programs of one hook), slot 0. */
+ * only tail-calls between tracing programs of one hook), slot 0; its
+ * Python walker, slot PYTHON_PROGRAM_SLOT (python.h). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, 2);
 	__type(key, __u32);
 	__type(value, __u32);
 } off_cpu_walkers SEC(".maps");
@@ -291,6 +294,18 @@ int BPF_PROG(walk_user_stack_off_cpu, struct pt_regs *regs, long ret)
 		continue_walk(ctx, sc, bpf_map_lookup_elem(&process_mappings, &pid), false,
 			      &off_cpu_walkers);
 	}
+	set_scratch_busy(0);
+	return 0;
+}
+
+/* The Python walk of an off-CPU record, after its user walk (the tail call
+ * in continue_walk's python_hook); loaded, never attached. */
+SEC("tp_btf/sys_exit")
+int BPF_PROG(walk_python_off_cpu, struct pt_regs *regs, long ret)
+{
+	struct scratch_space *sc = get_scratch();
+	if (sc)
+		python_walk_and_send(sc);
 	set_scratch_busy(0);
 	return 0;
 }

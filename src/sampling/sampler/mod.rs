@@ -18,7 +18,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, Ring
 use tracing::{info, warn};
 
 use crate::sampling::records::{RawSample, TimedEvent};
-use crate::sampling::skel::{types::stat_index, ProfilerSkel, ProfilerSkelBuilder};
+use crate::sampling::skel::{defines, types::stat_index, ProfilerSkel, ProfilerSkelBuilder};
 
 mod events;
 mod follow;
@@ -162,6 +162,7 @@ fn log_load_report(
     if off_cpu {
         loaded.push(("off_cpu_resume", p.off_cpu_resume.as_fd()));
         loaded.push(("walk_user_stack_off_cpu", p.walk_user_stack_off_cpu.as_fd()));
+        loaded.push(("walk_python_off_cpu", p.walk_python_off_cpu.as_fd()));
     }
     let programs = crate::sampling::bpf_info::verified_programs(&loaded);
     info!(
@@ -258,7 +259,11 @@ impl<'obj> Sampler<'obj> {
             let python_fd = skel.progs.walk_python.as_fd().as_raw_fd();
             skel.maps
                 .walker_programs
-                .update(&1u32.to_ne_bytes(), &python_fd.to_ne_bytes(), MapFlags::ANY)
+                .update(
+                    &(defines::PYTHON_PROGRAM_SLOT as u32).to_ne_bytes(),
+                    &python_fd.to_ne_bytes(),
+                    MapFlags::ANY,
+                )
                 .context("installing the Python walker for tail calls")?;
         }
         if off_cpu {

@@ -3,8 +3,9 @@
 //! and, when it gets it back after at least the minimum, takes its kernel
 //! stack; a `tp_btf/sys_exit` program, which runs in the thread itself when
 //! the system call it waited in returns, walks its user stack and sends one
-//! record with both stacks and the wait's length in ns. Waits that end
-//! otherwise (preemptions) are sent with the kernel stack and user pc.
+//! record with both stacks and the wait's length in ns (and, for a CPython
+//! the walker knows, its Python frames: `walk_python_off_cpu`). Waits that
+//! end otherwise (preemptions) are sent with the kernel stack and user pc.
 //! Both attach by BTF id: no kprobes, no fentry, no tracefs.
 //!
 //! Without `--off-cpu` the programs are not loaded, and their map holds
@@ -15,7 +16,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use anyhow::{anyhow, Context, Result};
 use libbpf_rs::{Link, MapCore, MapFlags};
 
-use crate::sampling::skel::{OpenProfilerSkel, ProfilerSkel};
+use crate::sampling::skel::{defines, OpenProfilerSkel, ProfilerSkel};
 
 /// Waits that can wait at once for their system call to return (entries
 /// of `off_cpu_pending`, 1 KiB each, allocated as used).
@@ -41,6 +42,7 @@ pub(super) fn configure(
         open.progs.off_cpu_switch.set_autoload(false);
         open.progs.off_cpu_resume.set_autoload(false);
         open.progs.walk_user_stack_off_cpu.set_autoload(false);
+        open.progs.walk_python_off_cpu.set_autoload(false);
         // The task-storage map needs Linux 5.11; creating it unused would
         // fail the whole load on 5.10 with EINVAL.
         open.maps
@@ -62,13 +64,26 @@ pub(super) fn configure(
     Ok(())
 }
 
-/// After load: put the off-CPU walker in its program array.
+/// After load: put the off-CPU walker (slot 0) and its Python walker
+/// (slot `PYTHON_PROGRAM_SLOT`, as `walk_python` in `walker_programs`;
+/// src/sampling/bpf/python.h) in their program array.
 pub(super) fn install_walker(skel: &ProfilerSkel<'_>) -> Result<()> {
-    let fd = skel.progs.walk_user_stack_off_cpu.as_fd().as_raw_fd();
-    skel.maps
-        .off_cpu_walkers
-        .update(&0u32.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
-        .context("installing the off-CPU stack walker for tail calls")
+    let walkers = [
+        (0u32, skel.progs.walk_user_stack_off_cpu.as_fd(), "stack"),
+        (
+            defines::PYTHON_PROGRAM_SLOT as u32,
+            skel.progs.walk_python_off_cpu.as_fd(),
+            "Python",
+        ),
+    ];
+    for (slot, prog, what) in walkers {
+        let fd = prog.as_raw_fd();
+        skel.maps
+            .off_cpu_walkers
+            .update(&slot.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
+            .with_context(|| format!("installing the off-CPU {what} walker for tail calls"))?;
+    }
+    Ok(())
 }
 
 /// Attach the off-CPU programs: the system-call exit first, so that every

@@ -19,11 +19,13 @@
 //! (distinct function and line pairs, bounded by the code that runs).
 
 pub mod python;
+pub mod retry;
 
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use indexmap::IndexSet;
 use rustc_hash::FxHashMap;
@@ -86,6 +88,40 @@ pub fn frame_counters() -> (u64, u64) {
     )
 }
 
+/// Interpreter processes by verdict since the start (a process counted
+/// again after an exec into another interpreter image), for the summary
+/// and `/metrics`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdicts {
+    /// Walked by the BPF walker (version supported, checks passed).
+    pub walked: u64,
+    /// Found, not walked: version, build or layout not supported.
+    pub unsupported: u64,
+    /// Given up after their memory could not be read ([`retry::LOOKS`] looks).
+    pub unreadable: u64,
+    /// The distinct frames the unsupported ones got (`[python:
+    /// unsupported 3.14.0]`), the first [`MAX_LABELS`] met.
+    pub labels: Vec<Arc<str>>,
+}
+
+/// Most distinct unsupported labels [`Verdicts::labels`] keeps.
+pub const MAX_LABELS: usize = 8;
+
+static VERDICTS: Mutex<Verdicts> = Mutex::new(Verdicts {
+    walked: 0,
+    unsupported: 0,
+    unreadable: 0,
+    labels: Vec::new(),
+});
+
+/// The interpreter processes' verdicts since the start.
+pub fn verdicts() -> Verdicts {
+    VERDICTS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// The frame shown at the eval-loop frames of a process given up as unreadable.
+const UNREADABLE_LABEL: &str = "[python: unreadable]";
+
 /// An object file a process maps, as unwinders look at it.
 #[derive(Debug, Clone)]
 pub struct MappedObject {
@@ -104,6 +140,12 @@ pub struct MappedObject {
 pub struct Attachment {
     /// Absolute address ranges of the eval loop (every part of it).
     pub eval: Vec<Range<u64>>,
+    /// `eval` is the interpreter's whole code, not its eval loop (an
+    /// interpreter whose eval loop has no symbol: PyPy). Its unsupported
+    /// frame then goes once per stack, leaf-ward of the outermost frame in
+    /// it (at the outermost frame of a stack with none: a walk that stopped
+    /// in its JIT code), not at each.
+    pub whole_code: bool,
     /// The BPF walker's entry for the process (the bytes of the
     /// interpreter's map value), or why there is none.
     pub walker: Result<Vec<u8>, NotWalked>,
@@ -139,11 +181,16 @@ pub trait Unwinder: Send {
 #[derive(Debug)]
 struct Attached {
     eval: Vec<Range<u64>>,
+    /// See [`Attachment::whole_code`].
+    whole_code: bool,
     /// The frame shown at each eval-loop frame when the walker cannot walk
-    /// this process (tagged address).
+    /// this process (tagged address): `[python: unsupported …]`,
+    /// `[python: unreadable]`.
     unsupported: Option<u64>,
     /// The BPF walker's entry, when the walker walks it.
     entry: Option<Vec<u8>>,
+    /// How it was judged.
+    verdict: Verdict,
 }
 
 /// The interpreter unwinders and the processes they attached to. Owned
@@ -155,6 +202,8 @@ pub struct Interpreters {
     python: python::Python,
     procs: FxHashMap<u32, Attached>,
     named: Vec<(u64, bool)>,
+    /// Processes whose interpreter could not be read yet.
+    retries: retry::Retries,
 }
 
 impl std::fmt::Debug for Interpreters {
@@ -168,6 +217,8 @@ impl std::fmt::Debug for Interpreters {
 impl Interpreters {
     /// Look for an interpreter in `pid`'s objects; the BPF walker's entry
     /// when one is found and supported (`None`: nothing for the walker).
+    /// One whose memory cannot be read yet is looked at again
+    /// ([`Interpreters::retry_due`]) until [`retry::LOOKS`] looks fail.
     pub fn attach(&mut self, pid: u32, objects: &[MappedObject]) -> Option<Vec<u8>> {
         let Some(found) = self.python.attach(pid, objects) else {
             self.forget(pid);
@@ -181,32 +232,59 @@ impl Interpreters {
                 return Some(kept);
             }
         }
-        let (unsupported, entry) = match found.walker {
-            Ok(entry) => (None, Some(entry)),
-            Err(NotWalked::NotYet) => {
-                // Not known, so that its next mapping looks again.
-                self.forget(pid);
-                return None;
+        if found.walker == Err(NotWalked::NotYet) {
+            // Judged before: the verdict stands (its memory is going away).
+            if let Some(known) = self.procs.get(&pid) {
+                return known.entry.clone();
             }
-            Err(NotWalked::Unsupported(label)) => {
-                let name = FrameName {
-                    mapping: python::MAPPING_NAME,
-                    function: label.into(),
-                    file: None,
-                    line: None,
-                };
-                (Some(intern(name)), None)
-            }
+        }
+        let label = match &found.walker {
+            Ok(_) => None,
+            Err(NotWalked::Unsupported(label)) => Some(label.clone()),
+            Err(NotWalked::NotYet) => match self.retries.not_yet(pid, Instant::now()) {
+                retry::Next::GiveUp => Some(UNREADABLE_LABEL.to_string()),
+                retry::Next::Later => {
+                    // Not known, so that its next mapping looks again.
+                    self.forget_found(pid);
+                    return None;
+                }
+            },
         };
-        self.procs.insert(
+        self.retries.forget(pid);
+        let verdict = match &found.walker {
+            Ok(_) => Verdict::Walked,
+            Err(NotWalked::NotYet) => Verdict::Unreadable,
+            Err(NotWalked::Unsupported(_)) => Verdict::Unsupported,
+        };
+        let unsupported = label.map(|label| {
+            intern(FrameName {
+                mapping: python::MAPPING_NAME,
+                function: label.into(),
+                file: None,
+                line: None,
+            })
+        });
+        let entry = found.walker.ok();
+        let before = self.procs.insert(
             pid,
             Attached {
                 eval: found.eval,
+                whole_code: found.whole_code,
                 unsupported,
                 entry: entry.clone(),
+                verdict,
             },
         );
+        if before.is_none_or(|b| b.verdict != verdict) {
+            count(verdict, unsupported);
+        }
         entry
+    }
+
+    /// Whether `pid`'s interpreter could not be read yet and it is time to
+    /// look again (cheap when no process waits).
+    pub fn retry_due(&self, pid: u32) -> bool {
+        !self.retries.is_empty() && self.retries.due(pid, Instant::now())
     }
 
     /// Whether an interpreter was found in `pid`.
@@ -223,6 +301,12 @@ impl Interpreters {
 
     /// `pid` exited or exec'd.
     pub fn forget(&mut self, pid: u32) {
+        self.retries.forget(pid);
+        self.forget_found(pid);
+    }
+
+    /// Forget what was found of `pid`'s interpreter (not its retries).
+    fn forget_found(&mut self, pid: u32) {
         if self.procs.remove(&pid).is_some() {
             self.python.forget(pid);
         }
@@ -241,7 +325,23 @@ impl Interpreters {
         };
         let in_eval = |f: &UserFrame| attached.eval.iter().any(|r| r.contains(&f.address));
         if let Some(label) = attached.unsupported {
-            insert_before_each(frames, in_eval, |_| vec![label]);
+            if attached.whole_code {
+                // Once, leaf-ward of the outermost frame in its code; a
+                // walk that stopped before reaching its code (in its JIT
+                // code) has it at its outermost frame.
+                if !frames.is_empty() {
+                    let at = frames.iter().rposition(in_eval).unwrap_or(frames.len());
+                    frames.insert(
+                        at,
+                        UserFrame {
+                            mapping: None,
+                            address: label,
+                        },
+                    );
+                }
+            } else {
+                insert_before_each(frames, in_eval, |_| vec![label]);
+            }
             return;
         }
         self.named.clear();
@@ -310,6 +410,32 @@ pub fn place(
     interpreters.splice(sample.pid, &sample.python, walked, frames);
 }
 
+/// How a process's interpreter was judged ([`Verdicts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Walked,
+    Unsupported,
+    Unreadable,
+}
+
+/// Count a process's new `verdict` (`label`: the tagged address of its
+/// unsupported frame).
+fn count(verdict: Verdict, label: Option<u64>) {
+    let mut v = VERDICTS.lock().unwrap_or_else(|e| e.into_inner());
+    match verdict {
+        Verdict::Walked => v.walked += 1,
+        Verdict::Unreadable => v.unreadable += 1,
+        Verdict::Unsupported => {
+            v.unsupported += 1;
+            if let Some(name) = label.and_then(frame_name) {
+                if v.labels.len() < MAX_LABELS && !v.labels.contains(&name.function) {
+                    v.labels.push(name.function.clone());
+                }
+            }
+        }
+    }
+}
+
 impl InterpreterSupply for Interpreters {
     /// Look for an interpreter among the objects `tracker` knows `pid` maps
     /// (each object once): [`Interpreters::attach`].
@@ -338,6 +464,10 @@ impl InterpreterSupply for Interpreters {
 
     fn knows(&self, pid: u32) -> bool {
         Interpreters::knows(self, pid)
+    }
+
+    fn retry_due(&self, pid: u32) -> bool {
+        Interpreters::retry_due(self, pid)
     }
 
     fn forget(&mut self, pid: u32) {
@@ -420,6 +550,48 @@ mod tests {
         );
         let runs = runs_of(&[(a, true), (b, true), (c, false)], 1);
         assert_eq!(runs, vec![vec![a, b, c]]);
+    }
+
+    /// PyPy: its whole code is known, not an eval loop; one frame per stack.
+    #[test]
+    fn whole_code_gets_one_frame_per_stack() {
+        let mut interpreters = Interpreters::default();
+        let label = intern(FrameName {
+            mapping: python::MAPPING_NAME,
+            function: "[python: unsupported PyPy 7.3.11]".into(),
+            file: None,
+            line: None,
+        });
+        interpreters.procs.insert(
+            9,
+            Attached {
+                eval: std::iter::once(100..200).collect(),
+                whole_code: true,
+                unsupported: Some(label),
+                entry: None,
+                verdict: Verdict::Unsupported,
+            },
+        );
+        let spliced = |interpreters: &mut Interpreters, addresses: &[u64]| {
+            let mut frames: Vec<UserFrame> = addresses.iter().map(|&a| native(a)).collect();
+            interpreters.splice(9, &[], false, &mut frames);
+            frames.iter().map(|f| f.address).collect::<Vec<u64>>()
+        };
+        // Leaf first: JIT code, PyPy's code twice, the launcher's main.
+        assert_eq!(
+            spliced(&mut interpreters, &[5000, 150, 120, 10]),
+            [5000, 150, label, 120, 10]
+        );
+        // A walk that stopped in JIT code.
+        assert_eq!(
+            spliced(&mut interpreters, &[5000, 6000]),
+            [5000, 6000, label]
+        );
+        assert!(spliced(&mut interpreters, &[]).is_empty());
+        // Another process: untouched.
+        let mut frames = vec![native(150)];
+        interpreters.splice(10, &[], false, &mut frames);
+        assert_eq!(frames.len(), 1);
     }
 
     #[test]

@@ -156,7 +156,8 @@ pub(super) fn render_objects_given_up(out: &mut String) {
 }
 
 /// Python frames shown as `[python: unknown]` and frames with no
-/// eval-loop frame to go at ([`crate::unwind::interp::frame_counters`]).
+/// eval-loop frame to go at ([`crate::unwind::interp::frame_counters`]);
+/// Python processes by verdict ([`crate::unwind::interp::verdicts`]).
 pub(super) fn render_python(out: &mut String) {
     let (unknown, unplaced) = crate::unwind::interp::frame_counters();
     family(
@@ -169,6 +170,20 @@ pub(super) fn render_python(out: &mut String) {
         &[
             ("kind=\"unknown\"", unknown),
             ("kind=\"unplaced\"", unplaced),
+        ],
+    );
+    let v = crate::unwind::interp::verdicts();
+    family(
+        out,
+        "lightswitch_python_processes_total",
+        "counter",
+        "Processes found running a Python interpreter, by verdict: walked, unsupported (a version, \
+         build or interpreter not walked: its stacks carry one [python: unsupported ...] frame), \
+         unreadable (its memory could not be read in several looks over about 5 s).",
+        &[
+            ("verdict=\"walked\"", v.walked),
+            ("verdict=\"unsupported\"", v.unsupported),
+            ("verdict=\"unreadable\"", v.unreadable),
         ],
     );
 }

@@ -11,8 +11,9 @@
 
 use crate::sampling::skel::types;
 
-/// An offset the version does not have (`PYTHON_NO_OFFSET` in `src/sampling/bpf/python.h`).
-pub const NONE: u16 = 0xffff;
+/// An offset the version does not have (`PYTHON_NO_OFFSET`, generated
+/// from `src/sampling/bpf/python.h`).
+pub const NONE: u16 = crate::sampling::skel::defines::PYTHON_NO_OFFSET as u16;
 
 /// The layout of one CPython minor version. Offsets in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

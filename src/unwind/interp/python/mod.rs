@@ -1,20 +1,24 @@
 //! The CPython unwinder (docs/python.md). An object exporting `_PyRuntime`
 //! is a CPython interpreter (an executable with libpython linked in, or
-//! libpython itself); its version comes from `Py_Version` (3.11 on), else
-//! its file name (`libpython3.9.so`, `python3.9`). Offsets come from the
-//! interpreter's `_Py_DebugOffsets` (3.13) or the table in [`layout`]
-//! (3.8 to 3.12), checked against the process's `PyCode_Type.tp_basicsize`
-//! (and before 3.11 `PyFrame_Type.tp_basicsize`); any other
-//! version, or a check that finds other values, gets one
-//! `[python: unsupported …]` frame at each eval-loop frame; a check that
-//! cannot read the process's memory yet (just after exec) is no verdict:
-//! the process is looked at again at its next mapping. The eval loop is
+//! libpython itself); its version and build come from the process
+//! ([`version`]: `Py_Version` from 3.11, `_Py_DebugOffsets` from 3.13; the
+//! file name before 3.11). Offsets come from the interpreter's
+//! `_Py_DebugOffsets` (3.13) or the table in [`layout`] (3.8 to 3.12),
+//! checked against the process's `PyCode_Type.tp_basicsize` (and before
+//! 3.11 `PyFrame_Type.tp_basicsize`); any other version (3.14, 3.7), a
+//! free-threaded build, or a check that finds other values, gets one
+//! `[python: unsupported …]` frame at each eval-loop frame. PyPy
+//! ([`pypy`]) gets one such frame per stack. A check that cannot read the
+//! process's memory yet (just after exec) is no verdict: the process is
+//! looked at again (`crate::unwind::interp::retry`). The eval loop is
 //! `_PyEval_EvalFrameDefault` and its `.cold` part where a symbol table
 //! names it.
 
 pub mod layout;
 mod lines;
 mod names;
+pub mod pypy;
+pub mod version;
 
 use std::ops::Range;
 
@@ -25,12 +29,13 @@ use tracing::debug;
 use super::{intern, unknown_frame, Attachment, FrameName, MappedObject, NotWalked, Unwinder};
 use layout::Layout;
 use names::{read_memory, CodeCache};
+use version::Version;
 
 /// The profile mapping Python frames are shown in.
 pub const MAPPING_NAME: &str = "[python]";
 
-/// python_frame.word bit 63 (`PYTHON_ENTRY_BIT` in `src/sampling/bpf/python.h`).
-const ENTRY_BIT: u64 = 1 << 63;
+/// python_frame.word's bit marking the outermost frame of an eval-loop call.
+const ENTRY_BIT: u64 = crate::sampling::skel::defines::PYTHON_ENTRY_BIT;
 
 /// What an interpreter object's symbols say (object vaddrs).
 #[derive(Debug, Clone)]
@@ -40,9 +45,16 @@ struct Symbols {
     code_type: Option<u64>,
     frame_type: Option<u64>,
     eval: Vec<Range<u64>>,
-    /// (major, minor) from the file name, and whether it names a
-    /// free-threaded build (`python3.13t`).
-    file_version: Option<(u8, u8, bool)>,
+    /// (major, minor) from the file name (before 3.11 the process has no
+    /// `Py_Version`).
+    file_version: Option<(u8, u8)>,
+}
+
+/// An interpreter object: a CPython's symbols, or PyPy.
+#[derive(Debug, Clone)]
+enum Found {
+    CPython(Symbols),
+    PyPy(pypy::PyPy),
 }
 
 /// A process whose frames this names.
@@ -55,44 +67,44 @@ struct Proc {
 /// The CPython unwinder.
 #[derive(Debug, Default)]
 pub struct Python {
-    /// Symbols by object file (device, inode, path; `None`: not an interpreter).
-    objects: FxHashMap<(u64, u64, String), Option<Symbols>>,
+    /// Interpreters by object file (device, inode, path; `None`: not an interpreter).
+    objects: FxHashMap<(u64, u64, String), Option<Found>>,
     procs: FxHashMap<u32, Proc>,
     codes: CodeCache,
     /// Tagged addresses by (pid, code address, guard, instruction offset).
     frames: FxHashMap<(u32, u64, u32, u32), u64>,
 }
 
-/// (major, minor, free-threaded) from a file name like `libpython3.12.so.1.0` or `python3.13t`.
-fn version_in_name(path: &str) -> Option<(u8, u8, bool)> {
-    let name = path.rsplit('/').next()?;
-    let rest = &name[name.find("python")? + "python".len()..];
-    let (major, rest) = rest.split_once('.')?;
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    let free_threaded = rest[digits.len()..].starts_with('t');
-    Some((major.parse().ok()?, digits.parse().ok()?, free_threaded))
-}
-
-/// The interpreter symbols of the object at `open_path`, if it exports `_PyRuntime`.
-fn read_symbols(open_path: &std::path::Path, path: &str) -> Option<Symbols> {
+/// The interpreter in the object at `open_path` (mapped from `path`): a
+/// CPython (it exports `_PyRuntime`), or PyPy.
+fn read_object(open_path: &std::path::Path, path: &str) -> Option<Found> {
     let file = std::fs::File::open(open_path).ok()?;
     // SAFETY: a read-only private mapping; a file changed under it gives
     // wrong symbols at worst, which the run-time checks catch.
     let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
     let elf = object::File::parse(&*map).ok()?;
+    // Only an object exporting _PyRuntime is read further (most objects
+    // are not interpreters: their static symbols are never iterated).
+    let (mut cpython, mut is_pypy) = (false, false);
+    // Defined here, not imported (the launcher imports PyPy's entry).
+    for sym in elf.dynamic_symbols().filter(|s| s.is_definition()) {
+        match sym.name() {
+            Ok("_PyRuntime") => cpython = true,
+            Ok(name) if pypy::EXPORTS.contains(&name) => is_pypy = true,
+            _ => {}
+        }
+    }
+    if !cpython {
+        return is_pypy.then(|| Found::PyPy(pypy::read(&elf, &map)));
+    }
     let mut symbols = Symbols {
         runtime: 0,
         version: None,
         code_type: None,
         frame_type: None,
         eval: Vec::new(),
-        file_version: version_in_name(path),
+        file_version: version::version_in_name(path),
     };
-    // Only an object exporting _PyRuntime is read further (most objects
-    // are not interpreters: their static symbols are never iterated).
-    if !elf.dynamic_symbols().any(|s| s.name() == Ok("_PyRuntime")) {
-        return None;
-    }
     for sym in elf.dynamic_symbols().chain(elf.symbols()) {
         let range = sym.address()..sym.address() + sym.size().max(1);
         match sym.name() {
@@ -108,7 +120,7 @@ fn read_symbols(open_path: &std::path::Path, path: &str) -> Option<Symbols> {
             _ => {}
         }
     }
-    (symbols.runtime != 0 && !symbols.eval.is_empty()).then_some(symbols)
+    (symbols.runtime != 0 && !symbols.eval.is_empty()).then_some(Found::CPython(symbols))
 }
 
 /// Why a check of a process's interpreter did not pass.
@@ -132,26 +144,25 @@ fn read_u64(pid: u32, addr: u64) -> Option<u64> {
     read_memory(pid, addr, &mut b).then(|| u64::from_le_bytes(b))
 }
 
-/// The layout for `pid`'s interpreter of version `(major, minor)`, or why there is none.
-fn layout_of(pid: u32, minor: u8, runtime: u64) -> Result<Layout, Failed> {
-    if minor < 13 {
-        return layout::table(minor).ok_or_else(|| "version not supported yet".into());
+/// The layout for `pid`'s interpreter of `version` (whose `_PyRuntime` is
+/// at `runtime`), or why there is none. From 3.13 the process's
+/// `_Py_DebugOffsets` are read first: they say whether it is free-threaded.
+fn layout_of(pid: u32, version: &mut Version, runtime: u64) -> Result<Layout, Failed> {
+    let debug = if (version.major, version.minor) >= (3, 13) {
+        Some(version::debug_offsets(pid, runtime, version)?)
+    } else {
+        None
+    };
+    if version.free_threaded {
+        return Err("free-threaded build".into());
     }
-    let mut raw = [0u8; 8 * (layout::DEBUG_OFFSETS_WORDS + 1)];
-    if !read_memory(pid, runtime, &mut raw) {
-        return Err(Failed::Unreadable("_Py_DebugOffsets unreadable"));
+    match (version.major, version.minor, debug) {
+        (3, 8..=12, _) => layout::table(version.minor).ok_or_else(|| "no table".into()),
+        (3, 13, Some(words)) => {
+            layout::from_debug_offsets(&words).ok_or_else(|| "offsets the walker cannot use".into())
+        }
+        _ => Err("version not supported".into()),
     }
-    if &raw[..8] != layout::DEBUG_COOKIE {
-        return Err("no _Py_DebugOffsets".into());
-    }
-    let mut words = [0u64; layout::DEBUG_OFFSETS_WORDS];
-    for (w, chunk) in words.iter_mut().zip(raw[8..].chunks_exact(8)) {
-        *w = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
-    }
-    if (words[0] >> 16) != 0x030d {
-        return Err("_Py_DebugOffsets of a version this does not know".into());
-    }
-    layout::from_debug_offsets(&words).ok_or_else(|| "free-threaded build".into())
 }
 
 /// A type object's `tp_basicsize` (bytes 32-39 of a `PyTypeObject`: after
@@ -193,50 +204,29 @@ impl Python {
             .map(|r| r.start.wrapping_add(bias)..r.end.wrapping_add(bias))
             .collect();
         let runtime = s.runtime.wrapping_add(bias);
-        // Py_Version is a constant in the object's data: unreadable or 0,
-        // the data is not mapped in yet (not a version to judge).
-        let hex = match s.version {
-            Some(v) => match read_u64(pid, v.wrapping_add(bias)).filter(|&v| v != 0) {
-                Some(v) => Some(v as u32),
-                None => return not_yet(pid, eval, "Py_Version unreadable"),
-            },
-            None => None,
+        let mut version = match version::read(pid, s, bias) {
+            Ok(version) => version,
+            Err(why) => return not_yet(pid, eval, why),
         };
-        let (label, minor) = match (hex, s.file_version) {
-            (Some(v), _) => {
-                let (major, minor, micro) = (v >> 24, (v >> 16) & 0xff, (v >> 8) & 0xff);
-                (
-                    format!("{major}.{minor}.{micro}"),
-                    (major == 3).then_some(minor as u8),
-                )
-            }
-            (None, Some((major, minor, _))) => {
-                (format!("{major}.{minor}"), (major == 3).then_some(minor))
-            }
-            (None, None) => ("of unknown version".to_string(), None),
+        let checked = match version.as_mut() {
+            Some(v) => layout_of(pid, v, runtime).and_then(|layout| check(pid, s, bias, layout)),
+            None => Err("no version in its memory or file name".into()),
         };
-        let free_threaded = s.file_version.is_some_and(|(_, _, t)| t);
-        let checked = match minor {
-            _ if free_threaded => Err("free-threaded build".into()),
-            Some(minor @ 8..=13) => {
-                layout_of(pid, minor, runtime).and_then(|layout| check(pid, s, bias, layout))
-            }
-            _ => Err("version not supported".into()),
-        };
-        let walker = match checked {
+        match checked {
             Ok(proc) => {
                 self.procs.insert(pid, proc);
-                Ok(proc.layout.walker_entry(runtime))
+                Attachment {
+                    eval,
+                    whole_code: false,
+                    walker: Ok(proc.layout.walker_entry(runtime)),
+                }
             }
-            Err(Failed::Unreadable(why)) => return not_yet(pid, eval, why),
+            Err(Failed::Unreadable(why)) => not_yet(pid, eval, why),
             Err(Failed::Mismatch(why)) => {
-                debug!("pid {pid}: CPython {label}: {why}");
-                Err(NotWalked::Unsupported(format!(
-                    "[python: unsupported {label}]"
-                )))
+                let label = version.map_or_else(|| "of unknown version".into(), |v| v.to_string());
+                unsupported(pid, eval, &label, &why)
             }
-        };
-        Attachment { eval, walker }
+        }
     }
 
     /// The tagged address of the frame at `code` (`word`: the walker's second word).
@@ -266,23 +256,50 @@ impl Python {
 
 /// The attachment of an interpreter whose memory cannot be read yet.
 fn not_yet(pid: u32, eval: Vec<Range<u64>>, why: &str) -> Attachment {
-    debug!("pid {pid}: CPython: {why}, looking again at its next mapping");
+    debug!("pid {pid}: CPython: {why}, looking again later");
     Attachment {
         eval,
+        whole_code: false,
         walker: Err(NotWalked::NotYet),
+    }
+}
+
+/// The attachment of a CPython `label` (`3.14.0`) the walker does not walk, and why.
+fn unsupported(pid: u32, eval: Vec<Range<u64>>, label: &str, why: &str) -> Attachment {
+    debug!("pid {pid}: CPython {label}: {why}");
+    Attachment {
+        eval,
+        whole_code: false,
+        walker: Err(NotWalked::Unsupported(format!(
+            "[python: unsupported {label}]"
+        ))),
     }
 }
 
 impl Unwinder for Python {
     fn attach(&mut self, pid: u32, objects: &[MappedObject]) -> Option<Attachment> {
         for object in objects {
-            let symbols = self
+            let found = self
                 .objects
                 .entry((object.file_key.0, object.file_key.1, object.path.clone()))
-                .or_insert_with(|| read_symbols(&object.open_path, &object.path))
+                .or_insert_with(|| read_object(&object.open_path, &object.path))
                 .clone();
-            if let Some(s) = symbols {
-                return Some(self.attach_with(pid, &s, object.bias));
+            match found {
+                Some(Found::CPython(s)) => return Some(self.attach_with(pid, &s, object.bias)),
+                Some(Found::PyPy(pypy)) => {
+                    debug!("pid {pid}: {}: PyPy, not walked", object.path);
+                    let bias = object.bias;
+                    return Some(Attachment {
+                        eval: pypy
+                            .code
+                            .iter()
+                            .map(|r| r.start.wrapping_add(bias)..r.end.wrapping_add(bias))
+                            .collect(),
+                        whole_code: true,
+                        walker: Err(NotWalked::Unsupported(pypy.label())),
+                    });
+                }
+                None => {}
             }
         }
         None
@@ -325,7 +342,7 @@ mod tests {
             code_type: Some(code_type),
             frame_type: None,
             eval: std::iter::once(0x10..0x20).collect(),
-            file_version: Some((file_version.0, file_version.1, false)),
+            file_version: Some(file_version),
         }
     }
 
@@ -380,14 +397,46 @@ mod tests {
         );
     }
 
+    /// `_PyRuntime`'s first words: `_Py_DebugOffsets`' cookie, `version`,
+    /// `free_threaded`, then zeros.
+    fn runtime(version: u64, free_threaded: u64) -> Vec<u64> {
+        let mut words = vec![0u64; layout::DEBUG_OFFSETS_WORDS + 1];
+        words[0] = u64::from_le_bytes(*layout::DEBUG_COOKIE);
+        (words[1], words[2]) = (version, free_threaded);
+        words
+    }
+
+    /// 3.14 and free-threaded builds: the version and build from the
+    /// process (`Py_Version`, `_Py_DebugOffsets`), whatever the file name says.
     #[test]
-    fn versions_in_file_names() {
+    fn versions_and_builds_come_from_the_process() {
+        let code = std::ptr::addr_of!(WRONG_TYPE) as u64;
+        let unsupported = |label: &str| Err(NotWalked::Unsupported(label.to_string()));
+        let of = |py_version: &u64, runtime: &[u64]| {
+            let mut s = symbols(Some(py_version as *const u64 as u64), code, (3, 13));
+            s.runtime = runtime.as_ptr() as u64;
+            walker(&s)
+        };
+        let (v3_14, v3_13) = (0x030e_00f0u64, 0x030d_01f0u64);
         assert_eq!(
-            version_in_name("/usr/lib/libpython3.9.so.1.0"),
-            Some((3, 9, false))
+            of(&v3_14, &runtime(v3_14, 0)),
+            unsupported("[python: unsupported 3.14.0]")
         );
-        assert_eq!(version_in_name("/usr/bin/python3.13t"), Some((3, 13, true)));
-        assert_eq!(version_in_name("/usr/bin/python3"), None);
-        assert_eq!(version_in_name("/usr/lib/libc.so.6"), None);
+        assert_eq!(
+            of(&v3_14, &runtime(v3_14, 1)),
+            unsupported("[python: unsupported 3.14.0t (free-threaded)]")
+        );
+        assert_eq!(
+            of(&v3_13, &runtime(v3_13, 1)),
+            unsupported("[python: unsupported 3.13.1t (free-threaded)]")
+        );
+        // _Py_DebugOffsets not mapped in yet (zeros): no verdict.
+        let zeros = vec![0u64; layout::DEBUG_OFFSETS_WORDS + 1];
+        assert_eq!(of(&v3_14, &zeros), Err(NotWalked::NotYet));
+        // Its version is not Py_Version's: not read further.
+        assert_eq!(
+            of(&v3_13, &runtime(v3_14, 0)),
+            unsupported("[python: unsupported 3.13.1]")
+        );
     }
 }
