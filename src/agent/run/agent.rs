@@ -32,6 +32,7 @@ use crate::profile::aggregate::resolve_placed;
 use crate::profile::window::{Windows, CLOSE_SLACK_NS};
 use crate::sampling::records::{RawSample, TimedEvent};
 use crate::sampling::sampler::off_cpu::OffCpuCounts;
+use crate::sampling::sampler::variant::ProgramVariant;
 use crate::sampling::sampler::{self, BpfStats, Sampler};
 use crate::unwind::deferred::{self, DeferredStats, DeferredWalks, LiveView};
 use crate::unwind::interp::Interpreters;
@@ -178,6 +179,7 @@ impl<'s, 'o> Agent<'s, 'o> {
         let events = Rc::new(RefCell::new(Vec::new()));
         let malformed = Rc::new(RefCell::new(0u64));
         let ring = sampler.ring_buffer(samples.clone(), events.clone(), malformed.clone())?;
+        let interpreters = Interpreters::for_run(sampler.variant() == ProgramVariant::BpfLoop);
         let mut tracker = ProcessTracker::new();
         tracker.start_opener();
         tracker.set_exec_clock(crate::process::ExecClock::new(sampler.exec_clock()?));
@@ -188,7 +190,7 @@ impl<'s, 'o> Agent<'s, 'o> {
             events,
             malformed,
             tracker,
-            interpreters: Interpreters::default(),
+            interpreters,
             follower,
             windows,
             subscriptions: Subscriptions::default(),
