@@ -9,6 +9,9 @@
 #![allow(dead_code)]
 
 pub mod bystander;
+mod decoder;
+#[allow(unused_imports)] // not every test crate decodes a format
+pub use decoder::*;
 mod run;
 #[allow(unused_imports)] // not every test crate runs the binary
 pub use run::*;

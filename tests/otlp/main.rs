@@ -30,7 +30,6 @@ mod common;
 mod container;
 mod sender;
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,59 +39,21 @@ use serde_json::Value;
 
 use common::*;
 
-/// The Python that decodes OTLP files (see the module docs).
+/// The decoder of OTLP files (see the module docs).
+const DECODER: Decoder = Decoder {
+    python_var: "LIGHTSWITCH_OTLP_PYTHON",
+    venv: "otlp-venv",
+    script: "tests/otlp/check_otlp.py",
+};
+
+/// The Python that decodes OTLP files.
 fn python() -> PathBuf {
-    if let Some(python) = std::env::var_os("LIGHTSWITCH_OTLP_PYTHON") {
-        return python.into();
-    }
-    Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .expect("the target directory")
-        .join("otlp-venv/bin/python3")
+    DECODER.python()
 }
 
-/// Run `check_otlp.py` on `path`; its JSON summary. Panics with the
-/// script's message when a rule is broken or the package is missing.
+/// [`Decoder::check`] of `path`.
 fn check(path: &Path) -> Value {
-    let python = python();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/otlp/check_otlp.py");
-    let out = Command::new(&python)
-        .arg(&script)
-        .arg(path)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "running {} (scripts/setup.sh makes it, or set LIGHTSWITCH_OTLP_PYTHON): {e}",
-                python.display()
-            )
-        });
-    assert!(
-        out.status.success(),
-        "{} on {}:\n{}",
-        script.display(),
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("the check's JSON summary")
-}
-
-/// The summary's folded lines.
-fn folded_of(summary: &Value) -> BTreeMap<String, u64> {
-    summary["folded"]
-        .as_object()
-        .expect("folded")
-        .iter()
-        .map(|(line, n)| (line.clone(), n.as_u64().expect("a count")))
-        .collect()
-}
-
-/// Folded stacks as lines with their counts (identical lines added up).
-fn folded_lines(folded: &[Stack]) -> BTreeMap<String, u64> {
-    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
-    for (frames, n) in folded {
-        *lines.entry(frames.join(";")).or_default() += n;
-    }
-    lines
+    DECODER.check(path)
 }
 
 /// `lightswitch report FILE`'s table.

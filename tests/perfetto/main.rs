@@ -25,9 +25,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -73,59 +72,16 @@ fn threads_program(name: &str) -> Program {
     compile(name, &source, &flags)
 }
 
-/// The Python that decodes traces (see the module docs).
-fn python() -> PathBuf {
-    if let Some(python) = std::env::var_os("LIGHTSWITCH_PERFETTO_PYTHON") {
-        return python.into();
-    }
-    Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .expect("the target directory")
-        .join("perfetto-venv/bin/python3")
-}
+/// The decoder of Perfetto files (see the module docs).
+const DECODER: Decoder = Decoder {
+    python_var: "LIGHTSWITCH_PERFETTO_PYTHON",
+    venv: "perfetto-venv",
+    script: "tests/perfetto/check_perfetto.py",
+};
 
-/// Run `check_perfetto.py` on `path`; its JSON summary. Panics with the
-/// script's message when a rule is broken or the package is missing.
+/// [`Decoder::check`] of `path`.
 fn check(path: &Path) -> Value {
-    let python = python();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/perfetto/check_perfetto.py");
-    let out = Command::new(&python)
-        .arg(&script)
-        .arg(path)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "running {} (scripts/setup.sh makes it, or set LIGHTSWITCH_PERFETTO_PYTHON): {e}",
-                python.display()
-            )
-        });
-    assert!(
-        out.status.success(),
-        "{} on {}:\n{}",
-        script.display(),
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("the check's JSON summary")
-}
-
-/// The summary's folded lines.
-fn folded_of(summary: &Value) -> BTreeMap<String, u64> {
-    summary["folded"]
-        .as_object()
-        .expect("folded")
-        .iter()
-        .map(|(line, n)| (line.clone(), n.as_u64().expect("a count")))
-        .collect()
-}
-
-/// Folded stacks as lines with their counts (identical lines added up).
-fn folded_lines(folded: &[Stack]) -> BTreeMap<String, u64> {
-    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
-    for (frames, n) in folded {
-        *lines.entry(frames.join(";")).or_default() += n;
-    }
-    lines
+    DECODER.check(path)
 }
 
 /// The summary's thread named `name`: (samples, first ns, last ns).
