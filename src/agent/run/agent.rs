@@ -25,9 +25,7 @@ use crate::agent::api::ondemand::{
     accept_requests, OnDemandWorker, ProfileRequest, Sampling, Subscriptions,
 };
 use crate::output::sender::worker::WindowWorker;
-use crate::process::walker::ProcessFollower;
-use crate::process::ProcessTracker;
-use crate::process::UserFrame;
+use crate::process::{opener, walker::ProcessFollower, ProcessTracker, UserFrame};
 use crate::profile::aggregate::resolve_placed;
 use crate::profile::window::{Windows, CLOSE_SLACK_NS};
 use crate::sampling::records::{RawSample, TimedEvent};
@@ -85,6 +83,8 @@ pub struct Agent<'s, 'o> {
     metrics: Arc<Metrics>,
     totals: Totals,
     served: u64,
+    /// `--exclude-self`: the opener's helper processes are the profiler too.
+    exclude_helpers: bool,
     listen_only: bool,
     pids: Vec<u32>,
     deadline: Option<Instant>,
@@ -200,6 +200,7 @@ impl<'s, 'o> Agent<'s, 'o> {
             metrics,
             totals: Totals::default(),
             served: 0,
+            exclude_helpers: plan.sampler.exclude_pid.is_some(),
             listen_only: plan.listen_only,
             // A followed command (`record`) ends the run itself when it exits.
             pids: if plan.sampler.follow_children {
@@ -360,6 +361,9 @@ impl<'s, 'o> Agent<'s, 'o> {
         // sample can be delivered through &mut self.
         let mut samples = std::mem::take(&mut *self.samples.borrow_mut());
         for sample in samples.drain(..) {
+            if self.exclude_helpers && opener::is_helper(sample.pid) {
+                continue;
+            }
             let frames = resolve_placed(&sample, &mut self.tracker, &mut self.interpreters);
             self.follower.on_sample(
                 &sample,

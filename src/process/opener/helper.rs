@@ -41,6 +41,23 @@ const HELPER_COMM: &std::ffi::CStr = c"ls-opener";
 /// segments and build ID fit many times over).
 const MAX_MESSAGE: usize = 64 << 10;
 
+/// The pids of this process's helper processes not yet reaped: their
+/// samples are the profiler's own ([`is_helper`]).
+static HELPER_PIDS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether `pid` is one of this profiler's helper processes, started and
+/// not yet reaped (`--exclude-self` leaves their samples out too).
+pub fn is_helper(pid: u32) -> bool {
+    let pids = HELPER_PIDS.lock().unwrap_or_else(|e| e.into_inner());
+    pids.contains(&pid)
+}
+
+/// `child` was reaped: its pid may be reused.
+fn reaped(child: &Child) {
+    let mut pids = HELPER_PIDS.lock().unwrap_or_else(|e| e.into_inner());
+    pids.retain(|&pid| pid != child.id());
+}
+
 /// Where a helper runs.
 #[derive(Debug)]
 enum Host {
@@ -91,6 +108,8 @@ impl Helper {
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .spawn()?;
+                let mut pids = HELPER_PIDS.lock().unwrap_or_else(|e| e.into_inner());
+                pids.push(child.id());
                 Host::Process(child)
             }
             None => {
@@ -167,7 +186,9 @@ impl Drop for Helper {
     fn drop(&mut self) {
         if let Host::Process(child) = &mut self.host {
             let _ = child.kill();
-            let _ = child.wait();
+            if child.wait().is_ok() {
+                reaped(child);
+            }
         }
     }
 }
@@ -189,7 +210,13 @@ impl Abandoned {
     /// Whether it has ended (a process is reaped here, without waiting).
     pub fn ended(&mut self) -> bool {
         match &mut self.host {
-            Host::Process(child) => !matches!(child.try_wait(), Ok(None)),
+            Host::Process(child) => {
+                let ended = !matches!(child.try_wait(), Ok(None));
+                if ended {
+                    reaped(child);
+                }
+                ended
+            }
             Host::Thread(ended) => ended.load(Ordering::Acquire),
         }
     }
@@ -335,5 +362,33 @@ mod tests {
             assert!(started.elapsed() < Duration::from_secs(10), "never ended");
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// A helper process is known as the profiler's own (`--exclude-self`)
+    /// from its start until it is reaped, whether dropped or left behind.
+    #[test]
+    fn helper_processes_are_known_until_reaped() {
+        // `sleep` stands for the binary: it refuses the helper's argument
+        // and ends, but stays a helper of ours until reaped all the same.
+        let sleep = Path::new("/bin/sleep");
+        let pid_of = |helper: &Helper| match &helper.host {
+            Host::Process(child) => child.id(),
+            Host::Thread(_) => panic!("a process was asked for"),
+        };
+        let dropped = Helper::start(Some(sleep)).unwrap();
+        let pid = pid_of(&dropped);
+        assert!(is_helper(pid));
+        drop(dropped);
+        assert!(!is_helper(pid));
+        let left = Helper::start(Some(sleep)).unwrap();
+        let pid = pid_of(&left);
+        let mut left = left.abandon();
+        assert!(is_helper(pid), "until reaped");
+        let started = Instant::now();
+        while !left.ended() {
+            assert!(started.elapsed() < Duration::from_secs(10), "never ended");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!is_helper(pid));
     }
 }

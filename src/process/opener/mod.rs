@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::LoadSegments;
-pub use helper::HELPER_ARG;
+pub use helper::{is_helper, HELPER_ARG};
 pub use job::{can_hang, MAX_COPY_BYTES};
 
 /// Longest the tracker waits for one object to be opened and its ELF
